@@ -1,0 +1,28 @@
+# rllava: `make test` (fast suite), `make test-slow` (learning checks), `make demo` (SFT -> GRPO on CPU).
+# Each target creates .venv and installs on first use. torch is pinned to 2.13.0: the CPU wheel on these
+# machines (any other pin pulls GBs of CUDA). GPU machines install the extras they need instead.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install test test-slow demo clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+demo: $(STAMP)
+	$(PY) -m rllava.demo --out outputs/demo
+
+clean:
+	rm -rf outputs .pytest_cache

@@ -1,0 +1,60 @@
+"""Name -> function registries for advantage estimators and policy losses.
+
+An algorithm is a plain function registered under a name; the config picks it by that name
+(`algorithm.adv_estimator=grpo`, `actor.policy_loss.loss_mode=vanilla`). A user file registers its own with the
+same decorators and is loaded through `algorithm.plugins` (no package edits).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Any, Callable
+
+ADV_ESTIMATORS: dict[str, Callable] = {}
+POLICY_LOSSES: dict[str, Callable] = {}
+
+
+def _register(table: dict, kind: str, name: str):
+    def decorator(fn):
+        if name in table and table[name] is not fn:
+            raise ValueError(f"{kind} {name!r} is already registered by {table[name].__module__}")
+        table[name] = fn
+        return fn
+
+    return decorator
+
+
+def register_adv_estimator(name: str):
+    """Register `fn(scores, group_ids, mask, ..., *, params) -> advantages [B, T]` as `name`."""
+    return _register(ADV_ESTIMATORS, "advantage estimator", name)
+
+
+def register_policy_loss(name: str):
+    """Register `fn(inputs: LossInputs, *, params) -> (per_token_loss [B, T], metrics)` as `name`."""
+    return _register(POLICY_LOSSES, "policy loss", name)
+
+
+def lookup(table: dict, name: str, key: str) -> Callable:
+    """The function registered as `name`, or an error naming the config `key`, the choices and the closest."""
+    if name in table:
+        return table[name]
+    close = difflib.get_close_matches(name, table, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"{key}={name!r} is not registered (registered: {', '.join(sorted(table))}){hint}")
+
+
+def call_with_params(fn: Callable, args: tuple, params: dict[str, Any], key: str):
+    """Call `fn(*args, **p)` where p holds exactly the keyword-only parameters `fn` declares.
+
+    Every algorithm declares its hyperparameters as keyword-only arguments; `params` is the pool the config
+    offers. A declared parameter without a default that the pool lacks is a configuration error."""
+    kwargs = {}
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is not inspect.Parameter.KEYWORD_ONLY:
+            continue
+        if p.name in params:
+            kwargs[p.name] = params[p.name]
+        elif p.default is inspect.Parameter.empty:
+            raise ValueError(f"{key}: {fn.__name__} needs parameter {p.name!r}, which the config does not provide")
+    return fn(*args, **kwargs)

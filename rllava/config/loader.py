@@ -1,0 +1,234 @@
+"""Load a `PPOConfig`: schema defaults <- YAML file <- dotted command-line overrides.
+
+    load_config(["config=examples/config.yaml", "actor.optim.lr=1e-3", "trainer.logger=[console,jsonl]"])
+
+`--config FILE` and `--config=FILE` are accepted too (RLLaVA's scripts pass them). Each source is flattened
+to dotted keys, aliases are rewritten to their canonical keys, unknown keys are rejected with the closest
+valid key, and a type error names its key and its source. `OmegaConf.to_object` then builds the dataclasses,
+and `PPOConfig.__post_init__` validates the merged result.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import sys
+import types
+import typing
+from dataclasses import fields, is_dataclass
+from typing import Any, Optional, Sequence
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rllava.config.schema import ConfigError, PPOConfig
+
+# Other names for canonical keys (from RLLaVA scripts and common habits). Rewritten before merging.
+ALIASES = {
+    "rollout.engine": "rollout.name",
+    "rollout.max_new_tokens": "data.max_response_length",
+    "algorithm.policy_loss_fn": "actor.policy_loss.loss_mode",
+    "trainer.total_steps": "trainer.max_steps",
+    "trainer.total_training_steps": "trainer.max_steps",
+}
+
+COMMAND_LINE = "on the command line"
+
+
+def _is_optional(tp: Any) -> bool:
+    return type(None) in typing.get_args(tp)
+
+
+def _strip_optional(tp: Any) -> Any:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else tp
+    return tp
+
+
+def _schema(cls: type, prefix: str = "") -> tuple[dict[str, Any], dict[str, bool]]:
+    """(leaf key -> type hint, section key -> optional) for every dataclass field, recursively."""
+    leaves: dict[str, Any] = {}
+    sections: dict[str, bool] = {}
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        key, tp = prefix + f.name, hints[f.name]
+        if is_dataclass(_strip_optional(tp)):
+            sections[key] = _is_optional(tp)
+            sub_leaves, sub_sections = _schema(_strip_optional(tp), key + ".")
+            leaves.update(sub_leaves)
+            sections.update(sub_sections)
+        else:
+            leaves[key] = tp
+    return leaves, sections
+
+
+LEAVES, SECTIONS = _schema(PPOConfig)
+
+
+def _type_name(tp: Any) -> str:
+    base = _strip_optional(tp)
+    origin = typing.get_origin(base)
+    if origin is dict or base is dict:
+        name = "a mapping"
+    elif origin is list:
+        name = f"list[{_type_name(typing.get_args(base)[0])}]"
+    else:
+        name = getattr(base, "__name__", str(base))
+    return f"{name} or null" if _is_optional(tp) else name
+
+
+def _closest(key: str) -> Optional[str]:
+    """The valid key a typo most likely meant, or None when nothing is close."""
+    candidates = list(LEAVES) + list(ALIASES)
+    parent, _, leaf = key.rpartition(".")
+    same_leaf = [c for c in candidates if c.rpartition(".")[2] == leaf]
+    match = difflib.get_close_matches(key, same_leaf, n=1, cutoff=0.0)
+    if match:  # right name, wrong section: rollout.max_prompt_length -> data.max_prompt_length
+        return match[0]
+    siblings = {c.rpartition(".")[2]: c for c in candidates if c.rpartition(".")[0] == parent}
+    match = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.6)
+    if match:  # a typo in the last part: actor.optim.lrr -> actor.optim.lr
+        return siblings[match[0]]
+    match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.85)
+    return match[0] if match else None  # a typo in a section name: actor.modle.model_path
+
+
+def _flatten(node: dict, prefix: str, out: dict[str, Any]) -> None:
+    """Dotted keys down to schema leaves; a dict-typed leaf keeps its value as one mapping."""
+    for k, v in node.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and key not in LEAVES and key not in ALIASES:
+            _flatten(v, key + ".", out)
+        else:
+            out[key] = v
+
+
+def _overrides(raw: DictConfig, source: str) -> dict[str, Any]:
+    """Flat canonical overrides from one source; ConfigError on unknown keys and alias conflicts."""
+    flat: dict[str, Any] = {}
+    _flatten(OmegaConf.to_container(raw, resolve=False), "", flat)
+    problems: list[str] = []
+    canonical: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
+    for key, value in flat.items():
+        target = ALIASES.get(key, key)
+        if target in canonical and canonical[target] != value:
+            problems.append(f"config keys '{given_as[target]}' and '{key}' both set '{target}', to "
+                            f"{canonical[target]!r} and {value!r} ({source}); keep only '{target}'")
+            continue
+        if target in SECTIONS and not (value == {} or (value is None and SECTIONS[target])):
+            problems.append(f"config key '{key}' is a section; give its keys ({target}.<key>=...), "
+                            f"got {value!r} ({source})")
+        elif target not in LEAVES and target not in SECTIONS:
+            close = _closest(key)
+            hint = f"; did you mean '{close}'?" if close else ""
+            problems.append(f"unknown config key '{key}' ({source}){hint}")
+        canonical[target], given_as[target] = value, key
+    if problems:
+        raise ConfigError(problems)
+    return canonical
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[leaf] = value
+    return out
+
+
+def _merge(base: DictConfig, overrides: dict[str, Any], source: str) -> None:
+    """Merge in place; on failure, merge one key at a time so every type error names its key."""
+    try:
+        base.merge_with(_nest(overrides))
+        return
+    except OmegaConfBaseException as e:
+        first_error = e
+    problems: list[str] = []
+    for key, value in overrides.items():
+        try:
+            base.merge_with(_nest({key: value}))
+        except OmegaConfBaseException:
+            tp = LEAVES.get(key, dict)
+            hint = f"; write a list, e.g. {key}=[a,b]" if typing.get_origin(_strip_optional(tp)) is list else ""
+            problems.append(f"config key '{key}' expects {_type_name(tp)}, got {value!r} ({source}){hint}")
+    raise ConfigError(problems or f"cannot merge config ({source}): {str(first_error).splitlines()[0]}")
+
+
+@functools.cache
+def _defaults() -> DictConfig:
+    return OmegaConf.structured(PPOConfig)  # ~0.1 s, so built once and copied
+
+
+def _load_yaml(path: str) -> DictConfig:
+    try:
+        raw = OmegaConf.load(path)
+    except FileNotFoundError:
+        raise ConfigError(f"config file '{path}' not found (config={path})") from None
+    except (OSError, yaml.YAMLError, OmegaConfBaseException) as e:
+        detail = " ".join(str(e).split())
+        raise ConfigError(f"config file '{path}' is not valid YAML: {detail}") from None
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(f"config file '{path}' must hold a mapping of sections (data:, actor:, ...), "
+                          f"not a {type(raw).__name__}")
+    return raw
+
+
+def _split_args(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
+    """(config file or None, dotlist) from argv-style arguments."""
+    config_path: Optional[str] = None
+    dotlist: list[str] = []
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--config":
+            if not rest:
+                raise ConfigError("--config needs a file: --config examples/config.yaml")
+            path = rest.pop(0)
+        elif arg.startswith(("--config=", "config=")):
+            path = arg.split("=", 1)[1]
+        elif "=" not in arg or arg.startswith("-") or arg.startswith("="):
+            raise ConfigError(f"command-line argument '{arg}' is not key=value (e.g. actor.optim.lr=1e-6) "
+                              f"or config=FILE")
+        else:
+            dotlist.append(arg)
+            continue
+        if config_path is not None:
+            raise ConfigError(f"two config files given ('{config_path}' and '{path}'); pass one, "
+                              f"and override single keys as key=value")
+        config_path = path
+    return config_path, dotlist
+
+
+def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
+    """Build a validated PPOConfig from argv-style args (default: sys.argv[1:]).
+
+    Raises ConfigError naming the key, value and source of every problem; warns about keys ignored by
+    the chosen actor.strategy.
+    """
+    config_path, dotlist = _split_args(sys.argv[1:] if args is None else args)
+    cfg = copy.deepcopy(_defaults())
+    if config_path is not None:
+        _merge(cfg, _overrides(_load_yaml(config_path), f"in {config_path}"), f"in {config_path}")
+    try:
+        cli = OmegaConf.from_dotlist(dotlist)
+    except (yaml.YAMLError, OmegaConfBaseException) as e:
+        raise ConfigError(f"cannot parse command-line overrides {dotlist}: {' '.join(str(e).split())}") from None
+    _merge(cfg, _overrides(cli, COMMAND_LINE), COMMAND_LINE)
+    try:
+        return OmegaConf.to_object(cfg)  # runs PPOConfig.__post_init__, i.e. validation
+    except OmegaConfBaseException as e:  # e.g. a ${...} interpolation that does not resolve
+        raise ConfigError(f"cannot resolve config: {str(e).splitlines()[0]}") from None
+
+
+def config_to_yaml(cfg: PPOConfig) -> str:
+    """The full resolved config as YAML; load_config(['config=<that file>']) gives the same config back."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

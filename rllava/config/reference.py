@@ -1,0 +1,69 @@
+"""docs/config.md, generated from the schema: every key, its default and the comment beside its field.
+
+    python -m rllava.config.reference > docs/config.md     (a test fails when the file drifts)
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+from dataclasses import MISSING, fields, is_dataclass
+
+from rllava.config.loader import ALIASES
+from rllava.config.schema import PPOConfig
+
+_FIELD = re.compile(r"^    (\w+): [^#]*?(?:#\s*(.*))?$")
+
+
+def _comments(cls) -> dict[str, str]:
+    out = {}
+    for line in inspect.getsource(cls).splitlines():
+        m = _FIELD.match(line)
+        if m:
+            out[m.group(1)] = (m.group(2) or "").strip()
+    return out
+
+
+def _default(f):
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        value = f.default_factory()
+        return "{...}" if is_dataclass(value) else value
+    return None
+
+
+def _rows(cls, prefix: str):
+    comments, hints = _comments(cls), typing.get_type_hints(cls)
+    for f in fields(cls):
+        key, tp = prefix + f.name, hints[f.name]
+        sub = next((a for a in (tp, *typing.get_args(tp)) if is_dataclass(a)), None)
+        if sub is not None:
+            yield key, _default(f), comments.get(f.name, ""), True
+            yield from _rows(sub, key + ".")
+        else:
+            yield key, _default(f), comments.get(f.name, ""), False
+
+
+def render() -> str:
+    lines = ["# Config reference", "",
+             "Generated from `rllava/config/schema.py` by `python -m rllava.config.reference`; do not edit.",
+             "Keys are RLLaVA's; `rllava:` marks keys or defaults of our own. Set them in YAML (`config=FILE`)",
+             "or on the command line (`key=value`).", "", "## Aliases", "", "| alias | canonical key |", "|---|---|"]
+    lines += [f"| `{a}` | `{c}` |" for a, c in sorted(ALIASES.items())]
+    section = None
+    for key, default, comment, is_section in _rows(PPOConfig, ""):
+        top = key.split(".")[0]
+        if top != section:
+            section = top
+            lines += ["", f"## {section}", "", "| key | default | meaning |", "|---|---|---|"]
+        if is_section and "." not in key:
+            continue
+        shown = "section" if is_section else f"`{default!r}`".replace("|", "\\|")
+        lines.append(f"| `{key}` | {shown} | {comment.replace('|', chr(92) + '|')} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

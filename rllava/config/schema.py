@@ -1,0 +1,640 @@
+"""The config schema: these dataclasses hold every key and its only default.
+
+YAML files and dotted command-line arguments only override them (see `loader.py`). Key names and defaults
+follow RLLaVA's `PPOConfig`; where rllava's default differs, the field comment says so and why.
+
+Validation: each section checks its own fields in `check(prefix)`, which returns problem lines.
+`PPOConfig.__post_init__` runs every section's check plus the cross-section rules, so any `PPOConfig` that
+exists is valid, every error names its full dotted key, and all problems are reported at once.
+Sections are not validated when built alone; call `section.check("rollout")` for that.
+
+The file is long because it mirrors all ~220 of RLLaVA's keys, one commented line each.
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Callable, Optional
+
+from rllava.errors import RllavaError
+
+
+class ConfigError(RllavaError):
+    """A config key or value is wrong. The message names the key, the value, the choices and the fix."""
+
+    def __init__(self, problems: str | list[str]):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        if len(self.problems) == 1:
+            message = self.problems[0]
+        else:
+            message = f"{len(self.problems)} config problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(message)
+
+
+# Names accepted by the validators below. Method names (adv_estimator, policy_loss.loss_mode) are not listed
+# here: their registries own them and reject unknown names when the pipeline is built.
+ACTOR_STRATEGIES = ["single"]
+ACTOR_STRATEGIES_PLANNED = ["fsdp", "fsdp2", "deepspeed"]
+ROLLOUT_ENGINES = ["hf"]
+ROLLOUT_ENGINES_PLANNED = ["vllm", "sglang"]
+LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KL_TYPES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]
+KL_CTRL_TYPES = ["fixed", "adaptive"]
+LOGGERS = ["console", "jsonl", "tensorboard", "wandb"]
+REWARD_TYPES = ["auto", "batch", "sequential"]
+LR_SCHEDULERS = ["constant", "linear", "cosine", "constant_with_warmup"]  # transformers.get_scheduler names
+TORCH_DTYPES = ["float32", "bfloat16", "float16"]
+CHECKPOINT_CONTENTS = ["model", "optimizer", "extra", "hf_model"]
+DEVICES = ["auto", "cpu", "cuda"]
+
+
+def _choice(problems: list[str], key: str, value: Any, choices: list, hint: str = "") -> None:
+    """value in choices; otherwise the problem names the closest choice, or `hint` when given."""
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        hint = f"; {hint}" if hint else f"; did you mean {key}={close[0]}?" if close else ""
+        problems.append(f"{key}={value} is not one of: {', '.join(map(str, choices))}{hint}")
+
+
+def _each_choice(problems: list[str], key: str, items: list, choices: list) -> None:
+    for item in items:
+        if item not in choices:
+            close = difflib.get_close_matches(str(item), [str(c) for c in choices], n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            problems.append(f"{key} contains {item}, which is not one of: {', '.join(map(str, choices))}{hint}")
+
+
+def _show(value: Any) -> str:
+    """A value as the user would write it in YAML or on the command line."""
+    if is_dataclass(value):
+        return "{...}"
+    if value is None or isinstance(value, bool):
+        return {True: "true", False: "false", None: "null"}[value]
+    return str(value)
+
+
+def _available(problems: list[str], key: str, value: str, available: list[str], planned: list[str]) -> None:
+    if value in planned:
+        problems.append(f"{key}={value} is not available yet in rllava (supported: {', '.join(available)})")
+    elif value not in available:
+        _choice(problems, key, value, available + planned)
+
+
+def _positive(problems: list[str], key: str, value: Any, *sentinels: Any) -> None:
+    """value > 0, or one of the sentinels (e.g. -1 = 'all' / 'off')."""
+    if value not in sentinels and not value > 0:
+        also = f" (or {', '.join(map(_show, sentinels))})" if sentinels else ""
+        problems.append(f"{key}={value} must be > 0{also}")
+
+
+def _between(problems: list[str], key: str, value: Any, lo: float, hi: float) -> None:
+    if value is not None and not lo <= value <= hi:
+        problems.append(f"{key}={value} must be in [{lo}, {hi}]")
+
+
+@dataclass
+class DataConfig:
+    train_files: str = ""  # training records: local .jsonl/.parquet/dir, or HF dataset "name@split"
+    val_files: str = ""  # validation records, same forms; "" = no validation set
+    train_image_dir: Optional[str] = None  # root for relative image paths in train records
+    val_image_dir: Optional[str] = None  # root for relative image paths in val records
+    prompt_key: str = "prompt"  # record field holding the question text
+    answer_key: str = "answer"  # record field holding the ground truth passed to the reward
+    image_key: str = "images"  # record field holding image(s)
+    video_key: str = "videos"  # record field holding video(s)
+    video_fps: float = 2.0  # frames sampled per second of video
+    max_prompt_length: int = 512  # prompt tokens (image tokens included); longer prompts are filtered
+    max_response_length: int = 512  # tokens generated per response (alias: rollout.max_new_tokens)
+    train_batch_size: int = 512  # prompts per training step (each gets rollout.n responses)
+    val_batch_size: int = -1  # prompts per validation batch; -1 = the whole validation set
+    format_prompt: Optional[str] = None  # Jinja template file wrapping the prompt text
+    override_chat_template: Optional[str] = None  # chat template string replacing the tokenizer's
+    shuffle: bool = True  # reshuffle training records every epoch
+    seed: int = 1  # data-order RNG seed
+    min_pixels: Optional[int] = 3136  # images are resized to at least this many pixels
+    max_pixels: Optional[int] = 4194304  # images are resized to at most this many pixels
+    num_workers: int = 8  # DataLoader worker processes
+    filter_overlong_prompts: bool = True  # drop records whose prompt exceeds max_prompt_length
+    filter_overlong_prompts_workers: int = 16  # processes used for that filtering
+    dataset_class: Optional[str] = None  # custom dataset "path/file.py:Class"; None = built-in
+    dataset_kwargs: Optional[dict[str, Any]] = None  # keyword arguments for dataset_class
+    max_samples: int = -1  # rllava: use only the first N records (quick runs); -1 = all
+    target_key: Optional[str] = None  # rllava: record field with a reference response (SFT target, expert)
+
+    def check(self, prefix: str = "data") -> list[str]:
+        p: list[str] = []
+        for name in ("max_prompt_length", "max_response_length", "train_batch_size", "video_fps"):
+            _positive(p, f"{prefix}.{name}", getattr(self, name))
+        _positive(p, f"{prefix}.val_batch_size", self.val_batch_size, -1)
+        _positive(p, f"{prefix}.max_samples", self.max_samples, -1)
+        for name in ("min_pixels", "max_pixels"):
+            _positive(p, f"{prefix}.{name}", getattr(self, name), None)
+        if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
+            p.append(f"{prefix}.min_pixels={self.min_pixels} is above {prefix}.max_pixels={self.max_pixels}")
+        if self.num_workers < 0:
+            p.append(f"{prefix}.num_workers={self.num_workers} must be >= 0 (0 = load in the main process)")
+        return p
+
+
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"  # KL-in-reward coefficient controller: fixed | adaptive
+    kl_coef: float = 0.001  # (initial) KL coefficient when algorithm.use_kl_in_reward
+    horizon: int = 10000  # adaptive controller horizon
+    target_kl: float = 0.1  # adaptive controller target KL
+
+
+@dataclass
+class AlgorithmConfig:
+    gamma: float = 1.0  # discount factor (GAE)
+    lam: float = 1.0  # GAE lambda
+    adv_estimator: str = "grpo"  # advantage estimator, by registered name (gae, grpo, rloo, ...)
+    norm_adv_by_std_in_grpo: bool = True  # False gives Dr.GRPO's advantage
+    # rllava default False (RLLaVA: True): no reference model is built unless asked for.
+    use_kl_loss: bool = False  # add actor.kl_loss_coef * KL(policy || ref) to the actor loss
+    kl_penalty: str = "kl"  # KL estimator used in the reward: kl|k1|abs|mse|k2|low_var_kl|k3|full
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    use_kl_in_reward: bool = False  # subtract a KL penalty from the token rewards
+    online_filtering: bool = False  # DAPO: drop groups whose mean filter_key score is outside the band
+    filter_key: str = "overall"  # reward score used for online filtering
+    filter_low: float = 0.01  # keep groups with mean score > filter_low
+    filter_high: float = 0.99  # keep groups with mean score < filter_high
+    unify_strategy: str = "none"  # SFT+RL mixing: none | switch | soft
+    switch_gate: int = 0  # "switch": steps before switching
+    success_reward_threshold: float = 1.0  # score counted as a success by SFT+RL strategies
+    prefix_strategy: str = "none"  # expert-prefix strategy: none | random | hint
+    min_prefix_ratio: float = 0.0  # shortest expert prefix, as a fraction of the expert response
+    max_prefix_ratio: float = 1.0  # longest expert prefix, as a fraction of the expert response
+    n_prefix: int = -1  # responses per group that get a prefix; -1 = all
+    prefix_share_across_samples: bool = False  # one prefix length for the whole group
+    hint_steps: int = 0  # UFT: steps over which the hint shrinks to nothing
+    hint_min_ratio: float = 0.0  # RLLaVA marks deprecated: hints use min/max_prefix_ratio
+    hint_max_ratio: float = 1.0  # RLLaVA marks deprecated: hints use min/max_prefix_ratio
+    plugins: list[str] = field(default_factory=list)  # rllava: user .py files that register estimators/losses
+
+    def check(self, prefix: str = "algorithm") -> list[str]:
+        p: list[str] = []
+        _between(p, f"{prefix}.gamma", self.gamma, 0.0, 1.0)
+        _between(p, f"{prefix}.lam", self.lam, 0.0, 1.0)
+        _choice(p, f"{prefix}.kl_penalty", self.kl_penalty, KL_TYPES)
+        _choice(p, f"{prefix}.kl_ctrl.type", self.kl_ctrl.type, KL_CTRL_TYPES)
+        if self.filter_low > self.filter_high:
+            p.append(f"{prefix}.filter_low={self.filter_low} is above {prefix}.filter_high={self.filter_high}")
+        _choice(p, f"{prefix}.unify_strategy", self.unify_strategy, ["none", "switch", "soft"])
+        _choice(p, f"{prefix}.prefix_strategy", self.prefix_strategy, ["none", "random", "hint"])
+        _between(p, f"{prefix}.min_prefix_ratio", self.min_prefix_ratio, 0.0, 1.0)
+        _between(p, f"{prefix}.max_prefix_ratio", self.max_prefix_ratio, 0.0, 1.0)
+        if self.min_prefix_ratio > self.max_prefix_ratio:
+            p.append(f"{prefix}.min_prefix_ratio={self.min_prefix_ratio} is above "
+                     f"{prefix}.max_prefix_ratio={self.max_prefix_ratio}")
+        return p
+
+
+@dataclass
+class ModelConfig:
+    model_path: Optional[str] = None  # HF hub id or local directory
+    tokenizer_path: Optional[str] = None  # None = model_path
+    torch_dtype: Optional[str] = None  # rllava: None = float32 on CPU, bfloat16 on CUDA (chosen by the builder)
+    tie_word_embeddings: bool = False  # tie input and output embeddings
+    attn_implementation: Optional[str] = "sdpa"  # rllava default (RLLaVA: flash_attention_2, GPU-only)
+    override_config: dict[str, Any] = field(default_factory=dict)  # overrides of the HF model config
+    enable_gradient_checkpointing: bool = False  # rllava default (RLLaVA: True); trades compute for memory
+    enable_activation_offload: bool = False  # offload activations to CPU
+    trust_remote_code: bool = False  # rllava default (RLLaVA: True): run hub code only when asked
+    freeze_vision_tower: bool = False  # do not train the vision encoder
+    padding_free: bool = False  # rllava default (RLLaVA: True): pack sequences without padding
+    dynamic_batching: bool = False  # rllava default (RLLaVA: True): micro-batches by token budget
+    ulysses_size: int = 1  # sequence-parallel degree
+    use_peft: bool = False  # train LoRA adapters instead of all weights
+    lora_task_type: str = "CAUSAL_LM"  # peft task type
+    lora_r: int = 128  # LoRA rank
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj", "k_proj", "o_proj"])
+    lora_alpha: int = 256  # LoRA scaling numerator
+    lora_dropout: float = 0.05  # LoRA dropout
+    lora_use_rslora: bool = False  # rank-stabilised LoRA scaling
+    lora_weight_path: str = ""  # adapter weights to start from; "" = fresh adapters
+    lora_bias: str = "none"  # peft bias mode: none | all | lora_only
+    use_rslora: bool = False  # RLLaVA keeps this twin of lora_use_rslora
+    lora_modules_to_save: Optional[list[str]] = None  # modules trained fully next to the adapters
+
+    def check(self, prefix: str) -> list[str]:
+        p: list[str] = []
+        if self.torch_dtype is not None:
+            _choice(p, f"{prefix}.torch_dtype", self.torch_dtype, TORCH_DTYPES)
+        _positive(p, f"{prefix}.ulysses_size", self.ulysses_size)
+        return p
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6  # peak learning rate
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam betas (RLLaVA: a tuple)
+    weight_decay: float = 1e-2  # decoupled weight decay
+    strategy: str = "adamw"  # optimizer name
+    lr_warmup_ratio: float = 0.0  # warmup steps as a fraction of training steps
+    lr_warmup_steps: Optional[int] = None  # warmup steps; overrides lr_warmup_ratio when set
+    lr_scheduler_type: str = "constant"  # constant|linear|cosine|constant_with_warmup
+    min_lr_ratio: Optional[float] = None  # cosine floor as a fraction of lr
+    num_cycles: float = 0.5  # cosine cycles over training
+    warmup_style: str = "constant"  # RLLaVA's deprecated name for lr_scheduler_type; must stay "constant"
+    training_steps: int = -1  # set by the trainer from trainer.max_steps / epochs; -1 = not yet known
+
+    def check(self, prefix: str) -> list[str]:
+        p: list[str] = []
+        _positive(p, f"{prefix}.lr", self.lr)
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            p.append(f"{prefix}.betas={self.betas} must be two numbers in [0, 1), e.g. [0.9,0.999]")
+        if self.weight_decay < 0:
+            p.append(f"{prefix}.weight_decay={self.weight_decay} must be >= 0")
+        _between(p, f"{prefix}.lr_warmup_ratio", self.lr_warmup_ratio, 0.0, 1.0)
+        if self.lr_warmup_steps is not None and self.lr_warmup_steps < 0:
+            p.append(f"{prefix}.lr_warmup_steps={self.lr_warmup_steps} must be >= 0 (or null)")
+        _choice(p, f"{prefix}.lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS)
+        _between(p, f"{prefix}.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        if self.warmup_style != "constant":
+            p.append(f"{prefix}.warmup_style={self.warmup_style} is RLLaVA's deprecated name; "
+                     f"set {prefix}.lr_scheduler_type={self.warmup_style} instead")
+        return p
+
+
+@dataclass
+class FSDPConfig:  # used only when actor.strategy is fsdp/fsdp2 (not available yet)
+    wrap_policy: dict[str, Any] = field(default_factory=dict)  # FSDP auto-wrap policy
+    enable_cpu_offload: bool = False  # offload params and grads to CPU
+    use_orig_params: bool = False  # FSDP1 use_orig_params
+    torch_dtype: Optional[str] = None  # parameter dtype under FSDP
+    offload_params: bool = False  # offload parameters between phases
+    offload_optimizer: bool = False  # offload optimizer state between phases
+    reshard_after_forward: bool = True  # free gathered params after forward
+    forward_prefetch: bool = False  # prefetch next all-gather during forward
+    fsdp_size: int = -1  # shard group size; -1 = world size
+    ulysses_size: int = 1  # sequence-parallel degree
+    mixed_precision: Optional[dict[str, Any]] = None  # param/reduce/buffer dtypes
+
+
+@dataclass
+class DeepSpeedConfig:  # used only when actor.strategy=deepspeed (not available yet)
+    zero_stage: int = 3  # ZeRO stage
+    enable_cpu_offload: bool = True  # offload to CPU
+    torch_dtype: str = "bf16"  # training dtype
+    contiguous_gradients: bool = True  # DeepSpeed contiguous_gradients
+    overlap_comm: bool = True  # DeepSpeed overlap_comm
+    reduce_scatter: bool = True  # DeepSpeed reduce_scatter
+    stage3_prefetch_bucket_size: float = 1e8  # ZeRO-3 prefetch bucket (elements)
+    stage3_param_persistence_threshold: float = 1e5  # ZeRO-3 params below this stay gathered
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"  # policy loss, by registered name (alias: algorithm.policy_loss_fn)
+    clip_cov_ratio: float = 0.0002  # clip_cov: fraction of tokens clipped
+    clip_cov_lb: float = 1.0  # clip_cov: lower covariance bound
+    clip_cov_ub: float = 5.0  # clip_cov: upper covariance bound
+    kl_cov_ratio: float = 0.0002  # kl_cov: fraction of tokens with the KL penalty
+    ppo_kl_coef: float = 0.1  # kl_cov: KL penalty coefficient
+
+
+@dataclass
+class CheckpointConfig:
+    save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])  # + hf_model
+    load_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])  # on resume
+    async_save: bool = False  # save in a background thread
+
+    def check(self, prefix: str) -> list[str]:
+        p: list[str] = []
+        for name in ("save_contents", "load_contents"):
+            _each_choice(p, f"{prefix}.{name}", getattr(self, name), CHECKPOINT_CONTENTS)
+        return p
+
+
+@dataclass
+class ActorConfig:
+    # rllava default "single" (RLLaVA: fsdp2): one process, one device; the others are not built yet.
+    strategy: str = "single"
+    ppo_mini_batch_size: int = 256  # prompts per optimizer step (x rollout.n responses)
+    ppo_micro_batch_size: int = 4  # sequences per forward/backward (gradient accumulation unit)
+    log_prob_micro_batch_size: int = 16  # sequences per forward when computing old log-probs
+    max_grad_norm: float = 1.0  # clip the gradient norm to this
+    skip_grad_norm: float = 80.0  # skip the optimizer step when the pre-clip grad norm exceeds this
+    clip_ratio: float = 0.2  # PPO clip epsilon (symmetric)
+    clip_ratio_low: float = 0.2  # lower clip epsilon (DAPO clip-higher uses low != high)
+    clip_ratio_high: float = 0.2  # upper clip epsilon
+    clip_ratio_c: float = 3.0  # dual-clip constant C, applied where advantage < 0
+    clip_upper_bound: float = 1.0  # upper bound used by some SFT+RL losses
+    loss_agg_mode: str = "token-mean"  # token-mean|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm
+    entropy_coeff: float = 0.0  # entropy bonus coefficient
+    tis_imp_ratio_cap: float = -1.0  # truncated importance sampling cap (rollout vs train); -1 = off
+    ppo_epochs: int = 1  # passes over each rollout batch
+    use_torch_compile: bool = True  # torch.compile hot functions where supported
+    model: ModelConfig = field(default_factory=ModelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    kl_loss_coef: float = 0.01  # KL loss coefficient when algorithm.use_kl_loss
+    kl_loss_type: str = "low_var_kl"  # KL estimator in the loss: kl|k1|abs|mse|k2|low_var_kl|k3|full
+    # SFT+RL hybrid losses (LUFFY, SRFT, HPT, CHORD); read only by those losses.
+    loss_remove_clip: bool = False  # drop PPO clipping
+    off_policy_reshape: str = "no_reshape"  # off-policy ratio shaping (LUFFY)
+    off_policy_reshape_weight: float = 0.1  # shaping weight
+    off_policy_reshape_pow_exp: float = 0.5  # shaping exponent
+    off_policy_cliprange: float = 0.2  # clip range for off-policy tokens
+    off_policy_normalize: bool = False  # normalise off-policy loss separately
+    off_policy_max_clip: float = -1  # upper ratio clip for off-policy tokens; -1 = off
+    off_policy_min_clip: float = -1  # lower ratio clip for off-policy tokens; -1 = off
+    all_max_clip: float = -1  # ratio clip for all tokens; -1 = off
+    on_policy_reshape: str = "no_reshape"  # on-policy ratio shaping
+    on_policy_reshape_weight: float = 0.1  # shaping weight
+    on_policy_reshape_pow_exp: float = 0.5  # shaping exponent
+    srft_type: str = "paper"  # SRFT variant
+    hpt_hint_loss_coef: float = 0.0  # HPT hint-token loss coefficient
+    sft_loss_coef: float = 1.0  # weight of the SFT term in hybrid losses
+
+    def check(self, prefix: str = "actor") -> list[str]:
+        p: list[str] = []
+        _available(p, f"{prefix}.strategy", self.strategy, ACTOR_STRATEGIES, ACTOR_STRATEGIES_PLANNED)
+        for name in ("ppo_mini_batch_size", "ppo_micro_batch_size", "log_prob_micro_batch_size", "ppo_epochs",
+                     "max_grad_norm"):
+            _positive(p, f"{prefix}.{name}", getattr(self, name))
+        for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+            if getattr(self, name) < 0:
+                p.append(f"{prefix}.{name}={getattr(self, name)} must be >= 0")
+        if self.clip_ratio_c <= 1:
+            p.append(f"{prefix}.clip_ratio_c={self.clip_ratio_c} must be > 1 (dual-clip constant, e.g. 3.0)")
+        _choice(p, f"{prefix}.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        _choice(p, f"{prefix}.kl_loss_type", self.kl_loss_type, KL_TYPES)
+        p += self.model.check(f"{prefix}.model")
+        p += self.optim.check(f"{prefix}.optim")
+        p += self.checkpoint.check(f"{prefix}.checkpoint")
+        return p
+
+    def ignored_keys(self, prefix: str = "actor") -> list[str]:
+        """fsdp/deepspeed keys changed from their defaults although this strategy does not read them."""
+        sections = {"single": ("fsdp", "deepspeed"), "deepspeed": ("fsdp",)}.get(self.strategy, ("deepspeed",))
+        return [f"{prefix}.{s}.{f.name}" for s in sections for f in fields(getattr(self, s))
+                if getattr(getattr(self, s), f.name) != getattr(type(getattr(self, s))(), f.name)]
+
+
+@dataclass
+class RefConfig:  # rllava section: the frozen reference policy, built only when algorithm.use_kl_loss
+    model_path: Optional[str] = None  # None = the actor's initial weights (actor.model.model_path)
+    log_prob_micro_batch_size: int = 16  # sequences per forward when computing ref log-probs
+
+    def check(self, prefix: str = "ref") -> list[str]:
+        p: list[str] = []
+        _positive(p, f"{prefix}.log_prob_micro_batch_size", self.log_prob_micro_batch_size)
+        return p
+
+
+@dataclass
+class CriticConfig:  # PPO value model (not available yet in rllava: critic must stay null)
+    strategy: str = "fsdp2"  # training strategy
+    ppo_mini_batch_size: int = 256  # prompts per critic optimizer step
+    ppo_micro_batch_size: int = 4  # sequences per critic forward/backward
+    log_prob_micro_batch_size: int = 16  # sequences per forward when computing values
+    max_grad_norm: float = 1.0  # clip the critic gradient norm to this
+    cliprange_value: float = 0.5  # value-loss clip range
+    loss_avg_mode: str = "token"  # value-loss averaging: token | seq
+    ppo_epochs: int = 1  # passes over each rollout batch
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+
+
+@dataclass
+class VLLMConfig:  # used only when rollout.name=vllm (not available yet)
+    model: str = ""  # filled from actor.model.model_path by the engine
+    seed: Optional[int] = 1  # vLLM seed
+    skip_tokenizer_init: bool = False  # vLLM skip_tokenizer_init
+    load_format: str = "auto"  # vLLM load_format
+    dtype: str = "float16"  # vLLM dtype (RLLaVA's fp16 rollout vs bf16 training is a known mismatch)
+    pipeline_parallel_size: int = 1  # vLLM pipeline parallelism
+    max_model_len: Optional[int] = None  # vLLM max_model_len; None = prompt + response length
+    gpu_memory_utilization: float = 0.9  # fraction of GPU memory vLLM may take
+    max_num_batched_tokens: int = 8192  # vLLM scheduler token budget
+    disable_log_stats: bool = True  # vLLM disable_log_stats
+    enforce_eager: bool = True  # no CUDA graphs
+    enable_chunked_prefill: bool = False  # vLLM chunked prefill
+    distributed_executor_backend: Optional[str] = None  # vLLM executor backend
+    tokenizer: Optional[str] = None  # vLLM tokenizer path
+    chat_template: Optional[str] = None  # vLLM chat template
+
+
+@dataclass
+class SGLangConfig:  # used only when rollout.name=sglang (not available yet)
+    dtype: str = "bfloat16"  # SGLang dtype
+    mem_fraction_static: Optional[float] = 0.6  # fraction of GPU memory SGLang may take
+    tp_size: int = 1  # SGLang tensor parallelism
+    skip_server_warmup: bool = False  # skip the server warmup request
+
+
+@dataclass
+class RolloutConfig:
+    # rllava default "hf" (RLLaVA: vllm): HF generate; vllm/sglang are not built yet. Alias: rollout.engine.
+    name: str = "hf"
+    n: int = 1  # responses sampled per prompt (group size)
+    temperature: float = 1.0  # sampling temperature; 0 = greedy
+    top_p: float = 1.0  # nucleus sampling mass, in (0, 1]
+    top_k: int = -1  # top-k sampling; -1 = off
+    tensor_parallel_size: int = 1  # inference-engine tensor parallelism
+    seed: Optional[int] = 1  # sampling seed; null = random (RLLaVA also took the strings "none"/"null")
+    limit_images: int = 0  # max images per prompt for the engine; 0 = no limit
+    ignore_eos: bool = False  # keep generating past EOS
+    disable_tqdm: bool = False  # hide the generation progress bar
+    micro_batch_size: int = 2  # prompts per generate call
+    val_override_config: dict[str, Any] = field(default_factory=dict)  # rollout.* keys changed for validation
+    partial_rollout: bool = False  # resume unfinished generations next step (SGLang)
+    async_mode: bool = False  # generate asynchronously from training
+    bucket_size: int = 512  # MB per weight-sync bucket to the engine
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+    load_format: str = "dummy"  # engine weight init before the first sync
+    max_turns: int = 10  # agent rollouts: max model turns per episode
+    discount: float = 0.9  # agent rollouts: per-turn discount
+    tool_config_path: Optional[str] = None  # agent rollouts: tool definitions file
+    env_config_path: Optional[str] = None  # agent rollouts: environment config file
+    # RLLaVA copies the next keys from their owners in post_init; rllava reads the owners instead
+    # (see DERIVED_KEYS). They are accepted when left alone or equal to the owner's value.
+    prompt_length: int = -1  # = data.max_prompt_length
+    response_length: int = -1  # = data.max_response_length
+    trust_remote_code: bool = True  # = actor.model.trust_remote_code
+    adv_estimator: str = "grpo"  # = algorithm.adv_estimator
+    min_pixels: Optional[int] = None  # = data.min_pixels
+    max_pixels: Optional[int] = None  # = data.max_pixels
+    video_fps: float = 2.0  # = data.video_fps
+
+    def check(self, prefix: str = "rollout") -> list[str]:
+        p: list[str] = []
+        _available(p, f"{prefix}.name", self.name, ROLLOUT_ENGINES, ROLLOUT_ENGINES_PLANNED)
+        _positive(p, f"{prefix}.n", self.n)
+        _positive(p, f"{prefix}.micro_batch_size", self.micro_batch_size)
+        if self.temperature < 0:
+            p.append(f"{prefix}.temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            p.append(f"{prefix}.top_p={self.top_p} must be in (0, 1]; 1.0 turns nucleus sampling off")
+        if self.top_k != -1 and self.top_k <= 0:
+            p.append(f"{prefix}.top_k={self.top_k} must be > 0, or -1 to turn top-k off")
+        if self.limit_images < 0:
+            p.append(f"{prefix}.limit_images={self.limit_images} must be >= 0 (0 = no limit)")
+        own = [f.name for f in fields(self)]
+        for key in self.val_override_config:
+            if key not in own:
+                close = difflib.get_close_matches(str(key), own, n=1)
+                hint = f"; did you mean {prefix}.val_override_config.{close[0]}?" if close else ""
+                p.append(f"{prefix}.val_override_config.{key} is not a {prefix} key{hint}")
+        return p
+
+
+@dataclass
+class RewardConfig:
+    reward_type: str = "auto"  # rllava default (RLLaVA: batch): auto|batch|sequential; auto = from the function
+    reward_function: Optional[str] = None  # "path/file.py:fn" (":fn" omitted = main)
+    reward_function_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments for fn
+    skip_special_tokens: bool = True  # decode responses without special tokens before scoring
+    num_cpus: int = 1  # worker processes for scoring
+    reward_function_name: Optional[str] = None  # RLLaVA fills it from reward_function; must stay null
+    model: ModelConfig = field(default_factory=ModelConfig)  # reward model (not used by rule rewards)
+
+    def check(self, prefix: str = "reward") -> list[str]:
+        p: list[str] = []
+        _choice(p, f"{prefix}.reward_type", self.reward_type, REWARD_TYPES)
+        _positive(p, f"{prefix}.num_cpus", self.num_cpus)
+        if self.reward_function_name is not None:
+            p.append(f"{prefix}.reward_function_name={self.reward_function_name} is derived in rllava; "
+                     f"set {prefix}.reward_function=path/file.py:{self.reward_function_name} instead")
+        p += self.model.check(f"{prefix}.model")
+        return p
+
+
+@dataclass
+class TrainerConfig:
+    total_epochs: int = 15  # passes over the training data (unless max_steps is set)
+    max_steps: Optional[int] = None  # training steps; overrides total_epochs (aliases: total_steps, ...)
+    project_name: str = "rllava"  # logger project name
+    experiment_name: str = "agent"  # logger run name
+    # console|jsonl|tensorboard|wandb. rllava default (RLLaVA: console, tensorboard) needs no extra package.
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    nnodes: int = 1  # nodes (multi-process strategies)
+    n_gpus_per_node: int = 8  # GPUs per node (multi-process strategies)
+    max_try_make_batch: int = 20  # online filtering: max generation rounds per batch; -1 = no limit
+    critic_warmup: int = 0  # steps training only the critic
+    val_freq: int = -1  # validate every N steps; -1 = never (except val_before_train)
+    val_before_train: bool = True  # validate once before the first step
+    val_only: bool = False  # validate, then exit
+    val_generations_to_log: int = 0  # validation samples written to the logger
+    save_freq: int = -1  # checkpoint every N steps; -1 = never
+    save_limit: int = -1  # checkpoints kept; -1 = all
+    save_model_only: bool = False  # save weights only, no optimizer state
+    outputs_dir: Optional[str] = None  # rllava meaning: None = outputs/<experiment_name> (RLLaVA: project/exp)
+    save_checkpoint_path: Optional[str] = None  # None = <outputs_dir>/checkpoints
+    load_checkpoint_path: Optional[str] = None  # checkpoint to resume from
+    find_last_checkpoint: bool = True  # resume from the newest checkpoint in save_checkpoint_path
+    async_training: bool = False  # overlap rollout and training
+    seed: int = 1  # rllava: model-init and sampling RNG seed
+    val_greedy: bool = False  # rllava: also validate greedily, logged under val_greedy/
+    device: str = "auto"  # rllava: auto | cpu | cuda (auto = cuda when available)
+
+    def check(self, prefix: str = "trainer") -> list[str]:
+        p: list[str] = []
+        _positive(p, f"{prefix}.total_epochs", self.total_epochs)
+        _positive(p, f"{prefix}.max_steps", self.max_steps, None)
+        _each_choice(p, f"{prefix}.logger", self.logger, LOGGERS)
+        if len(set(self.logger)) != len(self.logger):
+            p.append(f"{prefix}.logger={self.logger} lists a logger twice")
+        _choice(p, f"{prefix}.device", self.device, DEVICES, hint=f"for a GPU set {prefix}.device=cuda")
+        if self.val_generations_to_log < 0:
+            p.append(f"{prefix}.val_generations_to_log={self.val_generations_to_log} must be >= 0")
+        return p
+
+
+# Accepted for RLLaVA compatibility but not built yet: (key, is_turned_on, the value to set instead).
+# Delete a line when its feature lands.
+NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("actor.model.use_peft", lambda v: v, "false"),
+    ("actor.model.padding_free", lambda v: v, "false"),
+    ("actor.model.dynamic_batching", lambda v: v, "false"),
+    ("actor.model.ulysses_size", lambda v: v > 1, "1"),
+    ("critic", lambda v: v is not None, "null"),
+    ("algorithm.online_filtering", lambda v: v, "false"),
+    ("algorithm.use_kl_in_reward", lambda v: v, "false"),
+    ("trainer.save_freq", lambda v: v > 0, "-1"),
+    ("trainer.load_checkpoint_path", lambda v: v is not None, "null"),  # resume comes with saving
+    ("trainer.async_training", lambda v: v, "false"),
+    ("rollout.async_mode", lambda v: v, "false"),
+    ("actor.model.enable_activation_offload", lambda v: v, "false"),
+    ("actor.tis_imp_ratio_cap", lambda v: v > 0, "-1"),
+    ("actor.loss_remove_clip", lambda v: v, "false"),
+    ("algorithm.unify_strategy", lambda v: v != "none", "none"),
+    ("algorithm.prefix_strategy", lambda v: v != "none", "none"),
+    ("algorithm.hint_steps", lambda v: v > 0, "0"),
+    ("data.dataset_class", lambda v: v is not None, "null"),
+]
+
+# RLLaVA copies these values into rollout.* in post_init; rllava keeps one owner per value.
+DERIVED_KEYS = {
+    "rollout.prompt_length": "data.max_prompt_length",
+    "rollout.response_length": "data.max_response_length",
+    "rollout.trust_remote_code": "actor.model.trust_remote_code",
+    "rollout.adv_estimator": "algorithm.adv_estimator",
+    "rollout.min_pixels": "data.min_pixels",
+    "rollout.max_pixels": "data.max_pixels",
+    "rollout.video_fps": "data.video_fps",
+}
+
+
+def get_key(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+@dataclass
+class PPOConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    critic: Optional[CriticConfig] = None  # PPO critic; null = none (GRPO-style estimators)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise one ConfigError listing every problem; warn about keys the chosen strategy ignores."""
+        p: list[str] = []
+        for name in ("data", "algorithm", "actor", "ref", "rollout", "reward", "trainer"):
+            p += getattr(self, name).check(name)
+        if self.actor.ppo_mini_batch_size > 0 and self.data.train_batch_size % self.actor.ppo_mini_batch_size:
+            p.append(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
+                     f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")
+        p += self._derived_problems() + self._not_built_problems()
+        if p:
+            raise ConfigError(p)
+        ignored = self.actor.ignored_keys("actor")
+        if ignored:
+            warnings.warn(f"{', '.join(ignored)} ignored: actor.strategy={self.actor.strategy}", stacklevel=2)
+
+    def _derived_problems(self) -> list[str]:
+        p = []
+        for key, owner in DERIVED_KEYS.items():
+            value, owner_value = get_key(self, key), get_key(self, owner)
+            default = getattr(RolloutConfig(), key.split(".")[-1])
+            if value != default and value != owner_value:
+                p.append(f"{key}={_show(value)} is read from {owner}={_show(owner_value)} in rllava; "
+                         f"set {owner} instead")
+        return p
+
+    def _not_built_problems(self) -> list[str]:
+        p = []
+        for key, is_on, off in NOT_BUILT_YET:
+            value = get_key(self, key)
+            if is_on(value):
+                p.append(f"{key}={_show(value)} is not available yet in rllava; set {key}={off}")
+        return p

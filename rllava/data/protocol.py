@@ -1,0 +1,148 @@
+"""The typed values that flow between the four stages.
+
+    Sample (dataset) -> Trajectory (rollout) -> Batch (tensors, + scores, advantages, log-probs) -> update
+
+A `Trajectory` is a list of segments, each *given* (prompt, tool output: never trained) or *model-written*
+(trained). RLVR is `[prompt, response]`; a multi-turn agent appends `[observation, turn]` pairs; hybrid SFT+RL
+marks an expert segment `off_policy`. `collate` derives every tensor the trainer needs from the segments, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Sample:
+    """One prompt as the dataset yields it (before tokenization)."""
+
+    index: int  # row in the dataset
+    messages: list[dict]  # chat messages; image parts as {"type": "image"}
+    images: list[Any]  # PIL images, already bounded by data.min_pixels/max_pixels
+    ground_truth: Any
+    extra: dict = field(default_factory=dict)  # every other field of the record (for reward functions)
+    target: str | None = None  # reference response text (SFT), if any
+
+
+@dataclass
+class Segment:
+    token_ids: list[int]
+    trained: bool  # written by the policy (in the loss) or given (prompt, observation)
+    off_policy: bool = False  # written by someone else (expert) but trained
+    logprobs: list[float] | None = None  # rollout engine's sampling log-probs, for trained segments
+
+
+@dataclass
+class Trajectory:
+    sample: Sample
+    group_id: int  # all K samples of one prompt share it
+    segments: list[Segment]
+    mm_inputs: dict[str, torch.Tensor]  # processor outputs for this trajectory's images (pixel_values, grid_thw)
+    response: str = ""  # decoded text of the model-written segments (what the reward reads)
+    finish_reason: str = "stop"  # "stop" (EOS) or "length" (hit max_response_length)
+
+    @property
+    def num_response_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments if s.trained)
+
+
+# Which stage fills each optional Batch field, for the error when it is read before being set.
+_PRODUCED_BY = {"scores": "reward", "advantages": "advantage", "old_logprobs": "old log-prob",
+                "ref_logprobs": "reference", "rollout_logprobs": "rollout"}
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors for B trajectories of length <= T, plus what the stages add."""
+
+    trajectories: list[Trajectory]
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    loss_mask: torch.Tensor  # [B, T] 1 where input_ids[t] was written by the policy (predicted from t-1)
+    group_ids: torch.Tensor  # [B]
+    rollout_logprobs: torch.Tensor | None = None  # [B, T] from the rollout engine
+    scores: torch.Tensor | None = None  # [B] scalar reward per trajectory
+    advantages: torch.Tensor | None = None  # [B, T]
+    old_logprobs: torch.Tensor | None = None  # [B, T] train engine, policy before this update
+    ref_logprobs: torch.Tensor | None = None  # [B, T] frozen reference
+    reward_details: list[dict] = field(default_factory=list)  # the reward function's named scores per sample
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def need(self, name: str) -> torch.Tensor:
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"batch.{name} is not set: it is produced by the {_PRODUCED_BY[name]} stage, "
+                             "which has not run on this batch")
+        return value
+
+    def select(self, idx: list[int]) -> "Batch":
+        """Rows `idx` (a micro- or mini-batch), trimmed to the longest selected row."""
+        index = torch.tensor(idx, dtype=torch.long)
+        length = int(self.attention_mask[index].sum(-1).max())
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "trajectories":
+                out[f.name] = [v[i] for i in idx]
+            elif f.name == "reward_details":
+                out[f.name] = [v[i] for i in idx] if v else []
+            elif isinstance(v, torch.Tensor):
+                v = v[index]
+                out[f.name] = v[:, :length] if v.dim() == 2 else v
+            else:
+                out[f.name] = v
+        return Batch(**out)
+
+    def to(self, device) -> "Batch":
+        """A copy with every tensor on `device` (trajectories stay on the host)."""
+        moved = {f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v)
+                 for f in fields(self)}
+        moved["trajectories"] = [t if not t.mm_inputs else _with_mm(t, device) for t in self.trajectories]
+        return Batch(**moved)
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """Keyword arguments for the model's forward: ids, mask and the images of every row, in row order."""
+        inputs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        keys = sorted({k for t in self.trajectories for k in t.mm_inputs})
+        for k in keys:
+            inputs[k] = torch.cat([t.mm_inputs[k] for t in self.trajectories if k in t.mm_inputs], dim=0)
+        return inputs
+
+
+def _with_mm(t: Trajectory, device) -> Trajectory:
+    from dataclasses import replace
+
+    return replace(t, mm_inputs={k: v.to(device) for k, v in t.mm_inputs.items()})
+
+
+def collate(trajectories: list[Trajectory], pad_token_id: int) -> Batch:
+    """Concatenate each trajectory's segments into one row, right-pad, and derive the masks."""
+    rows, masks, logps = [], [], []
+    for t in trajectories:
+        ids, mask, lp = [], [], []
+        for s in t.segments:
+            ids += s.token_ids
+            mask += [1 if s.trained else 0] * len(s.token_ids)
+            lp += s.logprobs if (s.trained and s.logprobs is not None) else [0.0] * len(s.token_ids)
+        rows.append(ids), masks.append(mask), logps.append(lp)
+    T = max(len(r) for r in rows)
+    B = len(rows)
+    input_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, T), dtype=torch.long)
+    loss_mask = torch.zeros((B, T), dtype=torch.float32)
+    rollout_logprobs = torch.zeros((B, T), dtype=torch.float32)
+    for i, (ids, mask, lp) in enumerate(zip(rows, masks, logps)):
+        n = len(ids)
+        input_ids[i, :n] = torch.tensor(ids)
+        attention_mask[i, :n] = 1
+        loss_mask[i, :n] = torch.tensor(mask, dtype=torch.float32)
+        rollout_logprobs[i, :n] = torch.tensor(lp, dtype=torch.float32)
+    have_logprobs = all(s.logprobs is not None for t in trajectories for s in t.segments if s.trained)
+    return Batch(trajectories=trajectories, input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
+                 group_ids=torch.tensor([t.group_id for t in trajectories]),
+                 rollout_logprobs=rollout_logprobs if have_logprobs else None)

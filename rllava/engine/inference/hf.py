@@ -1,0 +1,83 @@
+"""Rollout with Hugging Face `generate` on the training model itself (no weight copy, works everywhere)."""
+
+from __future__ import annotations
+
+import torch
+
+from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams
+
+
+class HFRolloutEngine:
+    """Left-pads `micro_batch_size` requests at a time and samples `n` completions per request.
+
+    `stop_token_ids` end a completion (the tokenizer's EOS); `banned_token_ids` (image/video placeholders) are
+    never sampled, since a placeholder inside a response would break the image-token count of the training
+    forward ("image features and image tokens do not match")."""
+
+    def __init__(self, *, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
+                 micro_batch_size: int, device: torch.device):
+        self.pad_token_id = pad_token_id
+        self.stop_token_ids = stop_token_ids
+        self.banned_token_ids = banned_token_ids
+        self.micro_batch_size = micro_batch_size
+        self.device = device
+        self.model = None
+
+    def load(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self._was_training = model.training
+        model.eval()
+
+    def offload(self) -> None:
+        if self.model is not None and self._was_training:
+            self.model.train()
+        self.model = None
+
+    @torch.no_grad()
+    def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
+        if self.model is None:
+            raise RuntimeError("HFRolloutEngine.generate called outside generate_context (no model loaded)")
+        out = []
+        for s in range(0, len(requests), self.micro_batch_size):
+            out += self._generate(requests[s:s + self.micro_batch_size], sampling)
+        return out
+
+    def _generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
+        P = max(len(r.prompt_ids) for r in requests)
+        input_ids = torch.full((len(requests), P), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for i, r in enumerate(requests):  # left padding: every prompt ends at column P
+            input_ids[i, P - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            attention_mask[i, P - len(r.prompt_ids):] = 1
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        for k in sorted({k for r in requests for k in r.mm_inputs}):
+            inputs[k] = torch.cat([r.mm_inputs[k] for r in requests if k in r.mm_inputs])
+        image_id = getattr(self.model.config, "image_token_id", None)
+        if image_id is not None and "image_grid_thw" in inputs:
+            video_id = getattr(self.model.config, "video_token_id", None)
+            inputs["mm_token_type_ids"] = (input_ids == image_id).int() + 2 * (input_ids == video_id).int()
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        greedy = sampling.temperature == 0
+        gen = self.model.generate(
+            **inputs, do_sample=not greedy, num_return_sequences=1 if greedy else sampling.n,
+            temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
+            top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k,
+            max_new_tokens=sampling.max_new_tokens, eos_token_id=self.stop_token_ids, pad_token_id=self.pad_token_id,
+            suppress_tokens=self.banned_token_ids or None, output_scores=True, return_dict_in_generate=True)
+        new_tokens = gen.sequences[:, P:].cpu()  # [N * n, L]
+        # scores are the processed (temperature/top-p) logits the sampler drew from: L x [N * n, V]; gather
+        # step by step so a large vocabulary never makes an [N * n, L, V] tensor
+        token_logps = torch.stack([torch.log_softmax(s.float(), -1).gather(-1, gen.sequences[:, P + j, None])[:, 0]
+                                   for j, s in enumerate(gen.scores)], 1).cpu()  # [N * n, L]
+        n = 1 if greedy else sampling.n
+        completions = []
+        for row in range(new_tokens.shape[0]):
+            ids = new_tokens[row].tolist()
+            stop = next((j for j, t in enumerate(ids) if t in self.stop_token_ids), None)
+            end = len(ids) if stop is None else stop + 1
+            completions.append(Completion(ids[:end], token_logps[row, :end].tolist(),
+                                          "length" if stop is None else "stop"))
+        grouped = [completions[i * n:(i + 1) * n] for i in range(len(requests))]
+        if greedy and sampling.n > 1:  # greedy samples are identical: copy instead of recomputing
+            grouped = [g * sampling.n for g in grouped]
+        return grouped

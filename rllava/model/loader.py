@@ -1,0 +1,81 @@
+"""Load a policy/reference model and its processor with the ordinary `transformers` Auto classes.
+
+VLMs (a config with a `vision_config`) load through `AutoModelForImageTextToText`, text-only LLMs through
+`AutoModelForCausalLM`: the same path a real Qwen checkpoint and our tiny builds take.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+from rllava.errors import RllavaError
+from rllava.model.processor import load_processor
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+class ModelLoadError(RllavaError):
+    pass
+
+
+def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    """`actor.model.torch_dtype`; None = float32 on CPU, bfloat16 on GPU."""
+    if name is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ModelLoadError(f"actor.model.torch_dtype={name!r}: choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdpa",
+               trust_remote_code: bool = False, override_config: dict | None = None, key: str = "actor.model"):
+    """`from_pretrained` on a local directory or hub id; any failure names `key` and the path."""
+    if not path:
+        raise ModelLoadError(f"{key}.model_path is not set")
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        for k, v in (override_config or {}).items():
+            setattr(config, k, v)
+        auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+        return auto.from_pretrained(path, config=config, dtype=dtype, attn_implementation=attn_implementation,
+                                    trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, ImportError) as e:
+        raise ModelLoadError(f"{key}.model_path={path!r} could not be loaded: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0]}") from e
+
+
+def build_policy(model_cfg, device: torch.device):
+    """The trainable policy and its processor from `actor.model.*`."""
+    model = load_model(model_cfg.model_path, dtype=resolve_dtype(model_cfg.torch_dtype, device),
+                       attn_implementation=model_cfg.attn_implementation,
+                       trust_remote_code=model_cfg.trust_remote_code, override_config=model_cfg.override_config)
+    try:
+        processor = load_processor(model_cfg.tokenizer_path or model_cfg.model_path, model_cfg.trust_remote_code)
+    except (OSError, ValueError, ImportError) as e:
+        raise ModelLoadError(f"actor.model: no processor/tokenizer at "
+                             f"{model_cfg.tokenizer_path or model_cfg.model_path!r}: {e}") from e
+    if model_cfg.freeze_vision_tower:
+        frozen = [p for n, p in model.named_parameters() if "visual" in n.split(".")]
+        if not frozen:
+            raise ModelLoadError("actor.model.freeze_vision_tower=true but the model has no vision tower")
+        for p in frozen:
+            p.requires_grad_(False)
+    if model_cfg.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.to(device), processor
+
+
+def build_reference(policy, ref_cfg, model_cfg, device: torch.device):
+    """Frozen reference policy: `ref.model_path` if set, else a copy of the policy's starting weights."""
+    if ref_cfg.model_path:
+        ref = load_model(ref_cfg.model_path, dtype=resolve_dtype(model_cfg.torch_dtype, device),
+                         attn_implementation=model_cfg.attn_implementation,
+                         trust_remote_code=model_cfg.trust_remote_code, key="ref")
+    else:
+        import copy
+
+        ref = copy.deepcopy(policy)
+    ref.requires_grad_(False)
+    return ref.eval().to(device)

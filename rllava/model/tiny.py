@@ -1,0 +1,175 @@
+"""Tiny, randomly initialised Qwen-VL models built offline, for tests and CPU demos.
+
+    python -m rllava.model.tiny --arch qwen2_vl --out DIR [--size small|demo]
+
+writes a real Hugging Face checkpoint (config, safetensors weights, tokenizer, processor, chat template) with
+`save_pretrained`, so `actor.model.model_path=DIR` loads it through the same Auto classes as a real Qwen
+checkpoint. The tokenizer is a byte-level BPE trained here on generated text (no hub download), with Qwen's
+special tokens, so chat templates and image placeholders behave as in the real models.
+
+Sizes (see ../shared/reference/cpu_learning_notes.md): `demo` = 4 text layers, hidden 256, vision depth 4,
+embed 128 (~4.5 M parameters; learns the synthetic counting task on CPU); `small` = 2 layers, hidden 128
+(~1 M; for fast tests only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from rllava.model.processor import image_only_processor_class
+from rllava.utils.fs import atomic_directory
+
+ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+# Qwen's special tokens, in Qwen's order. Ids are assigned from 0 in this order.
+SPECIAL_TOKENS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
+    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+]
+
+# The Qwen2-VL chat format (same layout for Qwen2.5-VL/Qwen3-VL): a default system turn, `<|im_start|>role`,
+# images as <|vision_start|><|image_pad|><|vision_end|> (the processor expands <|image_pad|> per image).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+SIZES = {
+    #        text layers, hidden, heads, kv heads, ffn, vision depth, vision embed, vision heads
+    "small": dict(layers=2, hidden=128, heads=4, kv_heads=2, ffn=256, v_depth=2, v_embed=64, v_heads=4),
+    "demo": dict(layers=4, hidden=256, heads=4, kv_heads=2, ffn=512, v_depth=4, v_embed=128, v_heads=4),
+}
+
+
+def _corpus(seed: int = 0) -> list[str]:
+    """Text that looks like what the tiny models will read and write: task prompts, tagged answers,
+    numbers, boxes and JSON, plus the chat scaffolding."""
+    rng = random.Random(seed)
+    colors = ["red", "green", "blue", "yellow", "purple", "orange", "gray", "cyan", "brown", "black", "white"]
+    shapes = ["circle", "square", "triangle", "cube", "sphere", "cylinder", "shape", "object", "item"]
+    words = ("how many are there in the image what is the of a an and or to find count locate box answer "
+             "question think step first then output final value angle length area triangle line point degrees "
+             "please reason inside tags format json bounding coordinates label confidence detect all "
+             "you are a helpful assistant system user assistant the with for is it this that number numbers "
+             "shapes objects tags").split()
+    lines = []
+    for _ in range(6000):
+        c, s, n = rng.choice(colors), rng.choice(shapes), rng.randint(0, 20)
+        lines += [
+            f"How many {c} {s}s are in the image? <answer>{n}</answer>",
+            f"<think>I see {n} {s}s.</think><answer>{n}</answer>",
+            f'[{{"bbox_2d": [{rng.randint(0, 999)}, {rng.randint(0, 999)}, {rng.randint(0, 999)}, '
+            f'{rng.randint(0, 999)}], "label": "{c} {s}", "score": {rng.random():.2f}}}]',
+            f"\\boxed{{{rng.randint(0, 360)}}} {rng.randint(0, 99)}/{rng.randint(1, 99)} = {rng.random():.3f}",
+            " ".join(rng.choice(words) for _ in range(rng.randint(4, 14))).capitalize() + rng.choice(".?!:"),
+        ]
+    return lines
+
+
+def build_tokenizer(vocab_size: int = 2048, seed: int = 0) -> PreTrainedTokenizerFast:
+    """Byte-level BPE (as Qwen's) trained on `_corpus`, with Qwen's special tokens and chat template."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(_corpus(seed), trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  additional_special_tokens=SPECIAL_TOKENS[1:], padding_side="left",
+                                  model_max_length=32768)
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def _model_and_processor(arch: str, tok, size: dict):
+    """Config + model class + processor for one architecture; only the sizes differ from the real models."""
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
+                              Qwen2VLForConditionalGeneration, Qwen3VLConfig, Qwen3VLForConditionalGeneration)
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    ids = {name: tok.convert_tokens_to_ids(t) for name, t in
+           [("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")]}
+    head_dim = size["hidden"] // size["heads"]
+    text = dict(vocab_size=len(tok), hidden_size=size["hidden"], intermediate_size=size["ffn"],
+                num_hidden_layers=size["layers"], num_attention_heads=size["heads"],
+                num_key_value_heads=size["kv_heads"], max_position_embeddings=4096,
+                bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    # M-RoPE splits the rotary half-dimension over (time, height, width); sections must sum to head_dim/2.
+    half = head_dim // 2
+    t_sec = half - 2 * (3 * half // 8)
+    mrope = [t_sec, 3 * half // 8, 3 * half // 8]
+    if arch == "qwen3_vl":
+        patch = 16
+        text.update(head_dim=head_dim, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                        "mrope_section": mrope, "mrope_interleaved": True})
+        vision = dict(depth=size["v_depth"], hidden_size=size["v_embed"], intermediate_size=2 * size["v_embed"],
+                      num_heads=size["v_heads"], patch_size=patch, out_hidden_size=size["hidden"],
+                      num_position_embeddings=256, deepstack_visual_indexes=[size["v_depth"] // 2])
+        config, model_cls = Qwen3VLConfig(text_config=text, vision_config=vision, **ids), Qwen3VLForConditionalGeneration
+    else:
+        patch = 14
+        text.update(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope})
+        if arch == "qwen2_vl":
+            vision = dict(depth=size["v_depth"], embed_dim=size["v_embed"], hidden_size=size["hidden"],
+                          num_heads=size["v_heads"], patch_size=patch)
+            config_cls, model_cls = Qwen2VLConfig, Qwen2VLForConditionalGeneration
+        else:
+            vision = dict(depth=size["v_depth"], hidden_size=size["v_embed"], intermediate_size=2 * size["v_embed"],
+                          num_heads=size["v_heads"], patch_size=patch, out_hidden_size=size["hidden"],
+                          window_size=56, fullatt_block_indexes=[size["v_depth"] - 1])
+            config_cls, model_cls = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+        config = config_cls(text_config=text, vision_config=vision, **ids)
+    config.tie_word_embeddings = False
+    image_processor = Qwen2VLImageProcessorPil(patch_size=patch, merge_size=2, temporal_patch_size=2,
+                                               min_pixels=(patch * 2) ** 2, max_pixels=(patch * 2) ** 2 * 256)
+    processor_cls = image_only_processor_class(arch)
+    processor = processor_cls(image_processor=image_processor, tokenizer=tok, chat_template=CHAT_TEMPLATE)
+    return config, model_cls, processor
+
+
+def build_tiny(arch: str, out_dir: str, size: str = "demo", seed: int = 0) -> str:
+    """Write a tiny random `arch` checkpoint to `out_dir` (atomically) and return the path."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown --arch {arch!r}; choose one of {', '.join(ARCHS)}")
+    if size not in SIZES:
+        raise ValueError(f"unknown --size {size!r}; choose one of {', '.join(SIZES)}")
+    torch.manual_seed(seed)
+    tok = build_tokenizer(seed=seed)
+    config, model_cls, processor = _model_and_processor(arch, tok, SIZES[size])
+    model = model_cls(config)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    with atomic_directory(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+    return out_dir
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default="qwen2_vl", choices=ARCHS)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--size", default="demo", choices=sorted(SIZES))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    print(f"wrote tiny {args.arch} ({args.size}) to {build_tiny(args.arch, args.out, args.size, args.seed)}")
+
+
+if __name__ == "__main__":
+    main()

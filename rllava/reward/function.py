@@ -1,0 +1,113 @@
+"""Reward functions from a user file: `reward.reward_function=path/to/file.py:compute_score`.
+
+Two call styles (`reward.reward_type`):
+- sequential: `fn(response: str, ground_truth, **reward_function_kwargs)` per trajectory;
+- batch:      `fn(reward_inputs: list[dict], **reward_function_kwargs)` once per batch, each dict holding
+  `response`, `response_length`, `ground_truth` and the sample's other fields; returns one result per input.
+- auto (default): sequential if the function has two or more required positional parameters, else batch.
+A result is a float or a dict of named floats with an `overall` entry (the scalar used for training).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+import os
+import sys
+from typing import Any, Callable
+
+import torch
+
+from rllava.data.protocol import Trajectory
+from rllava.errors import RllavaError
+
+
+class RewardError(RllavaError):
+    pass
+
+
+def load_reward_function(spec: str) -> Callable:
+    """Import `fn` from `file.py:fn`; every failure names the spec."""
+    if not spec:
+        raise RewardError("reward.reward_function is not set (expected path/to/file.py:function_name)")
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path.endswith(".py") or not name:
+        raise RewardError(f"reward.reward_function={spec!r}: expected 'path/to/file.py:function_name'")
+    if not os.path.isfile(path):
+        raise RewardError(f"reward.reward_function={spec!r}: file {path!r} does not exist")
+    module_name = f"rllava_reward_{abs(hash(os.path.abspath(path)))}"
+    try:
+        module_spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_name] = module
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # a syntax or import error inside the user's file
+        sys.modules.pop(module_name, None)
+        raise RewardError(f"reward.reward_function={spec!r}: importing {path} failed: "
+                          f"{type(e).__name__}: {e}") from e
+    fn = getattr(module, name, None)
+    if fn is None:
+        found = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
+        raise RewardError(f"reward.reward_function={spec!r}: {path} has no function {name!r} "
+                          f"(callables there: {', '.join(found) or 'none'})")
+    if not callable(fn):
+        raise RewardError(f"reward.reward_function={spec!r}: {name!r} is not callable")
+    return fn
+
+
+def _positional_params(fn: Callable) -> int:
+    """Positional parameters without a default: 2 = fn(response, ground_truth), 1 = fn(reward_inputs)."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds and p.default is inspect.Parameter.empty
+               for p in inspect.signature(fn).parameters.values())
+
+
+def _as_scores(result: Any, spec: str, where: str) -> dict[str, float]:
+    """A float or a dict with `overall` -> {name: float}; anything else is the user's bug, named."""
+    if isinstance(result, dict):
+        if "overall" not in result:
+            raise RewardError(f"{spec} returned a dict without 'overall' for {where}: keys {sorted(result)}")
+        items = result.items()
+    else:
+        items = [("overall", result)]
+    scores = {}
+    for k, v in items:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+            raise RewardError(f"{spec} returned {k}={v!r} for {where}: expected a finite number")
+        scores[k] = float(v)
+    return scores
+
+
+class RewardFunction:
+    """The Reward role: trajectories -> one scalar score each, plus the named parts for logging."""
+
+    def __init__(self, spec: str, reward_type: str = "auto", kwargs: dict | None = None):
+        self.spec, self.fn, self.kwargs = spec, load_reward_function(spec), dict(kwargs or {})
+        if reward_type == "auto":
+            reward_type = "sequential" if _positional_params(self.fn) >= 2 else "batch"
+        if reward_type == "sequential" and _positional_params(self.fn) < 2:
+            raise RewardError(f"reward.reward_function={spec!r}: reward_type=sequential needs "
+                              "fn(response, ground_truth); this one takes fewer positional parameters")
+        self.reward_type = reward_type
+
+    def score(self, trajectories: list[Trajectory]) -> tuple[torch.Tensor, list[dict[str, float]]]:
+        """Returns scores [B] (the `overall` entries) and the per-trajectory dicts of named scores."""
+        if self.reward_type == "batch":
+            inputs = [{**t.sample.extra, "response": t.response, "response_length": t.num_response_tokens,
+                       "ground_truth": t.sample.ground_truth} for t in trajectories]
+            results = self._call(lambda: self.fn(inputs, **self.kwargs), "the batch")
+            if not isinstance(results, (list, tuple)) or len(results) != len(trajectories):
+                raise RewardError(f"{self.spec} (batch) must return a list of {len(trajectories)} results, got "
+                                  f"{type(results).__name__}" + (f" of {len(results)}" if hasattr(results, "__len__") else ""))
+        else:
+            results = [self._call(lambda t=t: self.fn(t.response, t.sample.ground_truth, **self.kwargs),
+                                  f"sample {t.sample.index}") for t in trajectories]
+        details = [_as_scores(r, self.spec, f"sample {t.sample.index}") for r, t in zip(results, trajectories)]
+        return torch.tensor([d["overall"] for d in details], dtype=torch.float32), details
+
+    def _call(self, thunk, where: str):
+        try:
+            return thunk()
+        except Exception as e:
+            raise RewardError(f"reward function {self.spec} raised on {where}: {type(e).__name__}: {e}") from e

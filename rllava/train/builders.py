@@ -1,0 +1,156 @@
+"""Plain functions from config sections to the objects a pipeline runs: device, model, engines, roles, data.
+
+Every pipeline (RLVR, SFT, hybrids, agents) builds from these; none of them holds a loop.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import transformers
+
+from rllava.algorithms.ppo import PPO, load_plugins
+from rllava.config import ConfigError, PPOConfig, config_to_yaml
+from rllava.data.dataset import PromptDataset
+from rllava.data.sampler import EpochSampler
+from rllava.engine.inference.base import SamplingParams
+from rllava.engine.inference.hf import HFRolloutEngine
+from rllava.engine.train.single import SingleDeviceEngine
+from rllava.model.loader import build_policy, build_reference
+from rllava.model.processor import get_tokenizer
+from rllava.roles.actor import Actor
+from rllava.roles.rollout import Rollout
+from rllava.train.tracker import Tracker
+
+VISION_PLACEHOLDERS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>"]
+
+
+def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
+    """Seed every RNG, pick the device, create outputs_dir and save the resolved config there."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and cfg.actor.strategy == "single":
+        raise ConfigError(f"launched with {world} processes but actor.strategy=single runs on one device; "
+                          "use --nproc_per_node=1")
+    random.seed(cfg.trainer.seed)
+    np.random.seed(cfg.trainer.seed)
+    torch.manual_seed(cfg.trainer.seed)
+    if cfg.trainer.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(cfg.trainer.device)
+    outputs_dir = cfg.trainer.outputs_dir or os.path.join("outputs", cfg.trainer.experiment_name)
+    os.makedirs(outputs_dir, exist_ok=True)
+    with open(os.path.join(outputs_dir, "config.yaml"), "w") as f:
+        f.write(config_to_yaml(cfg))
+    return device, outputs_dir
+
+
+def build_tracker(cfg: PPOConfig, outputs_dir: str) -> Tracker:
+    from omegaconf import OmegaConf
+
+    return Tracker(cfg.trainer.logger, outputs_dir, cfg.trainer.project_name, cfg.trainer.experiment_name,
+                   OmegaConf.to_container(OmegaConf.structured(cfg)))
+
+
+def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None):
+    """(train, val or None). `data.override_chat_template` replaces the processor's chat template first."""
+    if cfg.data.override_chat_template:
+        processor.chat_template = cfg.data.override_chat_template
+    kwargs = dict(target_key=target_key, limit_images=cfg.rollout.limit_images)
+    train = PromptDataset(cfg.data.train_files, cfg.data, processor, image_dir=cfg.data.train_image_dir, **kwargs)
+    val = None
+    if cfg.data.val_files:
+        val = PromptDataset(cfg.data.val_files, cfg.data, processor, image_dir=cfg.data.val_image_dir, **kwargs)
+    return train, val
+
+
+def build_sampler(cfg: PPOConfig, train: PromptDataset) -> EpochSampler:
+    return EpochSampler(len(train), cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
+
+
+def total_steps(cfg: PPOConfig, sampler: EpochSampler) -> int:
+    """trainer.max_steps if set, else trainer.total_epochs passes over the training set."""
+    return cfg.trainer.max_steps if cfg.trainer.max_steps else cfg.trainer.total_epochs * len(sampler)
+
+
+def sampling_params(cfg: PPOConfig, validation: bool = False) -> SamplingParams:
+    """Rollout sampling; validation applies rollout.val_override_config on top (RLLaVA: greedy, n=1)."""
+    p = dict(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+             top_k=cfg.rollout.top_k, max_new_tokens=cfg.data.max_response_length)
+    if validation:
+        unknown = set(cfg.rollout.val_override_config) - set(p)
+        if unknown:
+            raise ConfigError(f"rollout.val_override_config: unknown keys {sorted(unknown)} "
+                              f"(valid: {', '.join(sorted(p))})")
+        p.update(cfg.rollout.val_override_config)
+    return SamplingParams(**p)
+
+
+def build_rollout(cfg: PPOConfig, processor, device: torch.device) -> Rollout:
+    tok = get_tokenizer(processor)
+    vocab = tok.get_vocab()
+    banned = [vocab[t] for t in VISION_PLACEHOLDERS if t in vocab]
+    engine = HFRolloutEngine(pad_token_id=tok.pad_token_id, stop_token_ids=[tok.eos_token_id],
+                             banned_token_ids=banned, micro_batch_size=cfg.rollout.micro_batch_size, device=device)
+    return Rollout(engine, processor, skip_special_tokens=cfg.reward.skip_special_tokens)
+
+
+def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, sft: bool = False) -> Actor:
+    """Optimizer + LR schedule + train engine + the Actor role around `model`.
+
+    `sft=True`: one reference response per prompt, the `sft` loss (NLL) at temperature 1."""
+    o = cfg.actor.optim
+    if o.strategy != "adamw":
+        raise ConfigError(f"actor.optim.strategy={o.strategy!r} is not supported (supported: adamw)")
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    n = 1 if sft else cfg.rollout.n
+    batch_seqs = cfg.data.train_batch_size * n
+    mini = cfg.actor.ppo_mini_batch_size * n  # RLLaVA counts mini-batches in prompts
+    updates = num_steps * cfg.actor.ppo_epochs * math.ceil(batch_seqs / mini)
+    warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * updates)
+    scheduler = transformers.get_scheduler(o.lr_scheduler_type, optimizer, num_warmup_steps=warmup,
+                                           num_training_steps=updates)
+    engine = SingleDeviceEngine(device, cfg.actor.max_grad_norm, cfg.actor.skip_grad_norm)
+    model, optimizer, scheduler = engine.prepare(model, optimizer, scheduler)
+    load_plugins(cfg.algorithm.plugins)
+    algorithm = PPO(cfg.algorithm, cfg.actor, loss_mode="sft" if sft else None)
+    return Actor(model, engine, algorithm, ppo_epochs=cfg.actor.ppo_epochs,
+                 mini_batch_size=mini, micro_batch_size=cfg.actor.ppo_micro_batch_size,
+                 log_prob_micro_batch_size=cfg.actor.log_prob_micro_batch_size,
+                 loss_agg_mode=cfg.actor.loss_agg_mode, max_response_length=cfg.data.max_response_length,
+                 temperature=1.0 if sft else cfg.rollout.temperature,
+                 use_kl_loss=not sft and cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0,
+                 kl_loss_coef=cfg.actor.kl_loss_coef, kl_loss_type=cfg.actor.kl_loss_type,
+                 entropy_coeff=cfg.actor.entropy_coeff)
+
+
+@dataclass
+class Reference:
+    """The frozen reference policy (stage 4's KL anchor)."""
+
+    model: torch.nn.Module
+    micro_batch_size: int
+    temperature: float
+
+    def compute_logprobs(self, batch):
+        from rllava.roles.actor import compute_logprobs
+
+        return compute_logprobs(self.model, batch, self.micro_batch_size, self.temperature)
+
+
+def build_reference_role(cfg: PPOConfig, policy, device: torch.device) -> Reference | None:
+    """Built only when the loss uses it (algorithm.use_kl_loss with a non-zero coefficient)."""
+    if not (cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0):
+        return None
+    return Reference(build_reference(policy, cfg.ref, cfg.actor.model, device), cfg.ref.log_prob_micro_batch_size,
+                     cfg.rollout.temperature)
+
+
+__all__ = ["setup_run", "build_tracker", "build_policy", "build_datasets", "build_sampler", "build_rollout",
+           "build_actor", "build_reference_role", "sampling_params", "total_steps"]

@@ -1,0 +1,37 @@
+"""Validation: roll out the held-out prompts, score them, and average. Shared by every pipeline."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rllava.data.dataset import PromptDataset
+from rllava.engine.inference.base import SamplingParams, generate_context
+from rllava.reward.function import RewardFunction
+from rllava.roles.rollout import Rollout
+
+
+def accuracy_of(details: dict[str, float]) -> float:
+    """A trajectory's accuracy: the reward's `accuracy` entry if it reports one, else its `overall` score."""
+    return details.get("accuracy", details["overall"])
+
+
+def evaluate(model, rollout: Rollout, reward: RewardFunction, dataset: PromptDataset, sampling: SamplingParams,
+             batch_size: int, prefix: str = "val") -> tuple[dict[str, float], list[dict]]:
+    """Metrics `{prefix}/reward_mean, {prefix}/accuracy, ...` over every sample x sampling.n completions, and
+    the generations (prompt index, response, scores)."""
+    size = len(dataset) if batch_size <= 0 else batch_size
+    details, lengths, generations = [], [], []
+    with generate_context(rollout.engine, model):
+        for start in range(0, len(dataset), size):
+            samples = [dataset[i] for i in range(start, min(start + size, len(dataset)))]
+            trajectories = rollout.generate(samples, sampling)
+            _, scored = reward.score(trajectories)
+            details += scored
+            lengths += [t.num_response_tokens for t in trajectories]
+            generations += [{"index": t.sample.index, "response": t.response, **d} for t, d in zip(trajectories, scored)]
+    metrics = {f"{prefix}/reward_mean": float(np.mean([d["overall"] for d in details])),
+               f"{prefix}/accuracy": float(np.mean([accuracy_of(d) for d in details])),
+               f"{prefix}/response_length": float(np.mean(lengths))}
+    for key in sorted({k for d in details for k in d} - {"overall"}):
+        metrics[f"{prefix}/{key}"] = float(np.mean([d.get(key, 0.0) for d in details]))
+    return metrics, generations
