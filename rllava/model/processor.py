@@ -60,7 +60,7 @@ def load_processor(path: str, trust_remote_code: bool = False):
     try:
         processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (ImportError, AttributeError, ValueError) as e:
-        if model_type not in {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"} or "torchvision" not in _chain_text(e):
+        if model_type not in {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"} or "torchvision" not in _chain_text(e).lower():
             raise
         image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

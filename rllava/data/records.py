@@ -1,0 +1,183 @@
+"""Records from `data.train_files` / `data.val_files`, as a lazy (memory-mapped) `datasets.Dataset`.
+
+Accepted specs, each optionally with an `@split` suffix:
+- a local `.jsonl`, `.json` (a list of objects, or `{"data": [...]}`) or `.parquet` file (one split, `train`);
+- a directory written by `Dataset.save_to_disk`, or by `DatasetDict.save_to_disk` (`dir@test`);
+- a hub-style dataset directory (`dir/data/train-00000-of-00001.parquet`, ...): `dir@train`;
+- a hub name, `hiyouga/math12k@train`, loaded by `datasets.load_dataset` (needs the hub or its cache).
+Without `@split`, a source with one split gives it and a source with several is an error listing them; a hub
+name defaults to `train`, as in EasyR1. Image columns stay as stored (paths, bytes or an `Image` feature):
+nothing is decoded until a record is read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import datasets
+
+from rllava.errors import RllavaError
+
+FILE_TYPES = (".jsonl", ".json", ".parquet")
+
+
+class DataError(RllavaError):
+    """A data file, record or image that cannot be used; the message names it (file, line, record, key)."""
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """`path@split` -> (path, split). A path that exists as written keeps any `@` in its name."""
+    if os.path.exists(os.path.expanduser(spec)):
+        return os.path.expanduser(spec), None
+    path, sep, split = spec.rpartition("@")
+    if not sep or not path or not split:
+        return os.path.expanduser(spec), None
+    return os.path.expanduser(path), split
+
+
+def load_records(spec: str, *, max_samples: int = -1) -> datasets.Dataset:
+    """The records named by `spec` (see the module docstring); only the first `max_samples` if >= 0."""
+    if not spec:
+        raise DataError("no data given: set data.train_files (and data.val_files) to a file, directory or hub name")
+    path, split = split_spec(spec)
+    if os.path.isfile(path):
+        ds = _pick_split(_load_file(path), split, spec)
+    elif os.path.isdir(path):
+        ds = _pick_split(_load_dir(path), split, spec)
+    elif path.endswith(FILE_TYPES) or path.startswith((".", "/")) or path.count("/") > 1:
+        raise DataError(f"{spec}: no such file or directory")  # a hub name is `name` or `org/name`
+    else:
+        ds = _load_hub(path, split, spec)
+    if max_samples >= 0:
+        ds = ds.select(range(min(max_samples, len(ds))))
+    if len(ds) == 0:
+        raise DataError(f"{spec}: no records" + (f" (data.max_samples={max_samples})" if max_samples == 0 else ""))
+    return ds
+
+
+def check_keys(ds: datasets.Dataset, spec: str, required: list[str]) -> None:
+    """Every `required` field is a column, or one error naming the missing ones and the columns there are."""
+    missing = [k for k in required if k not in ds.column_names]
+    if missing:
+        raise DataError(f"{spec}: records have no field {', '.join(map(repr, missing))} (fields: "
+                        f"{', '.join(ds.column_names)}); set data.prompt_key / data.answer_key / data.image_key")
+
+
+def base_dir(spec: str, image_dir: str | None = None) -> str | None:
+    """The directory relative image paths are resolved against: `image_dir` (data.train_image_dir /
+    data.val_image_dir) when given, else the data file's folder, or the dataset directory itself.
+    None for a hub dataset (relative paths then resolve against the working directory)."""
+    if image_dir:
+        return os.path.abspath(os.path.expanduser(image_dir))
+    path, _ = split_spec(spec)
+    if os.path.isfile(path):
+        return os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return os.path.abspath(path)
+    return None
+
+
+def _load_file(path: str) -> datasets.Dataset:
+    if path.endswith(".jsonl"):
+        return _load_jsonl(path)
+    if path.endswith(".json"):
+        return _load_json(path)
+    if path.endswith(".parquet"):
+        try:
+            return datasets.Dataset.from_parquet(path)
+        except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ... for a damaged file
+            raise DataError(f"{path}: cannot read it as parquet ({_reason(e)})") from e
+    raise DataError(f"{path}: unsupported file type {os.path.splitext(path)[1]!r}; use .jsonl, .json, "
+                    ".parquet, a save_to_disk directory or a hub-style dataset directory")
+
+
+def _load_jsonl(path: str) -> datasets.Dataset:
+    try:
+        return datasets.Dataset.from_json(path)
+    except Exception as e:  # datasets reports a bad line as "an error occurred"; find it ourselves
+        n_records = _check_json_lines(path)
+        if n_records == 0:
+            raise DataError(f"{path}: no records") from e
+        raise DataError(f"{path}: cannot load it as JSON lines ({_reason(e)})") from e
+
+
+def _check_json_lines(path: str) -> int:
+    """Raise on the first line that is not one JSON object, naming it; else the number of records."""
+    n_records = 0
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path} line {n}: not valid JSON ({e.msg} at column {e.colno})") from e
+            if not isinstance(record, dict):
+                raise DataError(f"{path} line {n}: expected a JSON object, got {type(record).__name__}")
+            n_records += 1
+    return n_records
+
+
+def _load_json(path: str) -> datasets.Dataset:
+    # Parsed once here for the shape and clear errors; `datasets` then builds the memory-mapped table.
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path} line {e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
+    field = None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data, field = data["data"], "data"
+    if not isinstance(data, list):
+        raise DataError(f'{path}: expected a list of objects or {{"data": [...]}}, got a {type(data).__name__}')
+    for i, record in enumerate(data):
+        if not isinstance(record, dict):
+            raise DataError(f"{path}: item {i} is a {type(record).__name__}, expected a JSON object")
+    if not data:
+        raise DataError(f"{path}: no records")
+    try:
+        return datasets.Dataset.from_json(path, field=field)
+    except Exception as e:
+        raise DataError(f"{path}: cannot load it as a table ({_reason(e)})") from e
+
+
+def _load_dir(path: str) -> datasets.Dataset | datasets.DatasetDict:
+    saved = any(os.path.exists(os.path.join(path, f)) for f in ("dataset_dict.json", "dataset_info.json"))
+    try:
+        # save_to_disk output, or a hub-style layout (data/<split>-*.parquet, ...) that `datasets` recognises.
+        return datasets.load_from_disk(path) if saved else datasets.load_dataset(path)
+    except Exception as e:
+        raise DataError(f"{path}: cannot load it as a dataset directory ({_reason(e)}); expected a "
+                        "save_to_disk directory or data files such as data/train-00000-of-00001.parquet") from e
+
+
+def _load_hub(name: str, split: str | None, spec: str) -> datasets.Dataset:
+    try:
+        return datasets.load_dataset(name, split=split or "train")
+    except Exception as e:  # offline: ConnectionError; unknown name: DatasetNotFoundError; bad split: ValueError
+        raise DataError(f"{spec}: not found locally (no such file or directory) and could not be loaded from the "
+                        f"Hugging Face hub ({_reason(e)})") from e
+
+
+def _pick_split(loaded, split: str | None, spec: str) -> datasets.Dataset:
+    if isinstance(loaded, datasets.DatasetDict):
+        names = ", ".join(loaded)
+        if split is None:
+            if len(loaded) == 1:
+                return next(iter(loaded.values()))
+            raise DataError(f"{spec} has splits {names}: choose one with {spec}@<split>")
+        if split not in loaded:
+            raise DataError(f"{spec}: no split {split!r} (splits: {names})")
+        return loaded[split]
+    own = str(loaded.split) if loaded.split else "train"
+    if split is not None and split != own:
+        raise DataError(f"{spec}: a single-split source (split {own!r}) has no split {split!r}; drop '@{split}'")
+    return loaded
+
+
+def _reason(e: Exception) -> str:
+    """The first line of an exception (and of its cause, which `datasets` often wraps), for a one-line error."""
+    cause = e.__cause__ if e.__cause__ is not None and str(e).startswith("An error occurred") else e
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0]}" if text else type(cause).__name__
