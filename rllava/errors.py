@@ -3,3 +3,15 @@
 
 class RllavaError(ValueError):
     pass
+
+
+class ConfigError(RllavaError):
+    """A config key or value is wrong. The message names the key, the value, the choices and the fix."""
+
+    def __init__(self, problems: str | list[str]):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        if len(self.problems) == 1:
+            message = self.problems[0]
+        else:
+            message = f"{len(self.problems)} config problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(message)

@@ -13,6 +13,7 @@ import sys
 
 import torch
 
+from rllava.errors import ConfigError
 from rllava.algorithms import advantage as _advantage  # noqa: F401  (registers the built-in estimators)
 from rllava.algorithms import losses as _losses  # noqa: F401  (registers the built-in losses)
 from rllava.algorithms.losses import LossInputs
@@ -50,7 +51,7 @@ def load_plugins(paths: list[str]) -> None:
     """Import user files that register estimators/losses (`algorithm.plugins=[path/to/my_algo.py]`)."""
     for path in paths:
         if not os.path.isfile(path):
-            raise ValueError(f"algorithm.plugins: file {path!r} does not exist")
+            raise ConfigError(f"algorithm.plugins: file {path!r} does not exist")
         name = f"rllava_plugin_{abs(hash(os.path.abspath(path)))}"
         if name in sys.modules:
             continue
@@ -61,4 +62,4 @@ def load_plugins(paths: list[str]) -> None:
             spec.loader.exec_module(module)
         except Exception as e:
             sys.modules.pop(name, None)
-            raise ValueError(f"algorithm.plugins: importing {path} failed: {type(e).__name__}: {e}") from e
+            raise ConfigError(f"algorithm.plugins: importing {path} failed: {type(e).__name__}: {e}") from e

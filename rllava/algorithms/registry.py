@@ -11,6 +11,8 @@ import difflib
 import inspect
 from typing import Any, Callable
 
+from rllava.errors import ConfigError
+
 ADV_ESTIMATORS: dict[str, Callable] = {}
 POLICY_LOSSES: dict[str, Callable] = {}
 
@@ -41,7 +43,7 @@ def lookup(table: dict, name: str, key: str) -> Callable:
         return table[name]
     close = difflib.get_close_matches(name, table, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"{key}={name!r} is not registered (registered: {', '.join(sorted(table))}){hint}")
+    raise ConfigError(f"{key}={name!r} is not registered (registered: {', '.join(sorted(table))}){hint}")
 
 
 def call_with_params(fn: Callable, args: tuple, params: dict[str, Any], key: str):
@@ -56,5 +58,5 @@ def call_with_params(fn: Callable, args: tuple, params: dict[str, Any], key: str
         if p.name in params:
             kwargs[p.name] = params[p.name]
         elif p.default is inspect.Parameter.empty:
-            raise ValueError(f"{key}: {fn.__name__} needs parameter {p.name!r}, which the config does not provide")
+            raise ConfigError(f"{key}: {fn.__name__} needs parameter {p.name!r}, which the config does not provide")
     return fn(*args, **kwargs)

@@ -18,19 +18,8 @@ import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Optional
 
-from rllava.errors import RllavaError
+from rllava.errors import ConfigError
 
-
-class ConfigError(RllavaError):
-    """A config key or value is wrong. The message names the key, the value, the choices and the fix."""
-
-    def __init__(self, problems: str | list[str]):
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        if len(self.problems) == 1:
-            message = self.problems[0]
-        else:
-            message = f"{len(self.problems)} config problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(message)
 
 
 # Names accepted by the validators below. Method names (adv_estimator, policy_loss.loss_mode) are not listed

@@ -15,7 +15,7 @@ import jinja2
 
 from rllava.data.images import load_image, normalize_image_list, resize_to_pixel_bounds
 from rllava.data.protocol import Sample
-from rllava.data.records import DataError, check_keys, load_records
+from rllava.data.records import DataError, base_dir, check_keys, load_records
 from rllava.model.processor import get_tokenizer
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class PromptDataset:
         if data_cfg.video_key in self.records.column_names and any(self.records[data_cfg.video_key]):
             raise DataError(f"{spec}: records have videos in {data_cfg.video_key!r}; video inputs are not "
                             "available yet in rllava")
-        self.image_dir = image_dir or _base_dir(spec)
+        self.image_dir = base_dir(spec, image_dir)
         self.template = load_template(data_cfg.format_prompt)
         self.indices = [i for i in range(len(self.records)) if self.fits(i)]
         self.num_filtered = len(self.records) - len(self.indices)
@@ -128,11 +128,3 @@ def _content(text: str, num_images: int, where: str):
             parts.append({"type": "image"})
     return parts
 
-
-def _base_dir(spec: str) -> str | None:
-    path = spec.split("@")[0]
-    if os.path.isfile(path):
-        return os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return os.path.abspath(path)
-    return None

@@ -1,0 +1,104 @@
+"""The real CLI on a tiny Qwen2-VL for a few steps (the pipeline tier)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rllava.train.pipeline import rlvr, sft
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _args(model, data, out, *extra):
+    return ["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={model}",
+            f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", "data.max_samples=16",
+            "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8",
+            "rollout.n=4", "trainer.max_steps=2", "trainer.val_freq=2", "data.val_batch_size=8",
+            f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]", *extra]
+
+
+def _metrics(out):
+    return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+
+
+def _weights(path):
+    return load_file(os.path.join(path, "model.safetensors"))
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+def test_rlvr_two_steps_change_parameters_and_write_metrics(tmp_path, tiny_model_dir, counting_dir):
+    out = str(tmp_path / "run")
+    # A random model never answers right, so reward something its samples do vary in: distinct characters.
+    reward = tmp_path / "distinct.py"
+    reward.write_text("def compute_score(response, ground_truth):\n"
+                      "    return {'overall': len(set(response)) / 20, 'accuracy': 0.0}\n")
+    # KL to the reference and two mini-batches: exercises the reference and old-log-prob passes too
+    rlvr.main(_args(tiny_model_dir, counting_dir, out, f"reward.reward_function={reward}:compute_score",
+                    "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1",
+                    "actor.ppo_mini_batch_size=2", "trainer.val_greedy=true", "trainer.val_generations_to_log=3"))
+    rows = _metrics(out)
+    steps = [r for r in rows if "reward/mean" in r]
+    vals = [r for r in rows if "val/accuracy" in r]
+    assert [r["step"] for r in steps] == [1, 2] and [r["step"] for r in vals] == [0, 2]
+    for key in ["reward/mean", "reward/std", "reward/accuracy_mean", "response_length/mean", "actor/kl_loss",
+                "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm", "timing/step", "timing/rollout",
+                "timing/ref", "timing/old_logprob", "perf/tokens_per_s", "actor/lr"]:
+        assert key in steps[0], key
+    assert "val_greedy/accuracy" in vals[0]
+    before, after = _weights(tiny_model_dir), _weights(os.path.join(out, "final"))
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(changed) > len(before) // 2
+    assert len(open(os.path.join(out, "val_generations.jsonl")).readlines()) == 6
+    assert os.path.exists(os.path.join(out, "config.yaml"))
+
+
+def test_sft_learns_the_format(tmp_path, tiny_model_dir, counting_dir):
+    out = str(tmp_path / "sft")
+    sft.main(_args(tiny_model_dir, counting_dir, out, "data.target_key=solution", "trainer.max_steps=60",
+                   "trainer.val_freq=60", "actor.optim.lr=3e-3", "actor.optim.lr_scheduler_type=constant",
+                   "rollout.val_override_config={temperature: 0, n: 1}"))
+    rows = _metrics(out)
+    losses = [r["actor/pg_loss"] for r in rows if "actor/pg_loss" in r]
+    assert losses[-1] < 0.5 * losses[0]
+    assert [r for r in rows if "val/format" in r][-1]["val/format"] == 1.0  # every greedy answer is <answer>N</answer>
+
+
+def test_sft_needs_target_key(tmp_path, tiny_model_dir, counting_dir, capsys):
+    with pytest.raises(SystemExit) as e:
+        sft.main(_args(tiny_model_dir, counting_dir, str(tmp_path / "x")))
+    assert e.value.code == 2
+    assert "needs data.target_key" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["actor.optim.lrr=1"], "unknown config key 'actor.optim.lrr' (on the command line); did you mean 'actor.optim.lr'?"),
+    (["rollout.n=many"], "config key 'rollout.n' expects int"),
+    (["algorithm.adv_estimator=grop"], "algorithm.adv_estimator='grop' is not registered"),
+    (["reward.reward_function=nope.py:f"], "file 'nope.py' does not exist"),
+    (["data.train_files=missing.jsonl"], "missing.jsonl"),
+    (["actor.model.model_path=/no/such/model"], "actor.model.model_path='/no/such/model' could not be loaded"),
+])
+def test_cli_errors_are_one_line(tmp_path, tiny_model_dir, counting_dir, extra, message):
+    cmd = [sys.executable, "-m", "rllava.train.pipeline.rlvr", *_args(tiny_model_dir, counting_dir, str(tmp_path), *extra)]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+    assert message in res.stderr
+
+
+def test_torchrun_single_process(tmp_path, tiny_model_dir, counting_dir):
+    out = str(tmp_path / "tr")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "-m", "rllava.train.pipeline.rlvr",
+           *_args(tiny_model_dir, counting_dir, out, "trainer.max_steps=1", "trainer.val_before_train=false")]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [r["step"] for r in _metrics(out)] == [1, 1]
