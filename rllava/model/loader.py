@@ -79,3 +79,14 @@ def build_reference(policy, ref_cfg, model_cfg, device: torch.device):
         ref = copy.deepcopy(policy)
     ref.requires_grad_(False)
     return ref.eval().to(device)
+
+
+def save_model(model, processor, path: str) -> str:
+    """The model and its processor as a plain `save_pretrained` directory (loads with transformers alone),
+    written atomically: an interrupted save leaves no half-written `path`."""
+    from rllava.utils.fs import atomic_directory
+
+    with atomic_directory(path) as tmp:
+        model.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+    return path

@@ -10,6 +10,11 @@ special tokens, so chat templates and image placeholders behave as in the real m
 Sizes (see ../shared/reference/cpu_learning_notes.md): `demo` = 4 text layers, hidden 256, vision depth 4,
 embed 128 (~4.5 M parameters; learns the synthetic counting task on CPU); `small` = 2 layers, hidden 128
 (~1 M; for fast tests only).
+
+The vision tower's weight matrices are drawn with std VISION_INIT_STD = 0.2 instead of the config's 0.02: at
+widths of 64-128 the 0.02 init makes every image look alike to the language model, and SFT on the counting task
+then sat at chance (20 %) for ~150 steps; with 0.2 it reaches ~55 % held-out in 40 steps (lr 1e-3, batch 32),
+the pace ../shared/reference/cpu_learning_notes.md measured. (0.1: 51 % after 100 steps.)
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from rllava.model.processor import image_only_processor_class
 from rllava.utils.fs import atomic_directory
 
 ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+VISION_INIT_STD = 0.2
 
 # Qwen's special tokens, in Qwen's order. Ids are assigned from 0 in this order.
 SPECIAL_TOKENS = [
@@ -153,6 +159,10 @@ def build_tiny(arch: str, out_dir: str, size: str = "demo", seed: int = 0) -> st
     tok = build_tokenizer(seed=seed)
     config, model_cls, processor = _model_and_processor(arch, tok, SIZES[size])
     model = model_cls(config)
+    with torch.no_grad():
+        for p in model.model.visual.parameters():
+            if p.dim() >= 2:  # linear / conv / embedding weights; norms and biases keep their init
+                p.normal_(0.0, VISION_INIT_STD)
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
     with atomic_directory(out_dir) as tmp:

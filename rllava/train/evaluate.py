@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 
 from rllava.data.dataset import PromptDataset
@@ -35,3 +38,24 @@ def evaluate(model, rollout: Rollout, reward: RewardFunction, dataset: PromptDat
     for key in sorted({k for d in details for k in d} - {"overall"}):
         metrics[f"{prefix}/{key}"] = float(np.mean([d.get(key, 0.0) for d in details]))
     return metrics, generations
+
+
+def validate(cfg, model, rollout: Rollout, reward: RewardFunction, dataset: PromptDataset | None, step: int,
+             outputs_dir: str) -> dict[str, float]:
+    """Held-out metrics at `step`: sampled as `rollout.val_override_config` says (`val/...`), greedy too if
+    `trainer.val_greedy` (`val_greedy/...`); the first `trainer.val_generations_to_log` generations go to
+    `outputs_dir/val_generations.jsonl`."""
+    from rllava.train.builders import sampling_params
+
+    if dataset is None:
+        return {}
+    metrics, generations = evaluate(model, rollout, reward, dataset, sampling_params(cfg, validation=True),
+                                    cfg.data.val_batch_size)
+    if cfg.trainer.val_generations_to_log > 0:
+        with open(os.path.join(outputs_dir, "val_generations.jsonl"), "a") as f:
+            f.writelines(json.dumps({"step": step, **g}) + "\n"
+                         for g in generations[:cfg.trainer.val_generations_to_log])
+    if cfg.trainer.val_greedy:
+        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.data.max_response_length)
+        metrics.update(evaluate(model, rollout, reward, dataset, greedy, cfg.data.val_batch_size, "val_greedy")[0])
+    return metrics

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -21,12 +20,12 @@ from tqdm import tqdm
 
 from rllava.data.protocol import Batch, collate
 from rllava.engine.inference.base import generate_context
+from rllava.model.loader import save_model
 from rllava.reward.function import RewardFunction
 from rllava.train import builders as B
 from rllava.train.cli import run
-from rllava.train.evaluate import accuracy_of, evaluate
+from rllava.train import evaluate as E
 from rllava.train.tracker import Timer
-from rllava.utils.fs import atomic_directory
 
 
 def batch_metrics(batch: Batch) -> dict[str, float]:
@@ -34,7 +33,7 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     scores, trajs = batch.need("scores"), batch.trajectories
     lengths = np.array([t.num_response_tokens for t in trajs])
     metrics = {"reward/mean": scores.mean().item(), "reward/std": scores.std().item() if len(scores) > 1 else 0.0,
-               "reward/accuracy_mean": float(np.mean([accuracy_of(d) for d in batch.reward_details])),
+               "reward/accuracy_mean": float(np.mean([E.accuracy_of(d) for d in batch.reward_details])),
                "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
                "response_length/clip_ratio": float(np.mean([t.finish_reason == "length" for t in trajs])),
                "prompt_length/mean": float(batch.attention_mask.sum(-1).float().mean() - lengths.mean())}
@@ -61,17 +60,8 @@ def train(cfg) -> str:
     tracker = B.build_tracker(cfg, outputs_dir)
     sampling, pad_id = B.sampling_params(cfg), rollout.tokenizer.pad_token_id
 
-    def validate(step: int) -> dict[str, float]:
-        if val_set is None:
-            return {}
-        metrics, generations = evaluate(model, rollout, reward, val_set, B.sampling_params(cfg, validation=True),
-                                        cfg.data.val_batch_size)
-        log_generations(outputs_dir, step, generations[:cfg.trainer.val_generations_to_log])
-        if cfg.trainer.val_greedy:
-            greedy = B.SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.data.max_response_length)
-            metrics.update(evaluate(model, rollout, reward, val_set, greedy, cfg.data.val_batch_size, "val_greedy")[0])
-        tracker.log(metrics, step)
-        return metrics
+    def validate(step: int) -> None:
+        tracker.log(E.validate(cfg, model, rollout, reward, val_set, step, outputs_dir), step)
 
     if cfg.trainer.val_before_train or cfg.trainer.val_only:
         validate(0)
@@ -106,25 +96,9 @@ def train(cfg) -> str:
         if cfg.trainer.val_freq > 0 and (step % cfg.trainer.val_freq == 0 or step == steps):
             validate(step)
 
-    save_final(model, processor, outputs_dir)
+    save_model(model, processor, os.path.join(outputs_dir, "final"))
     tracker.close()
     return outputs_dir
-
-
-def log_generations(outputs_dir: str, step: int, generations: list[dict]) -> None:
-    """Append validation generations (prompt index, response, scores) to val_generations.jsonl."""
-    if generations:
-        with open(os.path.join(outputs_dir, "val_generations.jsonl"), "a") as f:
-            f.writelines(json.dumps({"step": step, **g}) + "\n" for g in generations)
-
-
-def save_final(model, processor, outputs_dir: str) -> str:
-    """The trained policy as a plain `save_pretrained` directory (loads with transformers alone)."""
-    path = os.path.join(outputs_dir, "final")
-    with atomic_directory(path) as tmp:
-        model.save_pretrained(tmp)
-        processor.save_pretrained(tmp)
-    return path
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,6 +9,7 @@ Used to warm a model up before RL (a random tiny model cannot learn from reward 
 
 from __future__ import annotations
 
+import os
 import sys
 
 from tqdm import tqdm
@@ -16,12 +17,12 @@ from tqdm import tqdm
 from rllava.config import ConfigError
 from rllava.data.dataset import encode_prompt
 from rllava.data.protocol import Sample, Segment, Trajectory, collate
+from rllava.model.loader import save_model
 from rllava.model.processor import get_tokenizer
 from rllava.reward.function import RewardFunction
 from rllava.train import builders as B
 from rllava.train.cli import run
-from rllava.train.evaluate import evaluate
-from rllava.train.pipeline.rlvr import save_final
+from rllava.train import evaluate as E
 from rllava.train.tracker import Timer
 
 
@@ -46,15 +47,14 @@ def train(cfg) -> str:
     actor = B.build_actor(cfg, model, device, steps, sft=True)
     tracker = B.build_tracker(cfg, outputs_dir)
     pad_id = get_tokenizer(processor).pad_token_id
-    reward = None
-    if val_set is not None and cfg.reward.reward_function:
+    reward = rollout = None
+    if val_set is not None and cfg.reward.reward_function:  # held-out accuracy of the policy's own answers
         reward = RewardFunction(cfg.reward.reward_function, cfg.reward.reward_type, cfg.reward.reward_function_kwargs)
         rollout = B.build_rollout(cfg, processor, device)
 
     def validate(step: int) -> None:
         if reward is not None:
-            sampling = B.sampling_params(cfg, validation=True)
-            tracker.log(evaluate(model, rollout, reward, val_set, sampling, cfg.data.val_batch_size)[0], step)
+            tracker.log(E.validate(cfg, model, rollout, reward, val_set, step, outputs_dir), step)
 
     if cfg.trainer.val_before_train:
         validate(0)
@@ -69,7 +69,7 @@ def train(cfg) -> str:
         tracker.log(metrics, step)
         if cfg.trainer.val_freq > 0 and (step % cfg.trainer.val_freq == 0 or step == steps):
             validate(step)
-    save_final(model, processor, outputs_dir)
+    save_model(model, processor, os.path.join(outputs_dir, "final"))
     tracker.close()
     return outputs_dir
 
