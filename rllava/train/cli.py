@@ -10,7 +10,7 @@ from rllava.config import load_config
 from rllava.errors import RllavaError
 
 
-def run(train: Callable, argv: list[str] | None = None) -> None:
+def run_cli(train: Callable, argv: list[str] | None = None) -> None:
     """`train(cfg) -> outputs_dir`. A user error (config, data, reward file, model path) prints one line and
     exits with status 2, never a traceback."""
     start = time.time()

@@ -1,5 +1,6 @@
 """rllava.config: schema defaults, YAML + command-line loading, aliases, and error messages."""
 
+import os
 import warnings
 
 import pytest
@@ -561,3 +562,12 @@ def test_config_to_yaml_round_trips(tmp_path):
     assert "critic: null" in text and "lr: 0.0003" in text
     path = _write(tmp_path, text, "resolved.yaml")
     assert load_config([f"config={path}"]) == cfg
+
+
+def test_docs_config_md_is_generated_from_the_schema():
+    """docs/config.md cannot drift: regenerate with `python -m rllava.config.reference > docs/config.md`."""
+    from rllava.config.reference import render
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "config.md")
+    with open(path) as f:
+        assert f.read() == render(), "docs/config.md is stale: run python -m rllava.config.reference > docs/config.md"

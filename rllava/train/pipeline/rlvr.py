@@ -12,19 +12,14 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
-from tqdm import tqdm
 
-from rllava.data.protocol import Batch, collate
+from rllava.data.protocol import Batch, Sample, collate
 from rllava.engine.inference.base import generate_context
-from rllava.model.loader import save_model
-from rllava.reward.function import RewardFunction
 from rllava.train import builders as B
-from rllava.train.cli import run
-from rllava.train import evaluate as E
+from rllava.train.cli import run_cli
+from rllava.train.evaluate import accuracy_of
+from rllava.train.loop import build_run, train_loop
 from rllava.train.tracker import Timer
 
 
@@ -33,7 +28,7 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     scores, trajs = batch.need("scores"), batch.trajectories
     lengths = np.array([t.num_response_tokens for t in trajs])
     metrics = {"reward/mean": scores.mean().item(), "reward/std": scores.std().item() if len(scores) > 1 else 0.0,
-               "reward/accuracy_mean": float(np.mean([E.accuracy_of(d) for d in batch.reward_details])),
+               "reward/accuracy_mean": float(np.mean([accuracy_of(d) for d in batch.reward_details])),
                "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
                "response_length/clip_ratio": float(np.mean([t.finish_reason == "length" for t in trajs])),
                "prompt_length/mean": float(batch.attention_mask.sum(-1).float().mean() - lengths.mean())}
@@ -48,61 +43,34 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
 
 def train(cfg) -> str:
     """Run RLVR as configured; returns the outputs directory."""
-    device, outputs_dir = B.setup_run(cfg)
-    model, processor = B.build_policy(cfg.actor.model, device)
-    train_set, val_set = B.build_datasets(cfg, processor)
-    sampler = B.build_sampler(cfg, train_set)
-    steps = B.total_steps(cfg, sampler)
-    reference = B.build_reference_role(cfg, model, device)
-    actor = B.build_actor(cfg, model, device, steps)
-    rollout = B.build_rollout(cfg, processor, device)
-    reward = RewardFunction(cfg.reward.reward_function, cfg.reward.reward_type, cfg.reward.reward_function_kwargs)
-    tracker = B.build_tracker(cfg, outputs_dir)
+    run = build_run(cfg)
+    rollout, reward, actor = run.rollout, run.reward, run.actor
+    reference = B.build_reference_role(cfg, run.model, run.device)
     sampling, pad_id = B.sampling_params(cfg), rollout.tokenizer.pad_token_id
 
-    def validate(step: int) -> None:
-        tracker.log(E.validate(cfg, model, rollout, reward, val_set, step, outputs_dir), step)
+    def step(samples: list[Sample], timer: Timer) -> tuple[dict[str, float], Batch]:
+        with timer("rollout"), generate_context(rollout.engine, run.model):
+            trajectories = rollout.generate(samples, sampling)  # 1. rollout
+        batch = collate(trajectories, pad_id)
+        with timer("reward"):
+            batch.scores, batch.reward_details = reward.score(trajectories)  # 2. reward
+        if actor.needs_old_logprobs(len(batch)):
+            with timer("old_logprob"):
+                batch.old_logprobs = actor.compute_logprobs(batch)
+        if reference is not None:
+            with timer("ref"):
+                batch.ref_logprobs = reference.compute_logprobs(batch)
+        with timer("advantage"):
+            batch.advantages = actor.algorithm.compute_advantage(batch)  # 3. advantage
+        with timer("update"):
+            metrics = actor.update(batch)  # 4. update
+        return {**metrics, **batch_metrics(batch)}, batch
 
-    if cfg.trainer.val_before_train or cfg.trainer.val_only:
-        validate(0)
-    if cfg.trainer.val_only:
-        tracker.close()
-        return outputs_dir
-
-    timer = Timer()
-    for step in tqdm(range(1, steps + 1), desc="rlvr", disable=not sys.stderr.isatty()):
-        with timer("step"):
-            samples = [train_set[i] for i in sampler.next_batch()]
-            with timer("rollout"), generate_context(rollout.engine, model):
-                trajectories = rollout.generate(samples, sampling)  # 1. rollout
-            batch = collate(trajectories, pad_id)
-            with timer("reward"):
-                batch.scores, batch.reward_details = reward.score(trajectories)  # 2. reward
-            if actor.needs_old_logprobs(len(batch)):
-                with timer("old_logprob"):
-                    batch.old_logprobs = actor.compute_logprobs(batch)
-            if reference is not None:
-                with timer("ref"):
-                    batch.ref_logprobs = reference.compute_logprobs(batch)
-            with timer("advantage"):
-                batch.advantages = actor.algorithm.compute_advantage(batch)  # 3. advantage
-            with timer("update"):
-                metrics = actor.update(batch)  # 4. update
-
-        metrics.update(batch_metrics(batch), **timer.pop(), **{"actor/lr": actor.engine.scheduler.get_last_lr()[0]})
-        metrics["perf/tokens_per_s"] = batch.attention_mask.sum().item() / metrics["timing/step"]
-        metrics["perf/completions_per_s"] = len(batch) / metrics["timing/rollout"]
-        tracker.log(metrics, step)
-        if cfg.trainer.val_freq > 0 and (step % cfg.trainer.val_freq == 0 or step == steps):
-            validate(step)
-
-    save_model(model, processor, os.path.join(outputs_dir, "final"))
-    tracker.close()
-    return outputs_dir
+    return train_loop(run, step, "rlvr")
 
 
 def main(argv: list[str] | None = None) -> None:
-    run(train, argv)
+    run_cli(train, argv)
 
 
 if __name__ == "__main__":
