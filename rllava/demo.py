@@ -1,6 +1,6 @@
 """`make demo`: the whole pipeline on a CPU in a few minutes, with numbers that show RL working.
 
-    python -m rllava.demo --out outputs/demo [--sft-steps 50] [--rl-steps 200] [--seed 0]
+    python -m rllava.demo --out outputs/demo [--sft-steps 50] [--rl-steps 240] [--seed 0]
 
 1. build a tiny random Qwen2-VL (`rllava.model.tiny`, ~4.8 M parameters) and a synthetic counting set
    (`rllava.data.synthetic`, 4000 train / 200 held-out images with 1-5 shapes);
@@ -50,7 +50,7 @@ def _mean(rows: list[dict], key: str) -> float:
     return 100.0 * sum(r[key] for r in rows) / len(rows)
 
 
-def run_demo(out: str, sft_steps: int = 50, rl_steps: int = 200, val_freq: int = 40, average: int = 3,
+def run_demo(out: str, sft_steps: int = 50, rl_steps: int = 240, val_freq: int = 40, average: int = 3,
              seed: int = 0) -> dict:
     """Build, warm up, train; returns the summary that is printed (also written to `out/summary.json`)."""
     start = time.time()
@@ -71,12 +71,17 @@ def run_demo(out: str, sft_steps: int = 50, rl_steps: int = 200, val_freq: int =
         f"trainer.max_steps={rl_steps}", f"trainer.val_freq={val_freq}", "trainer.val_before_train=true",
         f"trainer.outputs_dir={rl_dir}"])
 
+    with open(os.path.join(rl_dir, "metrics.jsonl")) as f:
+        rewards = [row["reward/mean"] for row in map(json.loads, f) if "reward/mean" in row]
     vals = _validations(rl_dir)
     before, after = [v for v in vals if v["step"] == 0], [v for v in vals if v["step"] > 0][-average:]
     summary = {
         "sampled_before": _mean(before, "val/accuracy"), "sampled_after": _mean(after, "val/accuracy"),
         "greedy_before": _mean(before, "val_greedy/accuracy"), "greedy_after": _mean(after, "val_greedy/accuracy"),
-        "after_steps": [v["step"] for v in after], "sft_seconds": sft_time, "rl_seconds": rl_time,
+        "after_steps": [v["step"] for v in after],
+        "train_reward_first": sum(rewards[:20]) / len(rewards[:20]),
+        "train_reward_last": sum(rewards[-20:]) / len(rewards[-20:]),
+        "sft_seconds": sft_time, "rl_seconds": rl_time,
         "total_seconds": time.time() - start, "outputs": out,
     }
     summary["sampled_lift"] = summary["sampled_after"] - summary["sampled_before"]
@@ -91,10 +96,11 @@ def report(s: dict) -> str:
     return "\n".join([
         "",
         "held-out counting accuracy (200 images; sampled at the rollout temperature, 2 samples each; greedy beside)",
-        f"  {'':<38}{'sampled':>9}{'greedy':>9}",
-        f"  {'SFT warm-up (before RL)':<38}{s['sampled_before']:>8.1f}%{s['greedy_before']:>8.1f}%",
-        f"  {'after GRPO (mean of steps ' + steps + ')':<38}{s['sampled_after']:>8.1f}%{s['greedy_after']:>8.1f}%",
-        f"  {'lift (points)':<38}{s['sampled_lift']:>+9.1f}{s['greedy_lift']:>+9.1f}",
+        f"  {'':<46}{'sampled':>9}{'greedy':>9}",
+        f"  {'SFT warm-up (before RL)':<46}{s['sampled_before']:>8.1f}%{s['greedy_before']:>8.1f}%",
+        f"  {'after GRPO (mean of steps ' + steps + ')':<46}{s['sampled_after']:>8.1f}%{s['greedy_after']:>8.1f}%",
+        f"  {'lift (points)':<46}{s['sampled_lift']:>+9.1f}{s['greedy_lift']:>+9.1f}",
+        f"training reward (mean of 20 steps): first {s['train_reward_first']:.3f} -> last {s['train_reward_last']:.3f}",
         f"wall time: SFT {s['sft_seconds']:.0f}s, GRPO {s['rl_seconds']:.0f}s, total {s['total_seconds']:.0f}s; "
         f"runs, metrics.jsonl and models in {s['outputs']}",
     ])
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rllava.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="outputs/demo")
     parser.add_argument("--sft-steps", type=int, default=50)
-    parser.add_argument("--rl-steps", type=int, default=200)
+    parser.add_argument("--rl-steps", type=int, default=240)
     parser.add_argument("--val-freq", type=int, default=40)
     parser.add_argument("--average", type=int, default=3, help="evaluations averaged for 'after GRPO'")
     parser.add_argument("--seed", type=int, default=0)

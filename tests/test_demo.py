@@ -13,4 +13,4 @@ def test_demo_grpo_lifts_held_out_accuracy(tmp_path):
     # by >= 15 points (averaged over the last 3 evaluations; one evaluation's sampling noise is ~3 points).
     assert s["sampled_before"] < 60
     assert s["sampled_lift"] >= 15
-    assert s["total_seconds"] < 600
+    assert s["train_reward_last"] > s["train_reward_first"] + 0.05
