@@ -7,6 +7,7 @@ works with any aggregation. Names follow RLLaVA (`actor.policy_loss.loss_mode`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,39 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
+def _seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-sequence mean over masked tokens, [B, T] -> [B]; 0 for a row with no tokens."""
+    return (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def _log_ratio(inp: LossInputs, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, log rho) with log rho = logp - logp_old clamped to [-20, 20] so exp stays finite."""
+    adv, old = inp.need("advantages", loss), inp.need("old_logprobs", loss)
+    return adv, (inp.logprobs - old).clamp(-20.0, 20.0)
+
+
+def _clipped_surrogate(adv: torch.Tensor, ratio: torch.Tensor, low: float, high: float):
+    """PPO's pessimistic surrogate max(-A rho, -A clip(rho, 1 - low, 1 + high)) and the mask of tokens where the
+    clipped branch is active (there the loss is constant in rho, so its gradient is zero)."""
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - low, 1.0 + high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+def _ppo_metrics(clipped: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """`pg_clipfrac` (fraction of tokens clipped) and `ppo_kl` = mean(logp_old - logp), k1 of KL(old || new)."""
+    return {"pg_clipfrac": masked_mean(clipped.float(), mask).item(),
+            "ppo_kl": masked_mean(-log_ratio.detach(), mask).item()}
+
+
+def _centered_cov(adv: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token centred covariance (A_t - mean A)(logp_t - mean logp) that Clip-Cov / KL-Cov rank tokens by
+    (Cui et al. 2025, arXiv:2505.22617); means over this batch's masked tokens, -inf on masked-out ones. No grad."""
+    logprobs = logprobs.detach()
+    cov = (adv - masked_mean(adv, mask)) * (logprobs - masked_mean(logprobs, mask))
+    return torch.where(mask > 0, cov, torch.full_like(cov, -torch.inf))
+
+
 @register_policy_loss("vanilla")
 def vanilla(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
             clip_ratio_c: float = 3.0):
@@ -46,23 +80,196 @@ def vanilla(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: fl
         for A < 0 the loss is also capped at -A c  (dual clip, c = clip_ratio_c > 1)
 
     Metrics: `pg_clipfrac` = fraction of tokens where the clipped branch is active (its gradient is zero),
-    `ppo_kl` = mean(logp_old - logp) (k1 estimate of KL(old || new)).
+    `pg_clipfrac_lower` = fraction capped by the dual clip, `ppo_kl` = mean(logp_old - logp) (k1 estimate of
+    KL(old || new)).
     """
-    adv, old = inp.need("advantages", "vanilla"), inp.need("old_logprobs", "vanilla")
-    log_ratio = (inp.logprobs - old).clamp(-20.0, 20.0)  # clamp keeps exp finite for stale tokens
-    ratio = torch.exp(log_ratio)
-    loss_unclipped = -adv * ratio
-    loss_clipped = -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    loss_clip = torch.maximum(loss_unclipped, loss_clipped)
+    adv, log_ratio = _log_ratio(inp, "vanilla")
+    loss_clip, clipped = _clipped_surrogate(adv, torch.exp(log_ratio), clip_ratio_low, clip_ratio_high)
     loss_cap = -adv * clip_ratio_c
     capped = (loss_clip > loss_cap) & (adv < 0)
     loss = torch.where(capped, loss_cap, loss_clip)
-    metrics = {
-        "pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), inp.mask).item(),
-        "pg_clipfrac_lower": masked_mean(capped.float(), inp.mask).item(),
-        "ppo_kl": masked_mean(-log_ratio, inp.mask).item(),
-    }
+    metrics = _ppo_metrics(clipped, log_ratio, inp.mask)
+    metrics["pg_clipfrac_lower"] = masked_mean(capped.float(), inp.mask).item()
     return loss, metrics
+
+
+@register_policy_loss("dapo")
+def dapo(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.28):
+    """DAPO's clip-higher (Yu et al. 2025, arXiv:2503.14476): PPO clip with decoupled bounds and no
+    dual clip,
+
+        L_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - eps_low, 1 + eps_high)),   rho_t = exp(logp_t - logp_old_t)
+
+    A larger eps_high (paper: eps_low = 0.2, eps_high = 0.28, the defaults here; the config's
+    actor.clip_ratio_low / actor.clip_ratio_high override them) leaves room for low-probability tokens to grow
+    and so slows entropy collapse. DAPO's token-level loss is `actor.loss_agg_mode=token-mean`; its dynamic
+    sampling and overlong shaping live outside the loss.
+    Metrics: `pg_clipfrac`, `ppo_kl` as in `vanilla`.
+    """
+    adv, log_ratio = _log_ratio(inp, "dapo")
+    loss, clipped = _clipped_surrogate(adv, torch.exp(log_ratio), clip_ratio_low, clip_ratio_high)
+    return loss, _ppo_metrics(clipped, log_ratio, inp.mask)
+
+
+@register_policy_loss("gspo")
+def gspo(inp: LossInputs, *, clip_ratio_low: float = 3e-4, clip_ratio_high: float = 4e-4):
+    """GSPO (Zheng et al. 2025, arXiv:2507.18071): a sequence-level, length-normalised importance ratio
+
+        s_i    = (pi(y_i|x) / pi_old(y_i|x))^(1/|y_i|) = exp(mean_t (logp_it - logp_old_it))   (masked tokens)
+        s_it   = sg[s_i] * pi(y_it) / sg[pi(y_it)]          (GSPO-token form: value s_i, grad s_i * grad logp_it)
+        L_it   = max(-A_it s_it, -A_it clip(s_it, 1 - eps_low, 1 + eps_high))
+
+    so every token of sequence i is weighted by the same s_i and the whole sequence is clipped or not. With a
+    sequence-level advantage this equals the paper's sequence objective; its (1/|y_i|) sum_t normalisation is
+    `actor.loss_agg_mode=seq-mean-token-mean`. eps are taken from actor.clip_ratio_low / clip_ratio_high; the
+    paper uses 3e-4 / 4e-4 (the defaults here) - PPO's 0.2 would almost never clip a length-normalised ratio.
+    Metrics: `pg_clipfrac` (fraction of tokens in clipped sequences), `ppo_kl` (token-level k1).
+    """
+    adv, log_ratio = _log_ratio(inp, "gspo")
+    log_seq = _seq_mean(log_ratio, inp.mask).detach().unsqueeze(-1)
+    seq_ratio = torch.exp(log_seq + inp.logprobs - inp.logprobs.detach())
+    loss, clipped = _clipped_surrogate(adv, seq_ratio, clip_ratio_low, clip_ratio_high)
+    return loss, _ppo_metrics(clipped, log_ratio, inp.mask)
+
+
+@register_policy_loss("geo_mean")
+@register_policy_loss("gmpo")
+def geo_mean(inp: LossInputs, *, clip_ratio_low: float = 0.4, clip_ratio_high: float = 0.4):
+    """GMPO, geometric-mean policy optimisation (Zhao et al. 2025, arXiv:2507.20673): the sequence objective
+    uses the geometric mean of token ratios, each clipped in log space to [-eps_low, eps_high] on the
+    pessimistic side (sign of the advantage):
+
+        l_t  = sgn(A) * min(sgn(A) log rho_t, sgn(A) clip(log rho_t, -eps_low, eps_high))
+             = min(log rho_t, eps_high) if A >= 0,  max(log rho_t, -eps_low) if A < 0
+        L_i  = -A_i exp(mean_t l_t)                 (A_i = mean advantage of sequence i over its tokens)
+        per-token loss l_it = L_i / |o_i| on each of its |o_i| tokens
+
+    Paper defaults eps_low = eps_high = 0.4 (ratio range (e^-0.4, e^0.4)). Because L_i is split evenly over the
+    tokens, `actor.loss_agg_mode` decides how sequences are weighted:
+        seq-mean-token-sum       -> mean_i L_i                 (the paper's objective)
+        token-mean               -> sum_i L_i / N_tokens       (the paper's, scaled by N_seqs / N_tokens)
+        seq-mean-token-sum-norm  -> mean_i L_i / L_max         (the paper's, constant scale)
+        seq-mean-token-mean      -> mean_i L_i / |o_i|         (down-weights long sequences; not the paper's)
+    Metrics: `pg_clipfrac` (tokens whose log-ratio clip is active, zero gradient), `ppo_kl`.
+    """
+    adv, log_ratio = _log_ratio(inp, "geo_mean")
+    seq_adv = _seq_mean(adv, inp.mask)
+    pos = (seq_adv >= 0).unsqueeze(-1)  # pessimistic side: for A > 0 cap log rho at eps_high, for A < 0 at -eps_low
+    log_r = torch.where(pos, log_ratio.clamp(max=clip_ratio_high), log_ratio.clamp(min=-clip_ratio_low))
+    seq_loss = -seq_adv * torch.exp(_seq_mean(log_r, inp.mask))
+    loss = (seq_loss / inp.mask.sum(-1).clamp(min=1)).unsqueeze(-1).expand_as(inp.logprobs)
+    clipped = (log_r != log_ratio) & (seq_adv != 0).unsqueeze(-1)
+    return loss, _ppo_metrics(clipped, log_ratio, inp.mask)
+
+
+@register_policy_loss("gpg")
+def gpg(inp: LossInputs):
+    """GPG, group policy gradient (Chu et al. 2025, arXiv:2504.02546): plain policy gradient, no ratio, no clip,
+    no KL:  L_t = -A_t logp_t.  Needs no old log-probs. GPG's group-mean advantage and its valid-sample
+    correction belong to the advantage estimator, not to this loss."""
+    return -inp.need("advantages", "gpg") * inp.logprobs, {}
+
+
+@register_policy_loss("clip_cov")
+def clip_cov(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+             clip_cov_ratio: float = 0.0002, clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0):
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617): entropy
+    falls with the covariance of logp and A, so stop the gradient of a few high-covariance tokens.
+
+        cov_t = (A_t - mean A)(logp_t - mean logp)          (means over the masked tokens of this micro-batch)
+        I     = clip_cov_ratio * N_tokens (at least 1) tokens drawn uniformly at random among the masked tokens
+                with clip_cov_lb < cov_t < clip_cov_ub that PPO's clip has not already clipped
+        L_t   = PPO clip (no dual clip) for t not in I;  sg[L_t] for t in I (same value, zero gradient)
+
+    The draw uses torch's global RNG (torch.randperm on the CPU generator); seed it with torch.manual_seed.
+    Metrics: `pg_clipfrac` (PPO clip), `clip_cov_frac` (fraction of tokens in I), `ppo_kl`.
+    """
+    adv, log_ratio = _log_ratio(inp, "clip_cov")
+    loss, clipped = _clipped_surrogate(adv, torch.exp(log_ratio), clip_ratio_low, clip_ratio_high)
+    cov = _centered_cov(adv, inp.logprobs, inp.mask)
+    band = ((cov > clip_cov_lb) & (cov < clip_cov_ub) & ~clipped).flatten().nonzero().squeeze(-1)
+    n_pick = min(max(int(clip_cov_ratio * int((inp.mask > 0).sum())), 1), band.numel())
+    pick = band[torch.randperm(band.numel())[:n_pick].to(band.device)]
+    selected = torch.zeros(cov.numel(), dtype=torch.bool, device=cov.device)
+    selected[pick] = True
+    selected = selected.view_as(cov)
+    loss = torch.where(selected, loss.detach(), loss)
+    metrics = _ppo_metrics(clipped, log_ratio, inp.mask)
+    metrics["clip_cov_frac"] = masked_mean(selected.float(), inp.mask).item()
+    return loss, metrics
+
+
+@register_policy_loss("kl_cov")
+def kl_cov(inp: LossInputs, *, kl_cov_ratio: float = 0.0002, ppo_kl_coef: float = 0.1):
+    """KL-Cov (Cui et al. 2025, arXiv:2505.22617): a KL penalty on the highest-covariance tokens only.
+
+        cov_t = (A_t - mean A)(logp_t - mean logp)          (means over the masked tokens of this micro-batch)
+        I     = the top kl_cov_ratio * N_tokens (at least 1) masked tokens by cov_t
+        L_t   = -A_t rho_t + ppo_kl_coef |logp_t - logp_old_t| * [t in I]     (no clipping anywhere)
+
+    Metrics: `kl_cov_frac` (fraction of tokens in I), `ppo_kl` (k1), `ppo_kl_abs` = mean |logp - logp_old|.
+    """
+    adv, log_ratio = _log_ratio(inp, "kl_cov")
+    cov = _centered_cov(adv, inp.logprobs, inp.mask).flatten()
+    n_valid = int((inp.mask > 0).sum())
+    k = max(int(kl_cov_ratio * n_valid), 1) if n_valid else 0
+    selected = torch.zeros(cov.numel(), dtype=torch.bool, device=cov.device)
+    selected[torch.topk(cov, k).indices] = True
+    selected = selected.view_as(inp.logprobs)
+    loss = -adv * torch.exp(log_ratio) + ppo_kl_coef * log_ratio.abs() * selected
+    return loss, {"kl_cov_frac": masked_mean(selected.float(), inp.mask).item(),
+                  "ppo_kl": masked_mean(-log_ratio.detach(), inp.mask).item(),
+                  "ppo_kl_abs": masked_mean(log_ratio.detach().abs(), inp.mask).item()}
+
+
+@register_policy_loss("cispo")
+def cispo(inp: LossInputs, *, cispo_clip_ratio_low: float = 1.0, cispo_clip_ratio_high: float = 0.28):
+    """CISPO (MiniMax-M1, arXiv:2506.13585, eq. 4-5): clip the importance-sampling weight, not the update, and
+    stop its gradient, so every token keeps a gradient (PPO drops clipped ones):
+
+        w_t = sg[clip(rho_t, 1 - eps_low_IS, 1 + eps_high_IS)],   L_t = -w_t A_t logp_t,   grad = -w_t A_t grad logp_t
+
+    The paper sets no lower bound (eps_low_IS large) and tunes only eps_high_IS: default
+    cispo_clip_ratio_low = 1.0 (bound 0, i.e. none), cispo_clip_ratio_high = 0.28 (the paper gives no value;
+    0.28 is DAPO's eps_high - tune it). Only the gradient is meaningful; the loss value is not a surrogate value.
+    Metrics: `pg_clipfrac` (tokens whose weight is truncated; they still have gradient), `ppo_kl`.
+    """
+    adv, log_ratio = _log_ratio(inp, "cispo")
+    ratio = torch.exp(log_ratio)
+    low, high = 1.0 - cispo_clip_ratio_low, 1.0 + cispo_clip_ratio_high
+    weight = ratio.clamp(low, high).detach()
+    loss = -weight * adv * inp.logprobs
+    return loss, _ppo_metrics((ratio < low) | (ratio > high), log_ratio, inp.mask)
+
+
+def rollout_importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, *,
+                               cap: float, level: str = "token") -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance sampling (TIS) for the rollout/trainer mismatch: the rollout engine (vLLM, SGLang)
+    samples from pi_rollout, which differs numerically from the trainer's pi_old, so each token is reweighted
+    (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training",
+    https://fengyao.notion.site/off-policy-rl ; verl's TIS / rollout correction):
+
+        token    : w_t = min(exp(logp_old_t - logp_rollout_t), cap)
+        sequence : w_i = min(exp(sum_t (logp_old_t - logp_rollout_t)), cap)   (product over masked tokens, in
+                   log space), broadcast to the sequence's tokens
+
+    Returns detached weights [B, T] (1 on masked-out tokens) to multiply any loss's per-token loss, and metrics
+    over masked tokens: `rollout_is_mean`, `rollout_is_truncated_frac`, `rollout_log_ratio_abs` = mean |log ratio|.
+    """
+    with torch.no_grad():
+        valid = mask > 0
+        log_ratio = torch.where(valid, old_logprobs - rollout_logprobs, torch.zeros_like(old_logprobs))
+        if level == "token":
+            log_w = log_ratio
+        elif level == "sequence":
+            log_w = log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)
+        else:
+            raise ValueError(f"unknown importance-sampling level {level!r} (choose token|sequence)")
+        truncated = log_w > math.log(cap)
+        weights = torch.where(valid, torch.exp(log_w.clamp(max=math.log(cap))), torch.ones_like(log_w))
+    return weights, {"rollout_is_mean": masked_mean(weights, mask).item(),
+                     "rollout_is_truncated_frac": masked_mean(truncated.float(), mask).item(),
+                     "rollout_log_ratio_abs": masked_mean(log_ratio.abs(), mask).item()}
 
 
 @register_policy_loss("sft")

@@ -8,24 +8,31 @@ registered function; a whole new algorithm may subclass PPO and override these t
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import sys
 
 import torch
 
-from rllava.errors import ConfigError
 from rllava.algorithms import advantage as _advantage  # noqa: F401  (registers the built-in estimators)
 from rllava.algorithms import losses as _losses  # noqa: F401  (registers the built-in losses)
+from rllava.algorithms.kl import outcome_token_rewards
 from rllava.algorithms.losses import LossInputs
-from rllava.algorithms.registry import ADV_ESTIMATORS, POLICY_LOSSES, call_with_params, lookup
+from rllava.algorithms.registry import ADV_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, call_with_params, lookup
 from rllava.data.protocol import Batch
+from rllava.errors import ConfigError
 
 
 class PPO:
+    """Stage 3 and the loss of stage 4, as the config picks them. `algorithm.adv_estimator` names a registered
+    estimator function, or a PPO subclass registered with `@register_ppo` (which then overrides methods)."""
+
     def __init__(self, algorithm_cfg, actor_cfg, loss_mode: str | None = None):
         self.estimator_name = algorithm_cfg.adv_estimator
         self.loss_name = loss_mode or actor_cfg.policy_loss.loss_mode
-        self.estimator = lookup(ADV_ESTIMATORS, self.estimator_name, "algorithm.adv_estimator")
+        self.estimator = ADV_ESTIMATORS.get(self.estimator_name)
+        if self.estimator is None and type(self).compute_advantage is PPO.compute_advantage:
+            lookup({**ADV_ESTIMATORS, **ALGORITHMS}, self.estimator_name, "algorithm.adv_estimator")  # raises
         self.loss_fn = lookup(POLICY_LOSSES, self.loss_name, "actor.policy_loss.loss_mode")
         # The pool of hyperparameters an estimator may declare (keyword-only, by these names).
         self.adv_params = {"norm_adv_by_std_in_grpo": algorithm_cfg.norm_adv_by_std_in_grpo,
@@ -37,14 +44,29 @@ class PPO:
             **{k: v for k, v in vars(actor_cfg.policy_loss).items() if k != "loss_mode"},
         }
 
+    def needs(self, name: str) -> bool:
+        """Does the estimator declare `name` (e.g. `values`, `baseline_scores`), so the pipeline must make it?"""
+        return self.estimator is not None and name in inspect.signature(self.estimator).parameters
+
     def compute_advantage(self, batch: Batch) -> torch.Tensor:
-        """Stage 3: advantages [B, T] from the batch's scores."""
-        return call_with_params(self.estimator, (batch.need("scores"), batch.group_ids, batch.loss_mask),
-                                self.adv_params, "algorithm.adv_estimator")
+        """Stage 3: advantages [B, T]. Outcome estimators read `scores` (with KL in the reward: the sum of the
+        shaped token rewards); token-level ones declare `token_rewards` (and `values`, `baseline_scores`)."""
+        mask = batch.loss_mask
+        token_rewards = batch.token_rewards
+        if token_rewards is None:
+            token_rewards = outcome_token_rewards(batch.need("scores"), mask)
+        tensors = {"token_rewards": token_rewards, "values": batch.values, "baseline_scores": batch.baseline_scores}
+        return call_with_params(self.estimator, (token_rewards.sum(-1), batch.group_ids, mask),
+                                {**self.adv_params, **tensors}, "algorithm.adv_estimator")
 
     def policy_loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict]:
         """Per-token policy loss [B, T] and its metrics."""
         return call_with_params(self.loss_fn, (inputs,), self.loss_params, "actor.policy_loss.loss_mode")
+
+
+def build_algorithm(algorithm_cfg, actor_cfg, loss_mode: str | None = None) -> PPO:
+    """PPO, or the subclass registered under algorithm.adv_estimator."""
+    return ALGORITHMS.get(algorithm_cfg.adv_estimator, PPO)(algorithm_cfg, actor_cfg, loss_mode)
 
 
 def load_plugins(paths: list[str]) -> None:

@@ -15,6 +15,7 @@ from rllava.errors import ConfigError
 
 ADV_ESTIMATORS: dict[str, Callable] = {}
 POLICY_LOSSES: dict[str, Callable] = {}
+ALGORITHMS: dict[str, type] = {}  # whole algorithms: PPO subclasses, selected by algorithm.adv_estimator
 
 
 def _register(table: dict, kind: str, name: str):
@@ -37,6 +38,16 @@ def register_policy_loss(name: str):
     return _register(POLICY_LOSSES, "policy loss", name)
 
 
+def register_ppo(name: str):
+    """Register a PPO subclass as `name` (class decorator); `algorithm.adv_estimator=name` selects it:
+
+        @register_ppo("my_algo")
+        class MyAlgo(PPO):
+            def compute_advantage(self, batch): ...
+    """
+    return _register(ALGORITHMS, "algorithm", name)
+
+
 def lookup(table: dict, name: str, key: str) -> Callable:
     """The function registered as `name`, or an error naming the config `key`, the choices and the closest."""
     if name in table:
@@ -49,14 +60,21 @@ def lookup(table: dict, name: str, key: str) -> Callable:
 def call_with_params(fn: Callable, args: tuple, params: dict[str, Any], key: str):
     """Call `fn(*args, **p)` where p holds exactly the keyword-only parameters `fn` declares.
 
-    Every algorithm declares its hyperparameters as keyword-only arguments; `params` is the pool the config
-    offers. A declared parameter without a default that the pool lacks is a configuration error."""
+    Every algorithm declares its hyperparameters, and the batch tensors it needs beyond the positional ones,
+    as keyword-only arguments; `params` is the pool the config and the batch offer (None = not available in
+    this run). A declared parameter without a default that the pool lacks is a configuration error."""
     kwargs = {}
     for p in inspect.signature(fn).parameters.values():
         if p.kind is not inspect.Parameter.KEYWORD_ONLY:
             continue
-        if p.name in params:
+        if params.get(p.name) is not None:
             kwargs[p.name] = params[p.name]
         elif p.default is inspect.Parameter.empty:
-            raise ConfigError(f"{key}: {fn.__name__} needs parameter {p.name!r}, which the config does not provide")
+            raise ConfigError(f"{key}: {fn.__name__} needs parameter {p.name!r}, which this run does not provide"
+                              f"{_NEEDS.get(p.name, '')}")
     return fn(*args, **kwargs)
+
+
+# Where a batch tensor an algorithm may declare comes from, for the error when it is missing.
+_NEEDS = {"values": " (values come from a critic: set critic.model.model_path)",
+          "baseline_scores": " (the greedy baseline is rolled out only for adv_estimator=remax)"}

@@ -29,7 +29,7 @@ ACTOR_STRATEGIES_PLANNED = ["fsdp", "fsdp2", "deepspeed"]
 ROLLOUT_ENGINES = ["hf"]
 ROLLOUT_ENGINES_PLANNED = ["vllm", "sglang"]
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-KL_TYPES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]
+KL_TYPES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]  # "full": not built yet
 KL_CTRL_TYPES = ["fixed", "adaptive"]
 LOGGERS = ["console", "jsonl", "tensorboard", "wandb"]
 REWARD_TYPES = ["auto", "batch", "sequential"]
@@ -162,6 +162,10 @@ class AlgorithmConfig:
     hint_min_ratio: float = 0.0  # RLLaVA marks deprecated: hints use min/max_prefix_ratio
     hint_max_ratio: float = 1.0  # RLLaVA marks deprecated: hints use min/max_prefix_ratio
     plugins: list[str] = field(default_factory=list)  # rllava: user .py files that register estimators/losses
+    # rllava: truncated importance sampling for the rollout-engine vs trainer log-prob mismatch, with any loss:
+    # none | token | sequence (actor.tis_imp_ratio_cap > 0, RLLaVA's key, means token with that cap)
+    rollout_is: str = "none"
+    rollout_is_cap: float = 2.0  # truncation of the importance weight
 
     def check(self, prefix: str = "algorithm") -> list[str]:
         p: list[str] = []
@@ -171,6 +175,8 @@ class AlgorithmConfig:
         _choice(p, f"{prefix}.kl_ctrl.type", self.kl_ctrl.type, KL_CTRL_TYPES)
         if self.filter_low > self.filter_high:
             p.append(f"{prefix}.filter_low={self.filter_low} is above {prefix}.filter_high={self.filter_high}")
+        _choice(p, f"{prefix}.rollout_is", self.rollout_is, ["none", "token", "sequence"])
+        _positive(p, f"{prefix}.rollout_is_cap", self.rollout_is_cap)
         _choice(p, f"{prefix}.unify_strategy", self.unify_strategy, ["none", "switch", "soft"])
         _choice(p, f"{prefix}.prefix_strategy", self.prefix_strategy, ["none", "random", "hint"])
         _between(p, f"{prefix}.min_prefix_ratio", self.min_prefix_ratio, 0.0, 1.0)
@@ -549,13 +555,13 @@ NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("actor.model.ulysses_size", lambda v: v > 1, "1"),
     ("critic", lambda v: v is not None, "null"),
     ("algorithm.online_filtering", lambda v: v, "false"),
-    ("algorithm.use_kl_in_reward", lambda v: v, "false"),
+    ("algorithm.kl_penalty", lambda v: v == "full", "low_var_kl"),  # full-vocabulary KL
+    ("actor.kl_loss_type", lambda v: v == "full", "low_var_kl"),
     ("trainer.save_freq", lambda v: v > 0, "-1"),
     ("trainer.load_checkpoint_path", lambda v: v is not None, "null"),  # resume comes with saving
     ("trainer.async_training", lambda v: v, "false"),
     ("rollout.async_mode", lambda v: v, "false"),
     ("actor.model.enable_activation_offload", lambda v: v, "false"),
-    ("actor.tis_imp_ratio_cap", lambda v: v > 0, "-1"),
     ("actor.loss_remove_clip", lambda v: v, "false"),
     ("algorithm.unify_strategy", lambda v: v != "none", "none"),
     ("algorithm.prefix_strategy", lambda v: v != "none", "none"),

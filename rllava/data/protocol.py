@@ -51,7 +51,8 @@ class Trajectory:
 
 # Which stage fills each optional Batch field, for the error when it is read before being set.
 _PRODUCED_BY = {"scores": "reward", "advantages": "advantage", "old_logprobs": "old log-prob",
-                "ref_logprobs": "reference", "rollout_logprobs": "rollout"}
+                "ref_logprobs": "reference", "rollout_logprobs": "rollout", "token_rewards": "KL-in-reward",
+                "values": "critic", "baseline_scores": "greedy baseline rollout"}
 
 
 @dataclass
@@ -68,6 +69,9 @@ class Batch:
     advantages: torch.Tensor | None = None  # [B, T]
     old_logprobs: torch.Tensor | None = None  # [B, T] train engine, policy before this update
     ref_logprobs: torch.Tensor | None = None  # [B, T] frozen reference
+    token_rewards: torch.Tensor | None = None  # [B, T] score at the last token, minus KL when KL is in the reward
+    values: torch.Tensor | None = None  # [B, T] critic values V(s_t)
+    baseline_scores: torch.Tensor | None = None  # [B] ReMax: reward of the greedy response to the same prompt
     reward_details: list[dict] = field(default_factory=list)  # the reward function's named scores per sample
 
     def __len__(self) -> int:

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 import transformers
 
-from rllava.algorithms.ppo import PPO, load_plugins
+from rllava.algorithms.kl import KLController
+from rllava.algorithms.ppo import build_algorithm, load_plugins
 from rllava.config import ConfigError, PPOConfig, config_to_yaml
 from rllava.data.dataset import PromptDataset
 from rllava.data.sampler import EpochSampler
@@ -119,7 +120,7 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
     engine = SingleDeviceEngine(device, cfg.actor.max_grad_norm, cfg.actor.skip_grad_norm)
     model, optimizer, scheduler = engine.prepare(model, optimizer, scheduler)
     load_plugins(cfg.algorithm.plugins)
-    algorithm = PPO(cfg.algorithm, cfg.actor, loss_mode="sft" if sft else None)
+    algorithm = build_algorithm(cfg.algorithm, cfg.actor, loss_mode="sft" if sft else None)
     return Actor(model, engine, algorithm, ppo_epochs=cfg.actor.ppo_epochs,
                  mini_batch_size=mini, micro_batch_size=cfg.actor.ppo_micro_batch_size,
                  log_prob_micro_batch_size=cfg.actor.log_prob_micro_batch_size,
@@ -145,12 +146,22 @@ class Reference:
 
 
 def build_reference_role(cfg: PPOConfig, policy, device: torch.device) -> Reference | None:
-    """Built only when the loss uses it (algorithm.use_kl_loss with a non-zero coefficient)."""
-    if not (cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0):
+    """Built only when a KL uses it: in the loss (algorithm.use_kl_loss, non-zero actor.kl_loss_coef) or in
+    the reward (algorithm.use_kl_in_reward)."""
+    if not (cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0) and not cfg.algorithm.use_kl_in_reward:
         return None
     return Reference(build_reference(policy, cfg.ref, cfg.actor.model, device), cfg.ref.log_prob_micro_batch_size,
                      cfg.rollout.temperature)
 
 
+def build_kl_controller(cfg: PPOConfig) -> KLController | None:
+    """The KL-in-reward coefficient controller (algorithm.kl_ctrl), if algorithm.use_kl_in_reward."""
+    if not cfg.algorithm.use_kl_in_reward:
+        return None
+    k = cfg.algorithm.kl_ctrl
+    return KLController(k.type, k.kl_coef, estimator=cfg.algorithm.kl_penalty, target_kl=k.target_kl,
+                        horizon=k.horizon)
+
+
 __all__ = ["setup_run", "build_tracker", "build_policy", "build_datasets", "build_sampler", "build_rollout",
-           "build_actor", "build_reference_role", "sampling_params", "total_steps"]
+           "build_actor", "build_reference_role", "build_kl_controller", "sampling_params", "total_steps"]

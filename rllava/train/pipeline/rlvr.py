@@ -46,24 +46,33 @@ def train(cfg) -> str:
     run = build_run(cfg)
     rollout, reward, actor = run.rollout, run.reward, run.actor
     reference = B.build_reference_role(cfg, run.model, run.device)
+    kl_in_reward = B.build_kl_controller(cfg)  # None unless algorithm.use_kl_in_reward
     sampling, pad_id = B.sampling_params(cfg), rollout.tokenizer.pad_token_id
+    greedy = B.SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.data.max_response_length)
 
     def step(samples: list[Sample], timer: Timer) -> tuple[dict[str, float], Batch]:
+        metrics = {}
         with timer("rollout"), generate_context(rollout.engine, run.model):
             trajectories = rollout.generate(samples, sampling)  # 1. rollout
+            baselines = rollout.generate(samples, greedy) if actor.algorithm.needs("baseline_scores") else None
         batch = collate(trajectories, pad_id)
         with timer("reward"):
             batch.scores, batch.reward_details = reward.score(trajectories)  # 2. reward
-        if actor.needs_old_logprobs(len(batch)):
+            if baselines is not None:  # ReMax: the greedy response's reward, for each of its group's samples
+                batch.baseline_scores = reward.score(baselines)[0][batch.group_ids]
+        if actor.needs_old_logprobs(len(batch)) or kl_in_reward is not None:
             with timer("old_logprob"):
                 batch.old_logprobs = actor.compute_logprobs(batch)
         if reference is not None:
             with timer("ref"):
                 batch.ref_logprobs = reference.compute_logprobs(batch)
         with timer("advantage"):
+            if kl_in_reward is not None:
+                batch.token_rewards, metrics = kl_in_reward.penalize(batch.scores, batch.loss_mask,
+                                                                     batch.old_logprobs, batch.ref_logprobs)
             batch.advantages = actor.algorithm.compute_advantage(batch)  # 3. advantage
         with timer("update"):
-            metrics = actor.update(batch)  # 4. update
+            metrics.update(actor.update(batch))  # 4. update
         return {**metrics, **batch_metrics(batch)}, batch
 
     return train_loop(run, step, "rlvr")

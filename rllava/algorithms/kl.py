@@ -1,0 +1,49 @@
+"""KL to the reference as a reward penalty (`algorithm.use_kl_in_reward`), with its coefficient controllers.
+
+The other place KL can go, the actor loss (`algorithm.use_kl_loss`), is in `Actor.update`. Here the penalty
+shapes the per-token reward before the advantage stage (Ziegler et al. 2019, arXiv:1909.08593; InstructGPT):
+
+    r_t = -beta * KL_t + [t is the last response token] * score          KL_t = kl_penalty(logp_old, logp_ref)
+
+and beta is fixed (`algorithm.kl_ctrl.type=fixed`) or adapted towards `target_kl` (`adaptive`):
+
+    e = clip(KL / target_kl - 1, -0.2, 0.2);   beta <- beta * (1 + e * n_steps / horizon)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rllava.algorithms.losses import kl_penalty, masked_mean
+
+
+def outcome_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] zeros with each row's score at its last trained token (no trained token: the row stays 0)."""
+    out = torch.zeros(mask.shape, dtype=scores.dtype)
+    has = mask.sum(-1) > 0
+    last = mask.shape[1] - 1 - mask.flip(-1).float().argmax(-1)  # index of the last 1 in each row
+    out[has, last[has]] = scores[has]
+    return out
+
+
+class KLController:
+    """Holds beta for KL in the reward; `penalize` shapes token rewards and updates beta (adaptive)."""
+
+    def __init__(self, kind: str, kl_coef: float, *, estimator: str, target_kl: float = 0.1, horizon: int = 10000):
+        self.kind, self.value, self.estimator = kind, kl_coef, estimator
+        self.target_kl, self.horizon = target_kl, horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        if self.kind == "adaptive":
+            error = min(max(current_kl / self.target_kl - 1.0, -0.2), 0.2)
+            self.value *= 1.0 + error * n_steps / self.horizon
+
+    def penalize(self, scores: torch.Tensor, mask: torch.Tensor, old_logprobs: torch.Tensor,
+                 ref_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """(token rewards [B, T], metrics); beta moves after it is used, by one step of B sequences."""
+        kl = kl_penalty(old_logprobs, ref_logprobs, self.estimator) * mask
+        token_rewards = outcome_token_rewards(scores, mask) - self.value * kl
+        current = masked_mean(kl, mask).item()
+        metrics = {"actor/reward_kl": current, "actor/reward_kl_coef": self.value}
+        self.update(current, n_steps=len(scores))
+        return token_rewards, metrics
