@@ -165,7 +165,11 @@ def geo_mean(inp: LossInputs, *, clip_ratio_low: float = 0.4, clip_ratio_high: f
 @register_policy_loss("gpg")
 def gpg(inp: LossInputs):
     """GPG, group policy gradient (Chu et al. 2025, arXiv:2504.02546): plain policy gradient, no ratio, no clip,
-    no KL:  L_t = -A_t logp_t.  Needs no old log-probs. GPG's group-mean advantage and its valid-sample
+    no KL:
+
+        L_t = -A_t logp_t
+
+    Needs no old log-probs. GPG's group-mean advantage and its valid-sample
     correction belong to the advantage estimator, not to this loss."""
     return -inp.need("advantages", "gpg") * inp.logprobs, {}
 
@@ -274,7 +278,10 @@ def rollout_importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: tor
 
 @register_policy_loss("sft")
 def sft(inp: LossInputs):
-    """Supervised fine-tuning: negative log-likelihood of the target tokens, L_t = -log pi(y_t | y_<t, x)."""
+    """Supervised fine-tuning: negative log-likelihood of the target tokens (what the SFT pipeline trains).
+
+        L_t = -log pi(y_t | y_<t, x)
+    """
     return -inp.logprobs, {}
 
 
@@ -325,3 +332,17 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, *, max_len: int
     if mode == "seq-mean-token-sum-norm":
         return (loss * mask).sum() / (num_seqs * max_len)
     raise ValueError(f"unknown actor.loss_agg_mode {mode!r}")
+
+
+def value_loss(vpreds: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
+               cliprange: float) -> tuple[torch.Tensor, float]:
+    """PPO's clipped value loss (Schulman et al. 2017, arXiv:1707.06347; as in OpenAI baselines):
+
+        V_clip = V_old + clip(V - V_old, -c, c)
+        L_t    = 0.5 * max((V - R)^2, (V_clip - R)^2)
+
+    Returns the per-token loss [B, T] (aggregate it like a policy loss) and the fraction of masked tokens where
+    the clipped branch is the larger one (its gradient is then zero)."""
+    clipped = old_values + (vpreds - old_values).clamp(-cliprange, cliprange)
+    unclipped_sq, clipped_sq = (vpreds - returns).square(), (clipped - returns).square()
+    return 0.5 * torch.maximum(unclipped_sq, clipped_sq), masked_mean((clipped_sq > unclipped_sq).float(), mask).item()

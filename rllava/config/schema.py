@@ -289,6 +289,8 @@ class PolicyLossConfig:
     clip_cov_ub: float = 5.0  # clip_cov: upper covariance bound
     kl_cov_ratio: float = 0.0002  # kl_cov: fraction of tokens with the KL penalty
     ppo_kl_coef: float = 0.1  # kl_cov: KL penalty coefficient
+    cispo_clip_ratio_low: float = 1.0  # rllava, cispo: IS weight floor 1 - this (1.0 = no floor, as the paper)
+    cispo_clip_ratio_high: float = 0.28  # rllava, cispo: IS weight cap 1 + this
 
 
 @dataclass
@@ -385,8 +387,8 @@ class RefConfig:  # rllava section: the frozen reference policy, built only when
 
 
 @dataclass
-class CriticConfig:  # PPO value model (not available yet in rllava: critic must stay null)
-    strategy: str = "fsdp2"  # training strategy
+class CriticConfig:  # PPO value model: the backbone of critic.model.model_path (default: the actor's) + a value head
+    strategy: str = "single"  # training strategy (rllava default; RLLaVA: fsdp2)
     ppo_mini_batch_size: int = 256  # prompts per critic optimizer step
     ppo_micro_batch_size: int = 4  # sequences per critic forward/backward
     log_prob_micro_batch_size: int = 16  # sequences per forward when computing values
@@ -553,8 +555,6 @@ NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("actor.model.padding_free", lambda v: v, "false"),
     ("actor.model.dynamic_batching", lambda v: v, "false"),
     ("actor.model.ulysses_size", lambda v: v > 1, "1"),
-    ("critic", lambda v: v is not None, "null"),
-    ("algorithm.online_filtering", lambda v: v, "false"),
     ("algorithm.kl_penalty", lambda v: v == "full", "low_var_kl"),  # full-vocabulary KL
     ("actor.kl_loss_type", lambda v: v == "full", "low_var_kl"),
     ("trainer.save_freq", lambda v: v > 0, "-1"),

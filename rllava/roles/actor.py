@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import torch
 
-from rllava.algorithms.losses import LossInputs, aggregate, kl_penalty, masked_mean
+from rllava.algorithms.losses import LossInputs, aggregate, kl_penalty, masked_mean, rollout_importance_weights
 from rllava.data.protocol import Batch
 from rllava.model.forward import token_logprobs
 
@@ -42,7 +42,7 @@ class Actor:
     def __init__(self, model, engine, algorithm, *, ppo_epochs: int, mini_batch_size: int, micro_batch_size: int,
                  log_prob_micro_batch_size: int, loss_agg_mode: str, max_response_length: int,
                  temperature: float, use_kl_loss: bool, kl_loss_coef: float, kl_loss_type: str,
-                 entropy_coeff: float):
+                 entropy_coeff: float, rollout_is: str = "none", rollout_is_cap: float = 2.0):
         self.model, self.engine, self.algorithm = model, engine, algorithm
         self.ppo_epochs, self.mini_batch_size, self.micro_batch_size = ppo_epochs, mini_batch_size, micro_batch_size
         self.log_prob_micro_batch_size = log_prob_micro_batch_size
@@ -50,6 +50,7 @@ class Actor:
         self.temperature = temperature
         self.use_kl_loss, self.kl_loss_coef, self.kl_loss_type = use_kl_loss, kl_loss_coef, kl_loss_type
         self.entropy_coeff = entropy_coeff
+        self.rollout_is, self.rollout_is_cap = rollout_is, rollout_is_cap  # truncated IS: none | token | sequence
 
     def needs_old_logprobs(self, batch_size: int) -> bool:
         """With one epoch over one mini-batch, the policy that sampled is the one being updated, so pi_old is
@@ -89,6 +90,11 @@ class Actor:
             old_logprobs=micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach(),
             ref_logprobs=micro.ref_logprobs, rollout_logprobs=micro.rollout_logprobs, entropy=entropy)
         per_token, metrics = self.algorithm.policy_loss(inputs)
+        if self.rollout_is != "none":  # reweight by pi_old / pi_rollout: the engine sampled, the trainer scores
+            weights, is_metrics = rollout_importance_weights(inputs.old_logprobs, micro.need("rollout_logprobs"),
+                                                             mask, cap=self.rollout_is_cap, level=self.rollout_is)
+            per_token = per_token * weights
+            metrics.update(is_metrics)
         agg = dict(mode=self.loss_agg_mode, max_len=self.max_response_length, **norm)
         pg_loss = aggregate(per_token, mask, **agg)
         loss = pg_loss

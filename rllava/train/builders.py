@@ -22,9 +22,11 @@ from rllava.data.sampler import EpochSampler
 from rllava.engine.inference.base import SamplingParams
 from rllava.engine.inference.hf import HFRolloutEngine
 from rllava.engine.train.single import SingleDeviceEngine
-from rllava.model.loader import build_policy, build_reference
+from rllava.model.loader import build_policy, build_reference, load_model, resolve_dtype
+from rllava.model.value import ValueModel
 from rllava.model.processor import get_tokenizer
 from rllava.roles.actor import Actor
+from rllava.roles.critic import Critic
 from rllava.roles.rollout import Rollout
 from rllava.train.tracker import Tracker
 
@@ -101,24 +103,31 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device) -> Rollout:
     return Rollout(engine, processor, skip_special_tokens=cfg.reward.skip_special_tokens)
 
 
+def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None, *, updates: int,
+            key: str) -> SingleDeviceEngine:
+    """AdamW over the trainable parameters + LR schedule (`o` = an optim config) in a train engine."""
+    if o.strategy != "adamw":
+        raise ConfigError(f"{key}.strategy={o.strategy!r} is not supported (supported: adamw)")
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * updates)
+    scheduler = transformers.get_scheduler(o.lr_scheduler_type, optimizer, num_warmup_steps=warmup,
+                                           num_training_steps=updates)
+    engine = SingleDeviceEngine(device, max_grad_norm, skip_grad_norm)
+    engine.prepare(model, optimizer, scheduler)
+    return engine
+
+
 def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, sft: bool = False) -> Actor:
     """Optimizer + LR schedule + train engine + the Actor role around `model`.
 
     `sft=True`: one reference response per prompt, the `sft` loss (NLL) at temperature 1."""
-    o = cfg.actor.optim
-    if o.strategy != "adamw":
-        raise ConfigError(f"actor.optim.strategy={o.strategy!r} is not supported (supported: adamw)")
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
     n = 1 if sft else cfg.rollout.n
-    batch_seqs = cfg.data.train_batch_size * n
     mini = cfg.actor.ppo_mini_batch_size * n  # RLLaVA counts mini-batches in prompts
-    updates = num_steps * cfg.actor.ppo_epochs * math.ceil(batch_seqs / mini)
-    warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * updates)
-    scheduler = transformers.get_scheduler(o.lr_scheduler_type, optimizer, num_warmup_steps=warmup,
-                                           num_training_steps=updates)
-    engine = SingleDeviceEngine(device, cfg.actor.max_grad_norm, cfg.actor.skip_grad_norm)
-    model, optimizer, scheduler = engine.prepare(model, optimizer, scheduler)
+    engine = _engine(model, cfg.actor.optim, device, cfg.actor.max_grad_norm, cfg.actor.skip_grad_norm,
+                     updates=num_steps * cfg.actor.ppo_epochs * math.ceil(cfg.data.train_batch_size * n / mini),
+                     key="actor.optim")
+    model = engine.model
     load_plugins(cfg.algorithm.plugins)
     algorithm = build_algorithm(cfg.algorithm, cfg.actor, loss_mode="sft" if sft else None)
     return Actor(model, engine, algorithm, ppo_epochs=cfg.actor.ppo_epochs,
@@ -128,7 +137,15 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
                  temperature=1.0 if sft else cfg.rollout.temperature,
                  use_kl_loss=not sft and cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0,
                  kl_loss_coef=cfg.actor.kl_loss_coef, kl_loss_type=cfg.actor.kl_loss_type,
-                 entropy_coeff=cfg.actor.entropy_coeff)
+                 entropy_coeff=cfg.actor.entropy_coeff, **_rollout_is(cfg, sft))
+
+
+def _rollout_is(cfg: PPOConfig, sft: bool) -> dict:
+    """algorithm.rollout_is / rollout_is_cap; RLLaVA's actor.tis_imp_ratio_cap > 0 means token level, that cap."""
+    level, cap = cfg.algorithm.rollout_is, cfg.algorithm.rollout_is_cap
+    if cfg.actor.tis_imp_ratio_cap > 0:
+        level, cap = ("token" if level == "none" else level), cfg.actor.tis_imp_ratio_cap
+    return {"rollout_is": "none" if sft else level, "rollout_is_cap": cap}
 
 
 @dataclass
@@ -154,6 +171,27 @@ def build_reference_role(cfg: PPOConfig, policy, device: torch.device) -> Refere
                      cfg.rollout.temperature)
 
 
+def build_critic(cfg: PPOConfig, device: torch.device, num_steps: int, algorithm) -> Critic | None:
+    """The value model (critic.model.model_path, default the actor's) and its role, if `critic` is set.
+    An estimator that declares `values` (gae) without a critic is a config error, raised here at start-up."""
+    if cfg.critic is None:
+        if algorithm.needs("values"):
+            raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs a critic: set "
+                              "critic.model.model_path=... (e.g. the actor's model path)")
+        return None
+    c = cfg.critic
+    lm = load_model(c.model.model_path or cfg.actor.model.model_path, dtype=resolve_dtype(c.model.torch_dtype, device),
+                    attn_implementation=c.model.attn_implementation, trust_remote_code=c.model.trust_remote_code,
+                    key="critic.model")
+    mini = c.ppo_mini_batch_size * cfg.rollout.n
+    engine = _engine(ValueModel(lm), c.optim, device, c.max_grad_norm, None, key="critic.optim",
+                     updates=num_steps * c.ppo_epochs * math.ceil(cfg.data.train_batch_size * cfg.rollout.n / mini))
+    return Critic(engine.model, engine, ppo_epochs=c.ppo_epochs, mini_batch_size=mini,
+                  micro_batch_size=c.ppo_micro_batch_size, values_micro_batch_size=c.log_prob_micro_batch_size,
+                  cliprange_value=c.cliprange_value, loss_avg_mode=c.loss_avg_mode, gamma=cfg.algorithm.gamma,
+                  lam=cfg.algorithm.lam)
+
+
 def build_kl_controller(cfg: PPOConfig) -> KLController | None:
     """The KL-in-reward coefficient controller (algorithm.kl_ctrl), if algorithm.use_kl_in_reward."""
     if not cfg.algorithm.use_kl_in_reward:
@@ -164,4 +202,4 @@ def build_kl_controller(cfg: PPOConfig) -> KLController | None:
 
 
 __all__ = ["setup_run", "build_tracker", "build_policy", "build_datasets", "build_sampler", "build_rollout",
-           "build_actor", "build_reference_role", "build_kl_controller", "sampling_params", "total_steps"]
+           "build_actor", "build_reference_role", "build_kl_controller", "build_critic", "sampling_params", "total_steps"]

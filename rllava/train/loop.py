@@ -54,6 +54,10 @@ class Run:
     rollout: Rollout | None  # None only for SFT without a reward to validate with
     reward: RewardFunction | None
 
+    def next_samples(self) -> list[Sample]:
+        """The next data.train_batch_size prompts (the resumable sampler reshuffles each epoch)."""
+        return [self.train_set[j] for j in self.sampler.next_batch()]
+
 
 def build_run(cfg, *, sft: bool = False) -> Run:
     """Policy, data, sampler, Actor, tracker; the Rollout and Reward roles when the pipeline samples (RL) or
@@ -86,7 +90,7 @@ def train_loop(run: Run, step: StepFn, name: str) -> str:
     for i in tqdm(range(1, run.steps + 1) if not cfg.trainer.val_only else [], desc=name,
                   disable=not sys.stderr.isatty()):
         with timer("step"):
-            metrics, batch = step([run.train_set[j] for j in run.sampler.next_batch()], timer)
+            metrics, batch = step(run.next_samples(), timer)
         metrics.update(timer.pop(), **{"actor/lr": run.actor.engine.scheduler.get_last_lr()[0]})
         metrics["perf/tokens_per_s"] = batch.attention_mask.sum().item() / metrics["timing/step"]
         if "timing/rollout" in metrics:

@@ -278,3 +278,14 @@ def test_rollout_importance_weights_token_and_sequence():
     assert m["rollout_is_truncated_frac"] == pytest.approx(3 / 5)
     with pytest.raises(ValueError, match="importance-sampling level"):
         rollout_importance_weights(old, rollout, mask, cap=2.0, level="batch")
+
+
+def test_docs_algorithms_md_is_generated_from_the_registries():
+    """docs/algorithms.md cannot drift: regenerate with `python -m rllava.algorithms.reference > docs/algorithms.md`."""
+    import os
+
+    from rllava.algorithms.reference import render
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "algorithms.md")
+    with open(path) as f:
+        assert f.read() == render(), "stale: run python -m rllava.algorithms.reference > docs/algorithms.md"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rllava.algorithms.filtering import fill_batch
 from rllava.data.protocol import Batch, Sample, collate
 from rllava.engine.inference.base import generate_context
 from rllava.train import builders as B
@@ -47,32 +48,54 @@ def train(cfg) -> str:
     rollout, reward, actor = run.rollout, run.reward, run.actor
     reference = B.build_reference_role(cfg, run.model, run.device)
     kl_in_reward = B.build_kl_controller(cfg)  # None unless algorithm.use_kl_in_reward
-    sampling, pad_id = B.sampling_params(cfg), rollout.tokenizer.pad_token_id
+    critic = B.build_critic(cfg, run.device, run.steps, actor.algorithm)  # None unless `critic` is set
+    updates = 0
+    sampling, pad_id, a = B.sampling_params(cfg), rollout.tokenizer.pad_token_id, cfg.algorithm
     greedy = B.SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.data.max_response_length)
 
-    def step(samples: list[Sample], timer: Timer) -> tuple[dict[str, float], Batch]:
-        metrics = {}
+    def rollout_and_score(samples: list[Sample], timer: Timer, params=sampling):
         with timer("rollout"), generate_context(rollout.engine, run.model):
-            trajectories = rollout.generate(samples, sampling)  # 1. rollout
-            baselines = rollout.generate(samples, greedy) if actor.algorithm.needs("baseline_scores") else None
-        batch = collate(trajectories, pad_id)
+            trajectories = rollout.generate(samples, params)  # 1. rollout
         with timer("reward"):
-            batch.scores, batch.reward_details = reward.score(trajectories)  # 2. reward
-            if baselines is not None:  # ReMax: the greedy response's reward, for each of its group's samples
-                batch.baseline_scores = reward.score(baselines)[0][batch.group_ids]
+            return trajectories, *reward.score(trajectories)  # 2. reward
+
+    def step(samples: list[Sample], timer: Timer) -> tuple[dict[str, float], Batch]:
+        nonlocal updates
+        metrics = {}
+        if a.online_filtering:  # DAPO dynamic sampling: draw more prompts until every group carries signal
+            draws = iter([samples])
+            trajectories, scores, details, metrics = fill_batch(
+                lambda: rollout_and_score(next(draws, None) or run.next_samples(), timer), len(samples),
+                filter_key=a.filter_key, low=a.filter_low, high=a.filter_high, max_tries=cfg.trainer.max_try_make_batch)
+        else:
+            trajectories, scores, details = rollout_and_score(samples, timer)
+        batch = collate(trajectories, pad_id)
+        batch.scores, batch.reward_details = scores, details
+        if actor.algorithm.needs("baseline_scores"):  # ReMax: each group's baseline is its greedy answer's reward
+            prompts = {t.group_id: t.sample for t in trajectories}
+            _, baseline, _ = rollout_and_score([prompts[g] for g in range(len(prompts))], timer, greedy)
+            batch.baseline_scores = baseline[batch.group_ids]
         if actor.needs_old_logprobs(len(batch)) or kl_in_reward is not None:
             with timer("old_logprob"):
                 batch.old_logprobs = actor.compute_logprobs(batch)
         if reference is not None:
             with timer("ref"):
                 batch.ref_logprobs = reference.compute_logprobs(batch)
+        if critic is not None:
+            with timer("values"):
+                batch.values = critic.compute_values(batch)
         with timer("advantage"):
             if kl_in_reward is not None:
-                batch.token_rewards, metrics = kl_in_reward.penalize(batch.scores, batch.loss_mask,
-                                                                     batch.old_logprobs, batch.ref_logprobs)
+                batch.token_rewards, kl_metrics = kl_in_reward.penalize(batch.scores, batch.loss_mask,
+                                                                        batch.old_logprobs, batch.ref_logprobs)
+                metrics.update(kl_metrics)
             batch.advantages = actor.algorithm.compute_advantage(batch)  # 3. advantage
         with timer("update"):
-            metrics.update(actor.update(batch))  # 4. update
+            if critic is not None:
+                metrics.update(critic.update(batch))
+            updates += 1
+            if updates > cfg.trainer.critic_warmup:  # the actor waits for the critic's warm-up steps
+                metrics.update(actor.update(batch))  # 4. update
         return {**metrics, **batch_metrics(batch)}, batch
 
     return train_loop(run, step, "rlvr")

@@ -1,0 +1,33 @@
+"""The critic's model: a policy-shaped (VL)M backbone with a scalar value head instead of the LM head.
+
+    V(s_t) = w^T h_{t-1} + b        h_{t-1}: the backbone's last hidden state after reading tokens < t
+
+so `values[:, t]` is the value of the state in which response token t is generated, aligned with the
+log-probs of `rllava.model.forward.token_logprobs` (both are read at the loss-mask positions).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rllava.data.protocol import Batch
+from rllava.model.forward import model_inputs
+
+
+class ValueModel(nn.Module):
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm  # a HF causal LM / VLM; only its backbone runs
+        self.value_head = nn.Linear(lm.config.get_text_config().hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)  # start from V = 0 everywhere: no spurious advantages on step 1
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Values [B, T], zero where loss_mask is 0."""
+        backbone = getattr(self.lm, self.lm.base_model_prefix)
+        hidden = backbone(**model_inputs(self.lm, batch), use_cache=False).last_hidden_state  # [B, T, H]
+        v = self.value_head(hidden[:, :-1]).squeeze(-1).float()  # [B, T-1]: position t-1 values token t
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=v.device)
+        out[:, 1:] = v
+        return out * batch.loss_mask.to(out.dtype)
