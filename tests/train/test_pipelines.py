@@ -139,3 +139,23 @@ def test_register_ppo_class_plugin(tmp_path, tiny_model_dir, counting_dir):
     rlvr.main(_args(tiny_model_dir, counting_dir, out, "trainer.max_steps=2", "trainer.val_before_train=false",
                     "trainer.val_freq=-1", f"algorithm.plugins=[{plugin}]", "algorithm.adv_estimator=my_algo"))
     assert calls.read_text() == "xx"
+
+
+def test_ppo_gae_with_critic_and_warmup(tmp_path, tiny_model_dir, counting_dir):
+    out = str(tmp_path / "run")
+    reward = tmp_path / "distinct.py"
+    reward.write_text("def compute_score(response, ground_truth):\n    return len(set(response)) / 20\n")
+    rlvr.main(_args(tiny_model_dir, counting_dir, out, "algorithm.adv_estimator=gae", "algorithm.lam=0.95",
+                    f"critic.model.model_path={tiny_model_dir}", "critic.optim.lr=1e-3", "trainer.critic_warmup=1",
+                    f"reward.reward_function={reward}:compute_score", "trainer.val_before_train=false",
+                    "trainer.val_freq=-1"))
+    steps = [r for r in _metrics(out) if "reward/mean" in r]
+    assert "critic/vf_loss" in steps[0] and "actor/pg_loss" not in steps[0]  # warm-up: only the critic learns
+    assert "critic/vf_loss" in steps[1] and "actor/pg_loss" in steps[1]
+    assert "timing/values" in steps[0]
+
+
+def test_gae_without_a_critic_is_a_config_error(tmp_path, tiny_model_dir, counting_dir, capsys):
+    with pytest.raises(SystemExit):
+        rlvr.main(_args(tiny_model_dir, counting_dir, str(tmp_path), "algorithm.adv_estimator=gae"))
+    assert "algorithm.adv_estimator=gae needs a critic: set critic.model.model_path" in capsys.readouterr().err
