@@ -487,6 +487,13 @@ class RolloutConfig:
 
 
 @dataclass
+class OverlongBufferConfig:  # verl's names
+    enable: bool = False  # DAPO soft overlong punishment of training rewards
+    len: int = 0  # tokens before data.max_response_length where the penalty starts
+    penalty_factor: float = 1.0  # penalty at the full length
+
+
+@dataclass
 class RewardConfig:
     reward_type: str = "auto"  # rllava default (RLLaVA: batch): auto|batch|sequential; auto = from the function
     reward_function: Optional[str] = None  # "path/file.py:fn" (":fn" omitted = main)
@@ -495,11 +502,15 @@ class RewardConfig:
     num_cpus: int = 1  # worker processes for scoring
     reward_function_name: Optional[str] = None  # RLLaVA fills it from reward_function; must stay null
     model: ModelConfig = field(default_factory=ModelConfig)  # reward model (not used by rule rewards)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # rllava (verl's keys)
 
     def check(self, prefix: str = "reward") -> list[str]:
         p: list[str] = []
         _choice(p, f"{prefix}.reward_type", self.reward_type, REWARD_TYPES)
         _positive(p, f"{prefix}.num_cpus", self.num_cpus)
+        if self.overlong_buffer.enable and self.overlong_buffer.len <= 0:
+            p.append(f"{prefix}.overlong_buffer.len={self.overlong_buffer.len} must be > 0 when "
+                     f"{prefix}.overlong_buffer.enable=true")
         if self.reward_function_name is not None:
             p.append(f"{prefix}.reward_function_name={self.reward_function_name} is derived in rllava; "
                      f"set {prefix}.reward_function=path/file.py:{self.reward_function_name} instead")

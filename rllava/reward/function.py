@@ -79,11 +79,23 @@ def _as_scores(result: Any, spec: str, where: str) -> dict[str, float]:
     return scores
 
 
+def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476), added to the reward:
+
+        0                                     if |y| <= L_max - L_buf
+        factor * ((L_max - L_buf) - |y|) / L_buf   if L_max - L_buf < |y| <= L_max   (linear, down to -factor)
+    """
+    start = max_len - buffer_len
+    return 0.0 if length <= start else factor * max(start - length, -buffer_len) / buffer_len
+
+
 class RewardFunction:
     """The Reward role: trajectories -> one scalar score each, plus the named parts for logging."""
 
-    def __init__(self, spec: str, reward_type: str = "auto", kwargs: dict | None = None):
+    def __init__(self, spec: str, reward_type: str = "auto", kwargs: dict | None = None, *,
+                 overlong: tuple[int, int, float] | None = None):
         self.spec, self.fn, self.kwargs = spec, load_reward_function(spec), dict(kwargs or {})
+        self.overlong = overlong  # (max_response_length, buffer length, penalty factor) for training rewards
         if reward_type == "auto":
             reward_type = "sequential" if _positional_params(self.fn) >= 2 else "batch"
         if reward_type == "sequential" and _positional_params(self.fn) < 2:
@@ -91,8 +103,9 @@ class RewardFunction:
                               "fn(response, ground_truth); this one takes fewer positional parameters")
         self.reward_type = reward_type
 
-    def score(self, trajectories: list[Trajectory]) -> tuple[torch.Tensor, list[dict[str, float]]]:
-        """Returns scores [B] (the `overall` entries) and the per-trajectory dicts of named scores."""
+    def score(self, trajectories: list[Trajectory], train: bool = False) -> tuple[torch.Tensor, list[dict[str, float]]]:
+        """Returns scores [B] (the `overall` entries) and the per-trajectory dicts of named scores. `train`:
+        also apply the overlong penalty (`reward.overlong_buffer`) to `overall`, as DAPO does in training."""
         if self.reward_type == "batch":
             inputs = [{**t.sample.extra, "response": t.response, "response_length": t.num_response_tokens,
                        "ground_truth": t.sample.ground_truth} for t in trajectories]
@@ -104,6 +117,10 @@ class RewardFunction:
             results = [self._call(lambda t=t: self.fn(t.response, t.sample.ground_truth, **self.kwargs),
                                   f"sample {t.sample.index}") for t in trajectories]
         details = [_as_scores(r, self.spec, f"sample {t.sample.index}") for r, t in zip(results, trajectories)]
+        if train and self.overlong is not None:
+            for d, t in zip(details, trajectories):
+                d["overlong_penalty"] = overlong_penalty(t.num_response_tokens, *self.overlong)
+                d["overall"] += d["overlong_penalty"]
         return torch.tensor([d["overall"] for d in details], dtype=torch.float32), details
 
     def _call(self, thunk, where: str):

@@ -70,7 +70,9 @@ def build_run(cfg, *, sft: bool = False) -> Run:
     actor = B.build_actor(cfg, model, device, steps, sft=sft)
     rollout = reward = None
     if not sft or (val_set is not None and cfg.reward.reward_function):
-        reward = RewardFunction(cfg.reward.reward_function, cfg.reward.reward_type, cfg.reward.reward_function_kwargs)
+        ob = cfg.reward.overlong_buffer
+        reward = RewardFunction(cfg.reward.reward_function, cfg.reward.reward_type, cfg.reward.reward_function_kwargs,
+                                overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None)
         rollout = B.build_rollout(cfg, processor, device)
     return Run(cfg, device, outputs_dir, model, processor, train_set, val_set, sampler, steps, actor,
                B.build_tracker(cfg, outputs_dir), rollout, reward)

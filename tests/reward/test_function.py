@@ -91,3 +91,10 @@ COUNTING = "examples/reward_function/counting.py:compute_score"
 def test_counting_reward(response, truth, expected):
     score = load_reward_function(COUNTING)(response, truth)
     assert (score["overall"], score["format"], score["accuracy"]) == expected
+
+
+def test_overlong_penalty_by_hand():
+    from rllava.reward.function import overlong_penalty
+
+    # L_max 10, buffer 4: no penalty up to 6 tokens, then linear to -factor at 10
+    assert [overlong_penalty(n, 10, 4, 0.5) for n in (3, 6, 7, 8, 10)] == [0.0, 0.0, -0.125, -0.25, -0.5]

@@ -57,7 +57,7 @@ def train(cfg) -> str:
         with timer("rollout"), generate_context(rollout.engine, run.model):
             trajectories = rollout.generate(samples, params)  # 1. rollout
         with timer("reward"):
-            return trajectories, *reward.score(trajectories)  # 2. reward
+            return trajectories, *reward.score(trajectories, train=True)  # 2. reward
 
     def step(samples: list[Sample], timer: Timer) -> tuple[dict[str, float], Batch]:
         nonlocal updates
