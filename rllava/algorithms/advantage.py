@@ -12,14 +12,32 @@ import torch
 from rllava.algorithms.registry import register_adv_estimator
 
 
+def group_mean(x: torch.Tensor, group_ids: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Each sequence's (weighted) group mean, [B]. Summed as offsets from the group minimum, so a group of equal
+    values has exactly that value as its mean (a plain sum / n is off by an ulp for e.g. seven rewards of 0.7,
+    which GRPO's std division would blow up to advantages of +-0.06). A group of zero total weight gets its min."""
+    _, gid = torch.unique(group_ids, return_inverse=True)  # ids -> 0..G-1
+    w = torch.ones_like(x) if weights is None else weights.to(x.dtype)
+    zeros = x.new_zeros(int(gid.max()) + 1 if gid.numel() else 0)
+    lo = zeros.scatter_reduce(0, gid, x, "amin", include_self=False)
+    num = zeros.index_add(0, gid, w * (x - lo[gid]))
+    den = zeros.index_add(0, gid, w)
+    return (lo + num / torch.where(den > 0, den, torch.ones_like(den)))[gid]
+
+
 def group_stats(scores: torch.Tensor, group_ids: torch.Tensor):
     """Per-sequence (group mean, group unbiased std, group size), each [B], vectorised over groups."""
-    _, gid = torch.unique(group_ids, return_inverse=True)  # ids -> 0..G-1
-    n = torch.bincount(gid).to(scores.dtype)  # [G]
-    mean = torch.zeros_like(n).index_add_(0, gid, scores) / n
-    sq = torch.zeros_like(n).index_add_(0, gid, (scores - mean[gid]) ** 2)
-    std = torch.sqrt(sq / (n - 1).clamp(min=1))
-    return mean[gid], std[gid], n[gid]
+    _, gid, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    n = counts.to(scores.dtype)[gid]
+    mean = group_mean(scores, group_ids)
+    var = group_mean((scores - mean) ** 2, group_ids) * n / (n - 1).clamp(min=1)
+    return mean, var.sqrt(), n
+
+
+def group_baseline(scores: torch.Tensor, group_ids: torch.Tensor, weights: torch.Tensor | None = None):
+    """The group-mean baseline b_i, [B]; a group of size 1 has no baseline (b = 0, so A_i = r_i: verl's rule)."""
+    _, gid, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    return torch.where(counts[gid] > 1, group_mean(scores, group_ids, weights), torch.zeros_like(scores))
 
 
 @register_adv_estimator("grpo")
@@ -103,7 +121,7 @@ def dr_grpo(scores, group_ids, mask):
     The paper's other half, a constant length normaliser, is `actor.loss_agg_mode=seq-mean-token-sum-norm`.
     A group of size 1 has no baseline: A_i = r_i.
     """
-    return grpo(scores, group_ids, mask, norm_adv_by_std_in_grpo=False)
+    return (scores - group_baseline(scores, group_ids))[:, None] * mask
 
 
 @register_adv_estimator("rloo")
@@ -122,23 +140,28 @@ def rloo(scores, group_ids, mask):
 
 @register_adv_estimator("grpo_passk")
 def grpo_passk(scores, group_ids, mask, *, norm_adv_by_std_in_grpo: bool = True, eps: float = 1e-6):
-    """GRPO for pass@k (verl's `grpo_passk`; Chen et al. 2025, "Pass@k Training", arXiv:2508.10751): only the
-    best response of each group is credited, by its margin over the runner-up:
+    """GRPO for pass@k, as verl's `grpo_passk` (which cites Tang et al. 2025, arXiv:2503.19595; the setting of
+    Chen et al. 2025, "Pass@k Training", arXiv:2508.10751). The group's reward is its best reward, and each
+    response is credited by how much that best would drop without it (leave-one-out), so only the best
+    response of a group gets a nonzero advantage:
 
-        A_best = (r_(1) - r_(2)) / (std_g(r) + eps)   (no division if not norm_adv_by_std_in_grpo);  others 0
+        A_best = (r_(1) - r_(2)) / (std_g(r) + eps)     r_(1) >= r_(2): the two largest rewards of the group
+        A_j    = 0                                      every other response of the group
 
-    Ties for best go to the first in batch order. A group of size 1 gets 0 (no runner-up).
+    with std_g the unbiased group std; no division if not `norm_adv_by_std_in_grpo`. A tie for the best gives
+    margin 0, so the whole group gets 0 (also with eps = 0). A group of size 1 has no runner-up: 0 (verl
+    raises instead). This is not Chen et al.'s analytical pass@k advantage, which credits every response.
     """
-    _, std, n = group_stats(scores, group_ids)
+    _, std, _ = group_stats(scores, group_ids)
     adv = torch.zeros_like(scores)
     for g in torch.unique(group_ids):
         idx = (group_ids == g).nonzero().squeeze(-1)
         if len(idx) < 2:
             continue
         top2 = torch.topk(scores[idx], 2)
-        best = idx[top2.indices[0]]
-        margin = top2.values[0] - top2.values[1]
-        adv[best] = margin / (std[best] + eps) if norm_adv_by_std_in_grpo else margin
+        best, margin = idx[top2.indices[0]], top2.values[0] - top2.values[1]
+        if margin > 0:
+            adv[best] = margin / (std[best] + eps) if norm_adv_by_std_in_grpo else margin
     return adv[:, None] * mask
 
 
@@ -148,6 +171,8 @@ def reinforce_plus_plus(scores, group_ids, mask, *, token_rewards, gamma: float 
     batch (a global baseline and scale; no critic, no group):
 
         G_t = sum_{k >= t} gamma^(k-t) r_k,     A = (G - mean G) / std G   over all response tokens
+
+    The return does not run across a masked position (it restarts after a gap, as verl's resets after EOS).
     """
     return masked_whiten(discounted_returns(token_rewards, mask, gamma), mask)
 
@@ -157,9 +182,10 @@ def reinforce_plus_plus_baseline(scores, group_ids, mask):
     """REINFORCE++-baseline (Hu 2025, arXiv:2501.03262): the group mean as baseline, then batch whitening:
 
         A_i = r_i - mean_g(r)  (broadcast over tokens),   A = (A - mean A) / std A   over all response tokens
+
+    A group of size 1 has no baseline (A_i = r_i before whitening), as in verl.
     """
-    mean, _, _ = group_stats(scores, group_ids)
-    return masked_whiten((scores - mean)[:, None] * mask, mask)
+    return masked_whiten((scores - group_baseline(scores, group_ids))[:, None] * mask, mask)
 
 
 @register_adv_estimator("remax")
@@ -168,6 +194,9 @@ def remax(scores, group_ids, mask, *, baseline_scores):
     baseline (the rollout stage generates it when this estimator is selected):
 
         A_i = r_i - r(greedy answer to prompt of i)      broadcast over the tokens of i
+
+    verl subtracts the baseline from the undiscounted return-to-go of the token rewards; with an outcome reward
+    and no KL in the reward that is r_i at every token, so `scores` is used directly.
     """
     return (scores - baseline_scores)[:, None] * mask
 
@@ -175,25 +204,30 @@ def remax(scores, group_ids, mask, *, baseline_scores):
 @register_adv_estimator("opo")
 def opo(scores, group_ids, mask):
     """OPO, on-policy RL with the optimal baseline (Hao et al. 2025, arXiv:2505.23585): the group baseline is
-    weighted by response length, the variance-minimising baseline under the paper's assumptions:
+    weighted by response length |o_j| (masked tokens), the variance-minimising baseline under the paper's
+    assumptions:
 
         b_g = sum_{j in g} |o_j| r_j / sum_{j in g} |o_j|,     A_i = r_i - b_g
+
+    A group of size 1 has no baseline: A_i = r_i (as in verl). All-masked rows weigh nothing.
     """
     lengths = mask.sum(-1).to(scores.dtype)
-    _, gid = torch.unique(group_ids, return_inverse=True)
-    weighted = torch.zeros(int(gid.max()) + 1, dtype=scores.dtype).index_add_(0, gid, lengths * scores)
-    total = torch.zeros_like(weighted).index_add_(0, gid, lengths)
-    baseline = weighted[gid] / total[gid].clamp(min=1)
-    return (scores - baseline)[:, None] * mask
+    return (scores - group_baseline(scores, group_ids, weights=lengths))[:, None] * mask
 
 
 @register_adv_estimator("gpg")
 def gpg(scores, group_ids, mask):
-    """GPG, group policy gradient (Chu et al. 2025, arXiv:2504.02546): group-mean baseline without std, scaled
-    up by the inverse fraction of samples in groups that carry signal (the paper's gradient correction):
+    """GPG, group policy gradient (Chu et al. 2025, arXiv:2504.02546): group-mean baseline without std
+    (F_norm = 1), scaled up by the paper's gradient correction alpha = B / (B - M), M being the samples of
+    groups whose rewards are all equal (they carry no gradient):
 
-        A_i = alpha (r_i - mean_g(r)),   alpha = B / #{samples in groups whose rewards are not all equal}
+        A_i = alpha (r_i - mean_g(r)),   alpha = B / #{samples in groups with a nonzero advantage}
+
+    A group of size 1 has no baseline (A_i = alpha r_i, as in verl) and counts as carrying signal iff r_i != 0.
+    verl computes alpha = B / #{nonzero rewards} instead, a proxy that differs from the paper's count.
     """
-    mean, std, _ = group_stats(scores, group_ids)
-    valid = (std > 0).sum().clamp(min=1).to(scores.dtype)
-    return (len(scores) / valid * (scores - mean))[:, None] * mask
+    _, gid = torch.unique(group_ids, return_inverse=True)
+    adv = scores - group_baseline(scores, group_ids)
+    signal = scores.new_zeros(int(gid.max()) + 1 if gid.numel() else 0).index_add(0, gid, (adv != 0).to(adv.dtype))
+    alpha = len(scores) / (signal[gid] > 0).sum().clamp(min=1)
+    return (alpha * adv)[:, None] * mask

@@ -37,8 +37,9 @@ def test_unknown_estimator_lists_choices():
 from torch.testing import assert_close  # noqa: E402
 
 from rllava.algorithms.advantage import (  # noqa: E402
-    dr_grpo, gae, gae_returns, gpg, grpo_passk, masked_whiten, opo, reinforce_plus_plus,
-    reinforce_plus_plus_baseline, remax, rloo)
+    dr_grpo, gae, gae_returns, gpg, grpo_passk, opo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo)
+from rllava.algorithms.registry import call_with_params  # noqa: E402
+from rllava.errors import ConfigError  # noqa: E402
 
 G = torch.tensor([0, 0, 0, 1, 1])  # a group of 3 and a group of 2
 R = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0])  # group 1 has no signal
@@ -67,7 +68,8 @@ def test_grpo_passk_credits_only_the_best():
     assert_close(adv[:, 0], torch.tensor([0, 0.5, 0, 0, 0, 0]))
     adv = grpo_passk(scores, groups, torch.ones(6, 1), eps=0.0)
     # group 0 std: mean 17/30, deviations -11/30, 13/30, -2/30 -> var = (121 + 169 + 4) / 900 / 2 = 0.16333
-    assert_close(adv[1, 0], torch.tensor(0.5 / 0.16333 ** 0.5), atol=1e-4, rtol=0)
+    # -> std 0.404145, A = 0.5 / 0.404145 = 1.237179; group 1 (tie, std 0) stays 0, not 0 / 0
+    assert_close(adv[:, 0], torch.tensor([0, 1.237179, 0, 0, 0, 0]), atol=1e-5, rtol=0)
 
 
 def test_remax_opo_gpg_by_hand():
@@ -88,12 +90,15 @@ def test_reinforce_plus_plus_returns_then_whitening():
     # gamma 0.5: row 0 returns [0.5, 1]; row 1 [0, 0, 0] -> 5 tokens, mean 0.3, unbiased std:
     # deviations .2, .7, -.3, -.3, -.3 -> var = (.04 + .49 + .27) / 4 = 0.2
     adv = reinforce_plus_plus(None, None, mask, token_rewards=token_rewards, gamma=0.5)
-    s = 0.2 ** 0.5
-    assert_close(adv, torch.tensor([[0.2 / s, 0.7 / s, 0.0], [-0.3 / s, -0.3 / s, -0.3 / s]]), atol=1e-5, rtol=0)
-    # baseline variant: centred scores [1 - 1/3 = 2/3, -1/3] over 2 + 3 tokens -> then whitened
+    # std sqrt(0.2) = 0.447214: 0.2 / s = 0.447214, 0.7 / s = 1.565248, -0.3 / s = -0.670820
+    assert_close(adv, torch.tensor([[0.447214, 1.565248, 0.0], [-0.670820, -0.670820, -0.670820]]),
+                 atol=1e-5, rtol=0)
+    # baseline variant: group [1, 0] has mean 0.5 -> centred [0.5, -0.5] over 2 + 3 tokens:
+    # token mean (1 - 1.5) / 5 = -0.1; deviations .6, .6, -.4, -.4, -.4 -> var = (.72 + .48) / 4 = 0.3
+    # -> 0.6 / sqrt(0.3) = 1.095445, -0.4 / sqrt(0.3) = -0.730297
     base = reinforce_plus_plus_baseline(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), mask)
-    centred = torch.tensor([[0.5, 0.5, 0.0], [-0.5, -0.5, -0.5]])
-    assert_close(base, masked_whiten(centred, mask))
+    assert_close(base, torch.tensor([[1.095445, 1.095445, 0.0], [-0.730297, -0.730297, -0.730297]]),
+                 atol=1e-5, rtol=0)
     assert_close(base.sum(), torch.tensor(0.0), atol=1e-6, rtol=0)
 
 
@@ -118,7 +123,111 @@ def test_gae_by_hand_and_padding_is_skipped():
 def test_all_masked_rows_give_zeros_not_nan():
     mask = torch.zeros(2, 3)
     for adv in [rloo(R[:2], G[:2], mask), opo(R[:2], G[:2], mask), gpg(R[:2], G[:2], mask),
+                dr_grpo(R[:2], G[:2], mask), grpo(R[:2], G[:2], mask), grpo_passk(R[:2], G[:2], mask),
+                remax(R[:2], G[:2], mask, baseline_scores=torch.zeros(2)),
                 reinforce_plus_plus(None, None, mask, token_rewards=torch.zeros(2, 3), gamma=1.0),
                 reinforce_plus_plus_baseline(R[:2], G[:2], mask),
                 gae(None, None, mask, token_rewards=torch.zeros(2, 3), values=torch.zeros(2, 3))]:
         assert torch.equal(adv, torch.zeros(2, 3))
+
+
+def _pool(scores, mask, **extra):
+    """Every tensor and hyperparameter the framework may offer an estimator."""
+    B, T = mask.shape
+    return {"gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True, "token_rewards": torch.zeros(B, T),
+            "values": torch.zeros(B, T), "baseline_scores": torch.zeros(B), **extra}
+
+
+OUTCOME = ["grpo", "dr_grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline", "remax", "opo", "gpg"]
+
+
+def test_every_estimator_takes_its_extras_by_keyword_from_the_pool():
+    scores, mask = torch.tensor([1.0, 0.0, 0.5]), torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    for name, fn in ADV_ESTIMATORS.items():
+        adv = call_with_params(fn, (scores, torch.tensor([0, 0, 1]), mask), _pool(scores, mask), "adv")
+        assert adv.shape == (3, 3) and adv.is_floating_point() and torch.isfinite(adv).all(), name
+    with pytest.raises(ConfigError, match="values"):  # gae without a critic is a configuration error
+        call_with_params(gae, (scores, torch.tensor([0, 0, 1]), mask), {"token_rewards": torch.zeros(3, 3)}, "adv")
+
+
+def test_identical_rewards_give_zero_advantage_exactly():
+    # seven rewards of 0.7: a plain sum / 7 is an ulp off 0.7, which the std division used to blow up to +-0.06
+    scores = torch.tensor([0.7] * 7 + [0.2, 0.2])
+    groups = torch.tensor([4] * 7 + [9, 9])
+    mask = torch.ones(9, 2)
+    for name in OUTCOME:
+        fn = ADV_ESTIMATORS[name]
+        adv = fn(scores, groups, mask, baseline_scores=scores) if name == "remax" else fn(scores, groups, mask)
+        assert torch.equal(adv, torch.zeros(9, 2)), name
+    assert torch.equal(grpo_passk(scores, groups, mask, eps=0.0), torch.zeros(9, 2))  # no 0 / 0
+
+
+def test_groups_of_size_one():
+    # group 0 = [1, 0], group 5 = [0.5] alone: no baseline, so the singleton keeps its reward (verl's rule)
+    scores, groups, mask = torch.tensor([1.0, 0.0, 0.5]), torch.tensor([0, 0, 5]), torch.ones(3, 1)
+    assert_close(dr_grpo(scores, groups, mask)[:, 0], torch.tensor([0.5, -0.5, 0.5]))
+    assert_close(rloo(scores, groups, mask)[:, 0], torch.tensor([1.0, -1.0, 0.5]))  # 1 - 0, 0 - 1, 0.5
+    assert_close(opo(scores, groups, mask)[:, 0], torch.tensor([0.5, -0.5, 0.5]))  # equal lengths: b = 0.5
+    # passk: group 0 best 1 over 0 -> margin 1 (no std); the singleton has no runner-up -> 0
+    assert_close(grpo_passk(scores, groups, mask, norm_adv_by_std_in_grpo=False)[:, 0], torch.tensor([1.0, 0, 0]))
+    # rf++-baseline: centred [0.5, -0.5, 0.5], mean 1/6, deviations 1/3, -2/3, 1/3 -> var (6/9) / 2 = 1/3
+    # -> 0.5773503, -1.1547005, 0.5773503
+    assert_close(reinforce_plus_plus_baseline(scores, groups, mask)[:, 0],
+                 torch.tensor([0.5773503, -1.1547005, 0.5773503]), atol=1e-5, rtol=0)
+    # gpg: all 3 samples carry signal -> alpha 1; a singleton with reward 0 carries none:
+    assert_close(gpg(scores, groups, mask)[:, 0], torch.tensor([0.5, -0.5, 0.5]))
+    # [1, 0 | 0 alone]: 2 of 3 samples carry signal -> alpha 3/2 -> 0.75, -0.75, 0
+    assert_close(gpg(torch.tensor([1.0, 0.0, 0.0]), groups, mask)[:, 0], torch.tensor([0.75, -0.75, 0.0]))
+    # [1, 0 | 0.5 alone | 0.3, 0.3]: 3 of 5 carry signal -> alpha 5/3 -> 5/6, -5/6, 5/6, 0, 0
+    adv = gpg(torch.tensor([1.0, 0.0, 0.5, 0.3, 0.3]), torch.tensor([0, 0, 5, 2, 2]), torch.ones(5, 1))
+    assert_close(adv[:, 0], torch.tensor([5 / 6, -5 / 6, 5 / 6, 0.0, 0.0]))
+
+
+def test_rows_of_different_lengths_broadcast_only_over_their_tokens():
+    scores, groups = torch.tensor([1.0, 0.0, 0.5, 0.25]), torch.tensor([0, 0, 0, 1])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    for name in OUTCOME:
+        fn = ADV_ESTIMATORS[name]
+        adv = fn(scores, groups, mask, baseline_scores=torch.zeros(4)) if name == "remax" else fn(scores, groups, mask)
+        assert torch.equal(adv, adv[:, :1] * mask), name  # one value per row, 0 on its padding
+    # rloo by hand: 1 - (0 + 0.5) / 2 = 0.75; 0 - 0.75 = -0.75; 0.5 - 0.5 = 0; singleton 0.25
+    assert_close(rloo(scores, groups, mask)[:, 0], torch.tensor([0.75, -0.75, 0.0, 0.25]))
+    # opo: lengths 3, 1, 4 -> b = (3 + 0 + 2) / 8 = 0.625 -> 0.375, -0.625, -0.125; singleton 0.25
+    assert_close(opo(scores, groups, mask)[:, 0], torch.tensor([0.375, -0.625, -0.125, 0.25]))
+
+
+def test_gae_batched_rows_of_different_lengths():
+    # gamma = lam = 1: A_t = (return-to-go) - V_t. Row 0 (3 tokens): r = [0, 0, 1], V = 0.5 -> A = 0.5, 0.5, 0.5,
+    # returns 1, 1, 1. Row 1 (1 token): r = [0], V = 0.2 -> A = -0.2, return 0.
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    values = torch.tensor([[0.5, 0.5, 0.5, 3.0], [0.2, 3.0, 3.0, 3.0]])
+    adv, ret = gae_returns(rewards, values, mask, gamma=1.0, lam=1.0)
+    assert_close(adv, torch.tensor([[0.5, 0.5, 0.5, 0.0], [-0.2, 0.0, 0.0, 0.0]]))
+    assert_close(ret, torch.tensor([[1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]]))
+    # whitened over 4 tokens: mean 1.3 / 4 = 0.325; deviations .175 (x3), -.525 -> var 0.3675 / 3 = 0.1225, std 0.35
+    # -> 0.5, 0.5, 0.5, -1.5
+    adv = gae(None, None, mask, token_rewards=rewards, values=values, gamma=1.0, lam=1.0)
+    assert_close(adv, torch.tensor([[0.5, 0.5, 0.5, 0.0], [-1.5, 0.0, 0.0, 0.0]]), atol=1e-5, rtol=0)
+
+
+def test_reinforce_plus_plus_restarts_the_return_after_a_masked_gap():
+    # mask [1, 0, 1], r = [0, 5, 1], gamma 0.5: G_2 = 1, the gap passes nothing on -> G_0 = 0
+    # whitened over 2 tokens: mean 0.5, var (0.25 + 0.25) / 1 -> std 0.707107 -> -0.707107, 0.707107
+    adv = reinforce_plus_plus(None, None, torch.tensor([[1, 0, 1]]), token_rewards=torch.tensor([[0.0, 5.0, 1.0]]),
+                              gamma=0.5)
+    assert_close(adv, torch.tensor([[-0.707107, 0.0, 0.707107]]), atol=1e-5, rtol=0)
+
+
+def test_an_all_masked_row_among_others():
+    scores, groups = torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0, 0, 0])
+    mask = torch.tensor([[1, 1], [0, 0], [1, 1]])
+    pool = _pool(scores, mask, token_rewards=torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]),
+                 values=torch.full((3, 2), 0.5), baseline_scores=torch.full((3,), 0.5))
+    for name, fn in ADV_ESTIMATORS.items():
+        adv = call_with_params(fn, (scores, groups, mask), pool, "adv")
+        assert torch.isfinite(adv).all() and torch.equal(adv[1], torch.zeros(2)), name
+    # opo: the empty row weighs nothing: b = (2 * 1 + 0 + 2 * 0) / 4 = 0.5 -> 0.5, (0), -0.5
+    assert_close(opo(scores, groups, mask)[:, 0], torch.tensor([0.5, 0.0, -0.5]))
+    assert_close(remax(scores, groups, mask, baseline_scores=pool["baseline_scores"])[:, 0],
+                 torch.tensor([0.5, 0.0, -0.5]))
