@@ -35,6 +35,11 @@ def evaluate(model, rollout: Rollout, reward: RewardFunction, dataset: PromptDat
     metrics = {f"{prefix}/reward_mean": float(np.mean([d["overall"] for d in details])),
                f"{prefix}/accuracy": float(np.mean([accuracy_of(d) for d in details])),
                f"{prefix}/response_length": float(np.mean(lengths))}
+    if sampling.n > 1:  # pass@n: a prompt counts if any of its n samples is fully right
+        solved = {}
+        for g, d in zip(generations, details):
+            solved[g["index"]] = solved.get(g["index"], False) or accuracy_of(d) >= 1.0
+        metrics[f"{prefix}/pass@{sampling.n}"] = float(np.mean(list(solved.values())))
     for key in sorted({k for d in details for k in d} - {"overall"}):
         metrics[f"{prefix}/{key}"] = float(np.mean([d.get(key, 0.0) for d in details]))
     return metrics, generations

@@ -53,7 +53,7 @@ def test_rlvr_two_steps_change_parameters_and_write_metrics(tmp_path, tiny_model
                 "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm", "timing/step", "timing/rollout",
                 "timing/ref", "timing/old_logprob", "perf/tokens_per_s", "actor/lr"]:
         assert key in steps[0], key
-    assert "val_greedy/accuracy" in vals[0]
+    assert "val_greedy/accuracy" in vals[0] and "val/pass@2" in vals[0] and "val_greedy/pass@1" not in vals[0]
     before, after = _weights(tiny_model_dir), _weights(os.path.join(out, "final"))
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(changed) > len(before) // 2
