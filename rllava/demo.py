@@ -41,9 +41,9 @@ def _run(module: str, args: list[str]) -> float:
     return time.time() - start
 
 
-def _validations(run_dir: str) -> list[dict]:
+def _metrics(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [row for row in map(json.loads, f) if "val/accuracy" in row]
+        return [json.loads(line) for line in f]
 
 
 def _mean(rows: list[dict], key: str) -> float:
@@ -71,9 +71,9 @@ def run_demo(out: str, sft_steps: int = 50, rl_steps: int = 240, val_freq: int =
         f"trainer.max_steps={rl_steps}", f"trainer.val_freq={val_freq}", "trainer.val_before_train=true",
         f"trainer.outputs_dir={rl_dir}"])
 
-    with open(os.path.join(rl_dir, "metrics.jsonl")) as f:
-        rewards = [row["reward/mean"] for row in map(json.loads, f) if "reward/mean" in row]
-    vals = _validations(rl_dir)
+    rows = _metrics(rl_dir)
+    rewards = [row["reward/mean"] for row in rows if "reward/mean" in row]
+    vals = [row for row in rows if "val/accuracy" in row]
     before, after = [v for v in vals if v["step"] == 0], [v for v in vals if v["step"] > 0][-average:]
     summary = {
         "sampled_before": _mean(before, "val/accuracy"), "sampled_after": _mean(after, "val/accuracy"),

@@ -26,6 +26,13 @@ def outcome_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Ten
     return out
 
 
+def token_rewards_of(batch) -> torch.Tensor:
+    """The batch's per-token rewards [B, T]: KL-shaped if KL is in the reward, else the outcome rewards."""
+    if batch.token_rewards is not None:
+        return batch.token_rewards
+    return outcome_token_rewards(batch.need("scores"), batch.loss_mask)
+
+
 class KLController:
     """Holds beta for KL in the reward; `penalize` shapes token rewards and updates beta (adaptive)."""
 

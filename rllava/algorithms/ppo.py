@@ -16,7 +16,7 @@ import torch
 
 from rllava.algorithms import advantage as _advantage  # noqa: F401  (registers the built-in estimators)
 from rllava.algorithms import losses as _losses  # noqa: F401  (registers the built-in losses)
-from rllava.algorithms.kl import outcome_token_rewards
+from rllava.algorithms.kl import token_rewards_of
 from rllava.algorithms.losses import LossInputs
 from rllava.algorithms.registry import ADV_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, call_with_params, lookup
 from rllava.data.protocol import Batch
@@ -51,12 +51,9 @@ class PPO:
     def compute_advantage(self, batch: Batch) -> torch.Tensor:
         """Stage 3: advantages [B, T]. Outcome estimators read `scores` (with KL in the reward: the sum of the
         shaped token rewards); token-level ones declare `token_rewards` (and `values`, `baseline_scores`)."""
-        mask = batch.loss_mask
-        token_rewards = batch.token_rewards
-        if token_rewards is None:
-            token_rewards = outcome_token_rewards(batch.need("scores"), mask)
+        token_rewards = token_rewards_of(batch)
         tensors = {"token_rewards": token_rewards, "values": batch.values, "baseline_scores": batch.baseline_scores}
-        return call_with_params(self.estimator, (token_rewards.sum(-1), batch.group_ids, mask),
+        return call_with_params(self.estimator, (token_rewards.sum(-1), batch.group_ids, batch.loss_mask),
                                 {**self.adv_params, **tensors}, "algorithm.adv_estimator")
 
     def policy_loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict]:

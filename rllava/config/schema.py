@@ -21,7 +21,6 @@ from typing import Any, Callable, Optional
 from rllava.errors import ConfigError
 
 
-
 # Names accepted by the validators below. Method names (adv_estimator, policy_loss.loss_mode) are not listed
 # here: their registries own them and reject unknown names when the pipeline is built.
 ACTOR_STRATEGIES = ["single"]

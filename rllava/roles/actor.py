@@ -21,17 +21,47 @@ def chunks(n: int, size: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def compute_logprobs(model, batch: Batch, micro_batch_size: int, temperature: float) -> torch.Tensor:
-    """log pi(x_t | x_<t) [B, T] at every trained position, without grad (old-policy / reference pass)."""
+def forward_in_chunks(model, batch: Batch, micro_batch_size: int, fn) -> torch.Tensor:
+    """`fn(micro)` -> [b, t] for each micro-batch, in eval mode and without grad, gathered into [B, T] (zeros past
+    each micro-batch's trimmed length). The old-log-prob, reference and critic-value passes all run this way."""
     was_training = model.training
     model.eval()
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     for idx in chunks(len(batch), micro_batch_size):
-        micro = batch.select(idx)
-        lp, _ = token_logprobs(model, micro.to(_device(model)), temperature=temperature)
-        out[idx, :lp.shape[1]] = lp.cpu()
+        v = fn(batch.select(idx).to(_device(model))).cpu()
+        out[idx, :v.shape[1]] = v
     model.train(was_training)
     return out
+
+
+def compute_logprobs(model, batch: Batch, micro_batch_size: int, temperature: float) -> torch.Tensor:
+    """log pi(x_t | x_<t) [B, T] at every trained position, without grad (old-policy / reference pass)."""
+    return forward_in_chunks(model, batch, micro_batch_size,
+                             lambda micro: token_logprobs(model, micro, temperature=temperature)[0])
+
+
+def mini_batches(batch: Batch, epochs: int, size: int):
+    """(row indices, aggregation normalisers) of each mini-batch of each epoch: one optimizer step each. The
+    normalisers are the mini-batch's token / sequence counts, so its micro-batches sum to the unsplit loss."""
+    for _ in range(epochs):
+        for mini in chunks(len(batch), size):
+            mask = batch.loss_mask[mini]
+            yield mini, {"num_tokens": mask.sum().clamp(min=1), "num_seqs": (mask.sum(-1) > 0).sum().clamp(min=1)}
+
+
+class MeanMetrics:
+    """Averages named scalars over the micro-/mini-batches of one update."""
+
+    def __init__(self):
+        self.sums, self.counts = defaultdict(float), defaultdict(int)
+
+    def add(self, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            self.sums[name] += float(value)
+            self.counts[name] += 1
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.counts[k] for k in self.sums}
 
 
 def _device(model) -> torch.device:
@@ -63,23 +93,12 @@ class Actor:
     def update(self, batch: Batch) -> dict[str, float]:
         """Stage 4: optimise the policy loss (+ KL, - entropy) over the batch; returns averaged metrics."""
         self.model.train()
-        sums, counts = defaultdict(float), defaultdict(int)
-
-        def log(name, value):
-            sums[name] += float(value)
-            counts[name] += 1
-
-        for _ in range(self.ppo_epochs):
-            for mini in chunks(len(batch), self.mini_batch_size):
-                mini_mask = batch.loss_mask[mini]
-                norm = {"num_tokens": mini_mask.sum().clamp(min=1),
-                        "num_seqs": (mini_mask.sum(-1) > 0).sum().clamp(min=1)}
-                for idx in chunks(len(mini), self.micro_batch_size):
-                    micro = batch.select([mini[i] for i in idx]).to(self.engine.device)
-                    for name, value in self._backward(micro, norm).items():
-                        log(name, value)
-                log("actor/grad_norm", self.engine.optimizer_step())
-        return {k: sums[k] / counts[k] for k in sums}
+        metrics = MeanMetrics()
+        for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size):
+            for idx in chunks(len(mini), self.micro_batch_size):
+                metrics.add(self._backward(batch.select([mini[i] for i in idx]).to(self.engine.device), norm))
+            metrics.add({"actor/grad_norm": self.engine.optimizer_step()})
+        return metrics.means()
 
     def _backward(self, micro: Batch, norm: dict) -> dict[str, float]:
         logprobs, entropy = token_logprobs(self.model, micro, temperature=self.temperature, with_entropy=True,

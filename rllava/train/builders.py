@@ -94,6 +94,11 @@ def sampling_params(cfg: PPOConfig, validation: bool = False) -> SamplingParams:
     return SamplingParams(**p)
 
 
+def greedy_sampling(cfg: PPOConfig) -> SamplingParams:
+    """One greedy response per prompt (greedy validation, ReMax's baseline)."""
+    return SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.data.max_response_length)
+
+
 def build_rollout(cfg: PPOConfig, processor, device: torch.device) -> Rollout:
     tok = get_tokenizer(processor)
     vocab = tok.get_vocab()
@@ -101,6 +106,11 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device) -> Rollout:
     engine = HFRolloutEngine(pad_token_id=tok.pad_token_id, stop_token_ids=[tok.eos_token_id],
                              banned_token_ids=banned, micro_batch_size=cfg.rollout.micro_batch_size, device=device)
     return Rollout(engine, processor, skip_special_tokens=cfg.reward.skip_special_tokens)
+
+
+def _num_updates(cfg: PPOConfig, num_steps: int, epochs: int, mini_batch_seqs: int, n: int) -> int:
+    """Optimizer steps in the run: steps x epochs x mini-batches per step (the LR schedule's length)."""
+    return num_steps * epochs * math.ceil(cfg.data.train_batch_size * n / mini_batch_seqs)
 
 
 def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None, *, updates: int,
@@ -125,8 +135,7 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
     n = 1 if sft else cfg.rollout.n
     mini = cfg.actor.ppo_mini_batch_size * n  # RLLaVA counts mini-batches in prompts
     engine = _engine(model, cfg.actor.optim, device, cfg.actor.max_grad_norm, cfg.actor.skip_grad_norm,
-                     updates=num_steps * cfg.actor.ppo_epochs * math.ceil(cfg.data.train_batch_size * n / mini),
-                     key="actor.optim")
+                     updates=_num_updates(cfg, num_steps, cfg.actor.ppo_epochs, mini, n), key="actor.optim")
     model = engine.model
     load_plugins(cfg.algorithm.plugins)
     algorithm = build_algorithm(cfg.algorithm, cfg.actor, loss_mode="sft" if sft else None)
@@ -185,7 +194,7 @@ def build_critic(cfg: PPOConfig, device: torch.device, num_steps: int, algorithm
                     key="critic.model")
     mini = c.ppo_mini_batch_size * cfg.rollout.n
     engine = _engine(ValueModel(lm), c.optim, device, c.max_grad_norm, None, key="critic.optim",
-                     updates=num_steps * c.ppo_epochs * math.ceil(cfg.data.train_batch_size * cfg.rollout.n / mini))
+                     updates=_num_updates(cfg, num_steps, c.ppo_epochs, mini, cfg.rollout.n))
     return Critic(engine.model, engine, ppo_epochs=c.ppo_epochs, mini_batch_size=mini,
                   micro_batch_size=c.ppo_micro_batch_size, values_micro_batch_size=c.log_prob_micro_batch_size,
                   cliprange_value=c.cliprange_value, loss_avg_mode=c.loss_avg_mode, gamma=cfg.algorithm.gamma,
@@ -202,4 +211,5 @@ def build_kl_controller(cfg: PPOConfig) -> KLController | None:
 
 
 __all__ = ["setup_run", "build_tracker", "build_policy", "build_datasets", "build_sampler", "build_rollout",
-           "build_actor", "build_reference_role", "build_kl_controller", "build_critic", "sampling_params", "total_steps"]
+           "build_actor", "build_reference_role", "build_kl_controller", "build_critic", "sampling_params",
+           "greedy_sampling", "total_steps"]

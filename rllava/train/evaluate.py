@@ -50,7 +50,7 @@ def validate(cfg, model, rollout: Rollout, reward: RewardFunction, dataset: Prom
     """Held-out metrics at `step`: sampled as `rollout.val_override_config` says (`val/...`), greedy too if
     `trainer.val_greedy` (`val_greedy/...`); the first `trainer.val_generations_to_log` generations go to
     `outputs_dir/val_generations.jsonl`."""
-    from rllava.train.builders import sampling_params
+    from rllava.train.builders import greedy_sampling, sampling_params
 
     if dataset is None:
         return {}
@@ -61,6 +61,6 @@ def validate(cfg, model, rollout: Rollout, reward: RewardFunction, dataset: Prom
             f.writelines(json.dumps({"step": step, **g}) + "\n"
                          for g in generations[:cfg.trainer.val_generations_to_log])
     if cfg.trainer.val_greedy:
-        greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.data.max_response_length)
-        metrics.update(evaluate(model, rollout, reward, dataset, greedy, cfg.data.val_batch_size, "val_greedy")[0])
+        metrics.update(evaluate(model, rollout, reward, dataset, greedy_sampling(cfg), cfg.data.val_batch_size,
+                                "val_greedy")[0])
     return metrics

@@ -51,7 +51,7 @@ def train(cfg) -> str:
     critic = B.build_critic(cfg, run.device, run.steps, actor.algorithm)  # None unless `critic` is set
     updates = 0
     sampling, pad_id, a = B.sampling_params(cfg), rollout.tokenizer.pad_token_id, cfg.algorithm
-    greedy = B.SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.data.max_response_length)
+    greedy = B.greedy_sampling(cfg)
 
     def rollout_and_score(samples: list[Sample], timer: Timer, params=sampling):
         with timer("rollout"), generate_context(rollout.engine, run.model):
