@@ -195,11 +195,11 @@ class ModelConfig:
     attn_implementation: Optional[str] = "sdpa"  # rllava default (RLLaVA: flash_attention_2, GPU-only)
     override_config: dict[str, Any] = field(default_factory=dict)  # overrides of the HF model config
     enable_gradient_checkpointing: bool = False  # rllava default (RLLaVA: True); trades compute for memory
-    enable_activation_offload: bool = False  # offload activations to CPU
+    enable_activation_offload: bool = False  # checkpointed activations kept in host memory (needs gradient checkpointing)
     trust_remote_code: bool = False  # rllava default (RLLaVA: True): run hub code only when asked
     freeze_vision_tower: bool = False  # do not train the vision encoder
-    padding_free: bool = False  # rllava default (RLLaVA: True): pack sequences without padding
-    dynamic_batching: bool = False  # rllava default (RLLaVA: True): micro-batches by token budget
+    padding_free: bool = False  # rllava default (RLLaVA: True): run each micro-batch packed, without pad tokens
+    dynamic_batching: bool = False  # rllava default (RLLaVA: True): micro-batches by *_max_token_len_per_gpu tokens
     ulysses_size: int = 1  # sequence-parallel degree
     use_peft: bool = False  # train LoRA adapters instead of all weights
     lora_task_type: str = "CAUSAL_LM"  # peft task type
@@ -218,6 +218,14 @@ class ModelConfig:
         if self.torch_dtype is not None:
             _choice(p, f"{prefix}.torch_dtype", self.torch_dtype, TORCH_DTYPES)
         _positive(p, f"{prefix}.ulysses_size", self.ulysses_size)
+        if self.enable_activation_offload and not self.enable_gradient_checkpointing:
+            p.append(f"{prefix}.enable_activation_offload=true offloads the activations that gradient checkpointing "
+                     f"saves: set {prefix}.enable_gradient_checkpointing=true too")
+        if self.use_peft:
+            _positive(p, f"{prefix}.lora_r", self.lora_r)
+            _choice(p, f"{prefix}.lora_bias", self.lora_bias, ["none", "all", "lora_only"])
+            if not self.lora_target_modules and not self.lora_weight_path:
+                p.append(f"{prefix}.lora_target_modules is empty: name the linear layers to adapt, e.g. [q_proj,v_proj]")
         return p
 
 
@@ -254,13 +262,13 @@ class OptimConfig:
 
 
 @dataclass
-class FSDPConfig:  # used only when actor.strategy is fsdp/fsdp2 (not available yet)
+class FSDPConfig:  # used when actor.strategy is fsdp/fsdp2; the three offload switches by every engine
     wrap_policy: dict[str, Any] = field(default_factory=dict)  # FSDP auto-wrap policy
-    enable_cpu_offload: bool = False  # offload params and grads to CPU
+    enable_cpu_offload: bool = False  # optimizer on CPU over fp32 master weights; device keeps params + grads (any engine)
     use_orig_params: bool = False  # FSDP1 use_orig_params
     torch_dtype: Optional[str] = None  # parameter dtype under FSDP
-    offload_params: bool = False  # offload parameters between phases
-    offload_optimizer: bool = False  # offload optimizer state between phases
+    offload_params: bool = False  # params and grads on CPU while a rollout engine with its own weights runs (any engine)
+    offload_optimizer: bool = False  # optimizer state on CPU outside the update stage (any engine)
     reshard_after_forward: bool = True  # free gathered params after forward
     forward_prefetch: bool = False  # prefetch next all-gather during forward
     fsdp_size: int = -1  # shard group size; -1 = world size
@@ -312,6 +320,14 @@ class ActorConfig:
     ppo_mini_batch_size: int = 256  # prompts per optimizer step (x rollout.n responses)
     ppo_micro_batch_size: int = 4  # sequences per forward/backward (gradient accumulation unit)
     log_prob_micro_batch_size: int = 16  # sequences per forward when computing old log-probs
+    # Token budgets replace the two micro-batch sizes with model.dynamic_batching. A micro-batch's tokens are
+    # rows x its longest row, or with model.padding_free the sum of its rows' lengths; a row over the budget
+    # runs alone. The no-grad pass keeps no activations for a backward, so it can take more.
+    ppo_max_token_len_per_gpu: int = 16384  # verl: tokens per forward/backward when model.dynamic_batching
+    log_prob_max_token_len_per_gpu: int = 32768  # verl: tokens per old-log-prob forward when model.dynamic_batching
+    # Only one chunk's [tokens x vocab] logits is alive at a time (1024 x 152k vocab: 0.6 GB in fp32): with grad
+    # each chunk is recomputed in the backward (activation checkpointing of the LM head, log-softmax, entropy).
+    logprob_chunk_size: int = 1024  # rllava: trained tokens per LM-head chunk; 0 or -1 = all at once (full logits)
     max_grad_norm: float = 1.0  # clip the gradient norm to this
     skip_grad_norm: float = 80.0  # skip the optimizer step when the pre-clip grad norm exceeds this
     clip_ratio: float = 0.2  # PPO clip epsilon (symmetric)
@@ -353,8 +369,9 @@ class ActorConfig:
         p: list[str] = []
         _available(p, f"{prefix}.strategy", self.strategy, ACTOR_STRATEGIES, ACTOR_STRATEGIES_PLANNED)
         for name in ("ppo_mini_batch_size", "ppo_micro_batch_size", "log_prob_micro_batch_size", "ppo_epochs",
-                     "max_grad_norm"):
+                     "max_grad_norm", "ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
             _positive(p, f"{prefix}.{name}", getattr(self, name))
+        _positive(p, f"{prefix}.logprob_chunk_size", self.logprob_chunk_size, 0, -1)
         for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
             if getattr(self, name) < 0:
                 p.append(f"{prefix}.{name}={getattr(self, name)} must be >= 0")
@@ -371,17 +388,20 @@ class ActorConfig:
         """fsdp/deepspeed keys changed from their defaults although this strategy does not read them."""
         sections = {"single": ("fsdp", "deepspeed"), "deepspeed": ("fsdp",)}.get(self.strategy, ("deepspeed",))
         return [f"{prefix}.{s}.{f.name}" for s in sections for f in fields(getattr(self, s))
-                if getattr(getattr(self, s), f.name) != getattr(type(getattr(self, s))(), f.name)]
+                if getattr(getattr(self, s), f.name) != getattr(type(getattr(self, s))(), f.name)
+                and f"{s}.{f.name}" not in ENGINE_OFFLOAD_KEYS]
 
 
 @dataclass
 class RefConfig:  # rllava section: the frozen reference policy, built only when algorithm.use_kl_loss
     model_path: Optional[str] = None  # None = the actor's initial weights (actor.model.model_path)
     log_prob_micro_batch_size: int = 16  # sequences per forward when computing ref log-probs
+    log_prob_max_token_len_per_gpu: int = 32768  # verl: tokens per ref forward with actor.model.dynamic_batching
 
     def check(self, prefix: str = "ref") -> list[str]:
         p: list[str] = []
         _positive(p, f"{prefix}.log_prob_micro_batch_size", self.log_prob_micro_batch_size)
+        _positive(p, f"{prefix}.log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
         return p
 
 
@@ -391,6 +411,8 @@ class CriticConfig:  # PPO value model: the backbone of critic.model.model_path 
     ppo_mini_batch_size: int = 256  # prompts per critic optimizer step
     ppo_micro_batch_size: int = 4  # sequences per critic forward/backward
     log_prob_micro_batch_size: int = 16  # sequences per forward when computing values
+    ppo_max_token_len_per_gpu: int = 32768  # verl: tokens per critic train micro-batch with model.dynamic_batching
+    forward_max_token_len_per_gpu: int = 32768  # verl: tokens per value forward with model.dynamic_batching
     max_grad_norm: float = 1.0  # clip the critic gradient norm to this
     cliprange_value: float = 0.5  # value-loss clip range
     loss_avg_mode: str = "token"  # value-loss averaging: token | seq
@@ -399,6 +421,13 @@ class CriticConfig:  # PPO value model: the backbone of critic.model.model_path 
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+
+    def check(self, prefix: str = "critic") -> list[str]:
+        p: list[str] = []
+        for name in ("ppo_mini_batch_size", "ppo_micro_batch_size", "log_prob_micro_batch_size",
+                     "ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu", "ppo_epochs"):
+            _positive(p, f"{prefix}.{name}", getattr(self, name))
+        return p
 
 
 @dataclass
@@ -560,10 +589,10 @@ class TrainerConfig:
 
 # Accepted for RLLaVA compatibility but not built yet: (key, is_turned_on, the value to set instead).
 # Delete a line when its feature lands.
+# RLLaVA's FSDP offload switches, read by every train engine (single device included).
+ENGINE_OFFLOAD_KEYS = ("fsdp.enable_cpu_offload", "fsdp.offload_params", "fsdp.offload_optimizer")
+
 NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("actor.model.use_peft", lambda v: v, "false"),
-    ("actor.model.padding_free", lambda v: v, "false"),
-    ("actor.model.dynamic_batching", lambda v: v, "false"),
     ("actor.model.ulysses_size", lambda v: v > 1, "1"),
     ("algorithm.kl_penalty", lambda v: v == "full", "low_var_kl"),  # full-vocabulary KL
     ("actor.kl_loss_type", lambda v: v == "full", "low_var_kl"),
@@ -571,7 +600,6 @@ NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("trainer.load_checkpoint_path", lambda v: v is not None, "null"),  # resume comes with saving
     ("trainer.async_training", lambda v: v, "false"),
     ("rollout.async_mode", lambda v: v, "false"),
-    ("actor.model.enable_activation_offload", lambda v: v, "false"),
     ("actor.loss_remove_clip", lambda v: v, "false"),
     ("algorithm.unify_strategy", lambda v: v != "none", "none"),
     ("algorithm.prefix_strategy", lambda v: v != "none", "none"),
@@ -616,6 +644,8 @@ class PPOConfig:
         p: list[str] = []
         for name in ("data", "algorithm", "actor", "ref", "rollout", "reward", "trainer"):
             p += getattr(self, name).check(name)
+        if self.critic is not None:
+            p += self.critic.check("critic")
         if self.actor.ppo_mini_batch_size > 0 and self.data.train_batch_size % self.actor.ppo_mini_batch_size:
             p.append(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")

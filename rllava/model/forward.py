@@ -1,12 +1,18 @@
 """The one place that runs a (VL)M forward for training: per-token log-probs and entropy of a Batch.
 
-Only positions whose next token is trained (the loss mask) go through the LM head, so prompt and image tokens
-never materialise [T x vocab] logits.
+Two memory switches live here, both exact (they change memory and speed, never the numbers):
+
+- `chunk_size`: only positions whose next token is trained (the loss mask) go through the LM head, and at
+  most `chunk_size` of them at a time, so neither prompt/image tokens nor the full response ever materialise
+  [N x vocab] logits; with grad each chunk is recomputed in the backward (`logprobs_from_hidden`).
+- `padding_free`: the micro-batch's rows run as one packed row [1, sum(len_i)] with no pad tokens, positions
+  restarting at 0 in each row and attention confined to each row (`packed_inputs`).
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from rllava.data.protocol import Batch
 
@@ -31,34 +37,114 @@ def _backbone_and_head(model):
     return getattr(model, model.base_model_prefix), model.get_output_embeddings()
 
 
+def packed_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] -> for each real token (b, t), its index in the packed row (all rows' real tokens, in order)."""
+    return attention_mask.flatten().cumsum(0).view(attention_mask.shape) - 1
+
+
+def packed_inputs(model, batch: Batch) -> dict[str, torch.Tensor]:
+    """Forward kwargs running `batch` as one row [1, L] (L = its real tokens) without padding.
+
+    There is no attention mask: the position ids restart at 0 in each row, and transformers reads a
+    position that does not follow its predecessor as the start of a new sequence (masking_utils'
+    `find_packed_sequence_indices`), giving each row its own causal block under sdpa/eager, and the varlen
+    kernel under flash_attention_2. M-RoPE models (Qwen-VL) take [4, 1, L] positions: that text row, from
+    which the mask is built, then the (t, h, w) rows, computed for each row as the padded forward would.
+    """
+    inputs = model_inputs(model, batch)
+    mask = inputs.pop("attention_mask").bool()  # [B, T]
+    positions = (mask.cumsum(-1) - 1)[mask][None]  # [1, L]: 0..len_i-1 for each row i
+    backbone, _ = _backbone_and_head(model)
+    if hasattr(backbone, "get_rope_index"):
+        positions = torch.cat([positions[None], _mrope_positions(backbone, inputs, mask)])  # [4, 1, L]
+    for name in ("input_ids", "mm_token_type_ids"):
+        if name in inputs:
+            inputs[name] = inputs[name][mask][None]
+    return {**inputs, "position_ids": positions}
+
+
+def _mrope_positions(backbone, inputs: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    """[3, 1, L] M-RoPE (t, h, w) positions of the real tokens: the model's own `get_rope_index` over the
+    padded rows (each row from its own images), with the padding dropped. Text-only rows count 0, 1, ..."""
+    grids = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in inputs}
+    if not grids:
+        return ((mask.cumsum(-1) - 1)[mask])[None, None].expand(3, 1, -1)
+    rope, _ = backbone.get_rope_index(inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
+                                      attention_mask=mask.long(), **grids)  # [3, B, T]
+    return rope[:, mask][:, None]
+
+
+def trained_hidden(model, batch: Batch, *, padding_free: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h [N, H], target [B, T-1]): the backbone's last hidden state at every position t whose next token is
+    trained (target[b, t] = loss_mask[b, t+1]), in row-major order. Shared by the LM head and the critic."""
+    backbone, _ = _backbone_and_head(model)
+    target = batch.loss_mask[:, 1:] > 0
+    if not padding_free:
+        hidden = backbone(**model_inputs(model, batch), use_cache=False).last_hidden_state  # [B, T, H]
+        return hidden[:, :-1][target], target
+    hidden = backbone(**packed_inputs(model, batch), use_cache=False).last_hidden_state[0]  # [L, H]
+    return hidden[packed_index(batch.attention_mask)[:, :-1][target]], target
+
+
+def _chunk_logprobs(head, h: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool,
+                    entropy_grad: bool) -> tuple[torch.Tensor, ...]:
+    """(log p(labels) [n],) or (log p [n], entropy [n]) of softmax(head(h) / temperature) for n hidden states."""
+    logits = head(h).float()  # [n, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    lp = logp.gather(-1, labels[:, None]).squeeze(-1)
+    if not with_entropy:
+        return (lp,)
+    p_logp = logp if entropy_grad else logp.detach()  # a detached metric unless there is an entropy bonus
+    return lp, -(p_logp.exp() * p_logp).sum(-1)
+
+
+def logprobs_from_hidden(head, h: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0,
+                         with_entropy: bool = False, entropy_grad: bool = False,
+                         chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(labels) [N] (and entropy [N] or None) under softmax(head(h) / temperature), `chunk_size` rows of
+    h at a time (<= 0: all N at once, i.e. full [N x V] logits).
+
+    Chunking alone only bounds memory without grad: autograd would keep every chunk's [n x V] log-softmax for
+    the backward, the full logits again. So with grad each chunk runs under activation checkpointing: the
+    forward keeps only h and the [n] outputs, and the backward recomputes one chunk's logits at a time. The
+    cost is one extra LM-head matmul per chunk (the head's forward runs twice).
+    """
+    step = chunk_size if chunk_size > 0 else max(len(h), 1)
+    recompute = torch.is_grad_enabled() and chunk_size > 0
+    outs = []
+    for s in range(0, len(h), step):
+        args = (head, h[s:s + step], labels[s:s + step], temperature, with_entropy, entropy_grad)
+        outs.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute else _chunk_logprobs(*args))
+    if not outs:
+        outs = [(h.new_zeros(0, dtype=torch.float32),) * (2 if with_entropy else 1)]
+    cols = [torch.cat(col) for col in zip(*outs)]
+    return cols[0], (cols[1] if with_entropy else None)
+
+
+def _scatter(values: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """[N] values at the target positions -> [B, T] (position t+1 holds target t's value; zeros elsewhere)."""
+    B, T1 = target.shape
+    out = values.new_zeros(B, T1 + 1)
+    out[:, 1:][target] = values
+    return out
+
+
 def token_logprobs(model, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
-                   entropy_grad: bool = False, chunk_size: int = 4096) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   entropy_grad: bool = False, chunk_size: int = 1024,
+                   padding_free: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(x_t | x_<t) and the policy's entropy at t, for every t with loss_mask[t] = 1.
 
     Returns logprobs [B, T] (and entropy [B, T] or None), zero at untrained positions. Logits are divided by
-    the sampling `temperature`, so the log-probs are those of the distribution the rollout sampled from.
-    Without grad, the LM head runs over `chunk_size` tokens at a time. The entropy carries grad only if
-    `entropy_grad` (an entropy bonus); otherwise it is a detached metric.
+    the sampling `temperature`, so the log-probs are those of the distribution the rollout sampled from. The
+    LM head runs over `chunk_size` trained tokens at a time (see `logprobs_from_hidden`); `padding_free`
+    packs the rows (see `packed_inputs`). The entropy carries grad only if `entropy_grad` (an entropy bonus);
+    otherwise it is a detached metric.
     """
-    backbone, head = _backbone_and_head(model)
-    hidden = backbone(**model_inputs(model, batch), use_cache=False).last_hidden_state  # [B, T, H]
-    target = batch.loss_mask[:, 1:] > 0  # [B, T-1]: token t+1 is trained, predicted from position t
-    h = hidden[:, :-1][target]  # [N, H]
+    h, target = trained_hidden(model, batch, padding_free=padding_free)
+    _, head = _backbone_and_head(model)
     labels = batch.input_ids[:, 1:][target]  # [N]
-    step = h.shape[0] if torch.is_grad_enabled() else chunk_size
-    lps, ents = [], []
-    for s in range(0, h.shape[0], max(step, 1)):
-        logits = head(h[s:s + step]).float() / temperature  # [n, V]
-        logp = torch.log_softmax(logits, dim=-1)
-        lps.append(logp.gather(-1, labels[s:s + step, None]).squeeze(-1))
-        if with_entropy:
-            p_logp = logp if entropy_grad else logp.detach()
-            ents.append(-(p_logp.exp() * p_logp).sum(-1))
-    B, T = batch.input_ids.shape
-    out = hidden.new_zeros(B, T, dtype=torch.float32)
-    out[:, 1:][target] = torch.cat(lps) if lps else out.new_zeros(0)
-    entropy = None
-    if with_entropy:
-        entropy = hidden.new_zeros(B, T, dtype=torch.float32)
-        entropy[:, 1:][target] = torch.cat(ents) if ents else entropy.new_zeros(0)
-    return out, entropy
+    lp, ent = logprobs_from_hidden(head, h, labels, temperature=temperature, with_entropy=with_entropy,
+                                   entropy_grad=entropy_grad, chunk_size=chunk_size)
+    return _scatter(lp, target), (_scatter(ent, target) if ent is not None else None)

@@ -6,6 +6,8 @@ VLMs (a config with a `vision_config`) load through `AutoModelForImageTextToText
 
 from __future__ import annotations
 
+import os
+
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -62,8 +64,14 @@ def build_policy(model_cfg, device: torch.device):
             raise ModelLoadError("actor.model.freeze_vision_tower=true but the model has no vision tower")
         for p in frozen:
             p.requires_grad_(False)
-    if model_cfg.enable_gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if model_cfg.use_peft:  # after freezing: LoRA freezes every non-adapter weight anyway
+        from rllava.model.lora import apply_lora
+
+        model = apply_lora(model, model_cfg)
+    if model_cfg.enable_gradient_checkpointing:  # recompute each layer in backward; optionally keep its input on host
+        # (on a CPU the activations already live in host memory: there is nothing to offload)
+        offload = model_cfg.enable_activation_offload and device.type != "cpu"
+        model.activation_checkpointing_enable({"use_reentrant": False}, offload=offload)
     return model.to(device), processor
 
 
@@ -83,10 +91,16 @@ def build_reference(policy, ref_cfg, model_cfg, device: torch.device):
 
 def save_model(model, processor, path: str) -> str:
     """The model and its processor as a plain `save_pretrained` directory (loads with transformers alone),
-    written atomically: an interrupted save leaves no half-written `path`."""
+    written atomically: an interrupted save leaves no half-written `path`. A LoRA policy is saved with its
+    adapters merged, and the adapter alone under `path/adapter`."""
+    from rllava.model.lora import has_lora, merged_state_dict, save_adapter
     from rllava.utils.fs import atomic_directory
 
     with atomic_directory(path) as tmp:
-        model.save_pretrained(tmp)
+        if has_lora(model):
+            model.save_pretrained(tmp, state_dict=merged_state_dict(model))
+            save_adapter(model, os.path.join(tmp, "adapter"))
+        else:
+            model.save_pretrained(tmp)
         processor.save_pretrained(tmp)
     return path

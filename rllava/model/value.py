@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from rllava.data.protocol import Batch
-from rllava.model.forward import model_inputs
+from rllava.model.forward import trained_hidden
 
 
 class ValueModel(nn.Module):
@@ -23,11 +23,10 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.weight)  # start from V = 0 everywhere: no spurious advantages on step 1
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
-        """Values [B, T], zero where loss_mask is 0."""
-        backbone = getattr(self.lm, self.lm.base_model_prefix)
-        hidden = backbone(**model_inputs(self.lm, batch), use_cache=False).last_hidden_state  # [B, T, H]
-        v = self.value_head(hidden[:, :-1]).squeeze(-1).float()  # [B, T-1]: position t-1 values token t
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=v.device)
-        out[:, 1:] = v
-        return out * batch.loss_mask.to(out.dtype)
+    def forward(self, batch: Batch, padding_free: bool = False) -> torch.Tensor:
+        """Values [B, T], zero where loss_mask is 0; `padding_free` runs the rows packed, as the policy does."""
+        h, target = trained_hidden(self.lm, batch, padding_free=padding_free)  # [N, H] at t-1 for trained t
+        v = self.value_head(h).squeeze(-1).float()
+        out = v.new_zeros(batch.input_ids.shape)
+        out[:, 1:][target] = v
+        return out

@@ -5,6 +5,7 @@ Every pipeline (RLVR, SFT, hybrids, agents) builds from these; none of them hold
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -21,14 +22,18 @@ from rllava.data.dataset import PromptDataset
 from rllava.data.sampler import EpochSampler
 from rllava.engine.inference.base import SamplingParams
 from rllava.engine.inference.hf import HFRolloutEngine
+from rllava.engine.train.base import TrainEngine
 from rllava.engine.train.single import SingleDeviceEngine
 from rllava.model.loader import build_policy, build_reference, load_model, resolve_dtype
+from rllava.model.lora import apply_lora
 from rllava.model.value import ValueModel
 from rllava.model.processor import get_tokenizer
-from rllava.roles.actor import Actor
+from rllava.roles.actor import Actor, MicroBatching
 from rllava.roles.critic import Critic
 from rllava.roles.rollout import Rollout
 from rllava.train.tracker import Tracker
+
+log = logging.getLogger(__name__)
 
 VISION_PLACEHOLDERS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>"]
 
@@ -105,6 +110,9 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device) -> Rollout:
     banned = [vocab[t] for t in VISION_PLACEHOLDERS if t in vocab]
     engine = HFRolloutEngine(pad_token_id=tok.pad_token_id, stop_token_ids=[tok.eos_token_id],
                              banned_token_ids=banned, micro_batch_size=cfg.rollout.micro_batch_size, device=device)
+    if cfg.actor.fsdp.offload_params and engine.shares_train_model:
+        log.warning("actor.fsdp.offload_params=true has no effect with rollout.name=%s: that engine samples with "
+                    "the training model, whose weights must stay on the device", cfg.rollout.name)
     return Rollout(engine, processor, skip_special_tokens=cfg.reward.skip_special_tokens)
 
 
@@ -114,17 +122,25 @@ def _num_updates(cfg: PPOConfig, num_steps: int, epochs: int, mini_batch_seqs: i
 
 
 def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None, *, updates: int,
-            key: str) -> SingleDeviceEngine:
-    """AdamW over the trainable parameters + LR schedule (`o` = an optim config) in a train engine."""
+            key: str, strategy: str, fsdp) -> TrainEngine:
+    """The train engine for `strategy` around `model`, with AdamW over the trainable parameters and the LR
+    schedule (`o` = an optim config); `fsdp` (a FSDPConfig) carries the sharding and CPU-offload switches."""
     if o.strategy != "adamw":
         raise ConfigError(f"{key}.strategy={o.strategy!r} is not supported (supported: adamw)")
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
     warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * updates)
-    scheduler = transformers.get_scheduler(o.lr_scheduler_type, optimizer, num_warmup_steps=warmup,
-                                           num_training_steps=updates)
-    engine = SingleDeviceEngine(device, max_grad_norm, skip_grad_norm)
-    engine.prepare(model, optimizer, scheduler)
+    offload = dict(offload_params=fsdp.offload_params, offload_optimizer=fsdp.offload_optimizer,
+                   cpu_optimizer=fsdp.enable_cpu_offload)
+    if strategy in ("fsdp", "fsdp2"):
+        from rllava.engine.train.fsdp2 import FSDP2Engine
+
+        engine = FSDP2Engine(device, max_grad_norm, skip_grad_norm, mixed_precision=fsdp.mixed_precision,
+                             reshard_after_forward=fsdp.reshard_after_forward, **offload)
+    else:
+        engine = SingleDeviceEngine(device, max_grad_norm, skip_grad_norm, **offload)
+    engine.prepare(model, lambda params: torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas),
+                                                           weight_decay=o.weight_decay),
+                   lambda opt: transformers.get_scheduler(o.lr_scheduler_type, opt, num_warmup_steps=warmup,
+                                                          num_training_steps=updates))
     return engine
 
 
@@ -135,7 +151,8 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
     n = 1 if sft else cfg.rollout.n
     mini = cfg.actor.ppo_mini_batch_size * n  # RLLaVA counts mini-batches in prompts
     engine = _engine(model, cfg.actor.optim, device, cfg.actor.max_grad_norm, cfg.actor.skip_grad_norm,
-                     updates=_num_updates(cfg, num_steps, cfg.actor.ppo_epochs, mini, n), key="actor.optim")
+                     updates=_num_updates(cfg, num_steps, cfg.actor.ppo_epochs, mini, n), key="actor.optim",
+                     strategy=cfg.actor.strategy, fsdp=cfg.actor.fsdp)
     model = engine.model
     load_plugins(cfg.algorithm.plugins)
     algorithm = build_algorithm(cfg.algorithm, cfg.actor, loss_mode="sft" if sft else None)
@@ -146,7 +163,15 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
                  temperature=1.0 if sft else cfg.rollout.temperature,
                  use_kl_loss=not sft and cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0,
                  kl_loss_coef=cfg.actor.kl_loss_coef, kl_loss_type=cfg.actor.kl_loss_type,
-                 entropy_coeff=cfg.actor.entropy_coeff, **_rollout_is(cfg, sft))
+                 entropy_coeff=cfg.actor.entropy_coeff, **_rollout_is(cfg, sft), **_actor_batching(cfg))
+
+
+def _actor_batching(cfg: PPOConfig) -> dict:
+    """actor.model.padding_free / dynamic_batching (with the actor's token budgets) and the LM-head chunk."""
+    m, a = cfg.actor.model, cfg.actor
+    return {"padding_free": m.padding_free, "logprob_chunk_size": a.logprob_chunk_size,
+            "max_token_len": a.ppo_max_token_len_per_gpu if m.dynamic_batching else None,
+            "log_prob_max_token_len": a.log_prob_max_token_len_per_gpu if m.dynamic_batching else None}
 
 
 def _rollout_is(cfg: PPOConfig, sft: bool) -> dict:
@@ -159,16 +184,23 @@ def _rollout_is(cfg: PPOConfig, sft: bool) -> dict:
 
 @dataclass
 class Reference:
-    """The frozen reference policy (stage 4's KL anchor)."""
+    """The frozen reference policy (stage 4's KL anchor). Under LoRA it is the policy itself with its adapters
+    switched off (`lora_base`): the base weights never train, so no copy is needed."""
 
     model: torch.nn.Module
-    micro_batch_size: int
+    batching: MicroBatching  # the actor's padding_free / dynamic_batching, with ref.* sizes
     temperature: float
+    lora_base: bool = False
+    chunk_size: int = 1024  # actor.logprob_chunk_size
 
     def compute_logprobs(self, batch):
+        from contextlib import nullcontext
+
+        from rllava.model.lora import adapters_disabled
         from rllava.roles.actor import compute_logprobs
 
-        return compute_logprobs(self.model, batch, self.micro_batch_size, self.temperature)
+        with adapters_disabled(self.model) if self.lora_base else nullcontext():
+            return compute_logprobs(self.model, batch, self.batching, self.temperature, chunk_size=self.chunk_size)
 
 
 def build_reference_role(cfg: PPOConfig, policy, device: torch.device) -> Reference | None:
@@ -176,8 +208,13 @@ def build_reference_role(cfg: PPOConfig, policy, device: torch.device) -> Refere
     the reward (algorithm.use_kl_in_reward)."""
     if not (cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0) and not cfg.algorithm.use_kl_in_reward:
         return None
-    return Reference(build_reference(policy, cfg.ref, cfg.actor.model, device), cfg.ref.log_prob_micro_batch_size,
-                     cfg.rollout.temperature)
+    m = cfg.actor.model
+    batching = MicroBatching(cfg.ref.log_prob_micro_batch_size,
+                             cfg.ref.log_prob_max_token_len_per_gpu if m.dynamic_batching else None, m.padding_free)
+    kw = dict(temperature=cfg.rollout.temperature, chunk_size=cfg.actor.logprob_chunk_size)
+    if m.use_peft and not cfg.ref.model_path:
+        return Reference(policy, batching, lora_base=True, **kw)
+    return Reference(build_reference(policy, cfg.ref, m, device), batching, **kw)
 
 
 def build_critic(cfg: PPOConfig, device: torch.device, num_steps: int, algorithm) -> Critic | None:
@@ -192,13 +229,18 @@ def build_critic(cfg: PPOConfig, device: torch.device, num_steps: int, algorithm
     lm = load_model(c.model.model_path or cfg.actor.model.model_path, dtype=resolve_dtype(c.model.torch_dtype, device),
                     attn_implementation=c.model.attn_implementation, trust_remote_code=c.model.trust_remote_code,
                     key="critic.model")
+    if c.model.use_peft:  # adapters on the backbone; the value head (built next) trains fully
+        lm = apply_lora(lm, c.model, key="critic.model")
     mini = c.ppo_mini_batch_size * cfg.rollout.n
     engine = _engine(ValueModel(lm), c.optim, device, c.max_grad_norm, None, key="critic.optim",
-                     updates=_num_updates(cfg, num_steps, c.ppo_epochs, mini, cfg.rollout.n))
+                     updates=_num_updates(cfg, num_steps, c.ppo_epochs, mini, cfg.rollout.n),
+                     strategy=c.strategy, fsdp=c.fsdp)
     return Critic(engine.model, engine, ppo_epochs=c.ppo_epochs, mini_batch_size=mini,
                   micro_batch_size=c.ppo_micro_batch_size, values_micro_batch_size=c.log_prob_micro_batch_size,
                   cliprange_value=c.cliprange_value, loss_avg_mode=c.loss_avg_mode, gamma=cfg.algorithm.gamma,
-                  lam=cfg.algorithm.lam)
+                  lam=cfg.algorithm.lam, padding_free=c.model.padding_free,
+                  max_token_len=c.ppo_max_token_len_per_gpu if c.model.dynamic_batching else None,
+                  values_max_token_len=c.forward_max_token_len_per_gpu if c.model.dynamic_batching else None)
 
 
 def build_kl_controller(cfg: PPOConfig) -> KLController | None:

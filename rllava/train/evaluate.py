@@ -18,13 +18,13 @@ def accuracy_of(details: dict[str, float]) -> float:
     return details.get("accuracy", details["overall"])
 
 
-def evaluate(model, rollout: Rollout, reward: RewardFunction, dataset: PromptDataset, sampling: SamplingParams,
+def evaluate(train_engine, rollout: Rollout, reward: RewardFunction, dataset: PromptDataset, sampling: SamplingParams,
              batch_size: int, prefix: str = "val") -> tuple[dict[str, float], list[dict]]:
     """Metrics `{prefix}/reward_mean, {prefix}/accuracy, ...` over every sample x sampling.n completions, and
     the generations (prompt index, response, scores)."""
     size = len(dataset) if batch_size <= 0 else batch_size
     details, lengths, generations = [], [], []
-    with generate_context(rollout.engine, model):
+    with generate_context(rollout.engine, train_engine):
         for start in range(0, len(dataset), size):
             samples = [dataset[i] for i in range(start, min(start + size, len(dataset)))]
             trajectories = rollout.generate(samples, sampling)
@@ -45,7 +45,7 @@ def evaluate(model, rollout: Rollout, reward: RewardFunction, dataset: PromptDat
     return metrics, generations
 
 
-def validate(cfg, model, rollout: Rollout, reward: RewardFunction, dataset: PromptDataset | None, step: int,
+def validate(cfg, train_engine, rollout: Rollout, reward: RewardFunction, dataset: PromptDataset | None, step: int,
              outputs_dir: str) -> dict[str, float]:
     """Held-out metrics at `step`: sampled as `rollout.val_override_config` says (`val/...`), greedy too if
     `trainer.val_greedy` (`val_greedy/...`); the first `trainer.val_generations_to_log` generations go to
@@ -54,13 +54,13 @@ def validate(cfg, model, rollout: Rollout, reward: RewardFunction, dataset: Prom
 
     if dataset is None:
         return {}
-    metrics, generations = evaluate(model, rollout, reward, dataset, sampling_params(cfg, validation=True),
+    metrics, generations = evaluate(train_engine, rollout, reward, dataset, sampling_params(cfg, validation=True),
                                     cfg.data.val_batch_size)
     if cfg.trainer.val_generations_to_log > 0:
         with open(os.path.join(outputs_dir, "val_generations.jsonl"), "a") as f:
             f.writelines(json.dumps({"step": step, **g}) + "\n"
                          for g in generations[:cfg.trainer.val_generations_to_log])
     if cfg.trainer.val_greedy:
-        metrics.update(evaluate(model, rollout, reward, dataset, greedy_sampling(cfg), cfg.data.val_batch_size,
+        metrics.update(evaluate(train_engine, rollout, reward, dataset, greedy_sampling(cfg), cfg.data.val_batch_size,
                                 "val_greedy")[0])
     return metrics

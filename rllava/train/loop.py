@@ -84,7 +84,7 @@ def train_loop(run: Run, step: StepFn, name: str) -> str:
 
     def validate(at: int) -> None:
         if run.reward is not None and run.val_set is not None:
-            tracker.log(E.validate(cfg, run.model, run.rollout, run.reward, run.val_set, at, run.outputs_dir), at)
+            tracker.log(E.validate(cfg, run.actor.engine, run.rollout, run.reward, run.val_set, at, run.outputs_dir), at)
 
     if cfg.trainer.val_before_train or cfg.trainer.val_only:
         validate(0)

@@ -15,12 +15,17 @@ CONSOLE_KEYS = ["reward/mean", "reward/accuracy_mean", "val/accuracy", "val/rewa
 
 
 class Tracker:
-    def __init__(self, loggers: list[str], outputs_dir: str, project: str, experiment: str, config: dict):
-        self.console = "console" in loggers
+    """`loggers=None` (ranks other than 0 under torchrun): a tracker that writes nothing."""
+
+    def __init__(self, loggers: list[str] | None, outputs_dir: str, project: str, experiment: str, config: dict):
+        self.enabled = loggers is not None
+        self.jsonl = self.tb = self.wandb = None
+        self.console = self.enabled and "console" in loggers
+        if not self.enabled:
+            return
         os.makedirs(outputs_dir, exist_ok=True)
         # metrics.jsonl is always written: it is what plots, tests and resumed runs read.
         self.jsonl = open(os.path.join(outputs_dir, "metrics.jsonl"), "a")
-        self.tb = self.wandb = None
         if "tensorboard" in loggers:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -35,6 +40,8 @@ class Tracker:
                 self.wandb = wandb.init(project=project, name=experiment, config=config, dir=outputs_dir)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        if not self.enabled:
+            return
         self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
         self.jsonl.flush()
         if self.tb is not None:
@@ -47,6 +54,8 @@ class Tracker:
             print(f"[step {step}] {shown}", flush=True)
 
     def close(self) -> None:
+        if not self.enabled:
+            return
         self.jsonl.close()
         if self.tb is not None:
             self.tb.close()

@@ -113,6 +113,12 @@ def test_torchrun_single_process(tmp_path, tiny_model_dir, counting_dir):
     (["actor.policy_loss.loss_mode=clip_cov", "actor.entropy_coeff=0.01"], ["actor/clip_cov_frac"]),
     (["algorithm.online_filtering=true", "trainer.max_try_make_batch=3"], ["batch/sampling_rounds"]),
     (["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=4"], ["reward/overlong_penalty_mean"]),
+    (["actor.fsdp.enable_cpu_offload=true", "actor.fsdp.offload_optimizer=true", "actor.fsdp.offload_params=true",
+      "actor.model.enable_gradient_checkpointing=true"], ["actor/grad_norm"]),
+    (["trainer.max_steps=2", "actor.model.padding_free=true", "actor.model.dynamic_batching=true",
+      "actor.ppo_max_token_len_per_gpu=300", "actor.log_prob_max_token_len_per_gpu=300", "actor.logprob_chunk_size=16",
+      "ref.log_prob_max_token_len_per_gpu=300", "actor.ppo_mini_batch_size=2", "algorithm.use_kl_loss=true",
+      "actor.kl_loss_coef=0.1"], ["actor/grad_norm", "actor/kl_loss", "timing/old_logprob", "timing/ref"]),
 ])
 def test_rlvr_step_with_algorithm_options(tmp_path, tiny_model_dir, counting_dir, extra, expect):
     out = str(tmp_path / "run")
@@ -160,3 +166,22 @@ def test_gae_without_a_critic_is_a_config_error(tmp_path, tiny_model_dir, counti
     with pytest.raises(SystemExit):
         rlvr.main(_args(tiny_model_dir, counting_dir, str(tmp_path), "algorithm.adv_estimator=gae"))
     assert "algorithm.adv_estimator=gae needs a critic: set critic.model.model_path" in capsys.readouterr().err
+
+
+def test_lora_with_kl_to_the_adapter_free_base(tmp_path, tiny_model_dir, counting_dir):
+    """LoRA + KL (a peer framework raises KeyError here): the reference is the base with adapters off, and only
+    the adapted projections differ in the merged final weights."""
+    out = str(tmp_path / "run")
+    reward = tmp_path / "distinct.py"
+    reward.write_text("def compute_score(response, ground_truth):\n    return len(set(response)) / 20\n")
+    rlvr.main(_args(tiny_model_dir, counting_dir, out, "actor.model.use_peft=true", "actor.model.lora_r=4",
+                    "actor.model.lora_alpha=16", "actor.optim.lr=1e-2", "algorithm.use_kl_loss=true",
+                    "actor.kl_loss_coef=0.1", f"reward.reward_function={reward}:compute_score",
+                    "trainer.val_before_train=false", "trainer.val_freq=-1"))
+    steps = [r for r in _metrics(out) if "reward/mean" in r]
+    assert steps[0]["actor/kl_loss"] == 0.0 and steps[1]["actor/kl_loss"] > 0  # adapters moved away from the base
+    before, after = _weights(tiny_model_dir), _weights(os.path.join(out, "final"))
+    assert set(before) == set(after)
+    changed = {k.split(".")[-2] for k in before if not torch.equal(before[k], after[k])}
+    assert changed == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert os.path.exists(os.path.join(out, "final", "adapter", "adapter_model.safetensors"))

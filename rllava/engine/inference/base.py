@@ -38,6 +38,10 @@ class Completion:
 
 
 class RolloutEngine(Protocol):
+    # True when the engine samples with the training model itself (HF generate): the train engine must then
+    # keep its weights on the device during rollout; engines with their own copy let it offload them.
+    shares_train_model: bool
+
     def load(self, model: torch.nn.Module) -> None: ...
 
     def offload(self) -> None: ...
@@ -46,10 +50,13 @@ class RolloutEngine(Protocol):
 
 
 @contextmanager
-def generate_context(engine: RolloutEngine, model: torch.nn.Module):
-    """Sync `model` into `engine` for the duration of the block, then free the engine's memory."""
-    engine.load(model)
-    try:
-        yield engine
-    finally:
-        engine.offload()
+def generate_context(engine: RolloutEngine, train_engine):
+    """Sync the policy from `train_engine` into `engine` for the duration of the block, then free the rollout
+    engine's memory. The train engine gets the device ready first (`rollout_phase`: FSDP2 gathers its shards
+    for HF generate; with a separate engine it may offload its own weights)."""
+    with train_engine.rollout_phase(engine.shares_train_model):
+        engine.load(train_engine.model)
+        try:
+            yield engine
+        finally:
+            engine.offload()

@@ -14,6 +14,8 @@ class HFRolloutEngine:
     never sampled, since a placeholder inside a response would break the image-token count of the training
     forward ("image features and image tokens do not match")."""
 
+    shares_train_model = True
+
     def __init__(self, *, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
                  micro_batch_size: int, device: torch.device):
         self.pad_token_id = pad_token_id

@@ -1,22 +1,61 @@
-"""One process, one device: plain PyTorch (AdamW, gradient clipping, LR schedule)."""
+"""One process, one device: plain PyTorch (AdamW, gradient clipping, LR schedule), with RLLaVA's three CPU
+offload switches (actor.fsdp.*, read by every engine):
+
+- `offload_params`: parameters and gradients go to the CPU while a rollout engine with its own copy of the
+  weights samples (`rollout_phase()`), and come back for the training stages.
+- `offload_optimizer`: Adam's two moments (8 bytes per parameter) live on the CPU outside the update stage
+  (`update_phase()` brings them in for the optimizer steps and sends them back).
+- `enable_cpu_offload` (ZeRO-Offload's split, like FSDP's CPU offload): the optimizer itself runs on the CPU
+  over fp32 *master* copies of the trainable parameters; the device never holds optimizer state or an fp32
+  copy, only the model and its gradients. After each step the masters are copied into the device parameters.
+  With a bf16 model this also keeps the updates in fp32.
+"""
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 
+from rllava.engine.train.checkpoint import optimizer_state_by_index, optimizer_state_by_name
+
+HOST = torch.device("cpu")
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    for state in optimizer.state.values():
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor) and k != "step":  # Adam keeps `step` on the CPU
+                state[k] = v.to(device)
+
+
+def release_device_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # hand the freed blocks back, e.g. to a rollout engine
+
 
 class SingleDeviceEngine:
-    def __init__(self, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None = None):
+    def __init__(self, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None = None, *,
+                 offload_params: bool = False, offload_optimizer: bool = False, cpu_optimizer: bool = False):
         self.device = device
         self.max_grad_norm = max_grad_norm
         self.skip_grad_norm = skip_grad_norm  # skip the update when the pre-clip norm exceeds it (or is not finite)
+        self.offload_params, self.offload_optimizer, self.cpu_optimizer = offload_params, offload_optimizer, cpu_optimizer
         self.model = self.optimizer = self.scheduler = None
+        self.masters: dict[torch.nn.Parameter, torch.Tensor] = {}  # device param -> its CPU fp32 master
 
-    def prepare(self, model, optimizer, scheduler):
-        self.model, self.optimizer, self.scheduler = model.to(self.device), optimizer, scheduler
-        return self.model, optimizer, scheduler
+    def prepare(self, model, make_optimizer, make_scheduler):
+        """Move the model to the device and build the optimizer over its trainable parameters (with
+        cpu_optimizer: over CPU fp32 masters of them) and the LR schedule."""
+        self.model = model.to(self.device)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if self.cpu_optimizer:
+            self.masters = {p: p.detach().to(HOST, torch.float32, copy=True).requires_grad_(True) for p in params}
+            params = list(self.masters.values())
+        self.optimizer = make_optimizer(params)
+        self.scheduler = make_scheduler(self.optimizer)
+        return self.model
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -26,21 +65,75 @@ class SingleDeviceEngine:
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)) if params else 0.0
         if math.isfinite(norm) and (self.skip_grad_norm is None or norm <= self.skip_grad_norm):
-            self.optimizer.step()
+            if self.masters:
+                self._step_on_host()
+            else:
+                self.optimizer.step()
+        self.model.zero_grad(set_to_none=True)
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
         return norm
 
+    def _step_on_host(self) -> None:
+        for p, master in self.masters.items():
+            master.grad = None if p.grad is None else p.grad.detach().to(HOST, torch.float32)
+        self.optimizer.step()
+        with torch.no_grad():
+            for p, master in self.masters.items():
+                p.copy_(master)
+
+    @contextmanager
+    def update_phase(self):
+        """The optimizer steps of one training stage: optimizer state on the device inside (offload_optimizer)."""
+        offload = self.offload_optimizer and not self.masters  # a CPU optimizer's state never leaves the CPU
+        if offload:
+            move_optimizer_state(self.optimizer, self.device)
+        try:
+            yield
+        finally:
+            if offload:
+                move_optimizer_state(self.optimizer, HOST)
+                release_device_memory(self.device)
+
+    @contextmanager
+    def rollout_phase(self, shares_model: bool):
+        """While a rollout engine samples: parameters and gradients on the CPU (offload_params), unless the
+        engine samples with this very model (`shares_model`, HF generate)."""
+        if shares_model or not self.offload_params:
+            yield
+            return
+        self.model.to(HOST)  # nn.Module.to moves each parameter's .grad along with it
+        release_device_memory(self.device)
+        try:
+            yield
+        finally:
+            self.model.to(self.device)
+
     def unwrap_model(self, model) -> torch.nn.Module:
         return model
 
+    def _param_names(self) -> dict[torch.Tensor, str]:
+        """Optimizer parameter (the device parameter, or its CPU master) -> the parameter's name."""
+        names = {p: n for n, p in self.model.named_parameters()}
+        return {m: names[p] for p, m in self.masters.items()} if self.masters else names
+
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        """Model and optimizer state keyed by parameter name, as FSDP2's (see `checkpoint.py`)."""
+        return {"model": self.model.state_dict(),
+                "optimizer": optimizer_state_by_name(self.optimizer, self._param_names()),
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(optimizer_state_by_index(state["optimizer"], self.optimizer,
+                                                                self._param_names()))
+        if self.masters:  # the masters follow the loaded weights
+            with torch.no_grad():
+                for p, master in self.masters.items():
+                    master.copy_(p)
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])

@@ -54,7 +54,7 @@ def train(cfg) -> str:
     greedy = B.greedy_sampling(cfg)
 
     def rollout_and_score(samples: list[Sample], timer: Timer, params=sampling):
-        with timer("rollout"), generate_context(rollout.engine, run.model):
+        with timer("rollout"), generate_context(rollout.engine, actor.engine):
             trajectories = rollout.generate(samples, params)  # 1. rollout
         with timer("reward"):
             return trajectories, *reward.score(trajectories, train=True)  # 2. reward

@@ -1,0 +1,89 @@
+"""The few torch.distributed facts a pipeline needs, valid with or without `torchrun`.
+
+`torchrun --nproc_per_node=N` sets RANK / WORLD_SIZE / LOCAL_RANK; `init()` then joins the process group
+(NCCL on GPUs, gloo on CPUs) and picks this rank's device. Without torchrun everything here is the
+single-process identity, so the same pipeline code runs both ways.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def init(device: str = "auto") -> torch.device:
+    """Join the process group when launched with several processes; return this rank's device."""
+    cuda = torch.cuda.is_available() and device in ("auto", "cuda")
+    if device not in ("auto", "cuda"):
+        chosen = torch.device(device)
+    elif cuda:
+        chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(chosen)
+    else:
+        chosen = torch.device("cpu")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if chosen.type == "cuda" else "gloo")
+    return chosen
+
+
+def shard(items: list, what: str = "items") -> list:
+    """This rank's contiguous share of `items` (every rank gets the same count)."""
+    n, w = len(items), world_size()
+    if n % w:
+        raise ValueError(f"{n} {what} cannot be split evenly over {w} processes")
+    k = n // w
+    return items[rank() * k:(rank() + 1) * k]
+
+
+def all_sum(values: list[float]) -> list[float]:
+    """Element-wise sum over ranks (identity on one process)."""
+    if world_size() == 1 or not dist.is_initialized():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_max(value: int) -> int:
+    if world_size() == 1 or not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.long, device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def mean_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Each metric averaged over ranks (every rank must pass the same keys)."""
+    if world_size() == 1 or not dist.is_initialized():
+        return metrics
+    keys = sorted(metrics)
+    return dict(zip(keys, (v / world_size() for v in all_sum([metrics[k] for k in keys]))))
+
+
+def _comm_device() -> torch.device:
+    """NCCL reduces CUDA tensors only; gloo CPU tensors."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def close() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,171 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`): every rank holds 1/N of each parameter, gradient and optimizer
+state; a layer's full weights exist only while it runs. Launched with plain torchrun (NCCL on GPUs, gloo on
+CPUs), one rank per device.
+
+    actor.strategy=fsdp2                                   (RLLaVA's `fsdp` is the same engine)
+    actor.fsdp.mixed_precision={param_dtype: bf16, reduce_dtype: fp32}
+    actor.fsdp.reshard_after_forward=true                  (false: keep gathered weights until backward)
+    actor.fsdp.enable_cpu_offload=true                     (shards on the CPU, optimizer steps there)
+    actor.fsdp.offload_params / offload_optimizer          (as the single-device engine)
+
+Each decoder layer / vision block (the classes HF lists in `_no_split_modules`) is one FSDP unit, the root
+module another. Gradients are averaged over ranks by the reduce-scatter, so a rank's loss must be scaled to
+its share of the global batch (the Actor's normalisers do that: see `rllava.roles.actor.mini_batches`).
+
+Generation runs per rank with a different number of forward calls on each, which would desynchronise the
+all-gathers; `rollout_phase` therefore gathers every unit once and keeps it gathered until rollout ends.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import torch
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from rllava.engine.train.single import HOST, move_optimizer_state, release_device_memory
+from rllava.errors import ConfigError
+
+MP_KEYS = ("param_dtype", "reduce_dtype", "output_dtype")
+
+
+def mixed_precision_policy(spec: dict | None) -> MixedPrecisionPolicy:
+    """`actor.fsdp.mixed_precision` ({param_dtype: bf16, reduce_dtype: fp32, ...}) as FSDP2's policy."""
+    from rllava.model.loader import DTYPES
+
+    spec = dict(spec or {})
+    spec.pop("buffer_dtype", None)  # FSDP1's; FSDP2 keeps buffers in the module's dtype
+    unknown = set(spec) - set(MP_KEYS)
+    if unknown:
+        raise ConfigError(f"actor.fsdp.mixed_precision: unknown keys {sorted(unknown)} (valid: {', '.join(MP_KEYS)})")
+    bad = {k: v for k, v in spec.items() if v is not None and v not in DTYPES}
+    if bad:
+        raise ConfigError(f"actor.fsdp.mixed_precision: {bad} — dtypes are one of {', '.join(DTYPES)}")
+    return MixedPrecisionPolicy(**{k: DTYPES[v] for k, v in spec.items() if v is not None})
+
+
+def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The submodules to shard one by one: instances of the classes any HF model inside lists as
+    `_no_split_modules` (decoder layers, vision blocks), innermost first."""
+    names = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or [])
+    return [m for m in model.modules() if type(m).__name__ in names and m is not model]
+
+
+def shard_model(model: torch.nn.Module, device: torch.device, *, mp: MixedPrecisionPolicy | None = None,
+                cpu_offload: bool = False, reshard_after_forward: bool = True) -> torch.nn.Module:
+    """fully_shard each unit, then the root (whose parameters are whatever no unit took: embeddings, head)."""
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
+    kwargs = dict(mp_policy=mp or MixedPrecisionPolicy(), offload_policy=offload,
+                  reshard_after_forward=reshard_after_forward)
+    if not cpu_offload:
+        model.to(device)
+    for unit in shard_units(model):
+        fully_shard(unit, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+class FSDP2Engine:
+    def __init__(self, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None = None, *,
+                 mixed_precision: dict | None = None, reshard_after_forward: bool = True,
+                 offload_params: bool = False, offload_optimizer: bool = False, cpu_optimizer: bool = False):
+        self.device = device
+        self.max_grad_norm, self.skip_grad_norm = max_grad_norm, skip_grad_norm
+        self.mp = mixed_precision_policy(mixed_precision)
+        self.reshard_after_forward = reshard_after_forward
+        self.offload_params, self.offload_optimizer, self.cpu_optimizer = offload_params, offload_optimizer, cpu_optimizer
+        self.model = self.optimizer = self.scheduler = None
+
+    def prepare(self, model, make_optimizer, make_scheduler):
+        self.model = shard_model(model, self.device, mp=self.mp, cpu_offload=self.cpu_optimizer,
+                                 reshard_after_forward=self.reshard_after_forward)
+        self.optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad])
+        self.scheduler = make_scheduler(self.optimizer)
+        return self.model
+
+    def shard_frozen(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A model that only runs forward (the reference) sharded the same way."""
+        return shard_model(model.requires_grad_(False), self.device, mp=self.mp, cpu_offload=self.cpu_optimizer,
+                           reshard_after_forward=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def optimizer_step(self) -> float:
+        """Clip by the global norm (over every rank's shards), step, schedule, zero grads; returns the norm."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm) if params else torch.tensor(0.0)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if math.isfinite(norm) and (self.skip_grad_norm is None or norm <= self.skip_grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return norm
+
+    @contextmanager
+    def update_phase(self):
+        offload = self.offload_optimizer and not self.cpu_optimizer
+        if offload:
+            move_optimizer_state(self.optimizer, self.device)
+        try:
+            yield
+        finally:
+            if offload:
+                move_optimizer_state(self.optimizer, HOST)
+                release_device_memory(self.device)
+
+    @contextmanager
+    def rollout_phase(self, shares_model: bool):
+        """HF generate (`shares_model`): every unit gathered once for the whole rollout. A separate rollout
+        engine: the shards may go to the CPU (offload_params)."""
+        if shares_model:
+            units = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+            for m in units:
+                m.set_reshard_after_forward(False)
+                m.unshard()
+            try:
+                yield
+            finally:
+                for m in units:
+                    m.reshard()
+                    m.set_reshard_after_forward(self.reshard_after_forward)
+        elif self.offload_params and not self.cpu_optimizer:
+            self.model.to(HOST)
+            release_device_memory(self.device)
+            try:
+                yield
+            finally:
+                self.model.to(self.device)
+        else:
+            yield
+
+    def unwrap_model(self, model) -> torch.nn.Module:
+        return model
+
+    def state_dict(self) -> dict:
+        """Sharded model + optimizer state (DTensors) for torch.distributed.checkpoint, which reshards on load."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optim = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optim,
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        # not strict: parameters that never had a gradient have no optimizer state (`checkpoint.load_engine`
+        # has already checked that every weight is there)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"], options=StateDictOptions(strict=False))
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The unsharded weights on rank 0's CPU (empty elsewhere); every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
