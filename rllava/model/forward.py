@@ -4,7 +4,8 @@ Two memory switches live here, both exact (they change memory and speed, never t
 
 - `chunk_size`: only positions whose next token is trained (the loss mask) go through the LM head, and at
   most `chunk_size` of them at a time, so neither prompt/image tokens nor the full response ever materialise
-  [N x vocab] logits; with grad each chunk is recomputed in the backward (`logprobs_from_hidden`).
+  [N x vocab] logits; with grad each chunk is recomputed in the backward (`logprobs_from_hidden`), which also
+  accumulates the LM head's gradient in place.
 - `padding_free`: the micro-batch's rows run as one packed row [1, sum(len_i)] with no pad tokens, positions
   restarting at 0 in each row and attention confined to each row (`packed_inputs`).
 """
@@ -100,23 +101,80 @@ def _chunk_logprobs(head, h: torch.Tensor, labels: torch.Tensor, temperature: fl
     return lp, -(p_logp.exp() * p_logp).sum(-1)
 
 
+def _head_logp(h: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log_softmax((h W^T).float() / temperature) [n, V], dividing in place."""
+    z = (h @ weight.T).float()
+    if temperature != 1.0:
+        z.div_(temperature)
+    return torch.log_softmax(z, dim=-1)
+
+
+class _ChunkedHead(torch.autograd.Function):
+    """log p(labels) and entropy of softmax(h W^T / T), chunk by chunk, with a hand-written backward.
+
+    Neither pass keeps a [N x V] tensor: the forward saves only h; the backward recomputes one chunk's logits,
+    turns them into d loss / d logits with the closed forms below, and accumulates d/dh and d/dW (in place,
+    one [V x H] buffer for all chunks). With z = logits / T, p = softmax(z), y the label:
+        d logp_y / dz_j = 1[j = y] - p_j          d H / dz_j = -p_j (log p_j + H)
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, labels, temperature, chunk, entropy_grad):
+        lp, ent = h.new_empty(len(h), dtype=torch.float32), h.new_empty(len(h), dtype=torch.float32)
+        for s in range(0, len(h), chunk):
+            sl = slice(s, s + chunk)
+            logp = _head_logp(h[sl], weight, temperature)
+            lp[sl] = logp.gather(-1, labels[sl, None]).squeeze(-1)
+            ent[sl] = -logp.exp().mul_(logp).sum(-1)
+        ctx.save_for_backward(h, weight, labels, ent)
+        ctx.temperature, ctx.chunk, ctx.entropy_grad = temperature, chunk, entropy_grad
+        if not entropy_grad:
+            ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent):
+        h, weight, labels, ent = ctx.saved_tensors
+        T, chunk = ctx.temperature, ctx.chunk
+        grad_h, grad_w = torch.empty_like(h), torch.zeros_like(weight)
+        for s in range(0, len(h), chunk):
+            hc, sl = h[s:s + chunk], slice(s, s + chunk)
+            logp = _head_logp(hc, weight, T)  # [n, V]; at most two such buffers are alive at once
+            grad_z = logp.exp()  # p
+            if ctx.entropy_grad and g_ent is not None:  # p * (-g_lp - g_ent (log p + H)), in logp's memory
+                grad_z.mul_(logp.add_(ent[sl, None]).mul_(-g_ent[sl, None]).sub_(g_lp[sl, None]))
+            else:
+                grad_z.mul_(-g_lp[sl, None])
+            del logp
+            grad_z[torch.arange(len(hc)), labels[sl]] += g_lp[sl]
+            grad_z = grad_z.div_(T).to(weight.dtype)
+            grad_h[sl] = grad_z @ weight
+            grad_w.addmm_(grad_z.T, hc)
+        return grad_h, grad_w, None, None, None, None
+
+
 def logprobs_from_hidden(head, h: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0,
                          with_entropy: bool = False, entropy_grad: bool = False,
                          chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(labels) [N] (and entropy [N] or None) under softmax(head(h) / temperature), `chunk_size` rows of
     h at a time (<= 0: all N at once, i.e. full [N x V] logits).
 
-    Chunking alone only bounds memory without grad: autograd would keep every chunk's [n x V] log-softmax for
-    the backward, the full logits again. So with grad each chunk runs under activation checkpointing: the
-    forward keeps only h and the [n] outputs, and the backward recomputes one chunk's logits at a time. The
-    cost is one extra LM-head matmul per chunk (the head's forward runs twice).
+    Chunking alone only bounds memory without grad: autograd would keep every chunk's [n x V] log-softmax
+    for the backward (the full logits again), and add a fresh [V x H] head gradient per chunk. So with grad
+    a bias-free linear head (every Qwen / LLaMA-style LM head) runs through `_ChunkedHead`, which recomputes
+    each chunk in the backward (one extra head matmul per chunk) and accumulates the head gradient in place.
+    Any other head (e.g. one wrapped by LoRA) runs each chunk under activation checkpointing instead.
     """
     step = chunk_size if chunk_size > 0 else max(len(h), 1)
-    recompute = torch.is_grad_enabled() and chunk_size > 0
-    outs = []
-    for s in range(0, len(h), step):
-        args = (head, h[s:s + step], labels[s:s + step], temperature, with_entropy, entropy_grad)
-        outs.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute else _chunk_logprobs(*args))
+    if torch.is_grad_enabled() and chunk_size > 0 and len(h):
+        if type(head) is torch.nn.Linear and head.bias is None:
+            lp, ent = _ChunkedHead.apply(h, head.weight, labels, temperature, step, entropy_grad)
+            return lp, (ent if with_entropy else None)
+        outs = [checkpoint(_chunk_logprobs, head, h[s:s + step], labels[s:s + step], temperature, with_entropy,
+                           entropy_grad, use_reentrant=False) for s in range(0, len(h), step)]
+    else:
+        outs = [_chunk_logprobs(head, h[s:s + step], labels[s:s + step], temperature, with_entropy, entropy_grad)
+                for s in range(0, len(h), step)]
     if not outs:
         outs = [(h.new_zeros(0, dtype=torch.float32),) * (2 if with_entropy else 1)]
     cols = [torch.cat(col) for col in zip(*outs)]

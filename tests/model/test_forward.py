@@ -107,23 +107,34 @@ def test_chunked_logprobs_and_entropy_match_full_logits(tiny_model_dir, vlm_batc
         torch.testing.assert_close(run(5)[0], full[0][0], atol=1e-5, rtol=1e-5)
 
 
-def test_chunked_head_recomputes_instead_of_keeping_logits():
-    """With grad, no chunk's [n x V] logits is kept for the backward: the biggest saved tensor is a chunk of h."""
-    head = torch.nn.Linear(16, 5000, bias=False)
-    h, labels = torch.randn(64, 16, requires_grad=True), torch.randint(0, 5000, (64,))
+@pytest.mark.parametrize("wrapped", [False, True])  # a plain bias-free Linear head / any other head module
+def test_chunked_head_recomputes_instead_of_keeping_logits(wrapped):
+    """With grad, no [n x V] tensor is kept for the backward (only h, the head's own weight, [N] vectors), and
+    the gradients equal those of full logits."""
+    V, H, N = 5000, 16, 64
+    linear = torch.nn.Linear(H, V, bias=False)
+    head = torch.nn.Sequential(linear) if wrapped else linear
+    h, labels = torch.randn(N, H, requires_grad=True), torch.randint(0, V, (N,))
     saved = []
 
     def pack(t):
-        saved.append(t.numel())
+        saved.append(t)
         return t
 
-    for chunk_size, biggest in ((-1, 64 * 5000), (8, 8 * 16)):
+    grads = {}
+    for chunk_size in (-1, 8):
         saved.clear()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             lp, ent = logprobs_from_hidden(head, h, labels, with_entropy=True, entropy_grad=True,
-                                           chunk_size=chunk_size)
-        assert max(saved) == biggest
-        (lp.sum() + ent.sum()).backward()
+                                           chunk_size=chunk_size, temperature=0.7)
+        kept = [t for t in saved if t.data_ptr() != linear.weight.data_ptr()]
+        biggest = max(t.numel() for t in kept)
+        assert biggest == N * V if chunk_size < 0 else biggest <= N * H
+        h.grad = linear.weight.grad = None
+        (lp * torch.linspace(-1, 1, N)).sum().add(ent.sum()).backward()
+        grads[chunk_size] = (h.grad, linear.weight.grad)
+    for a, b in zip(grads[-1], grads[8]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
 # ---------------------------------------------------------------- padding-free
