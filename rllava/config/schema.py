@@ -198,6 +198,8 @@ class ModelConfig:
     enable_activation_offload: bool = False  # checkpointed activations kept in host memory (needs gradient checkpointing)
     trust_remote_code: bool = False  # rllava default (RLLaVA: True): run hub code only when asked
     freeze_vision_tower: bool = False  # do not train the vision encoder
+    freeze_connector: bool = False  # rllava: do not train the vision-to-LLM connector (modular VLM; Qwen-VL: merger)
+    freeze_llm: bool = False  # rllava: do not train the language model (decoder, embeddings, LM head)
     padding_free: bool = False  # rllava default (RLLaVA: True): run each micro-batch packed, without pad tokens
     dynamic_batching: bool = False  # rllava default (RLLaVA: True): micro-batches by *_max_token_len_per_gpu tokens
     ulysses_size: int = 1  # sequence-parallel degree
@@ -218,6 +220,9 @@ class ModelConfig:
         if self.torch_dtype is not None:
             _choice(p, f"{prefix}.torch_dtype", self.torch_dtype, TORCH_DTYPES)
         _positive(p, f"{prefix}.ulysses_size", self.ulysses_size)
+        if self.freeze_vision_tower and self.freeze_connector and self.freeze_llm and not self.use_peft:
+            p.append(f"{prefix}.freeze_vision_tower, freeze_connector and freeze_llm are all true: nothing is left "
+                     "to train; unfreeze one part (or set use_peft=true to train adapters)")
         if self.enable_activation_offload and not self.enable_gradient_checkpointing:
             p.append(f"{prefix}.enable_activation_offload=true offloads the activations that gradient checkpointing "
                      f"saves: set {prefix}.enable_gradient_checkpointing=true too")

@@ -1,7 +1,8 @@
 """Load a policy/reference model and its processor with the ordinary `transformers` Auto classes.
 
 VLMs (a config with a `vision_config`) load through `AutoModelForImageTextToText`, text-only LLMs through
-`AutoModelForCausalLM`: the same path a real Qwen checkpoint and our tiny builds take.
+`AutoModelForCausalLM`: the same path a real Qwen checkpoint and our tiny builds take (the TinyLLaVA-style
+modular VLM of `rllava.model.modular` too, registered with the Auto classes on import).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
+import rllava.model.modular  # noqa: F401  registers the modular VLM (model_type rllava_modular) with the Auto classes
 from rllava.errors import RllavaError
 from rllava.model.processor import load_processor
 
@@ -48,6 +50,25 @@ def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdp
                              f"{str(e).splitlines()[0]}") from e
 
 
+def _in_part(name: str, part: str) -> bool:
+    """Whether parameter `name` belongs to `part` of a VLM. The vision tower is Qwen-VL's `visual` (its merger
+    included, as RLLaVA freezes it) or the modular VLM's `vision_tower`; the connector is the modular VLM's
+    `connector` or Qwen-VL's mergers; the LLM is everything else (decoder, embeddings, LM head)."""
+    keys = set(name.split("."))
+    vision = bool(keys & {"visual", "vision_tower"})
+    connector = bool(keys & {"connector", "merger", "deepstack_merger_list"})
+    return {"vision_tower": vision, "connector": connector, "llm": not (vision or connector)}[part]
+
+
+def freeze(model, part: str) -> None:
+    """`actor.model.freeze_{part}`: no gradient for the vision tower, the connector or the LLM."""
+    frozen = [p for n, p in model.named_parameters() if _in_part(n, part)]
+    if not frozen:
+        raise ModelLoadError(f"actor.model.freeze_{part}=true but the model has no {part.replace('_', ' ')}")
+    for p in frozen:
+        p.requires_grad_(False)
+
+
 def build_policy(model_cfg, device: torch.device):
     """The trainable policy and its processor from `actor.model.*`."""
     model = load_model(model_cfg.model_path, dtype=resolve_dtype(model_cfg.torch_dtype, device),
@@ -58,12 +79,9 @@ def build_policy(model_cfg, device: torch.device):
     except (OSError, ValueError, ImportError) as e:
         raise ModelLoadError(f"actor.model: no processor/tokenizer at "
                              f"{model_cfg.tokenizer_path or model_cfg.model_path!r}: {e}") from e
-    if model_cfg.freeze_vision_tower:
-        frozen = [p for n, p in model.named_parameters() if "visual" in n.split(".")]
-        if not frozen:
-            raise ModelLoadError("actor.model.freeze_vision_tower=true but the model has no vision tower")
-        for p in frozen:
-            p.requires_grad_(False)
+    for part in ("vision_tower", "connector", "llm"):
+        if getattr(model_cfg, f"freeze_{part}"):
+            freeze(model, part)
     if model_cfg.use_peft:  # after freezing: LoRA freezes every non-adapter weight anyway
         from rllava.model.lora import apply_lora
 

@@ -1,4 +1,5 @@
-"""Tiny, randomly initialised Qwen-VL models built offline, for tests and CPU demos.
+"""Tiny, randomly initialised Qwen-VL models (and a TinyLLaVA-style modular VLM, arch `tinyllava`) built
+offline, for tests and CPU demos.
 
     python -m rllava.model.tiny --arch qwen2_vl --out DIR [--size small|demo]
 
@@ -29,7 +30,7 @@ from transformers import PreTrainedTokenizerFast
 from rllava.model.processor import image_only_processor_class
 from rllava.utils.fs import atomic_directory
 
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "tinyllava")
 VISION_INIT_STD = 0.2
 
 # Qwen's special tokens, in Qwen's order. Ids are assigned from 0 in this order.
@@ -102,6 +103,32 @@ def build_tokenizer(vocab_size: int = 2048, seed: int = 0) -> PreTrainedTokenize
     return tok
 
 
+def _text_config(tok, size: dict) -> dict:
+    """The language model's sizes and special ids (shared by every arch)."""
+    return dict(vocab_size=len(tok), hidden_size=size["hidden"], intermediate_size=size["ffn"],
+                num_hidden_layers=size["layers"], num_attention_heads=size["heads"],
+                num_key_value_heads=size["kv_heads"], max_position_embeddings=4096,
+                bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+
+def _tinyllava(tok, size: dict):
+    """A TinyLLaVA-style modular VLM (rllava.model.modular): a tiny Qwen2 LLM + a tiny SigLIP tower (112 px
+    images in 28 px patches: 16 image tokens) + the 2-layer MLP connector. The features come from the tower's
+    last layer (TinyLLaVA: the penultimate) so that every tower layer is trained."""
+    from transformers import Qwen2Config, SiglipVisionConfig
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    from rllava.model.modular import compose
+
+    llm = Qwen2Config(**_text_config(tok, size), tie_word_embeddings=False)
+    vision = SiglipVisionConfig(hidden_size=size["v_embed"], intermediate_size=2 * size["v_embed"],
+                                num_hidden_layers=size["v_depth"], num_attention_heads=size["v_heads"],
+                                image_size=112, patch_size=28, vision_use_head=False)
+    return compose(llm, vision, connector="mlp2x_gelu", tokenizer=tok, image_token="<|image_pad|>",
+                   image_processor=SiglipImageProcessorPil(size={"height": 112, "width": 112}),
+                   chat_template=CHAT_TEMPLATE, vision_feature_layer=-1)
+
+
 def _model_and_processor(arch: str, tok, size: dict):
     """Config + model class + processor for one architecture; only the sizes differ from the real models."""
     from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
@@ -112,10 +139,7 @@ def _model_and_processor(arch: str, tok, size: dict):
            [("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
             ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")]}
     head_dim = size["hidden"] // size["heads"]
-    text = dict(vocab_size=len(tok), hidden_size=size["hidden"], intermediate_size=size["ffn"],
-                num_hidden_layers=size["layers"], num_attention_heads=size["heads"],
-                num_key_value_heads=size["kv_heads"], max_position_embeddings=4096,
-                bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    text = _text_config(tok, size)
     # M-RoPE splits the rotary half-dimension over (time, height, width); sections must sum to head_dim/2.
     half = head_dim // 2
     t_sec = half - 2 * (3 * half // 8)
@@ -157,10 +181,13 @@ def build_tiny(arch: str, out_dir: str, size: str = "demo", seed: int = 0) -> st
         raise ValueError(f"unknown --size {size!r}; choose one of {', '.join(SIZES)}")
     torch.manual_seed(seed)
     tok = build_tokenizer(seed=seed)
-    config, model_cls, processor = _model_and_processor(arch, tok, SIZES[size])
-    model = model_cls(config)
+    if arch == "tinyllava":
+        model, processor = _tinyllava(tok, SIZES[size])
+    else:
+        config, model_cls, processor = _model_and_processor(arch, tok, SIZES[size])
+        model = model_cls(config)
     with torch.no_grad():
-        for p in model.model.visual.parameters():
+        for p in (model.model.vision_tower if arch == "tinyllava" else model.model.visual).parameters():
             if p.dim() >= 2:  # linear / conv / embedding weights; norms and biases keep their init
                 p.normal_(0.0, VISION_INIT_STD)
     model.generation_config.pad_token_id = tok.pad_token_id

@@ -14,16 +14,17 @@ from rllava.model.tiny import ARCHS, build_tiny, main
 def test_tiny_loads_with_auto_classes_and_generates(tmp_path, arch):
     path = build_tiny(arch, str(tmp_path / arch), size="small")
     model = AutoModelForImageTextToText.from_pretrained(path)
-    assert model.config.model_type == arch
+    assert model.config.model_type == {"tinyllava": "rllava_modular"}.get(arch, arch)
     processor = load_processor(path)
     assert not hasattr(processor, "video_processor")  # loads without torchvision
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many shapes?"}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert text.endswith("<|im_start|>assistant\n") and "<|vision_start|><|image_pad|><|vision_end|>" in text
     enc = processor(text=[text], images=[Image.new("RGB", (112, 112), "white")], return_tensors="pt")
-    merge = processor.image_processor.merge_size ** 2
     image_tokens = (enc["input_ids"] == model.config.image_token_id).sum().item()
-    assert image_tokens == enc["image_grid_thw"].prod().item() // merge  # placeholders match pixel patches
+    images = {k: v for k, v in enc.items() if k in ("pixel_values", "image_grid_thw")}
+    features = model.get_image_features(**images).pooler_output  # one [n_i, D] per image
+    assert image_tokens == sum(len(f) for f in features)  # placeholders match the image features
     out = model.generate(**enc, max_new_tokens=4, do_sample=False)
     assert out.shape[1] == enc["input_ids"].shape[1] + 4 or out[0, -1].item() == model.generation_config.eos_token_id
 
