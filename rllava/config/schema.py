@@ -93,6 +93,9 @@ class DataConfig:
     image_key: str = "images"  # record field holding image(s)
     video_key: str = "videos"  # record field holding video(s)
     video_fps: float = 2.0  # frames sampled per second of video
+    video_max_frames: int = 768  # rllava: frames per video at most (Qwen's cap); longer videos are thinned evenly
+    video_min_pixels: Optional[int] = None  # rllava: pixels per video frame at least; None = min_pixels (RLLaVA's)
+    video_max_pixels: Optional[int] = None  # rllava: pixels per video frame at most; None = max_pixels (RLLaVA's)
     max_prompt_length: int = 512  # prompt tokens (image tokens included); longer prompts are filtered
     max_response_length: int = 512  # tokens generated per response (alias: rollout.max_new_tokens)
     train_batch_size: int = 512  # prompts per training step (each gets rollout.n responses)
@@ -111,16 +114,27 @@ class DataConfig:
     max_samples: int = -1  # rllava: use only the first N records (quick runs); -1 = all
     target_key: Optional[str] = None  # rllava: record field with a reference response (SFT target, expert)
 
+    def video_pixels(self) -> tuple[Optional[int], Optional[int]]:
+        """(min, max) pixels of one video frame: video_min/max_pixels, each falling back to min/max_pixels."""
+        return (self.video_min_pixels if self.video_min_pixels is not None else self.min_pixels,
+                self.video_max_pixels if self.video_max_pixels is not None else self.max_pixels)
+
     def check(self, prefix: str = "data") -> list[str]:
         p: list[str] = []
-        for name in ("max_prompt_length", "max_response_length", "train_batch_size", "video_fps"):
+        for name in ("max_prompt_length", "max_response_length", "train_batch_size", "video_fps",
+                     "video_max_frames"):
             _positive(p, f"{prefix}.{name}", getattr(self, name))
         _positive(p, f"{prefix}.val_batch_size", self.val_batch_size, -1)
         _positive(p, f"{prefix}.max_samples", self.max_samples, -1)
-        for name in ("min_pixels", "max_pixels"):
+        for name in ("min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels"):
             _positive(p, f"{prefix}.{name}", getattr(self, name), None)
         if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
             p.append(f"{prefix}.min_pixels={self.min_pixels} is above {prefix}.max_pixels={self.max_pixels}")
+        video_min, video_max = self.video_pixels()
+        if (self.video_min_pixels or self.video_max_pixels) and video_min and video_max and video_min > video_max:
+            p.append(f"{prefix}.video_min_pixels={_show(self.video_min_pixels)} is above {prefix}.video_max_pixels="
+                     f"{_show(self.video_max_pixels)} (null = {prefix}.min_pixels={self.min_pixels} / "
+                     f"{prefix}.max_pixels={self.max_pixels})")
         if self.num_workers < 0:
             p.append(f"{prefix}.num_workers={self.num_workers} must be >= 0 (0 = load in the main process)")
         return p

@@ -1,21 +1,27 @@
-"""Prompt datasets: records -> `Sample` (chat messages + images), and samples -> token ids.
+"""Prompt datasets: records -> `Sample` (chat messages + images + videos), and samples -> token ids.
 
 A record's prompt text (`data.prompt_key`) goes through the `data.format_prompt` Jinja template (variables:
-`content` = the prompt text, and every field of the record); `<image>` markers place the images inside the
-text, otherwise they come first. Images are opened and bounded by `min_pixels`/`max_pixels` only when a sample
-is read, so an epoch of images never sits in memory.
+`content` = the prompt text, and every field of the record); `<image>` and `<video>` markers place the images
+and videos inside the text, otherwise they come first (images, then videos). Images are opened and bounded by
+`min_pixels`/`max_pixels`, and videos sampled and sized (`rllava.data.video`), only when a sample is read, so
+an epoch of pixels never sits in memory.
+
+`data.video_key` holds a list of videos (or one), each a video file or a list of frames, as in RLLaVA:
+`{"videos": ["clip.mp4"]}` or `{"videos": [["f0.png", "f1.png", ...]]}`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 
 import jinja2
 
 from rllava.data.images import load_image, normalize_image_list, resize_to_pixel_bounds
 from rllava.data.protocol import Sample
 from rllava.data.records import DataError, base_dir, check_keys, load_records
+from rllava.data.video import VideoSpec, load_video
 from rllava.model.processor import get_tokenizer
 
 log = logging.getLogger(__name__)
@@ -34,12 +40,21 @@ def load_template(path: str | None) -> jinja2.Template | None:
 
 
 def encode_prompt(processor, sample: Sample) -> tuple[list[int], dict]:
-    """Chat template + processor: prompt token ids (image placeholders expanded) and the image tensors."""
+    """Chat template + processor: prompt token ids (image/video placeholders expanded) and the pixel tensors.
+
+    Videos go to the processor's video processor as [T, H, W, C] frames already sampled and sized, with their
+    metadata (Qwen2.5-VL's second_per_grid_ts and Qwen3-VL's timestamps come from it): transformers' own where
+    torchvision is installed, rllava's PIL one (`rllava.model.video_processor`) where it is not."""
     tokenizer = get_tokenizer(processor)
     text = processor.apply_chat_template(sample.messages, add_generation_prompt=True, tokenize=False)
-    if not sample.images:
+    if not sample.images and not sample.videos:
         return tokenizer(text, add_special_tokens=False)["input_ids"], {}
-    enc = processor(text=[text], images=sample.images, return_tensors="pt")
+    videos = {}
+    if sample.videos:
+        videos = {"videos": [v.array() for v in sample.videos],
+                  "videos_kwargs": {"video_metadata": [v.metadata() for v in sample.videos],
+                                    "do_sample_frames": False, "do_resize": False}}
+    enc = processor(text=[text], images=sample.images or None, return_tensors="pt", **videos)
     mm = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
     return enc["input_ids"][0].tolist(), mm
 
@@ -57,9 +72,8 @@ class PromptDataset:
         check_keys(self.records, spec, required)
         self.has_images = data_cfg.image_key in self.records.column_names
         self.limit_images = limit_images  # rollout.limit_images: prompts with more images are filtered (0 = any)
-        if data_cfg.video_key in self.records.column_names and any(self.records[data_cfg.video_key]):
-            raise DataError(f"{spec}: records have videos in {data_cfg.video_key!r}; video inputs are not "
-                            "available yet in rllava")
+        self.has_videos = data_cfg.video_key in self.records.column_names and any(self.records[data_cfg.video_key])
+        self.video_spec = _video_spec(data_cfg, processor, spec) if self.has_videos else None
         self.image_dir = base_dir(spec, image_dir)
         self.template = load_template(data_cfg.format_prompt)
         self.indices = [i for i in range(len(self.records)) if self.fits(i)]
@@ -93,7 +107,7 @@ class PromptDataset:
         prompt = record[self.cfg.prompt_key]
         if not isinstance(prompt, str):
             raise DataError(f"{where}: {self.cfg.prompt_key!r} must be a string, got {type(prompt).__name__}")
-        fields = {k: v for k, v in record.items() if k != self.cfg.image_key}
+        fields = {k: v for k, v in record.items() if k not in (self.cfg.image_key, self.cfg.video_key)}
         if self.template is not None:
             try:
                 prompt = self.template.render(**{**fields, "content": prompt})
@@ -104,27 +118,46 @@ class PromptDataset:
             for j, obj in enumerate(normalize_image_list(record[self.cfg.image_key])):
                 img = load_image(obj, base_dir=self.image_dir, where=f"{where}, {self.cfg.image_key}[{j}]")
                 images.append(resize_to_pixel_bounds(img, self.cfg.min_pixels, self.cfg.max_pixels))
+        videos = []
+        if self.has_videos:
+            for j, obj in enumerate(normalize_image_list(record[self.cfg.video_key])):
+                videos.append(load_video(obj, self.video_spec, base_dir=self.image_dir,
+                                         where=f"{where}, {self.cfg.video_key}[{j}]"))
         extra = {k: v for k, v in fields.items() if k not in (self.cfg.prompt_key, self.cfg.answer_key)}
-        return Sample(index=row, messages=[{"role": "user", "content": _content(prompt, len(images), where)}],
-                      images=images, ground_truth=record[self.cfg.answer_key], extra=extra,
+        content = _content(prompt, {"image": len(images), "video": len(videos)}, where)
+        return Sample(index=row, messages=[{"role": "user", "content": content}], images=images, videos=videos,
+                      ground_truth=record[self.cfg.answer_key], extra=extra,
                       target=record[self.target_key] if self.target_key else None)
 
 
-def _content(text: str, num_images: int, where: str):
-    """Chat content parts: images where the text has `<image>` markers, else all images first."""
-    if num_images == 0:
+def _video_spec(cfg, processor, spec: str) -> VideoSpec:
+    """data.video_* keys and the vision tower's patch geometry (from the processor's image processor)."""
+    image_processor = getattr(processor, "image_processor", None)
+    if not hasattr(image_processor, "temporal_patch_size"):
+        raise DataError(f"{spec}: records have videos in {cfg.video_key!r} but the model's processor "
+                        f"({type(processor).__name__}) takes no video input (Qwen-VL models do)")
+    min_pixels, max_pixels = cfg.video_pixels()
+    return VideoSpec(fps=cfg.video_fps, max_frames=cfg.video_max_frames, min_pixels=min_pixels,
+                     max_pixels=max_pixels, factor=image_processor.patch_size * image_processor.merge_size,
+                     temporal_factor=image_processor.temporal_patch_size)
+
+
+def _content(text: str, counts: dict[str, int], where: str):
+    """Chat content parts: each kind ("image", "video") placed where the text has its `<image>`/`<video>`
+    markers, else all of that kind first. Markers of a kind the record has none of stay text."""
+    if not any(counts.values()):
         return text
-    pieces = text.split("<image>")
-    if len(pieces) == 1:
-        return [{"type": "image"}] * num_images + [{"type": "text", "text": text}]
-    if len(pieces) - 1 != num_images:
-        raise DataError(f"{where}: the prompt has {len(pieces) - 1} <image> markers but the record has "
-                        f"{num_images} images")
-    parts = []
-    for k, piece in enumerate(pieces):
-        if piece:
+    kinds = [kind for kind, n in counts.items() if n]
+    for kind in kinds:
+        markers = text.count(f"<{kind}>")
+        if markers and markers != counts[kind]:
+            raise DataError(f"{where}: the prompt has {markers} <{kind}> markers but the record has "
+                            f"{counts[kind]} {kind}s")
+    parts = [{"type": kind} for kind in kinds if f"<{kind}>" not in text for _ in range(counts[kind])]
+    for piece in re.split("(" + "|".join(f"<{kind}>" for kind in kinds) + ")", text):
+        if piece in {f"<{kind}>" for kind in kinds}:
+            parts.append({"type": piece[1:-1]})
+        elif piece:
             parts.append({"type": "text", "text": piece})
-        if k < num_images:
-            parts.append({"type": "image"})
     return parts
 

@@ -25,6 +25,7 @@ class Sample:
     ground_truth: Any
     extra: dict = field(default_factory=dict)  # every other field of the record (for reward functions)
     target: str | None = None  # reference response text (SFT), if any
+    videos: list[Any] = field(default_factory=list)  # rllava.data.video.Video: frames sampled and sized
 
 
 @dataclass
@@ -40,7 +41,9 @@ class Trajectory:
     sample: Sample
     group_id: int  # all K samples of one prompt share it
     segments: list[Segment]
-    mm_inputs: dict[str, torch.Tensor]  # processor outputs for this trajectory's images (pixel_values, grid_thw)
+    # processor outputs for this trajectory's images and videos: pixel_values, image_grid_thw, pixel_values_videos,
+    # video_grid_thw, second_per_grid_ts (Qwen2.5-VL); Batch.model_inputs concatenates each over the rows
+    mm_inputs: dict[str, torch.Tensor]
     response: str = ""  # decoded text of the model-written segments (what the reward reads)
     finish_reason: str = "stop"  # "stop" (EOS) or "length" (hit max_response_length)
 
@@ -110,7 +113,8 @@ class Batch:
         return Batch(**moved)
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
-        """Keyword arguments for the model's forward: ids, mask and the images of every row, in row order."""
+        """Keyword arguments for the model's forward: ids, mask and the images and videos of every row, in row
+        order (each pixel/grid tensor concatenated along dim 0 over the rows that have it)."""
         inputs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
         keys = sorted({k for t in self.trajectories for k in t.mm_inputs})
         for k in keys:

@@ -27,7 +27,8 @@ def _base_processor_class(arch: str):
 
 @cache
 def image_only_processor_class(arch: str):
-    """The model's processor class minus its video processor (attributes: image_processor, tokenizer)."""
+    """The model's processor class minus transformers' video processor (attributes: image_processor, tokenizer);
+    its `video_processor` is rllava's PIL one, so videos work too."""
     base = _base_processor_class(arch)
 
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
@@ -35,8 +36,15 @@ def image_only_processor_class(arch: str):
         # attribute list (read from this signature), so the missing video processor is simply not an attribute.
         base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
+    def video_processor(self):
+        # Videos through the PIL image processor (rllava.model.video_processor); not a saved attribute.
+        from rllava.model.video_processor import PilVideoProcessor
+
+        return PilVideoProcessor(self.image_processor)
+
     name = base.__name__.replace("Processor", "ImageOnlyProcessor")
-    return type(name, (base,), {"__init__": __init__, "__module__": __name__})
+    return type(name, (base,), {"__init__": __init__, "__module__": __name__,
+                                "video_processor": property(video_processor)})
 
 
 IMAGE_ONLY_CLASSES = {image_only_name: arch for arch, image_only_name in [

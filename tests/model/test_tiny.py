@@ -16,7 +16,8 @@ def test_tiny_loads_with_auto_classes_and_generates(tmp_path, arch):
     model = AutoModelForImageTextToText.from_pretrained(path)
     assert model.config.model_type == {"tinyllava": "rllava_modular"}.get(arch, arch)
     processor = load_processor(path)
-    assert not hasattr(processor, "video_processor")  # loads without torchvision
+    # loads without torchvision: a Qwen-VL's video processor is rllava's PIL one (tinyllava takes no video)
+    assert type(getattr(processor, "video_processor", None)).__name__ in {"PilVideoProcessor", "NoneType"}
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many shapes?"}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert text.endswith("<|im_start|>assistant\n") and "<|vision_start|><|image_pad|><|vision_end|>" in text

@@ -55,7 +55,7 @@ class HFRolloutEngine:
         for k in sorted({k for r in requests for k in r.mm_inputs}):
             inputs[k] = torch.cat([r.mm_inputs[k] for r in requests if k in r.mm_inputs])
         image_id = getattr(self.model.config, "image_token_id", None)
-        if image_id is not None and "image_grid_thw" in inputs:
+        if image_id is not None and ("image_grid_thw" in inputs or "video_grid_thw" in inputs):
             video_id = getattr(self.model.config, "video_token_id", None)
             inputs["mm_token_type_ids"] = (input_ids == image_id).int() + 2 * (input_ids == video_id).int()
         inputs = {k: v.to(self.device) for k, v in inputs.items()}
