@@ -189,9 +189,20 @@ def _scatter(values: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def token_logprobs(model, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
-                   entropy_grad: bool = False, chunk_size: int = 1024,
-                   padding_free: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+# Under FSDP2 the backbone and head must run inside a forward of the sharded root, so that its parameters are
+# gathered: the FSDP2 engine installs `_token_logprobs` as this method of the root and registers it with FSDP.
+FSDP_FORWARD_METHOD = "rllava_token_logprobs"
+
+
+def token_logprobs(model, batch: Batch, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """See `_token_logprobs` (this entry point routes through the FSDP2 forward method when there is one)."""
+    method = getattr(model, FSDP_FORWARD_METHOD, None)
+    return method(batch, **kwargs) if method is not None else _token_logprobs(model, batch, **kwargs)
+
+
+def _token_logprobs(model, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
+                    entropy_grad: bool = False, chunk_size: int = 1024,
+                    padding_free: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(x_t | x_<t) and the policy's entropy at t, for every t with loss_mask[t] = 1.
 
     Returns logprobs [B, T] (and entropy [B, T] or None), zero at untrained positions. Logits are divided by

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rllava import distributed as D
 from rllava.algorithms.losses import LossInputs, aggregate, kl_penalty, masked_mean, rollout_importance_weights
 from rllava.data.protocol import Batch
 from rllava.model.forward import token_logprobs
@@ -61,8 +62,21 @@ class MicroBatching:
         if self.max_tokens is None:
             return [[rows[i] for i in idx] for idx in chunks(len(rows), self.size)]
         lengths = batch.attention_mask[rows].sum(-1).tolist()
-        return [[rows[i] for i in idx] for idx in token_budget_groups(lengths, self.max_tokens,
-                                                                      packed=self.padding_free)]
+        groups = [[rows[i] for i in idx] for idx in token_budget_groups(lengths, self.max_tokens,
+                                                                        packed=self.padding_free)]
+        return equal_count(groups, D.all_max(len(groups)))
+
+
+def equal_count(groups: list[list[int]], n: int) -> list[list[int]]:
+    """`groups` split until there are `n` (the largest count over ranks): under FSDP every rank must run the
+    same number of forwards, each one a collective. The biggest group is halved first (every rank holds the
+    same number of rows, so `n` never exceeds this rank's rows)."""
+    groups = [list(g) for g in groups]
+    while len(groups) < n:
+        big = max(range(len(groups)), key=lambda i: len(groups[i]))
+        g = groups.pop(big)
+        groups[big:big] = [g[:len(g) // 2], g[len(g) // 2:]]
+    return groups
 
 
 @torch.no_grad()
@@ -88,11 +102,17 @@ def compute_logprobs(model, batch: Batch, batching: MicroBatching, temperature: 
 
 def mini_batches(batch: Batch, epochs: int, size: int):
     """(row indices, aggregation normalisers) of each mini-batch of each epoch: one optimizer step each. The
-    normalisers are the mini-batch's token / sequence counts, so its micro-batches sum to the unsplit loss."""
+    normalisers are the mini-batch's token / sequence counts, so its micro-batches sum to the unsplit loss.
+
+    With N ranks (`size` and `batch` are then this rank's share) the gradients are averaged over ranks, so
+    each rank divides by 1/N of the *global* counts: the average of the ranks' losses is then the loss of
+    the global mini-batch, however its tokens are spread over the ranks."""
     for _ in range(epochs):
         for mini in chunks(len(batch), size):
             mask = batch.loss_mask[mini]
-            yield mini, {"num_tokens": mask.sum().clamp(min=1), "num_seqs": (mask.sum(-1) > 0).sum().clamp(min=1)}
+            tokens, seqs = D.all_sum([float(mask.sum()), float((mask.sum(-1) > 0).sum())])
+            yield mini, {"num_tokens": torch.tensor(max(tokens, 1.0) / D.world_size()),
+                         "num_seqs": torch.tensor(max(seqs, 1.0) / D.world_size())}
 
 
 class MeanMetrics:

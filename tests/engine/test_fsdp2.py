@@ -7,13 +7,14 @@ import sys
 
 import torch
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fsdp_worker.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "fsdp_worker.py")
 
 
-def _run(nproc, *args):
+def _run(nproc, *args, worker=WORKER):
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"] \
         if nproc > 1 else [sys.executable]
-    res = subprocess.run([*launcher, WORKER, *map(str, args)], capture_output=True, text=True,
+    res = subprocess.run([*launcher, worker, *map(str, args)], capture_output=True, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
 
@@ -50,3 +51,19 @@ def test_checkpoint_from_two_ranks_resumes_in_one(tmp_path, tiny_model_dir):
     for resumed in (one, two):
         assert abs(resumed["loaded_moments"] - first["saved_moments"]) < 1e-6 * first["saved_moments"]
     assert one["loss"] < first["loss"]  # the resumed step starts from the trained weights
+
+
+def test_actor_update_on_two_ranks_matches_one_process(tmp_path, tiny_model_dir):
+    """The Actor role itself under FSDP2: the training forward through the root's registered forward method,
+    image rows, dynamic packed micro-batches (equalised in count over ranks) and global loss normalisers."""
+    worker = os.path.join(HERE, "actor_worker.py")
+    _run(1, tiny_model_dir, tmp_path / "single", "single", worker=worker)
+    _run(2, tiny_model_dir, tmp_path / "fsdp", "fsdp2", worker=worker)
+    single, fsdp = _result(tmp_path / "single"), _result(tmp_path / "fsdp")
+    (full,) = single["old_logprobs"]
+    for r, part in enumerate(fsdp["old_logprobs"]):  # rank r held rows 2r, 2r+1 (padded to their own length)
+        torch.testing.assert_close(part, full[2 * r:2 * r + 2, :part.shape[1]], atol=1e-5, rtol=1e-5)
+        assert full[2 * r:2 * r + 2, part.shape[1]:].abs().sum() == 0
+    assert abs(single["grad_norm"] - fsdp["grad_norm"]) < 1e-4 * single["grad_norm"]
+    for k, v in single["weights"].items():  # SGD at lr 1: the weights after the step are before - gradient
+        torch.testing.assert_close(fsdp["weights"][k], v, rtol=1e-4, atol=1e-6, msg=k)

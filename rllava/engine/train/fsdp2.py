@@ -19,13 +19,16 @@ all-gathers; `rollout_phase` therefore gathers every unit once and keeps it gath
 from __future__ import annotations
 
 import math
+import types
 from contextlib import contextmanager
 
 import torch
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard,
+                                    register_fsdp_forward_method)
 
 from rllava.engine.train.single import HOST, move_optimizer_state, release_device_memory
 from rllava.errors import ConfigError
+from rllava.model.forward import FSDP_FORWARD_METHOD, _token_logprobs
 
 MP_KEYS = ("param_dtype", "reduce_dtype", "output_dtype")
 
@@ -65,6 +68,9 @@ def shard_model(model: torch.nn.Module, device: torch.device, *, mp: MixedPrecis
     for unit in shard_units(model):
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
+    if not hasattr(model, "value_head"):  # a policy: the training forward runs as a method of the root
+        setattr(model, FSDP_FORWARD_METHOD, types.MethodType(_token_logprobs, model))
+        register_fsdp_forward_method(model, FSDP_FORWARD_METHOD)
     return model
 
 
