@@ -1,5 +1,5 @@
-"""Tiny, randomly initialised Qwen-VL models (and a TinyLLaVA-style modular VLM, arch `tinyllava`) built
-offline, for tests and CPU demos.
+"""Tiny, randomly initialised Qwen-VL models (plus a TinyLLaVA-style modular VLM, arch `tinyllava`, and
+text-only Qwen2 / Qwen3 LMs, archs `qwen2` / `qwen3`) built offline, for tests and CPU demos.
 
     python -m rllava.model.tiny --arch qwen2_vl --out DIR [--size small|demo]
 
@@ -30,7 +30,8 @@ from transformers import PreTrainedTokenizerFast
 from rllava.model.processor import image_only_processor_class
 from rllava.utils.fs import atomic_directory
 
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "tinyllava")
+ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "tinyllava")  # VLMs
+TEXT_ARCHS = ("qwen2", "qwen3")  # text-only causal LMs (the processor is the tokenizer)
 VISION_INIT_STD = 0.2
 
 # Qwen's special tokens, in Qwen's order. Ids are assigned from 0 in this order.
@@ -111,6 +112,15 @@ def _text_config(tok, size: dict) -> dict:
                 bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
 
 
+def _text_lm(arch: str, tok, size: dict):
+    """A text-only Qwen2 / Qwen3 causal LM of the tiny sizes."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
+    return model_cls(config_cls(**_text_config(tok, size), head_dim=size["hidden"] // size["heads"],
+                                tie_word_embeddings=False))
+
+
 def _tinyllava(tok, size: dict):
     """A TinyLLaVA-style modular VLM (rllava.model.modular): a tiny Qwen2 LLM + a tiny SigLIP tower (112 px
     images in 28 px patches: 16 image tokens) + the 2-layer MLP connector. The features come from the tower's
@@ -175,19 +185,22 @@ def _model_and_processor(arch: str, tok, size: dict):
 
 def build_tiny(arch: str, out_dir: str, size: str = "demo", seed: int = 0) -> str:
     """Write a tiny random `arch` checkpoint to `out_dir` (atomically) and return the path."""
-    if arch not in ARCHS:
-        raise ValueError(f"unknown --arch {arch!r}; choose one of {', '.join(ARCHS)}")
+    if arch not in ARCHS + TEXT_ARCHS:
+        raise ValueError(f"unknown --arch {arch!r}; choose one of {', '.join(ARCHS + TEXT_ARCHS)}")
     if size not in SIZES:
         raise ValueError(f"unknown --size {size!r}; choose one of {', '.join(SIZES)}")
     torch.manual_seed(seed)
     tok = build_tokenizer(seed=seed)
-    if arch == "tinyllava":
+    if arch in TEXT_ARCHS:
+        model, processor = _text_lm(arch, tok, SIZES[size]), tok
+    elif arch == "tinyllava":
         model, processor = _tinyllava(tok, SIZES[size])
     else:
         config, model_cls, processor = _model_and_processor(arch, tok, SIZES[size])
         model = model_cls(config)
+    tower = None if arch in TEXT_ARCHS else model.model.vision_tower if arch == "tinyllava" else model.model.visual
     with torch.no_grad():
-        for p in (model.model.vision_tower if arch == "tinyllava" else model.model.visual).parameters():
+        for p in tower.parameters() if tower is not None else []:
             if p.dim() >= 2:  # linear / conv / embedding weights; norms and biases keep their init
                 p.normal_(0.0, VISION_INIT_STD)
     model.generation_config.pad_token_id = tok.pad_token_id
@@ -200,7 +213,7 @@ def build_tiny(arch: str, out_dir: str, size: str = "demo", seed: int = 0) -> st
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", default="qwen2_vl", choices=ARCHS)
+    parser.add_argument("--arch", default="qwen2_vl", choices=ARCHS + TEXT_ARCHS)
     parser.add_argument("--out", required=True)
     parser.add_argument("--size", default="demo", choices=sorted(SIZES))
     parser.add_argument("--seed", type=int, default=0)

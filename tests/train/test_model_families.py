@@ -1,5 +1,6 @@
 """Every model family of the seeds runs the full RLVR loop (2 steps, KL to the reference, validation)."""
 
+import json
 import os
 
 import pytest
@@ -35,3 +36,18 @@ def test_vlm_family_trains(tmp_path, counting_dir, arch, monkeypatch):
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     # the vision tower and the language model both train (key layouts differ between the families' files)
     assert any("visual." in k for k in changed) and any("layers." in k and "visual" not in k for k in changed)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_text_only_lm_trains(tmp_path, arch, monkeypatch):
+    """A text-only causal LM (its processor is the tokenizer) on a text-only task (no image column)."""
+    monkeypatch.chdir(REPO)
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, n in (("train", 8), ("val", 4)):
+        with open(data / f"{split}.jsonl", "w") as f:
+            for i in range(n):
+                f.write(json.dumps({"problem": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)}) + "\n")
+    model = build_tiny(arch, str(tmp_path / arch), size="small")
+    before, after = run_two_steps(model, str(data), str(tmp_path / "run"))
+    assert sum(not torch.equal(before[k], after[k]) for k in before) > len(before) // 2
