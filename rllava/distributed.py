@@ -66,12 +66,24 @@ def all_max(value: int) -> int:
     return int(t.item())
 
 
+def gather(items: list) -> list:
+    """Every rank's `items` (any picklable objects), concatenated in rank order, on every rank."""
+    if world_size() == 1 or not dist.is_initialized():
+        return list(items)
+    parts = [None] * world_size()
+    dist.all_gather_object(parts, list(items))
+    return [x for part in parts for x in part]
+
+
 def mean_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """Each metric averaged over ranks (every rank must pass the same keys)."""
+    """Each metric averaged over the ranks that report it (identity on one process)."""
     if world_size() == 1 or not dist.is_initialized():
         return metrics
-    keys = sorted(metrics)
-    return dict(zip(keys, (v / world_size() for v in all_sum([metrics[k] for k in keys]))))
+    sums, counts = {}, {}
+    for part in gather([metrics]):
+        for k, v in part.items():
+            sums[k], counts[k] = sums.get(k, 0.0) + v, counts.get(k, 0) + 1
+    return {k: sums[k] / counts[k] for k in sums}
 
 
 def _comm_device() -> torch.device:

@@ -13,6 +13,7 @@ from collections import defaultdict
 
 import torch
 
+from rllava import distributed as D
 from rllava.errors import ConfigError
 
 
@@ -30,7 +31,9 @@ def fill_batch(draw, num_groups: int, *, filter_key: str, low: float, high: floa
     first `num_groups` kept groups (fewer if the rounds ran out; if no group at all was informative, the last
     round unfiltered, whose advantages are zero), with group ids renumbered 0..G-1."""
     kept, rounds, seen = [], 0, 0  # kept: ((round, group id), trajectory, score, details)
-    while len({row[0] for row in kept}) < num_groups and (max_tries < 0 or rounds < max_tries):
+    # Under torchrun every rank draws until all are full: a rollout round is a collective (FSDP2 gathers the
+    # weights for it), so the ranks must run the same number of rounds; a full rank's extra groups are dropped.
+    while D.all_max(int(len({row[0] for row in kept}) < num_groups)) and (max_tries < 0 or rounds < max_tries):
         trajectories, scores, details = draw()
         rounds += 1
         rows = [((rounds, t.group_id), t, s, d) for t, s, d in zip(trajectories, scores.tolist(), details)]

@@ -23,8 +23,8 @@ from rllava.errors import ConfigError
 
 # Names accepted by the validators below. Method names (adv_estimator, policy_loss.loss_mode) are not listed
 # here: their registries own them and reject unknown names when the pipeline is built.
-ACTOR_STRATEGIES = ["single"]
-ACTOR_STRATEGIES_PLANNED = ["fsdp", "fsdp2", "deepspeed"]
+ACTOR_STRATEGIES = ["single", "fsdp", "fsdp2"]  # RLLaVA's `fsdp` runs the FSDP2 engine
+ACTOR_STRATEGIES_PLANNED = ["deepspeed"]
 ROLLOUT_ENGINES = ["hf"]
 ROLLOUT_ENGINES_PLANNED = ["vllm", "sglang"]
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]

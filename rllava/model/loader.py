@@ -107,18 +107,20 @@ def build_reference(policy, ref_cfg, model_cfg, device: torch.device):
     return ref.eval().to(device)
 
 
-def save_model(model, processor, path: str) -> str:
+def save_model(model, processor, path: str, state_dict: dict | None = None) -> str:
     """The model and its processor as a plain `save_pretrained` directory (loads with transformers alone),
     written atomically: an interrupted save leaves no half-written `path`. A LoRA policy is saved with its
-    adapters merged, and the adapter alone under `path/adapter`."""
+    adapters merged, and the adapter alone under `path/adapter`. `state_dict`: the full weights when the model
+    itself holds only shards (FSDP2: `engine.full_state_dict()`)."""
     from rllava.model.lora import has_lora, merged_state_dict, save_adapter
     from rllava.utils.fs import atomic_directory
 
+    state = model.state_dict() if state_dict is None else state_dict
     with atomic_directory(path) as tmp:
         if has_lora(model):
-            model.save_pretrained(tmp, state_dict=merged_state_dict(model))
-            save_adapter(model, os.path.join(tmp, "adapter"))
+            model.save_pretrained(tmp, state_dict=merged_state_dict(model, state))
+            save_adapter(model, os.path.join(tmp, "adapter"), state)
         else:
-            model.save_pretrained(tmp)
+            model.save_pretrained(tmp, state_dict=state)
         processor.save_pretrained(tmp)
     return path

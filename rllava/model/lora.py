@@ -77,25 +77,36 @@ def adapters_disabled(model: torch.nn.Module):
 
 
 @torch.no_grad()
-def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The model's weights with each adapter folded in (W + s B A) under the original parameter names, as a
-    model without LoRA would have them; the live model is not modified."""
-    deltas = {f"{name}.weight": mod.get_delta_weight(ADAPTER) for name, mod in lora_layers(model)
-              if ADAPTER in getattr(mod, "lora_A", {})}
+    model without LoRA would have them; the live model is not modified. `state`: the model's full state dict
+    if it is already gathered (FSDP2), else `model.state_dict()`."""
+    state = model.state_dict() if state is None else state
+    deltas = {}
+    for name, mod in lora_layers(model):
+        if ADAPTER not in getattr(mod, "lora_A", {}):
+            continue
+        a, b = state[f"{name}.lora_A.{ADAPTER}.weight"], state[f"{name}.lora_B.{ADAPTER}.weight"]
+        if a.dim() == 2:  # linear adapters: from the (gathered) state
+            delta = (b.float() @ a.float()) * mod.scaling[ADAPTER]
+            deltas[f"{name}.weight"] = delta.T if getattr(mod, "fan_in_fan_out", False) else delta
+        else:  # convolution adapters: peft's own formula
+            deltas[f"{name}.weight"] = mod.get_delta_weight(ADAPTER)
     out = {}
-    for k, v in model.state_dict().items():
+    for k, v in state.items():
         if ".lora_" in k or ".original_module." in k:
             continue
         k = k.replace(".base_layer.", ".").replace(f".modules_to_save.{ADAPTER}.", ".")
-        out[k] = v + deltas[k].to(v.dtype) if k in deltas else v
+        out[k] = (v.float() + deltas[k]).to(v.dtype) if k in deltas else v
     return out
 
 
-def save_adapter(model: torch.nn.Module, path: str) -> None:
+def save_adapter(model: torch.nn.Module, path: str, state: dict[str, torch.Tensor] | None = None) -> None:
     """The adapter alone, in peft's format (adapter_config.json + adapter_model.safetensors)."""
     from safetensors.torch import save_file
 
     os.makedirs(path, exist_ok=True)
     model.peft_config[ADAPTER].save_pretrained(path)
-    state = {k: v.contiguous() for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}
+    state = {k: v.contiguous() for k, v in
+             get_peft_model_state_dict(model, state_dict=state, adapter_name=ADAPTER).items()}
     save_file(state, os.path.join(path, ADAPTER_WEIGHTS))

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import transformers
 
+from rllava import distributed as D
 from rllava.algorithms.kl import KLController
 from rllava.algorithms.ppo import build_algorithm, load_plugins
 from rllava.config import ConfigError, PPOConfig, config_to_yaml
@@ -41,27 +42,43 @@ VISION_PLACEHOLDERS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|
 def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
     """Seed every RNG, pick the device, create outputs_dir and save the resolved config there."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and cfg.actor.strategy == "single":
-        raise ConfigError(f"launched with {world} processes but actor.strategy=single runs on one device; "
-                          "use --nproc_per_node=1")
-    random.seed(cfg.trainer.seed)
+    if world > 1:
+        check_world_size(cfg, world)
+    random.seed(cfg.trainer.seed)  # the same on every rank: models (LoRA, value heads) start identical
     np.random.seed(cfg.trainer.seed)
     torch.manual_seed(cfg.trainer.seed)
-    if cfg.trainer.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(cfg.trainer.device)
+    device = D.init(cfg.trainer.device)  # joins the process group under torchrun
     outputs_dir = cfg.trainer.outputs_dir or os.path.join("outputs", cfg.trainer.experiment_name)
-    os.makedirs(outputs_dir, exist_ok=True)
-    with open(os.path.join(outputs_dir, "config.yaml"), "w") as f:
-        f.write(config_to_yaml(cfg))
+    if D.is_main():
+        os.makedirs(outputs_dir, exist_ok=True)
+        with open(os.path.join(outputs_dir, "config.yaml"), "w") as f:
+            f.write(config_to_yaml(cfg))
     return device, outputs_dir
+
+
+def check_world_size(cfg: PPOConfig, world: int) -> None:
+    """Under torchrun every rank takes an equal share of each batch of prompts and of each mini-batch."""
+    sharded = cfg.actor.strategy in ("fsdp", "fsdp2")
+    if not sharded:
+        raise ConfigError(f"launched with {world} processes but actor.strategy={cfg.actor.strategy} runs on one "
+                          "device; set actor.strategy=fsdp2 or use --nproc_per_node=1")
+    if cfg.critic is not None and cfg.critic.strategy not in ("fsdp", "fsdp2"):
+        raise ConfigError(f"launched with {world} processes: set critic.strategy=fsdp2 as well")
+    for key, value in (("data.train_batch_size", cfg.data.train_batch_size),
+                       ("actor.ppo_mini_batch_size", cfg.actor.ppo_mini_batch_size)):
+        if value % world:
+            raise ConfigError(f"{key}={value} must be a multiple of the {world} processes (each takes a share)")
+
+
+def seed_sampling(cfg: PPOConfig) -> None:
+    """After the models are built: each rank draws its own samples (offset seed per rank)."""
+    torch.manual_seed(cfg.trainer.seed + D.rank())
 
 
 def build_tracker(cfg: PPOConfig, outputs_dir: str) -> Tracker:
     from omegaconf import OmegaConf
 
-    return Tracker(cfg.trainer.logger, outputs_dir, cfg.trainer.project_name, cfg.trainer.experiment_name,
+    return Tracker(cfg.trainer.logger if D.is_main() else None, outputs_dir, cfg.trainer.project_name, cfg.trainer.experiment_name,
                    OmegaConf.to_container(OmegaConf.structured(cfg)))
 
 
@@ -149,7 +166,7 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
 
     `sft=True`: one reference response per prompt, the `sft` loss (NLL) at temperature 1."""
     n = 1 if sft else cfg.rollout.n
-    mini = cfg.actor.ppo_mini_batch_size * n  # RLLaVA counts mini-batches in prompts
+    mini = cfg.actor.ppo_mini_batch_size * n // D.world_size()  # RLLaVA counts prompts, over all ranks
     engine = _engine(model, cfg.actor.optim, device, cfg.actor.max_grad_norm, cfg.actor.skip_grad_norm,
                      updates=_num_updates(cfg, num_steps, cfg.actor.ppo_epochs, mini, n), key="actor.optim",
                      strategy=cfg.actor.strategy, fsdp=cfg.actor.fsdp)
@@ -203,7 +220,7 @@ class Reference:
             return compute_logprobs(self.model, batch, self.batching, self.temperature, chunk_size=self.chunk_size)
 
 
-def build_reference_role(cfg: PPOConfig, policy, device: torch.device) -> Reference | None:
+def build_reference_role(cfg: PPOConfig, policy, device: torch.device, engine=None) -> Reference | None:
     """Built only when a KL uses it: in the loss (algorithm.use_kl_loss, non-zero actor.kl_loss_coef) or in
     the reward (algorithm.use_kl_in_reward)."""
     if not (cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0) and not cfg.algorithm.use_kl_in_reward:
@@ -214,6 +231,10 @@ def build_reference_role(cfg: PPOConfig, policy, device: torch.device) -> Refere
     kw = dict(temperature=cfg.rollout.temperature, chunk_size=cfg.actor.logprob_chunk_size)
     if m.use_peft and not cfg.ref.model_path:
         return Reference(policy, batching, lora_base=True, **kw)
+    if hasattr(engine, "shard_frozen"):  # FSDP2: a fresh copy of the starting weights, sharded as the policy
+        ref = load_model(cfg.ref.model_path or m.model_path, dtype=resolve_dtype(m.torch_dtype, device),
+                         attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code, key="ref")
+        return Reference(engine.shard_frozen(ref.eval()), batching, **kw)
     return Reference(build_reference(policy, cfg.ref, m, device), batching, **kw)
 
 
@@ -231,7 +252,7 @@ def build_critic(cfg: PPOConfig, device: torch.device, num_steps: int, algorithm
                     key="critic.model")
     if c.model.use_peft:  # adapters on the backbone; the value head (built next) trains fully
         lm = apply_lora(lm, c.model, key="critic.model")
-    mini = c.ppo_mini_batch_size * cfg.rollout.n
+    mini = c.ppo_mini_batch_size * cfg.rollout.n // D.world_size()
     engine = _engine(ValueModel(lm), c.optim, device, c.max_grad_norm, None, key="critic.optim",
                      updates=_num_updates(cfg, num_steps, c.ppo_epochs, mini, cfg.rollout.n),
                      strategy=c.strategy, fsdp=c.fsdp)

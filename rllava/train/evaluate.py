@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from rllava import distributed as D
 from rllava.data.dataset import PromptDataset
 from rllava.engine.inference.base import SamplingParams, generate_context
 from rllava.reward.function import RewardFunction
@@ -22,16 +23,17 @@ def evaluate(train_engine, rollout: Rollout, reward: RewardFunction, dataset: Pr
              batch_size: int, prefix: str = "val") -> tuple[dict[str, float], list[dict]]:
     """Metrics `{prefix}/reward_mean, {prefix}/accuracy, ...` over every sample x sampling.n completions, and
     the generations (prompt index, response, scores)."""
-    size = len(dataset) if batch_size <= 0 else batch_size
+    mine = list(range(D.rank(), len(dataset), D.world_size()))  # under torchrun each rank scores a share
+    size = len(mine) if batch_size <= 0 else max(batch_size // D.world_size(), 1)
     details, lengths, generations = [], [], []
     with generate_context(rollout.engine, train_engine):
-        for start in range(0, len(dataset), size):
-            samples = [dataset[i] for i in range(start, min(start + size, len(dataset)))]
-            trajectories = rollout.generate(samples, sampling)
+        for start in range(0, len(mine), size):
+            trajectories = rollout.generate([dataset[i] for i in mine[start:start + size]], sampling)
             _, scored = reward.score(trajectories)
             details += scored
             lengths += [t.num_response_tokens for t in trajectories]
             generations += [{"index": t.sample.index, "response": t.response, **d} for t, d in zip(trajectories, scored)]
+    details, lengths, generations = D.gather(details), D.gather(lengths), D.gather(generations)
     metrics = {f"{prefix}/reward_mean": float(np.mean([d["overall"] for d in details])),
                f"{prefix}/accuracy": float(np.mean([accuracy_of(d) for d in details])),
                f"{prefix}/response_length": float(np.mean(lengths))}
@@ -56,7 +58,7 @@ def validate(cfg, train_engine, rollout: Rollout, reward: RewardFunction, datase
         return {}
     metrics, generations = evaluate(train_engine, rollout, reward, dataset, sampling_params(cfg, validation=True),
                                     cfg.data.val_batch_size)
-    if cfg.trainer.val_generations_to_log > 0:
+    if cfg.trainer.val_generations_to_log > 0 and D.is_main():
         with open(os.path.join(outputs_dir, "val_generations.jsonl"), "a") as f:
             f.writelines(json.dumps({"step": step, **g}) + "\n"
                          for g in generations[:cfg.trainer.val_generations_to_log])

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from rllava import distributed as D
 from rllava.data.dataset import PromptDataset
 from rllava.data.protocol import Batch, Sample
 from rllava.data.sampler import EpochSampler
@@ -55,8 +56,9 @@ class Run:
     reward: RewardFunction | None
 
     def next_samples(self) -> list[Sample]:
-        """The next data.train_batch_size prompts (the resumable sampler reshuffles each epoch)."""
-        return [self.train_set[j] for j in self.sampler.next_batch()]
+        """This rank's share of the next data.train_batch_size prompts (the resumable sampler, the same on every
+        rank, reshuffles each epoch)."""
+        return [self.train_set[j] for j in D.shard(self.sampler.next_batch(), "prompts")]
 
 
 def build_run(cfg, *, sft: bool = False) -> Run:
@@ -74,6 +76,7 @@ def build_run(cfg, *, sft: bool = False) -> Run:
         reward = RewardFunction(cfg.reward.reward_function, cfg.reward.reward_type, cfg.reward.reward_function_kwargs,
                                 overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None)
         rollout = B.build_rollout(cfg, processor, device)
+    B.seed_sampling(cfg)
     return Run(cfg, device, outputs_dir, model, processor, train_set, val_set, sampler, steps, actor,
                B.build_tracker(cfg, outputs_dir), rollout, reward)
 
@@ -94,13 +97,17 @@ def train_loop(run: Run, step: StepFn, name: str) -> str:
         with timer("step"):
             metrics, batch = step(run.next_samples(), timer)
         metrics.update(timer.pop(), **{"actor/lr": run.actor.engine.scheduler.get_last_lr()[0]})
-        metrics["perf/tokens_per_s"] = batch.attention_mask.sum().item() / metrics["timing/step"]
+        world = D.world_size()  # throughput of all ranks together
+        metrics["perf/tokens_per_s"] = world * batch.attention_mask.sum().item() / metrics["timing/step"]
         if "timing/rollout" in metrics:
-            metrics["perf/completions_per_s"] = len(batch) / metrics["timing/rollout"]
-        tracker.log(metrics, i)
+            metrics["perf/completions_per_s"] = world * len(batch) / metrics["timing/rollout"]
+        tracker.log(D.mean_metrics(metrics), i)
         if cfg.trainer.val_freq > 0 and (i % cfg.trainer.val_freq == 0 or i == run.steps):
             validate(i)
     if not cfg.trainer.val_only:
-        save_model(run.model, run.processor, os.path.join(run.outputs_dir, "final"))
+        weights = run.actor.engine.full_state_dict()  # every rank takes part in gathering the shards
+        if D.is_main():
+            save_model(run.model, run.processor, os.path.join(run.outputs_dir, "final"), state_dict=weights)
+        D.barrier()
     tracker.close()
     return run.outputs_dir

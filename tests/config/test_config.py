@@ -450,8 +450,8 @@ def test_alias_conflicts(tmp_path):
     ("algorithm.prefix_strategy=random", "algorithm.prefix_strategy=random is not available yet in rllava"),
     ("algorithm.hint_steps=5", "algorithm.hint_steps=5 is not available yet in rllava"),
     ("data.dataset_class=x.py:D", "data.dataset_class=x.py:D is not available yet in rllava"),
-    ("actor.strategy=fsdp2", "actor.strategy=fsdp2 is not available yet in rllava (supported: single)"),
-    ("actor.strategy=deepspeed", "actor.strategy=deepspeed is not available yet in rllava (supported: single)"),
+    ("actor.strategy=deepspeed",
+     "actor.strategy=deepspeed is not available yet in rllava (supported: single, fsdp, fsdp2)"),
     ("rollout.name=vllm", "rollout.name=vllm is not available yet in rllava (supported: hf)"),
     ("rollout.engine=sglang", "rollout.name=sglang is not available yet in rllava (supported: hf)"),
 ])

@@ -26,7 +26,7 @@ import torch
 from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard,
                                     register_fsdp_forward_method)
 
-from rllava.engine.train.single import HOST, move_optimizer_state, release_device_memory
+from rllava.engine.train.single import HOST, optimizer_on_device, release_device_memory
 from rllava.errors import ConfigError
 from rllava.model.forward import FSDP_FORWARD_METHOD, _token_logprobs
 
@@ -68,6 +68,9 @@ def shard_model(model: torch.nn.Module, device: torch.device, *, mp: MixedPrecis
     for unit in shard_units(model):
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
+    # FSDP2 picks its root lazily, as the first module to run forward; HF generate may call a submodule (e.g.
+    # the vision tower) before the root's forward, so make the root the root now (torch has no public call).
+    model._get_fsdp_state()._lazy_init()
     if not hasattr(model, "value_head"):  # a policy: the training forward runs as a method of the root
         setattr(model, FSDP_FORWARD_METHOD, types.MethodType(_token_logprobs, model))
         register_fsdp_forward_method(model, FSDP_FORWARD_METHOD)
@@ -114,15 +117,8 @@ class FSDP2Engine:
 
     @contextmanager
     def update_phase(self):
-        offload = self.offload_optimizer and not self.cpu_optimizer
-        if offload:
-            move_optimizer_state(self.optimizer, self.device)
-        try:
+        with optimizer_on_device(self.optimizer, self.device, self.offload_optimizer and not self.cpu_optimizer):
             yield
-        finally:
-            if offload:
-                move_optimizer_state(self.optimizer, HOST)
-                release_device_memory(self.device)
 
     @contextmanager
     def rollout_phase(self, shares_model: bool):

@@ -35,6 +35,19 @@ def release_device_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()  # hand the freed blocks back, e.g. to a rollout engine
 
 
+@contextmanager
+def optimizer_on_device(optimizer: torch.optim.Optimizer, device: torch.device, offload: bool):
+    """With `offload`, the optimizer state lives on the CPU and comes to `device` only inside the block."""
+    if offload:
+        move_optimizer_state(optimizer, device)
+    try:
+        yield
+    finally:
+        if offload:
+            move_optimizer_state(optimizer, HOST)
+            release_device_memory(device)
+
+
 class SingleDeviceEngine:
     def __init__(self, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None = None, *,
                  offload_params: bool = False, offload_optimizer: bool = False, cpu_optimizer: bool = False):
@@ -86,15 +99,9 @@ class SingleDeviceEngine:
     @contextmanager
     def update_phase(self):
         """The optimizer steps of one training stage: optimizer state on the device inside (offload_optimizer)."""
-        offload = self.offload_optimizer and not self.masters  # a CPU optimizer's state never leaves the CPU
-        if offload:
-            move_optimizer_state(self.optimizer, self.device)
-        try:
+        # a CPU optimizer's state never leaves the CPU
+        with optimizer_on_device(self.optimizer, self.device, self.offload_optimizer and not self.masters):
             yield
-        finally:
-            if offload:
-                move_optimizer_state(self.optimizer, HOST)
-                release_device_memory(self.device)
 
     @contextmanager
     def rollout_phase(self, shares_model: bool):

@@ -46,7 +46,7 @@ def train(cfg) -> str:
     """Run RLVR as configured; returns the outputs directory."""
     run = build_run(cfg)
     rollout, reward, actor = run.rollout, run.reward, run.actor
-    reference = B.build_reference_role(cfg, run.model, run.device)
+    reference = B.build_reference_role(cfg, run.model, run.device, actor.engine)
     kl_in_reward = B.build_kl_controller(cfg)  # None unless algorithm.use_kl_in_reward
     critic = B.build_critic(cfg, run.device, run.steps, actor.algorithm)  # None unless `critic` is set
     updates = 0
