@@ -25,8 +25,8 @@ from rllava.errors import ConfigError
 # here: their registries own them and reject unknown names when the pipeline is built.
 ACTOR_STRATEGIES = ["single", "fsdp", "fsdp2"]  # RLLaVA's `fsdp` runs the FSDP2 engine
 ACTOR_STRATEGIES_PLANNED = ["deepspeed"]
-ROLLOUT_ENGINES = ["hf"]
-ROLLOUT_ENGINES_PLANNED = ["vllm", "sglang"]
+ROLLOUT_ENGINES = ["hf", "vllm", "sglang"]  # vllm / sglang: optional extras, pip install "rllava[vllm]"
+ROLLOUT_ENGINES_PLANNED: list[str] = []
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KL_TYPES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]  # "full": not built yet
 KL_CTRL_TYPES = ["fixed", "adaptive"]
@@ -450,35 +450,36 @@ class CriticConfig:  # PPO value model: the backbone of critic.model.model_path 
 
 
 @dataclass
-class VLLMConfig:  # used only when rollout.name=vllm (not available yet)
+class VLLMConfig:  # used only when rollout.name=vllm (rllava/engine/inference/vllm.py)
     model: str = ""  # filled from actor.model.model_path by the engine
-    seed: Optional[int] = 1  # vLLM seed
+    seed: Optional[int] = 1  # RLLaVA's; rllava seeds vLLM from rollout.seed
     skip_tokenizer_init: bool = False  # vLLM skip_tokenizer_init
-    load_format: str = "auto"  # vLLM load_format
+    load_format: str = "auto"  # RLLaVA's; rllava reads rollout.load_format
     dtype: str = "float16"  # vLLM dtype (RLLaVA's fp16 rollout vs bf16 training is a known mismatch)
-    pipeline_parallel_size: int = 1  # vLLM pipeline parallelism
+    pipeline_parallel_size: int = 1  # vLLM pipeline parallelism; must be 1 (vLLM runs in the training ranks)
     max_model_len: Optional[int] = None  # vLLM max_model_len; None = prompt + response length
     gpu_memory_utilization: float = 0.9  # fraction of GPU memory vLLM may take
     max_num_batched_tokens: int = 8192  # vLLM scheduler token budget
     disable_log_stats: bool = True  # vLLM disable_log_stats
     enforce_eager: bool = True  # no CUDA graphs
     enable_chunked_prefill: bool = False  # vLLM chunked prefill
-    distributed_executor_backend: Optional[str] = None  # vLLM executor backend
+    distributed_executor_backend: Optional[str] = None  # null or external_launcher (what rllava uses)
     tokenizer: Optional[str] = None  # vLLM tokenizer path
-    chat_template: Optional[str] = None  # vLLM chat template
+    chat_template: Optional[str] = None  # unused: vLLM gets token ids (see data.override_chat_template)
 
 
 @dataclass
-class SGLangConfig:  # used only when rollout.name=sglang (not available yet)
+class SGLangConfig:  # used only when rollout.name=sglang (rllava/engine/inference/sglang.py)
     dtype: str = "bfloat16"  # SGLang dtype
     mem_fraction_static: Optional[float] = 0.6  # fraction of GPU memory SGLang may take
-    tp_size: int = 1  # SGLang tensor parallelism
+    tp_size: int = 1  # SGLang tensor parallelism (same as rollout.tensor_parallel_size; set one)
     skip_server_warmup: bool = False  # skip the server warmup request
 
 
 @dataclass
 class RolloutConfig:
-    # rllava default "hf" (RLLaVA: vllm): HF generate; vllm/sglang are not built yet. Alias: rollout.engine.
+    # rllava default "hf" (RLLaVA: vllm): HF generate on the training model; vllm/sglang hold their own copy.
+    # Alias: rollout.engine.
     name: str = "hf"
     n: int = 1  # responses sampled per prompt (group size)
     temperature: float = 1.0  # sampling temperature; 0 = greedy

@@ -7,9 +7,31 @@ multi-turn agent driver replaces this file's `generate` and keeps the engine.
 from __future__ import annotations
 
 from rllava.data.dataset import encode_prompt
-from rllava.data.protocol import Sample, Segment, Trajectory
+from rllava.data.protocol import Batch, Sample, Segment, Trajectory
 from rllava.engine.inference.base import GenerationRequest, RolloutEngine, SamplingParams
 from rllava.model.processor import get_tokenizer
+
+
+def raw_prompt_ids(processor, sample: Sample, prompt_ids: list[int]) -> list[int]:
+    """The chat template's text tokenized without the processor: one <|image_pad|> / <|video_pad|> per image or
+    video, for engines that expand placeholders themselves (vLLM, SGLang). Text-only prompts: `prompt_ids`."""
+    if not sample.images and not sample.videos:
+        return prompt_ids
+    text = processor.apply_chat_template(sample.messages, add_generation_prompt=True, tokenize=False)
+    return get_tokenizer(processor)(text, add_special_tokens=False)["input_ids"]
+
+
+def logprob_gap_metrics(batch: Batch) -> dict[str, float]:
+    """|rollout_logprobs - old_logprobs| over trained tokens: how far the engine that sampled is from the trainer
+    scoring the same tokens (kernels, dtype, a stale weight sync). It is what `algorithm.rollout_is` corrects for.
+    Empty when either side is missing."""
+    if batch.rollout_logprobs is None or batch.old_logprobs is None:
+        return {}
+    mask = batch.loss_mask.bool()
+    gap = (batch.rollout_logprobs - batch.old_logprobs.to(batch.rollout_logprobs))[mask].abs()  # [trained tokens]
+    if gap.numel() == 0:
+        return {}
+    return {"rollout/logprob_gap_mean": gap.mean().item(), "rollout/logprob_gap_max": gap.max().item()}
 
 
 class Rollout:
@@ -21,7 +43,8 @@ class Rollout:
     def generate(self, samples: list[Sample], sampling: SamplingParams) -> list[Trajectory]:
         """`sampling.n` trajectories per sample; the k samples of prompt i get group id i."""
         encoded = [encode_prompt(self.processor, s) for s in samples]
-        requests = [GenerationRequest(ids, mm) for ids, mm in encoded]
+        requests = [GenerationRequest(ids, mm, raw_prompt_ids(self.processor, s, ids), s.images, s.videos)
+                    for s, (ids, mm) in zip(samples, encoded)]
         groups = self.engine.generate(requests, sampling)
         trajectories = []
         for i, (sample, (prompt_ids, mm), completions) in enumerate(zip(samples, encoded, groups)):

@@ -125,12 +125,53 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device) -> Rollout:
     tok = get_tokenizer(processor)
     vocab = tok.get_vocab()
     banned = [vocab[t] for t in VISION_PLACEHOLDERS if t in vocab]
-    engine = HFRolloutEngine(pad_token_id=tok.pad_token_id, stop_token_ids=[tok.eos_token_id],
-                             banned_token_ids=banned, micro_batch_size=cfg.rollout.micro_batch_size, device=device)
+    engine = build_rollout_engine(cfg, tok.pad_token_id, [tok.eos_token_id], banned, device)
     if cfg.actor.fsdp.offload_params and engine.shares_train_model:
         log.warning("actor.fsdp.offload_params=true has no effect with rollout.name=%s: that engine samples with "
                     "the training model, whose weights must stay on the device", cfg.rollout.name)
     return Rollout(engine, processor, skip_special_tokens=cfg.reward.skip_special_tokens)
+
+
+def build_rollout_engine(cfg: PPOConfig, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
+                         device: torch.device):
+    """rollout.name: `hf` samples with the training model; `vllm` / `sglang` hold their own copy of the policy on
+    this rank's GPU(s), synced before every rollout (imported only when chosen: optional extras)."""
+    r, m, world = cfg.rollout, cfg.actor.model, D.world_size()
+    if r.name == "hf":
+        return HFRolloutEngine(pad_token_id=pad_token_id, stop_token_ids=stop_token_ids,
+                               banned_token_ids=banned_token_ids, micro_batch_size=r.micro_batch_size, device=device)
+    common = dict(model_path=m.model_path, stop_token_ids=stop_token_ids, banned_token_ids=banned_token_ids,
+                  seed=r.seed, load_format=r.load_format, bucket_mb=r.bucket_size, trust_remote_code=m.trust_remote_code)
+    max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if r.name == "vllm":
+        v = r.vllm
+        if world % r.tensor_parallel_size:
+            raise ConfigError(f"rollout.tensor_parallel_size={r.tensor_parallel_size} must divide the {world} "
+                              "processes: each engine spans that many consecutive ranks")
+        if v.pipeline_parallel_size != 1 or v.distributed_executor_backend not in (None, "external_launcher"):
+            raise ConfigError("rollout.vllm.pipeline_parallel_size must be 1 and rollout.vllm.distributed_executor_"
+                              "backend null or external_launcher: vLLM runs inside the training processes")
+        from rllava.engine.inference.vllm import VLLMRolloutEngine
+
+        return VLLMRolloutEngine(
+            **common, tensor_parallel_size=r.tensor_parallel_size, dtype=v.dtype,
+            gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=v.max_model_len or max_len,
+            max_num_batched_tokens=v.max_num_batched_tokens, enforce_eager=v.enforce_eager,
+            enable_chunked_prefill=v.enable_chunked_prefill, disable_log_stats=v.disable_log_stats,
+            skip_tokenizer_init=v.skip_tokenizer_init, tokenizer=v.tokenizer or m.tokenizer_path or m.model_path,
+            **({"limit_mm_per_prompt": {"image": r.limit_images}} if r.limit_images else {}))
+    sg, tp = r.sglang, max(r.tensor_parallel_size, r.sglang.tp_size)
+    if min(r.tensor_parallel_size, sg.tp_size) > 1 and r.tensor_parallel_size != sg.tp_size:
+        raise ConfigError(f"rollout.tensor_parallel_size={r.tensor_parallel_size} and rollout.sglang.tp_size="
+                          f"{sg.tp_size} name the same thing: set one")
+    if tp > 1 and world > 1:
+        raise ConfigError(f"rollout.tensor_parallel_size={tp} with sglang needs a single training process (each "
+                          f"of the {world} ranks starts its own engine on its own GPU)")
+    from rllava.engine.inference.sglang import SGLangRolloutEngine
+
+    return SGLangRolloutEngine(**common, tensor_parallel_size=tp, gpu_id=device.index or 0, dtype=sg.dtype,
+                               mem_fraction_static=sg.mem_fraction_static, skip_server_warmup=sg.skip_server_warmup,
+                               context_length=max_len)
 
 
 def _num_updates(cfg: PPOConfig, num_steps: int, epochs: int, mini_batch_seqs: int, n: int) -> int:

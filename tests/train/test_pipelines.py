@@ -107,7 +107,8 @@ def test_torchrun_single_process(tmp_path, tiny_model_dir, counting_dir):
 @pytest.mark.parametrize("extra, expect", [
     (["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"], ["actor/reward_kl", "timing/ref"]),
     (["algorithm.rollout_is=sequence"], ["actor/rollout_is_mean", "actor/rollout_is_truncated_frac"]),
-    (["actor.tis_imp_ratio_cap=2.0", "actor.ppo_epochs=2"], ["actor/rollout_is_mean", "timing/old_logprob"]),
+    (["actor.tis_imp_ratio_cap=2.0", "actor.ppo_epochs=2"], ["actor/rollout_is_mean", "timing/old_logprob",
+                                                      "rollout/logprob_gap_mean", "rollout/logprob_gap_max"]),
     (["algorithm.adv_estimator=remax"], ["reward/mean"]),
     (["algorithm.adv_estimator=rloo", "algorithm.policy_loss_fn=gspo"], ["reward/mean"]),
     (["actor.policy_loss.loss_mode=clip_cov", "actor.entropy_coeff=0.01"], ["actor/clip_cov_frac"]),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Iterator, Protocol
 
 import torch
 
@@ -28,6 +28,11 @@ class SamplingParams:
 class GenerationRequest:
     prompt_ids: list[int]  # the conversation so far, image placeholders already expanded
     mm_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # pixel_values, image_grid_thw, ...
+    # For engines that run the processor themselves (vLLM, SGLang): the same conversation with one
+    # <|image_pad|> / <|video_pad|> per image / video (not expanded), and the raw images and videos
+    raw_prompt_ids: list[int] | None = None
+    images: list = field(default_factory=list)  # PIL images (Sample.images)
+    videos: list = field(default_factory=list)  # rllava.data.video.Video (Sample.videos)
 
 
 @dataclass
@@ -47,6 +52,37 @@ class RolloutEngine(Protocol):
     def offload(self) -> None: ...
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]: ...
+
+
+def weight_buckets(model: torch.nn.Module, bucket_mb: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The policy's current weights as (HF parameter name, full tensor) lists of about `bucket_mb` MB each, for an
+    engine that holds its own copy. LoRA adapters are merged into the base weights (`merged_state_dict`), so the
+    engine sees a plain model. FSDP2 shards (DTensors) are gathered one parameter at a time: every rank must
+    call this, in the same order (the gather is a collective)."""
+    from torch.distributed.tensor import DTensor
+
+    from rllava.model.lora import has_lora, merged_state_dict
+
+    def full(t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, DTensor):
+            return t.detach()
+        if t.device.type == "cpu" and torch.cuda.is_available():  # offloaded shards: NCCL gathers on the GPU
+            t = t.cuda()
+        return t.full_tensor().detach()
+
+    state = model.state_dict()
+    if has_lora(model):  # merging needs whole A, B and W
+        state = merged_state_dict(model, {k: full(v) for k, v in state.items()})
+    bucket, size = [], 0
+    for name, tensor in state.items():
+        tensor = full(tensor)
+        bucket.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+        if size >= bucket_mb * 2**20:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
 
 
 @contextmanager

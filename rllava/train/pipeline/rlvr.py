@@ -17,6 +17,7 @@ import numpy as np
 from rllava.algorithms.filtering import fill_batch
 from rllava.data.protocol import Batch, Sample, collate
 from rllava.engine.inference.base import generate_context
+from rllava.roles.rollout import logprob_gap_metrics
 from rllava.train import builders as B
 from rllava.train.cli import run_cli
 from rllava.train.evaluate import accuracy_of
@@ -78,6 +79,7 @@ def train(cfg) -> str:
         if actor.needs_old_logprobs(len(batch)) or kl_in_reward is not None:
             with timer("old_logprob"):
                 batch.old_logprobs = actor.compute_logprobs(batch)
+            metrics.update(logprob_gap_metrics(batch))  # engine vs trainer on the sampled tokens
         if reference is not None:
             with timer("ref"):
                 batch.ref_logprobs = reference.compute_logprobs(batch)

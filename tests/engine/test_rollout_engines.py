@@ -1,0 +1,307 @@
+"""The vLLM and SGLang rollout engines' glue, on CPU, without either package.
+
+The fakes implement only the calls rllava makes, with the real signatures: vLLM 0.33 (`vllm.LLM`,
+`LLM.generate(prompts, sampling_params, *, use_tqdm)`, `sleep(level)`, `wake_up(tags)`, `reset_prefix_cache()`,
+`collective_rpc(method, timeout, args, kwargs)` calling `method(worker, *args)`; `RequestOutput.outputs` of
+`CompletionOutput(token_ids, logprobs: list[dict[int, Logprob]], finish_reason)`) and SGLang 0.5
+(`sglang.Engine(**server_args)`, `generate(input_ids=, sampling_params=, return_logprob=, image_data=, ...)` ->
+dicts with `output_ids` and `meta_info`, `update_weights_from_tensor(named_tensors, load_format, flush_cache)`,
+`release_memory_occupation(tags)` / `resume_memory_occupation(tags)`). They record what they are given.
+"""
+
+import os
+import sys
+import types
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoModelForImageTextToText
+
+from rllava.config import load_config
+from rllava.data.protocol import Sample
+from rllava.engine.inference.base import SamplingParams, generate_context
+from rllava.model.lora import apply_lora, merged_state_dict
+from rllava.model.processor import get_tokenizer, load_processor
+from rllava.train import builders as B
+from rllava.train.pipeline import rlvr
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EOS = 7  # the fakes' completions end with the stop id they were given; 7 stands in for it in expectations
+
+
+# ----------------------------------------------------------------------------------------------- fakes
+
+
+@dataclass
+class Logprob:  # vllm.logprobs.Logprob
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+def _fake_tokens(i: int, j: int, eos: int) -> tuple[list[int], list[float], str]:
+    """Request i, sample j: odd requests hit the length limit, even ones stop at EOS."""
+    ids = [10 + i, 20 + j] + ([] if i % 2 else [eos])
+    return ids, [-0.5 - 0.1 * k - j for k in range(len(ids))], "length" if i % 2 else "stop"
+
+
+def fake_vllm(log: list):
+    mod = types.ModuleType("vllm")
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.__dict__.update(kwargs)
+
+    class Worker:  # WorkerWrapperBase forwards attribute access to the GPU worker
+        def __init__(self):
+            self.model_runner = types.SimpleNamespace(model=types.SimpleNamespace(load_weights=self.load_weights))
+
+        def load_weights(self, weights):
+            log.append(("load_weights", [(n, t.clone()) for n, t in weights]))
+
+    class LLM:
+        def __init__(self, model, **kwargs):
+            log.append(("LLM", model, kwargs))
+            self.worker = Worker()
+
+        def sleep(self, level=1):
+            log.append(("sleep", level))
+
+        def wake_up(self, tags=None):
+            log.append(("wake_up", tags))
+
+        def reset_prefix_cache(self, reset_running_requests=False, reset_connector=False):
+            log.append(("reset_prefix_cache",))
+
+        def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            return [method(self.worker, *args, **(kwargs or {}))]
+
+        def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
+                     tokenization_kwargs=None):
+            log.append(("generate", prompts, sampling_params))
+            eos = sampling_params.stop_token_ids[0]
+            outs = []
+            for i, _ in enumerate(prompts):
+                samples = []
+                for j in range(sampling_params.n):
+                    ids, lps, finish = _fake_tokens(i, j, eos)
+                    samples.append(types.SimpleNamespace(token_ids=ids, finish_reason=finish,
+                                                         logprobs=[{t: Logprob(lp, 1)} for t, lp in zip(ids, lps)]))
+                outs.append(types.SimpleNamespace(outputs=samples))
+            return outs
+
+    mod.LLM, mod.SamplingParams = LLM, SamplingParams
+    return mod
+
+
+def fake_sglang(log: list):
+    mod = types.ModuleType("sglang")
+
+    class Engine:
+        def __init__(self, **kwargs):
+            log.append(("Engine", kwargs))
+            self.seen = {}  # how many times each prompt came, to number the samples
+
+        def release_memory_occupation(self, tags=None):
+            log.append(("release_memory_occupation", tags))
+
+        def resume_memory_occupation(self, tags=None):
+            log.append(("resume_memory_occupation", tags))
+
+        def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+            log.append(("update_weights_from_tensor", [(n, t.clone()) for n, t in named_tensors], flush_cache))
+
+        def generate(self, prompt=None, sampling_params=None, input_ids=None, image_data=None, audio_data=None,
+                     video_data=None, return_logprob=False, **kwargs):
+            log.append(("generate", input_ids, image_data, video_data, sampling_params, return_logprob))
+            eos, outs, order = sampling_params["stop_token_ids"][0], [], {}
+            for ids in input_ids:
+                i = order.setdefault(tuple(ids), len(order))
+                j = self.seen.get(i, 0)
+                self.seen[i] = j + 1
+                out_ids, lps, finish = _fake_tokens(i, j, eos)
+                outs.append({"text": "", "output_ids": out_ids, "meta_info": {
+                    "finish_reason": {"type": finish}, "output_token_logprobs": list(zip(lps, out_ids, [None] * 9))}})
+            self.seen = {}
+            return outs
+
+    mod.Engine = Engine
+    return mod
+
+
+class FakeTrainEngine:
+    def __init__(self, model, log):
+        self.model, self.log = model, log
+
+    @contextmanager
+    def rollout_phase(self, shares_model):
+        self.log.append(("train_offload", shares_model))
+        yield
+        self.log.append(("train_back",))
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _cfg(model_dir, name, *extra):
+    return load_config([f"actor.model.model_path={model_dir}", f"rollout.name={name}", "rollout.seed=7",
+                        "data.max_prompt_length=128", "data.max_response_length=10", *extra])
+
+
+def _sample(i, n_images):
+    content = [{"type": "image"}] * n_images + [{"type": "text", "text": f"How many? {i}"}]
+    images = [Image.new("RGB", (56, 56), (40 * i, 80 * k, 200)) for k in range(n_images)]
+    return Sample(index=i, messages=[{"role": "user", "content": content}], images=images, ground_truth="1")
+
+
+def _engine(monkeypatch, name, model_dir, *extra):
+    log = []
+    monkeypatch.setitem(sys.modules, name, (fake_vllm if name == "vllm" else fake_sglang)(log))
+    processor = load_processor(model_dir)
+    rollout = B.build_rollout(_cfg(model_dir, name, *extra), processor, torch.device("cpu"))
+    return rollout, processor, log
+
+
+def _events(log):
+    return [e[:2] if e[0] in ("sleep", "wake_up", "release_memory_occupation", "train_offload") else e[0] for e in log]
+
+
+# ----------------------------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_missing_package_is_a_one_line_cli_error(monkeypatch, capsys, tmp_path, tiny_model_dir, counting_dir, name):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setitem(sys.modules, name, None)  # `import name` raises ImportError, installed or not
+    with pytest.raises(SystemExit) as exit_:
+        rlvr.main(["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={tiny_model_dir}",
+                   f"data.train_files={counting_dir}/train.jsonl", "data.max_samples=8", f"rollout.name={name}",
+                   f"trainer.outputs_dir={tmp_path}", "trainer.logger=[jsonl]"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == (f'rllava: error: rollout.name={name} needs {"vLLM" if name == "vllm" else "SGLang"}, which is not '
+                   f'installed: pip install "rllava[{name}]"')
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_generate_sends_unexpanded_prompts_and_maps_outputs(monkeypatch, tiny_model_dir, name):
+    rollout, processor, log = _engine(monkeypatch, name, tiny_model_dir)
+    tok = get_tokenizer(processor)
+    image_pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    samples = [_sample(0, 2), _sample(1, 1), _sample(2, 0)]
+    trajectories = rollout.generate(samples, SamplingParams(n=3, temperature=0.7, top_p=0.9, top_k=5,
+                                                            max_new_tokens=4))
+    # prompts: the chat template's tokens with one <|image_pad|> per image, and the PIL images themselves
+    if name == "vllm":
+        (_, prompts, params), = [e for e in log if e[0] == "generate"]
+        ids = [p["prompt_token_ids"] for p in prompts]
+        images = [p.get("multi_modal_data", {}).get("image", []) for p in prompts]
+        assert (params.n, params.temperature, params.top_p, params.top_k, params.max_tokens, params.logprobs) == \
+               (3, 0.7, 0.9, 5, 4, 0)
+        assert params.stop_token_ids == [tok.eos_token_id] and params.logit_bias[image_pad] == -100.0
+    else:
+        (_, ids, image_lists, videos, params, return_logprob), = [e for e in log if e[0] == "generate"]
+        assert return_logprob and videos is None and len(ids) == 9  # each prompt 3 times, one sample each
+        ids, images = ids[::3], image_lists[::3]
+        assert (params["temperature"], params["top_p"], params["top_k"], params["max_new_tokens"]) == (0.7, 0.9, 5, 4)
+        assert params["stop_token_ids"] == [tok.eos_token_id] and params["logit_bias"][str(image_pad)] == -100.0
+    for sample, prompt_ids, imgs in zip(samples, ids, images):
+        text = processor.apply_chat_template(sample.messages, add_generation_prompt=True, tokenize=False)
+        assert prompt_ids == tok(text, add_special_tokens=False)["input_ids"]
+        assert prompt_ids.count(image_pad) == len(sample.images) and list(imgs) == sample.images
+    # completions: 3 per prompt, token ids, the sampled tokens' log-probs and finish reasons
+    eos = tok.eos_token_id
+    assert [t.group_id for t in trajectories] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for t in trajectories:
+        i, j = t.group_id, trajectories.index(t) % 3
+        ids_, lps, finish = _fake_tokens(i, j, eos)
+        assert t.segments[1].token_ids == ids_ and t.segments[1].logprobs == pytest.approx(lps)
+        assert t.finish_reason == finish and t.segments[1].trained
+    # the training side still gets the expanded prompt and the pixel tensors (what the HF engine gets)
+    assert trajectories[0].segments[0].token_ids.count(image_pad) > 2 and "pixel_values" in trajectories[0].mm_inputs
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_greedy_samples_once_and_copies(monkeypatch, tiny_model_dir, name):
+    rollout, _, log = _engine(monkeypatch, name, tiny_model_dir)
+    trajectories = rollout.generate([_sample(0, 1), _sample(1, 0)], SamplingParams(n=2, temperature=0.0))
+    gen = [e for e in log if e[0] == "generate"][0]
+    if name == "vllm":
+        assert gen[2].n == 1 and gen[2].temperature == 0.0
+    else:
+        assert len(gen[1]) == 2 and gen[4]["temperature"] == 0.0
+    assert [t.group_id for t in trajectories] == [0, 0, 1, 1]
+    assert trajectories[0].segments[1].token_ids == trajectories[1].segments[1].token_ids
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+@pytest.mark.parametrize("lora", [False, True])
+def test_load_pushes_current_weights_and_offload_wraps_rollout(monkeypatch, tiny_model_dir, name, lora):
+    extra = ["rollout.bucket_size=1"] if name == "sglang" else []  # several buckets: flush only after the last
+    rollout, _, log = _engine(monkeypatch, name, tiny_model_dir, *extra)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        next(iter(model.parameters())).add_(1.0)  # "trained": differs from the checkpoint
+    if lora:
+        model = apply_lora(model, load_config(["actor.model.use_peft=true", "actor.model.lora_r=4"]).actor.model)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_()  # peft starts B at 0: make the merge visible
+    expected = merged_state_dict(model) if lora else model.state_dict()
+    del log[:]
+    train = FakeTrainEngine(model, log)
+    with generate_context(rollout.engine, train):
+        rollout.generate([_sample(0, 0)], SamplingParams(n=1))
+    if name == "vllm":
+        pushed = [w for e in log if e[0] == "load_weights" for w in e[1]]
+        assert _events(log) == [("train_offload", False), ("wake_up", ["weights"])] + \
+               ["load_weights"] * len([e for e in log if e[0] == "load_weights"]) + \
+               [("wake_up", ["kv_cache"]), "reset_prefix_cache", "generate", ("sleep", 1), "train_back"]
+    else:
+        updates = [e for e in log if e[0] == "update_weights_from_tensor"]
+        pushed = [w for e in updates for w in e[1]]
+        assert len(updates) > 1 and [e[2] for e in updates] == [False] * (len(updates) - 1) + [True]
+        assert _events(log) == [("train_offload", False), "resume_memory_occupation"] + \
+               ["update_weights_from_tensor"] * len(updates) + \
+               ["generate", ("release_memory_occupation", None), "train_back"]
+    assert [n for n, _ in pushed] == list(expected) and not any("lora_" in n for n, _ in pushed)
+    for n, t in pushed:
+        torch.testing.assert_close(t, expected[n], rtol=0, atol=0, msg=n)
+    if lora:  # the merged weights differ from the base layer's
+        base = model.state_dict()
+        assert any(not torch.equal(t, base[n.replace(".weight", ".base_layer.weight")])
+                   for n, t in pushed if n.replace(".weight", ".base_layer.weight") in base)
+
+
+def test_engines_are_built_from_rollout_keys(monkeypatch, tiny_model_dir):
+    _, _, log = _engine(monkeypatch, "vllm", tiny_model_dir, "rollout.tensor_parallel_size=1",
+                        "rollout.vllm.gpu_memory_utilization=0.5", "rollout.limit_images=2")
+    (_, model, kw), = [e for e in log if e[0] == "LLM"]
+    assert model == tiny_model_dir and kw["seed"] == 7 and kw["gpu_memory_utilization"] == 0.5
+    assert kw["max_model_len"] == 138 and kw["limit_mm_per_prompt"] == {"image": 2} and kw["load_format"] == "dummy"
+    assert kw["enable_sleep_mode"] and kw["distributed_executor_backend"] == "external_launcher"
+    assert log[-1] == ("sleep", 1)  # asleep until the first rollout
+    _, _, log = _engine(monkeypatch, "sglang", tiny_model_dir, "rollout.sglang.mem_fraction_static=0.4")
+    (_, kw), = [e for e in log if e[0] == "Engine"]
+    assert kw["model_path"] == tiny_model_dir and kw["random_seed"] == 7 and kw["mem_fraction_static"] == 0.4
+    assert kw["enable_memory_saver"] and kw["context_length"] == 138 and kw["tp_size"] == 1
+    assert log[-1] == ("release_memory_occupation", None)
+
+
+def test_logprob_gap_metrics_over_trained_tokens():
+    from rllava.data.protocol import Segment, Trajectory, collate
+    from rllava.roles.rollout import logprob_gap_metrics
+
+    # row 0: prompt [1, 2], response [3, 4] with rollout log-probs [-1.0, -2.0]; row 1: response [5], [-0.5]
+    trajs = [Trajectory(Sample(i, [], [], None), i, [Segment([1, 2], False), Segment(ids, True, logprobs=lps)], {})
+             for i, (ids, lps) in enumerate([([3, 4], [-1.0, -2.0]), ([5], [-0.5])])]
+    batch = collate(trajs, 0)
+    assert logprob_gap_metrics(batch) == {}  # no old log-probs yet
+    batch.old_logprobs = torch.tensor([[9.0, 9.0, -1.5, -2.0], [9.0, 9.0, -0.25, 9.0]])  # 9: not trained, ignored
+    # gaps |rollout - old| on trained tokens: 0.5, 0.0, 0.25 -> mean 0.25, max 0.5
+    assert logprob_gap_metrics(batch) == pytest.approx({"rollout/logprob_gap_mean": 0.25,
+                                                        "rollout/logprob_gap_max": 0.5})
