@@ -113,10 +113,11 @@ class PromptDataset:
                 prompt = self.template.render(**{**fields, "content": prompt})
             except jinja2.TemplateError as e:
                 raise DataError(f"data.format_prompt {self.cfg.format_prompt}: rendering {where} failed: {e}") from e
-        images = []
+        images, image_sizes = [], []
         if self.has_images:
             for j, obj in enumerate(normalize_image_list(record[self.cfg.image_key])):
                 img = load_image(obj, base_dir=self.image_dir, where=f"{where}, {self.cfg.image_key}[{j}]")
+                image_sizes.append(img.size)
                 images.append(resize_to_pixel_bounds(img, self.cfg.min_pixels, self.cfg.max_pixels))
         videos = []
         if self.has_videos:
@@ -127,7 +128,7 @@ class PromptDataset:
         content = _content(prompt, {"image": len(images), "video": len(videos)}, where)
         return Sample(index=row, messages=[{"role": "user", "content": content}], images=images, videos=videos,
                       ground_truth=record[self.cfg.answer_key], extra=extra,
-                      target=record[self.target_key] if self.target_key else None)
+                      target=record[self.target_key] if self.target_key else None, image_sizes=image_sizes)
 
 
 def _video_spec(cfg, processor, spec: str) -> VideoSpec:

@@ -26,6 +26,7 @@ class Sample:
     extra: dict = field(default_factory=dict)  # every other field of the record (for reward functions)
     target: str | None = None  # reference response text (SFT), if any
     videos: list[Any] = field(default_factory=list)  # rllava.data.video.Video: frames sampled and sized
+    image_sizes: list[tuple[int, int]] = field(default_factory=list)  # (width, height) of each image as stored
 
 
 @dataclass
@@ -46,6 +47,8 @@ class Trajectory:
     mm_inputs: dict[str, torch.Tensor]
     response: str = ""  # decoded text of the model-written segments (what the reward reads)
     finish_reason: str = "stop"  # "stop" (EOS) or "length" (hit max_response_length)
+    # (width, height) of each image as the model saw it, after the processor's resize (grounding rewards)
+    model_image_sizes: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_response_tokens(self) -> int:

@@ -1,10 +1,15 @@
 """Reward functions from a user file: `reward.reward_function=path/to/file.py:compute_score`.
 
 Two call styles (`reward.reward_type`):
-- sequential: `fn(response: str, ground_truth, **reward_function_kwargs)` per trajectory;
+- sequential: `fn(response: str, ground_truth, **reward_function_kwargs)` per trajectory; any other parameter
+  the function names after the first two that is a per-sample field (below) and not a configured kwarg gets
+  that sample's value: `def compute_score(response, ground_truth, model_image_sizes=())`.
 - batch:      `fn(reward_inputs: list[dict], **reward_function_kwargs)` once per batch, each dict holding
-  `response`, `response_length`, `ground_truth` and the sample's other fields; returns one result per input.
+  every per-sample field; returns one result per input.
 - auto (default): sequential if the function has two or more required positional parameters, else batch.
+Per-sample fields: `response`, `response_length` (tokens), `ground_truth`, the record's other fields,
+`image_sizes` ((width, height) of each image as stored) and `model_image_sizes` (as the model saw it, after its
+processor's resize: what a Qwen2.5-VL box is measured in).
 A result is a float or a dict of named floats with an `overall` entry (the scalar used for training).
 """
 
@@ -63,6 +68,20 @@ def _positional_params(fn: Callable) -> int:
                for p in inspect.signature(fn).parameters.values())
 
 
+def _sample_params(fn: Callable, configured: dict) -> list[str]:
+    """Parameters after (response, ground_truth) that are filled per sample: named, not **kwargs, not configured."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = [p for p in inspect.signature(fn).parameters.values() if p.kind in kinds]
+    return [p.name for p in params[2:] if p.name not in configured]
+
+
+def sample_fields(t: Trajectory) -> dict:
+    """What a reward function may read about one trajectory (see the module docstring)."""
+    return {**t.sample.extra, "response": t.response, "response_length": t.num_response_tokens,
+            "ground_truth": t.sample.ground_truth, "image_sizes": t.sample.image_sizes,
+            "model_image_sizes": t.model_image_sizes}
+
+
 def _as_scores(result: Any, spec: str, where: str) -> dict[str, float]:
     """A float or a dict with `overall` -> {name: float}; anything else is the user's bug, named."""
     if isinstance(result, dict):
@@ -102,26 +121,31 @@ class RewardFunction:
             raise RewardError(f"reward.reward_function={spec!r}: reward_type=sequential needs "
                               "fn(response, ground_truth); this one takes fewer positional parameters")
         self.reward_type = reward_type
+        self.per_sample = _sample_params(self.fn, self.kwargs) if reward_type == "sequential" else []
 
     def score(self, trajectories: list[Trajectory], train: bool = False) -> tuple[torch.Tensor, list[dict[str, float]]]:
         """Returns scores [B] (the `overall` entries) and the per-trajectory dicts of named scores. `train`:
         also apply the overlong penalty (`reward.overlong_buffer`) to `overall`, as DAPO does in training."""
         if self.reward_type == "batch":
-            inputs = [{**t.sample.extra, "response": t.response, "response_length": t.num_response_tokens,
-                       "ground_truth": t.sample.ground_truth} for t in trajectories]
+            inputs = [sample_fields(t) for t in trajectories]
             results = self._call(lambda: self.fn(inputs, **self.kwargs), "the batch")
             if not isinstance(results, (list, tuple)) or len(results) != len(trajectories):
                 raise RewardError(f"{self.spec} (batch) must return a list of {len(trajectories)} results, got "
                                   f"{type(results).__name__}" + (f" of {len(results)}" if hasattr(results, "__len__") else ""))
         else:
-            results = [self._call(lambda t=t: self.fn(t.response, t.sample.ground_truth, **self.kwargs),
-                                  f"sample {t.sample.index}") for t in trajectories]
+            results = [self._call(lambda t=t: self.fn(t.response, t.sample.ground_truth, **self.kwargs,
+                                                      **self._per_sample(t)), f"sample {t.sample.index}")
+                       for t in trajectories]
         details = [_as_scores(r, self.spec, f"sample {t.sample.index}") for r, t in zip(results, trajectories)]
         if train and self.overlong is not None:
             for d, t in zip(details, trajectories):
                 d["overlong_penalty"] = overlong_penalty(t.num_response_tokens, *self.overlong)
                 d["overall"] += d["overlong_penalty"]
         return torch.tensor([d["overall"] for d in details], dtype=torch.float32), details
+
+    def _per_sample(self, t: Trajectory) -> dict:
+        fields = sample_fields(t) if self.per_sample else {}
+        return {k: fields[k] for k in self.per_sample if k in fields}
 
     def _call(self, thunk, where: str):
         try:

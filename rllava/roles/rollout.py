@@ -34,6 +34,16 @@ def logprob_gap_metrics(batch: Batch) -> dict[str, float]:
     return {"rollout/logprob_gap_mean": gap.mean().item(), "rollout/logprob_gap_max": gap.max().item()}
 
 
+def model_image_sizes(processor, sample: Sample, mm: dict) -> list[tuple[int, int]]:
+    """(width, height) of each image as the vision tower saw it. Qwen-VL processors resize to multiples of
+    patch x merge within their pixel bounds (`smart_resize`) and report the patch grid, so the size is
+    image_grid_thw's (h, w) x patch_size; for other processors, the image as given to the processor."""
+    grid, patch = mm.get("image_grid_thw"), getattr(getattr(processor, "image_processor", None), "patch_size", None)
+    if grid is None or not isinstance(patch, int):
+        return [img.size for img in sample.images]
+    return [(int(w) * patch, int(h) * patch) for _, h, w in grid.tolist()]
+
+
 class Rollout:
     def __init__(self, engine: RolloutEngine, processor, *, skip_special_tokens: bool = True):
         self.engine, self.processor = engine, processor
@@ -48,9 +58,11 @@ class Rollout:
         groups = self.engine.generate(requests, sampling)
         trajectories = []
         for i, (sample, (prompt_ids, mm), completions) in enumerate(zip(samples, encoded, groups)):
+            sizes = model_image_sizes(self.processor, sample, mm)
             for c in completions:
                 trajectories.append(Trajectory(
                     sample=sample, group_id=i, mm_inputs=mm, finish_reason=c.finish_reason,
+                    model_image_sizes=sizes,
                     segments=[Segment(prompt_ids, trained=False),
                               Segment(c.token_ids, trained=True, logprobs=c.logprobs)],
                     response=self.tokenizer.decode(c.token_ids, skip_special_tokens=self.skip_special_tokens)))

@@ -98,3 +98,16 @@ def test_overlong_penalty_by_hand():
 
     # L_max 10, buffer 4: no penalty up to 6 tokens, then linear to -factor at 10
     assert [overlong_penalty(n, 10, 4, 0.5) for n in (3, 6, 7, 8, 10)] == [0.0, 0.0, -0.125, -0.25, -0.5]
+
+
+def test_sequential_functions_get_the_per_sample_fields_they_name(tmp_path):
+    path = _write(tmp_path, "def f(response, ground_truth, kind=None, model_image_sizes=(), image_sizes=(), *, w=1.0,"
+                            " unknown='default'):\n"
+                            "    assert unknown == 'default'\n"
+                            "    return w * (kind == 'count') + len(model_image_sizes) + 10 * len(image_sizes)\n")
+    t = _traj("3", "3")
+    t.model_image_sizes, t.sample.image_sizes = [(28, 28)], [(100, 100), (50, 50)]
+    fn = RewardFunction(f"{path}:f", kwargs={"w": 0.5})
+    assert fn.reward_type == "sequential" and fn.score([t])[0].tolist() == [0.5 + 1 + 20]
+    # a configured kwarg wins over a record field of the same name
+    assert RewardFunction(f"{path}:f", kwargs={"kind": "other"}).score([t])[0].tolist() == [1 + 20]

@@ -1,0 +1,40 @@
+"""Grounding reward (RefCOCO-style referring expressions): IoU of the predicted box with the ground truth.
+
+    response     [<think>...</think>] <answer>[x1, y1, x2, y2]</answer>   (also {"bbox_2d": [...]} or (x1,y1),(x2,y2))
+    ground_truth [x1, y1, x2, y2] in pixels of the original image (RefCOCO's own coordinates; a JSON string works)
+
+    format   = 1 if the response is exactly one answer (after an optional think) holding a box
+    iou      = IoU(predicted box mapped to original-image pixels, ground truth)
+    accuracy = 1 if iou >= 0.5 (the usual REC metric, Acc@0.5)
+    overall  = format * iou
+
+The box is read in the frame the model writes (reward.reward_function_kwargs.frame, required):
+`relative_1000` (Qwen2-VL, Qwen3-VL) or `absolute` pixels of the image the model saw after its processor's
+resize (Qwen2.5-VL); a model type (`qwen2_vl`, `qwen2_5_vl`, `qwen3_vl`) names its frame. The sizes come from
+the Reward role per sample: `image_sizes` (each image as stored) and `model_image_sizes` (as the processor
+resized it, from its patch grid), so nothing here needs min/max pixels. IoU is the same in any frame that
+scales x and y separately, so it is computed in original pixels.
+"""
+
+from rllava.reward.boxes import answer_text, box_iou, frame_of, is_box, parse_box, strict_answer, to_image_pixels
+
+
+def compute_score(response, ground_truth, image_sizes=(), model_image_sizes=(), *, frame=None) -> dict:
+    frame = frame_of(frame)
+    truth = _truth(ground_truth)
+    answer = strict_answer(response)
+    fmt = 1.0 if answer is not None and parse_box(answer) is not None else 0.0
+    box = parse_box(answer if answer is not None else answer_text(response))
+    pred = to_image_pixels(box, frame, _first(image_sizes), _first(model_image_sizes)) if box else None
+    iou = box_iou(pred, truth) if pred is not None and truth is not None else 0.0
+    return {"overall": fmt * iou, "format": fmt, "iou": iou, "accuracy": float(iou >= 0.5)}
+
+
+def _truth(ground_truth):
+    if isinstance(ground_truth, str):
+        return parse_box(ground_truth)
+    return tuple(float(v) for v in ground_truth) if is_box(ground_truth) else None
+
+
+def _first(sizes):
+    return sizes[0] if isinstance(sizes, (list, tuple)) and sizes else None

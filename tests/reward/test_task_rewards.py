@@ -1,0 +1,151 @@
+"""The example rewards (examples/reward_function/*.py): hand-computed cases per task, both grounding coordinate
+frames end to end through the Reward role, and a fuzz test: no model output makes any of them raise."""
+
+import json
+import os
+import random
+
+import pytest
+from PIL import Image
+
+from rllava.data.protocol import Sample, Segment, Trajectory
+from rllava.reward.function import RewardFunction, load_reward_function
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REWARDS = {name: load_reward_function(os.path.join(REPO, "examples/reward_function", f"{name}.py:compute_score"))
+           for name in ("counting", "math", "grounding", "ovd")}
+counting, math_score, grounding, ovd = (REWARDS[n] for n in ("counting", "math", "grounding", "ovd"))
+
+
+def test_counting():
+    assert counting("<answer>3</answer>", "3") == {"overall": 1.0, "format": 1.0, "accuracy": 1.0}
+    assert counting("<answer>4</answer>", 3) == {"overall": 0.0, "format": 1.0, "accuracy": 0.0}
+    assert counting("I see <answer>3</answer>", "3") == {"overall": 0.0, "format": 0.0, "accuracy": 1.0}
+    assert counting("<answer>three</answer>", "3")["overall"] == 0.0
+
+
+@pytest.mark.parametrize("response, truth, accuracy, fmt", [
+    ("<think>half</think><answer>0.5</answer>", "\\frac{1}{2}", 1, 1),  # decimal vs LaTeX fraction
+    ("<answer>\\frac{1}{2}</answer>", "0.5", 1, 1),
+    ("<answer>\\dfrac{3}{6}</answer>", "\\frac{1}{2}", 1, 1),
+    ("The area is \\boxed{12}.", "12", 1, 1),  # \boxed format
+    ("first \\boxed{3}, then \\boxed{\\frac{7}{2}}", "3.5", 1, 1),  # the last \boxed counts
+    ("<answer>12 cm</answer>", "12", 1, 1),  # units
+    ("<answer>45^\\circ</answer>", "45", 1, 1),  # degrees
+    ("<answer>2\\sqrt{3}</answer>", "\\sqrt{12}", 1, 1),
+    ("<answer>0.4</answer>", "\\frac{1}{2}", 0, 1),
+    ("the answer is 12", "12", 0, 0),  # no answer tags, no \boxed: unformatted answers earn nothing
+    ("<answer>12</answer> extra words", "12", 1, 0),  # loose: tags found but text outside them
+])
+def test_math(response, truth, accuracy, fmt):
+    s = math_score(response, truth)
+    assert (s["accuracy"], s["format"]) == (accuracy, fmt)
+    assert s["overall"] == pytest.approx(0.9 * accuracy + 0.1 * fmt)
+
+
+def test_grounding_relative_frame():
+    # a 200 x 100 image; truth in its pixels (50, 25)-(150, 75) = (250, 250)-(750, 750) on the 1000 grid
+    truth, sizes = [50, 25, 150, 75], [(200, 100)]
+    s = grounding("<answer>[250, 250, 750, 750]</answer>", truth, sizes, sizes, frame="qwen2_vl")
+    assert s == {"overall": 1.0, "format": 1.0, "iou": 1.0, "accuracy": 1.0}
+    # left half of the truth: (50, 25)-(100, 75) -> IoU 0.5
+    s = grounding("<think>left</think><answer>[250, 250, 500, 750]</answer>", truth, sizes, sizes, frame="qwen3_vl")
+    assert s["iou"] == pytest.approx(0.5) and s["overall"] == pytest.approx(0.5) and s["accuracy"] == 1.0
+    # pixel numbers read as 0-1000: (10, 2.5)-(30, 7.5) px, nowhere near the truth
+    assert grounding("<answer>[50, 25, 150, 75]</answer>", truth, sizes, sizes, frame="relative_1000")["iou"] == 0.0
+
+
+def test_grounding_absolute_frame_is_the_resized_image():
+    # a 1288 x 952 image the processor resized to 644 x 476; truth (128, 96)-(640, 480) in original pixels is
+    # (64, 48)-(320, 240) in the pixels the model saw
+    truth, original, seen = [128, 96, 640, 480], [(1288, 952)], [(644, 476)]
+    s = grounding("<answer>[64, 48, 320, 240]</answer>", truth, original, seen, frame="qwen2_5_vl")
+    assert s["iou"] == pytest.approx(1.0) and s["format"] == 1.0
+    # Read as pixels of the original image instead (no rescale): (64, 48)-(320, 240) against the truth,
+    # inter 192 x 144 = 27648, union 256 x 192 + 512 x 384 - 27648 = 218112
+    wrong = grounding("<answer>[64, 48, 320, 240]</answer>", truth, original, original, frame="absolute")
+    assert wrong["iou"] == pytest.approx(27648 / 218112) and wrong["accuracy"] == 0.0
+    # JSON answers (Qwen2.5-VL's own output form) and string ground truths work too
+    s = grounding('<answer>{"bbox_2d": [64, 48, 320, 240], "label": "dog"}</answer>', json.dumps(truth), original,
+                  seen, frame="absolute")
+    assert s["overall"] == pytest.approx(1.0)
+
+
+def test_grounding_through_the_reward_role(tiny_model_dir):
+    """The Reward role passes `image_sizes`/`model_image_sizes`; the latter comes from the processor's patch
+    grid, which is Qwen's smart_resize of the image."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    from rllava.data.dataset import encode_prompt
+    from rllava.model.processor import load_processor
+    from rllava.roles.rollout import model_image_sizes
+
+    processor = load_processor(tiny_model_dir)
+    image = Image.new("RGB", (150, 90))
+    sample = Sample(index=0, messages=[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}],
+                    images=[image], ground_truth=[30, 18, 90, 54], image_sizes=[(300, 180)])
+    _, mm = encode_prompt(processor, sample)
+    seen = model_image_sizes(processor, sample, mm)
+    size = processor.image_processor.size  # Qwen's pixel bounds: shortest_edge = min, longest_edge = max pixels
+    h, w = smart_resize(90, 150, factor=28, min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
+    assert seen == [(w, h)] == [(140, 84)]
+    # the truth (30, 18)-(90, 54) of the 300 x 180 original is (14, 8.4)-(42, 25.2) in the 140 x 84 seen image
+    reward = RewardFunction(os.path.join(REPO, "examples/reward_function/grounding.py:compute_score"),
+                            kwargs={"frame": "absolute"})
+    trajectories = [Trajectory(sample, 0, [Segment([1], trained=True)], mm, response=r, model_image_sizes=seen)
+                    for r in ("<answer>[14, 8.4, 42, 25.2]</answer>", "<answer>[30, 18, 90, 54]</answer>")]
+    scores, details = reward.score(trajectories)
+    assert scores[0].item() == pytest.approx(1.0) and details[1]["iou"] < 0.3
+
+
+def test_ovd():
+    truth = [[0, 0, 100, 100], [500, 500, 600, 600]]
+    perfect = '<answer>[{"bbox_2d": [0, 0, 100, 100], "score": 0.9}, {"bbox_2d": [500, 500, 600, 600], "score": 0.8}]</answer>'
+    s = ovd(perfect, truth)
+    assert s["overall"] == 1.0 and s["precision"] == s["recall"] == s["ap50"] == s["soft_f1"] == 1.0
+    # one box found exactly, one missed: soft F1 = 2 * 1 / (1 + 2), AP = 0.5, recall 0.5, precision 1
+    s = ovd("<answer>[[0, 0, 100, 100, 0.95]]</answer>", truth)
+    assert s["soft_f1"] == pytest.approx(2 / 3) and s["ap50"] == 0.5 and (s["precision"], s["recall"]) == (1, 0.5)
+    assert s["overall"] == pytest.approx((2 / 3 + 0.5) / 2)
+    # a half-overlapping box (IoU 0.5 counts at the threshold) plus a false positive ranked first
+    s = ovd("<answer>[[0, 0, 100, 50, 0.50], [800, 800, 900, 900, 0.99]]</answer>", truth[:1])
+    assert s["soft_f1"] == pytest.approx(2 * 0.5 / 3) and s["ap50"] == pytest.approx(0.5) and s["precision"] == 0.5
+    # nothing to find and nothing predicted: perfect; something predicted: zero
+    assert ovd("<answer>[]</answer>", [])["overall"] == 1.0
+    assert ovd("<answer>[[0, 0, 10, 10, 0.3]]</answer>", [])["overall"] == 0.0
+    # malformed output is penalised below any well-formed answer (-0.5 by default)
+    for bad in ['[{"bbox_2d": [0, 0, 100, 100], "score": 0.9}]',  # no answer tags
+                '<answer>[{"bbox_2d": [0, 0, 100, 100], "score": 0.987}]</answer>',  # three decimals
+                '<answer>[{"bbox_2d": [0, 0, 100, 100]}]</answer>', "<answer>[[0, 0, 100</answer>"]:
+        assert ovd(bad, truth)["overall"] == -0.5 and ovd(bad, truth)["format"] == 0.0, bad
+    assert ovd("<answer>oops</answer>", truth, malformed_penalty=1.0)["overall"] == -1.0
+
+
+def _junk(rng: random.Random) -> list[str]:
+    nested = "[" * 5000 + "]" * 5000
+    return ["", " ", "\x00", "<answer>", "</answer><answer>", "<answer></answer>", "<think>" * 100,
+            "a" * (1 << 20), "<answer>" + "9" * (1 << 20) + "</answer>", "\\boxed{" * 3000, "\\boxed{}" * 1000,
+            "🚀 ℵ₀ ∑ \u202e\ud7ff 数学 <answer>三</answer>", "<answer>" + nested + "</answer>", nested,
+            '<answer>{"bbox_2d": [1, 2, 3</answer>', '<answer>[{"bbox_2d": "x", "score": {}}]</answer>',
+            "<answer>[[1e309, 0, 1, 1, 0.5]]</answer>", "<answer>[NaN, Infinity, 1, 2]</answer>",
+            "<answer>[-5, -5, -1, -1]</answer>", "<answer>[0, 0, 0, 0]</answer>", "<answer>\\frac{1}{0}</answer>",
+            "<answer>x^{x^{x^{x^{x^{x}}}}}</answer>", "<answer>" + "(" * 500 + "</answer>",
+            "".join(chr(rng.randrange(0x20, 0x2FFF)) for _ in range(2000)),
+            "".join(rng.choice("<>/[]{}(),.0123456789answerthinkboxed\\ \"") for _ in range(5000))]
+
+
+GROUND_TRUTHS = {"counting": ["3", 3, None, "x"], "math": ["\\frac{1}{2}", "12", "", None],
+                 "grounding": [[1, 2, 30, 40], "[1, 2, 30, 40]", None, [5, 5, 1, 1], "junk"],
+                 "ovd": [[[0, 0, 10, 10]], "[[0, 0, 10, 10]]", [], None, [[1, 2]], "junk"]}
+KWARGS = {"grounding": {"image_sizes": [(100, 100)], "model_image_sizes": [(112, 112)], "frame": "absolute"}}
+
+
+@pytest.mark.parametrize("name", sorted(REWARDS))
+def test_no_model_output_raises(name):
+    fn = REWARDS[name]
+    for response in _junk(random.Random(0)):
+        for truth in GROUND_TRUTHS[name]:
+            scores = fn(response, truth, **KWARGS.get(name, {}))
+            assert isinstance(scores["overall"], float) and scores["overall"] == scores["overall"], (response[:50], truth)
+            assert all(isinstance(v, float) for v in scores.values())
+    assert REWARDS["grounding"]("<answer>[1, 1, 5, 5]</answer>", [1, 1, 5, 5], [], [], frame="absolute")["iou"] == 0.0
