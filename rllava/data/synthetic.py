@@ -1,16 +1,35 @@
 """Synthetic datasets in the record shape of the real ones, generated offline and deterministically.
 
-    python -m rllava.data.synthetic counting --out DIR [--train 4000] [--val 200] [--seed 0] [--size 112]
+    python -m rllava.data.synthetic TASK --out DIR [--train 4000] [--val 200] [--seed 0] [--size 112]
 
-counting: CLEVR-count-like. Each image holds 1-5 non-overlapping shapes (circle, square, triangle; 8 colours)
-on a plain light background, and the question is fixed, so the count is only in the image. Records match the
-CLEVR counting sets EasyR1/RLLaVA train on, with `solution` as the SFT target:
+Every task writes `train.jsonl`, `val.jsonl` and `images/*.png`; each record has the real set's fields plus
+`solution`, the SFT target (what the tiny recipes warm up on). Shapes (circle, square, triangle; 8 colours) sit
+on a plain light background, never touching. Each split has its own RNG stream, so the val set does not change
+with --train; same arguments -> byte-identical files. Boxes are (x1, y1, x2, y2) with x2, y2 exclusive: the
+shape's pixels are exactly columns x1..x2-1 and rows y1..y2-1.
+
+counting (CLEVR-count-like): 1-5 shapes, a fixed question, so the count is only in the image; counts balanced
+(each of 1-5 equally often when n is a multiple of 5). Sizes measured learnable by a 4.5 M-parameter Qwen2-VL on
+CPU (shared/reference/cpu_learning_notes.md): 112 px images, radius 11-16 px (scaled with --size).
     {"images": ["images/train_00000.png"], "problem": "<image>How many shapes are in the image?",
      "answer": "3", "solution": "<answer>3</answer>"}
-Sizes are the ones measured to be learnable by a 4.5 M-parameter Qwen2-VL on CPU
-(shared/reference/cpu_learning_notes.md): 112 px images, shape radius 11-16 px (scaled with --size).
-Counts are balanced (each of 1-5 equally often, exactly when n is a multiple of 5). Each split has its own
-RNG stream, so the val set does not change with --train. Same arguments -> byte-identical files.
+
+grounding (RefCOCO-like referring expressions): 2-4 shapes of different colours; the expression names one by
+colour and kind; `answer` is its box in pixels of the image (RefCOCO's frame), `solution` the same box on
+Qwen2-VL's / Qwen3-VL's 0-1000 grid.
+    {"images": [...], "problem": "<image>Locate the red circle.", "expression": "the red circle",
+     "answer": [18, 40, 51, 73], "solution": "<answer>[161, 357, 455, 652]</answer>"}
+
+ovd (COCO/LVIS-style open-vocabulary detection): 2-4 shapes, 1-2 of the asked kind; `answer` is every box of
+that kind on the 0-1000 grid (the OVD task's frame), `solution` the JSON a detector writes.
+    {"images": [...], "problem": "<image>Detect every circle.", "category": "circle",
+     "answer": [[161, 357, 455, 652]], "solution": "<answer>[{\"bbox_2d\": [161, 357, 455, 652], \"score\": 0.9}]</answer>"}
+
+math (Geometry3K-like diagrams): a regular polygon with 3-8 sides and a question about it (its sides, the sum of
+its interior angles, one interior or exterior angle: 180 (n - 2) / n, a LaTeX fraction when not whole), or two
+rows of dots and an arithmetic question (the total, or how many more on top).
+    {"images": [...], "problem": "<image>Find the measure of each interior angle of the regular polygon, in
+     degrees.", "answer": "\\frac{900}{7}", "solution": "<answer>\\frac{900}{7}</answer>", "kind": "polygon"}
 """
 
 from __future__ import annotations
@@ -20,6 +39,7 @@ import json
 import math
 import os
 import random
+from fractions import Fraction
 
 from PIL import Image, ImageDraw
 
@@ -34,13 +54,15 @@ BACKGROUND = (235, 235, 230)
 EXTENT = {"circle": 1.0, "square": 0.8 * math.sqrt(2), "triangle": math.sqrt(1 + 0.8**2)}
 GAP = 3  # px of background at least between two shapes, so each is one separate blob
 COUNTING_QUESTION = "<image>How many shapes are in the image?"
+KINDS = tuple(EXTENT)
 MAX_COUNT = 5
 
 
-def _layout(rng: random.Random, count: int, size: int) -> list[tuple[str, int, int, int]]:
-    """`count` shapes (kind, x, y, r) whose circumscribed discs keep GAP px apart and inside the canvas,
-    by rejection sampling; a layout that gets stuck is redrawn whole (sizes included)."""
-    rmin, rmax = round(11 * size / 112), round(16 * size / 112)
+def _layout(rng: random.Random, count: int, size: int, radius: tuple[int, int] = (11, 16)) -> list[tuple]:
+    """`count` shapes (kind, x, y, r) whose circumscribed discs keep GAP px apart and inside the canvas, by
+    rejection sampling; a layout that gets stuck is redrawn whole (sizes included). `radius` is in px of a
+    112 px canvas, scaled with `size`."""
+    rmin, rmax = round(radius[0] * size / 112), round(radius[1] * size / 112)
     for _ in range(1000):
         placed = []
         for _ in range(count):
@@ -56,53 +78,166 @@ def _layout(rng: random.Random, count: int, size: int) -> list[tuple[str, int, i
                 break  # no room for this shape: redraw the whole layout
         if len(placed) == count:
             return placed
-    raise DataError(f"synthetic counting: cannot fit {count} shapes in a {size}x{size} image; use --size >= 56")
+    raise DataError(f"synthetic: cannot fit {count} shapes in a {size}x{size} image; use --size >= 56")
 
 
-def draw_counting_image(rng: random.Random, count: int, size: int = 112) -> Image.Image:
-    """A `size` x `size` RGB image with `count` separate solid shapes (no anti-aliasing, so each is one blob)."""
+def _corners(kind: str, x: int, y: int, r: int) -> list[int] | list[tuple[int, int]]:
+    """What PIL draws: the ellipse/rectangle bounds or the triangle's vertices (the square's half-side 0.8 r)."""
+    if kind == "circle":
+        return [x - r, y - r, x + r, y + r]
+    if kind == "square":
+        s = round(0.8 * r)
+        return [x - s, y - s, x + s, y + s]
+    return [(x, y - r), (x - r, y + round(0.8 * r)), (x + r, y + round(0.8 * r))]
+
+
+def shape_box(kind: str, x: int, y: int, r: int) -> list[int]:
+    """The pixel box (x1, y1, x2, y2), x2/y2 exclusive, of a shape drawn by `draw_shapes`."""
+    c = _corners(kind, x, y, r)
+    if kind == "triangle":
+        xs, ys = [p[0] for p in c], [p[1] for p in c]
+        c = [min(xs), min(ys), max(xs), max(ys)]
+    return [c[0], c[1], c[2] + 1, c[3] + 1]
+
+
+def draw_shapes(size: int, shapes: list[tuple], colors: list[str]) -> Image.Image:
+    """A `size` x `size` RGB image with each shape (kind, x, y, r) solid in its colour (no anti-aliasing, so each
+    is one blob of exactly that colour)."""
     img = Image.new("RGB", (size, size), BACKGROUND)
     draw = ImageDraw.Draw(img)
-    for kind, x, y, r in _layout(rng, count, size):
-        color = COLORS[rng.choice(tuple(COLORS))]
+    for (kind, x, y, r), color in zip(shapes, colors):
+        fill = COLORS[color]
         if kind == "circle":
-            draw.ellipse([x - r, y - r, x + r, y + r], fill=color)
+            draw.ellipse(_corners(kind, x, y, r), fill=fill)
         elif kind == "square":
-            s = round(0.8 * r)
-            draw.rectangle([x - s, y - s, x + s, y + s], fill=color)
+            draw.rectangle(_corners(kind, x, y, r), fill=fill)
         else:
-            draw.polygon([(x, y - r), (x - r, y + round(0.8 * r)), (x + r, y + round(0.8 * r))], fill=color)
+            draw.polygon(_corners(kind, x, y, r), fill=fill)
     return img
 
 
-def make_counting(out_dir: str, n_train: int = 4000, n_val: int = 200, seed: int = 0, size: int = 112) -> dict:
-    """Write `train.jsonl`, `val.jsonl` and `images/*.png` under `out_dir`, atomically: everything is built in a
-    temporary directory beside it and renamed into place (replacing an older `out_dir`), so an interrupted run
-    leaves nothing half-written. Returns {"train": path, "val": path, "images": path}."""
+def draw_counting_image(rng: random.Random, count: int, size: int = 112) -> Image.Image:
+    """`count` separate shapes in random colours (colours may repeat)."""
+    shapes = _layout(rng, count, size)
+    return draw_shapes(size, shapes, [rng.choice(tuple(COLORS)) for _ in shapes])
+
+
+def to_grid(box: list[int], size: int) -> list[int]:
+    """A pixel box of a `size` px square image on the 0-1000 grid (Qwen2-VL / Qwen3-VL / OVD frame)."""
+    return [round(v * 1000 / size) for v in box]
+
+
+def _counting(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Image, dict]:
+    count = 1 + i % MAX_COUNT  # balanced; `_write_splits` shuffles the order through `order`
+    return draw_counting_image(rng, count, size), {"problem": COUNTING_QUESTION, "answer": str(count),
+                                                   "solution": f"<answer>{count}</answer>"}
+
+
+def _grounding(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Image, dict]:
+    shapes = _layout(rng, rng.randint(2, 4), size, radius=(12, 20))
+    colors = rng.sample(tuple(COLORS), len(shapes))  # distinct colours: "the red circle" names one shape
+    k = rng.randrange(len(shapes))
+    box = shape_box(*shapes[k])
+    expression = f"the {colors[k]} {shapes[k][0]}"
+    return draw_shapes(size, shapes, colors), {
+        "problem": f"<image>Locate {expression}.", "expression": expression, "answer": box,
+        "solution": "<answer>[{}, {}, {}, {}]</answer>".format(*to_grid(box, size))}
+
+
+def _ovd(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Image, dict]:
+    category = KINDS[i % len(KINDS)]
+    shapes = []
+    while not 1 <= sum(s[0] == category for s in shapes) <= 2:
+        shapes = _layout(rng, rng.randint(2, 4), size, radius=(12, 18))
+    colors = [rng.choice(tuple(COLORS)) for _ in shapes]
+    boxes = sorted(to_grid(shape_box(*s), size) for s in shapes if s[0] == category)
+    detections = ", ".join(f'{{"bbox_2d": [{b[0]}, {b[1]}, {b[2]}, {b[3]}], "score": 0.9}}' for b in boxes)
+    return draw_shapes(size, shapes, colors), {
+        "problem": f"<image>Detect every {category}.", "category": category, "answer": boxes,
+        "solution": f"<answer>[{detections}]</answer>"}
+
+
+POLYGON_QUESTIONS = {  # question -> answer as a fraction of n (the number of sides)
+    "How many sides does the polygon have?": lambda n: Fraction(n),
+    "Find the sum of the interior angles of the polygon, in degrees.": lambda n: Fraction(180 * (n - 2)),
+    "Find the measure of each interior angle of the regular polygon, in degrees.": lambda n: Fraction(180 * (n - 2), n),
+    "Find the measure of each exterior angle of the regular polygon, in degrees.": lambda n: Fraction(360, n),
+}
+DOTS_QUESTIONS = {
+    "How many dots are there in total?": lambda top, bottom: top + bottom,
+    "How many more dots are in the top row than in the bottom row?": lambda top, bottom: top - bottom,
+}
+
+
+def latex(q: Fraction) -> str:
+    """12 -> '12', 900/7 -> '\\frac{900}{7}' (Geometry3K writes fractions in LaTeX)."""
+    return str(q.numerator) if q.denominator == 1 else f"\\frac{{{q.numerator}}}{{{q.denominator}}}"
+
+
+def _math(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Image, dict]:
+    img = Image.new("RGB", (size, size), BACKGROUND)
+    draw = ImageDraw.Draw(img)
+    color = COLORS[rng.choice(tuple(COLORS))]
+    if i % 2 == 0:  # a regular polygon, outlined, randomly turned
+        sides, radius = rng.randint(3, 8), rng.uniform(0.34, 0.44) * size
+        turn = rng.uniform(0, 2 * math.pi)
+        points = [(size / 2 + radius * math.cos(turn + 2 * math.pi * k / sides),
+                   size / 2 + radius * math.sin(turn + 2 * math.pi * k / sides)) for k in range(sides)]
+        draw.polygon(points, outline=color, width=max(2, size // 40))
+        question = rng.choice(tuple(POLYGON_QUESTIONS))
+        kind, answer = "polygon", latex(POLYGON_QUESTIONS[question](sides))
+    else:  # two rows of dots: top >= bottom
+        top, bottom = sorted((rng.randint(1, 5), rng.randint(1, 5)), reverse=True)
+        r, step = max(3, size // 22), size / 6
+        for row, count in ((size * 0.3, top), (size * 0.7, bottom)):
+            for k in range(count):
+                cx = step * (k + 0.5) + step / 2
+                draw.ellipse([cx - r, row - r, cx + r, row + r], fill=color)
+        question = rng.choice(tuple(DOTS_QUESTIONS))
+        kind, answer = "arithmetic", str(DOTS_QUESTIONS[question](top, bottom))
+    return img, {"problem": f"<image>{question}", "answer": answer, "solution": f"<answer>{answer}</answer>",
+                 "kind": kind}
+
+
+TASKS = {"counting": _counting, "grounding": _grounding, "ovd": _ovd, "math": _math}
+
+
+def make_dataset(task: str, out_dir: str, n_train: int = 4000, n_val: int = 200, seed: int = 0,
+                 size: int = 112) -> dict:
+    """Write `train.jsonl`, `val.jsonl` and `images/*.png` of `task` under `out_dir`, atomically: everything is
+    built in a temporary directory beside it and renamed into place (replacing an older `out_dir`), so an
+    interrupted run leaves nothing half-written. Returns {"train": path, "val": path, "images": path}."""
+    if task not in TASKS:
+        raise DataError(f"synthetic: unknown task {task!r}; choose one of {', '.join(TASKS)}")
     if n_train < 0 or n_val < 0:
-        raise DataError(f"synthetic counting: --train and --val must be >= 0, got {n_train} and {n_val}")
+        raise DataError(f"synthetic {task}: --train and --val must be >= 0, got {n_train} and {n_val}")
     if size < 56:
-        raise DataError(f"synthetic counting: --size must be >= 56 px to fit {MAX_COUNT} shapes, got {size}")
+        raise DataError(f"synthetic {task}: --size must be >= 56 px to fit {MAX_COUNT} shapes, got {size}")
     with atomic_directory(out_dir) as tmp:
         os.makedirs(os.path.join(tmp, "images"))
         for split, n in (("train", n_train), ("val", n_val)):
-            rng = random.Random(f"counting-{split}-{seed}")  # str seeds hash with SHA-512: stable across runs
-            counts = [1 + i % MAX_COUNT for i in range(n)]
-            rng.shuffle(counts)
+            rng = random.Random(f"{task}-{split}-{seed}")  # str seeds hash with SHA-512: stable across runs
+            order = list(range(n))
+            rng.shuffle(order)  # i % k balances classes; shuffled so consecutive records differ
             with open(os.path.join(tmp, f"{split}.jsonl"), "w", encoding="utf-8") as f:
-                for i, count in enumerate(counts):
-                    rel = f"images/{split}_{i:05d}.png"
-                    draw_counting_image(rng, count, size).save(os.path.join(tmp, rel), format="PNG")
-                    f.write(json.dumps({"images": [rel], "problem": COUNTING_QUESTION, "answer": str(count),
-                                        "solution": f"<answer>{count}</answer>"}) + "\n")
+                for j, i in enumerate(order):
+                    rel = f"images/{split}_{j:05d}.png"
+                    image, fields = TASKS[task](rng, i, n, size)
+                    image.save(os.path.join(tmp, rel), format="PNG")
+                    f.write(json.dumps({"images": [rel], **fields}) + "\n")
     return {"train": os.path.join(out_dir, "train.jsonl"), "val": os.path.join(out_dir, "val.jsonl"),
             "images": os.path.join(out_dir, "images")}
+
+
+def make_counting(out_dir: str, n_train: int = 4000, n_val: int = 200, seed: int = 0, size: int = 112) -> dict:
+    """The counting set (see the module docstring)."""
+    return make_dataset("counting", out_dir, n_train, n_val, seed, size)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rllava.data.synthetic",
                                      description="Generate a synthetic dataset (offline, deterministic).")
-    parser.add_argument("task", choices=["counting"])
+    parser.add_argument("task", choices=sorted(TASKS))
     parser.add_argument("--out", required=True, help="output directory (replaced if it exists)")
     parser.add_argument("--train", type=int, default=4000, help="training records")
     parser.add_argument("--val", type=int, default=200, help="held-out records")
@@ -110,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=112, help="image side in pixels")
     args = parser.parse_args(argv)
     try:
-        paths = make_counting(args.out, args.train, args.val, args.seed, args.size)
+        paths = make_dataset(args.task, args.out, args.train, args.val, args.seed, args.size)
     except DataError as e:
         parser.exit(2, f"error: {e}\n")
     print(f"wrote {args.train} train and {args.val} val records: {paths['train']}, {paths['val']}")

@@ -1,5 +1,5 @@
-"""rllava/data/synthetic.py: record shape, determinism, balance, atomic writes, and that each image really holds
-`answer` shapes (counted as separate blobs of non-background pixels)."""
+"""rllava/data/synthetic.py: record shapes, determinism, balance, atomic writes, and that each image really holds
+its answer (shapes counted as blobs, boxes equal to the named shape's pixels, SFT targets scoring perfectly)."""
 
 import collections
 import json
@@ -11,7 +11,9 @@ from PIL import Image
 
 from rllava.data import synthetic
 from rllava.data.records import DataError, load_records
-from rllava.data.synthetic import BACKGROUND, COUNTING_QUESTION, main, make_counting
+from rllava.data.synthetic import (BACKGROUND, COLORS, COUNTING_QUESTION, POLYGON_QUESTIONS, draw_shapes, latex, main,
+                                   make_counting, make_dataset, shape_box, to_grid)
+from rllava.reward.function import load_reward_function
 
 
 def read_jsonl(path):
@@ -19,9 +21,10 @@ def read_jsonl(path):
         return [json.loads(line) for line in f]
 
 
-def count_blobs(path) -> int:
-    """8-connected groups of non-background pixels, by an iterative flood fill."""
-    fg = (np.asarray(Image.open(path).convert("RGB")) != np.array(BACKGROUND)).any(-1)  # (H, W)
+def count_blobs(image) -> int:
+    """8-connected groups of non-background pixels of an image (or image file), by an iterative flood fill."""
+    image = image if isinstance(image, Image.Image) else Image.open(image)
+    fg = (np.asarray(image.convert("RGB")) != np.array(BACKGROUND)).any(-1)  # (H, W)
     seen, blobs = np.zeros_like(fg), 0
     for y0, x0 in zip(*np.nonzero(fg)):
         if seen[y0, x0]:
@@ -136,3 +139,97 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(SystemExit):
         main(["counting", "--out", str(tmp_path / "x"), "--size", "40"])
     assert not os.path.exists(tmp_path / "x")
+
+
+# --- grounding, ovd, math ---------------------------------------------------------------------------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _reward(name):
+    return load_reward_function(os.path.join(REPO, "examples/reward_function", f"{name}.py:compute_score"))
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synthetic")
+    return {task: make_dataset(task, str(root / task), n_train=24, n_val=8, seed=0)
+            for task in ("grounding", "ovd", "math")}
+
+
+def _pixels(paths, record):
+    return np.asarray(Image.open(os.path.join(os.path.dirname(paths["train"]), record["images"][0])).convert("RGB"))
+
+
+def test_grounding_box_is_the_named_shape(sets):
+    grounding = _reward("grounding")
+    for r in read_jsonl(sets["grounding"]["train"]):
+        assert set(r) == {"images", "problem", "expression", "answer", "solution"}
+        color, kind = r["expression"].split()[1:]
+        assert r["problem"] == f"<image>Locate the {color} {kind}." and kind in {"circle", "square", "triangle"}
+        ys, xs = np.nonzero((_pixels(sets["grounding"], r) == COLORS[color]).all(-1))  # colours are distinct
+        assert r["answer"] == [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1]  # the box is exactly its pixels
+        assert 0 <= r["answer"][0] < r["answer"][2] <= 112 and 0 <= r["answer"][1] < r["answer"][3] <= 112
+        # the SFT target, on the 0-1000 grid, scores IoU ~1 (grid rounding only)
+        assert grounding(r["solution"], r["answer"], [(112, 112)], [(112, 112)], frame="qwen2_vl")["iou"] > 0.97
+
+
+def test_shape_box_matches_drawn_pixels():
+    for shape in [("circle", 30, 40, 12), ("square", 50, 50, 20), ("triangle", 60, 55, 16)]:
+        ys, xs = np.nonzero((np.asarray(draw_shapes(112, [shape], ["red"])) == COLORS["red"]).all(-1))
+        assert shape_box(*shape) == [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], shape
+    assert to_grid([0, 56, 112, 28], 112) == [0, 500, 1000, 250]
+
+
+def test_ovd_boxes_are_every_shape_of_the_category(sets):
+    ovd = _reward("ovd")
+    categories = set()
+    for r in read_jsonl(sets["ovd"]["train"]):
+        assert set(r) == {"images", "problem", "category", "answer", "solution"}
+        assert r["problem"] == f"<image>Detect every {r['category']}." and 1 <= len(r["answer"]) <= 2
+        categories.add(r["category"])
+        pixels = _pixels(sets["ovd"], r)
+        for box in r["answer"]:
+            assert 0 <= box[0] < box[2] <= 1000 and 0 <= box[1] < box[3] <= 1000
+            x1, y1, x2, y2 = (round(v * 112 / 1000) for v in box)
+            assert (pixels[y1:y2, x1:x2] != BACKGROUND).any(-1).mean() > 0.4  # a shape fills the box
+        assert ovd(r["solution"], r["answer"])["overall"] == 1.0  # the SFT target is a perfect detection
+    assert categories == {"circle", "square", "triangle"}
+
+
+def test_math_answers(sets):
+    math_reward = _reward("math")
+    possible = {latex(f(n)) for f in POLYGON_QUESTIONS.values() for n in range(3, 9)}
+    assert {"\\frac{900}{7}", "\\frac{360}{7}", "135", "1080"} <= possible
+    kinds = set()
+    for r in read_jsonl(sets["math"]["train"]):
+        assert set(r) == {"images", "problem", "answer", "solution", "kind"}
+        kinds.add(r["kind"])
+        assert math_reward(r["solution"], r["answer"])["overall"] == 1.0
+        if r["kind"] == "polygon":
+            assert r["answer"] in possible
+        else:  # count the dots of each row as blobs
+            path = os.path.join(os.path.dirname(sets["math"]["train"]), r["images"][0])
+            img = Image.open(path)
+            top = count_blobs(img.crop((0, 0, 112, 56)))
+            bottom = count_blobs(img.crop((0, 56, 112, 112)))
+            expected = top + bottom if "total" in r["problem"] else top - bottom
+            assert r["answer"] == str(expected), r
+    assert kinds == {"polygon", "arithmetic"}
+
+
+@pytest.mark.parametrize("task", ["grounding", "ovd", "math"])
+def test_every_task_is_deterministic(tmp_path, task):
+    a = make_dataset(task, str(tmp_path / "a"), n_train=4, n_val=2, seed=5)
+    b = make_dataset(task, str(tmp_path / "b"), n_train=4, n_val=2, seed=5)
+    c = make_dataset(task, str(tmp_path / "c"), n_train=4, n_val=2, seed=6)
+    assert open(a["train"]).read() == open(b["train"]).read() != open(c["train"]).read()
+    for name in sorted(os.listdir(a["images"])):
+        assert open(os.path.join(a["images"], name), "rb").read() == open(os.path.join(b["images"], name), "rb").read()
+
+
+def test_cli_other_tasks(tmp_path, capsys):
+    main(["ovd", "--out", str(tmp_path / "ovd"), "--train", "3", "--val", "1"])
+    assert "wrote 3 train and 1 val records" in capsys.readouterr().out
+    with pytest.raises(DataError, match="unknown task 'vqa'; choose one of counting, grounding, ovd, math"):
+        make_dataset("vqa", str(tmp_path / "x"))
