@@ -2,7 +2,7 @@
 decimals, units, degrees, sets), as EasyR1's math reward.
 
     response     <think>...</think> <answer>...</answer>    or any text ending in \\boxed{...}
-    ground_truth the answer as LaTeX or plain text ("\\frac{1}{2}", "12", "45^\\circ")
+    ground_truth the answer as LaTeX or plain text ("\\frac{1}{2}", "12", "45^\\circ"), or inside <answer> tags
 
     format   = 1 if the response is exactly [<think>...</think>] <answer>...</answer>, or holds a \\boxed{}
     accuracy = 1 if math-verify finds the extracted answer equal to the ground truth
@@ -36,8 +36,10 @@ def is_equivalent(answer: str, ground_truth) -> bool:
     symbolically; False on anything it cannot parse."""
     if not answer or len(answer) > MAX_MATH_CHARS:
         return False
+    truth = str(ground_truth)
+    truth = answer_text(truth) or truth  # GeoQA-8K's `solution` is "<answer>...</answer>"
     try:
-        gold = parse(_as_latex(str(ground_truth)))
+        gold = parse(_as_latex(truth))
         pred = parse(_as_latex(answer))
         return bool(gold) and bool(pred) and bool(verify(gold, pred))
     except Exception:  # math-verify's timeouts use signals, which fail outside the main thread

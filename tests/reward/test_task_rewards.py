@@ -22,6 +22,7 @@ def test_counting():
     assert counting("<answer>4</answer>", 3) == {"overall": 0.0, "format": 1.0, "accuracy": 0.0}
     assert counting("I see <answer>3</answer>", "3") == {"overall": 0.0, "format": 0.0, "accuracy": 1.0}
     assert counting("<answer>three</answer>", "3")["overall"] == 0.0
+    assert counting("<think>one, two, three</think> <answer> 3 </answer>", "3")["overall"] == 1.0
 
 
 @pytest.mark.parametrize("response, truth, accuracy, fmt", [
@@ -33,6 +34,7 @@ def test_counting():
     ("<answer>12 cm</answer>", "12", 1, 1),  # units
     ("<answer>45^\\circ</answer>", "45", 1, 1),  # degrees
     ("<answer>2\\sqrt{3}</answer>", "\\sqrt{12}", 1, 1),
+    ("<answer>145</answer>", "<answer> 145° </answer>", 1, 1),  # GeoQA-8K's ground truths sit in answer tags
     ("<answer>0.4</answer>", "\\frac{1}{2}", 0, 1),
     ("the answer is 12", "12", 0, 0),  # no answer tags, no \boxed: unformatted answers earn nothing
     ("<answer>12</answer> extra words", "12", 1, 0),  # loose: tags found but text outside them

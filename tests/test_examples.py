@@ -1,0 +1,110 @@
+"""The examples tree: every script's command lines parse through the real config loader (an unknown key, a bad
+value or a missing file fails here, not on a user's GPUs), each algorithm script differs from grpo.sh only in
+its algorithm's keys, and every registered estimator and loss has a script."""
+
+import glob
+import os
+import subprocess
+
+import pytest
+
+import rllava.algorithms.advantage  # noqa: F401  (registers the estimators)
+import rllava.algorithms.losses  # noqa: F401  (registers the losses)
+from rllava.algorithms.registry import ADV_ESTIMATORS, POLICY_LOSSES
+from rllava.config import load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "examples", "**", "*.sh"),
+                                                              recursive=True))
+TASKS = ("grounding", "OVD", "counting", "math")
+# What an algorithm may change relative to GRPO (and the run's name and place).
+ALGORITHM_KEYS = ("algorithm.", "actor.policy_loss.", "actor.clip_ratio", "actor.loss_agg_mode", "critic.",
+                  "trainer.critic_warmup", "reward.overlong_buffer.", "rollout.n=", "rollout.val_override_config.",
+                  "trainer.experiment_name=", "trainer.outputs_dir=")
+
+
+def commands(script: str, tmp_path) -> list[list[str]]:
+    """Run the script with `python` and `torchrun` replaced by shell functions that record their arguments:
+    the command lines it would run, with its variables expanded, and nothing executed."""
+    log = tmp_path / f"calls-{len(list(tmp_path.iterdir()))}"  # a new log per call
+    stub = 'printf "%s\\x1f" "$FUNCNAME" "$@" >> "$CALLS"; printf "\\n" >> "$CALLS"'
+    setup = f"python() {{ {stub}; }}; torchrun() {{ {stub}; }}; export -f python torchrun; bash {script}"
+    env = {k: v for k, v in os.environ.items() if k not in ("NPROC", "MODEL_PATH", "OUTPUT_DIR", "OUT")}
+    subprocess.run(["bash", "-c", setup], cwd=REPO, env={**env, "CALLS": str(log)}, check=True,
+                   capture_output=True, timeout=60)
+    return [line.split("\x1f")[:-1] for line in log.read_text().splitlines()]
+
+
+def pipeline_args(cmd: list[str]) -> tuple[str, list[str]] | None:
+    """(pipeline module, its arguments) of a `... -m rllava.train.pipeline.X args` command, else None."""
+    if "-m" not in cmd or not cmd[cmd.index("-m") + 1].startswith("rllava.train.pipeline."):
+        return None
+    i = cmd.index("-m")
+    return cmd[i + 1], cmd[i + 2:]
+
+
+def test_the_tree_has_the_seeds_layout():
+    for path in ["examples/config.yaml", *(f"examples/reward_function/{t}.py" for t in ("math", "counting", "grounding", "ovd")),
+                 *(f"examples/format_prompt/{t}.jinja" for t in ("math", "counting", "grounding", "ovd"))]:
+        assert os.path.isfile(os.path.join(REPO, path)), path
+    for task in TASKS:
+        scripts = [s for s in SCRIPTS if s.startswith(f"examples/tasks/{task}/")]
+        assert any(s.endswith("_tiny_cpu.sh") for s in scripts), task
+        assert any(s.split("/")[-1].startswith("qwen") for s in scripts), task
+    assert "examples/tasks/counting/qwen2_5_vl_3b_clevr_online.sh" in SCRIPTS
+    assert "examples/tasks/OVD/qwen2_5_vl_3b_ovd_online.sh" in SCRIPTS
+
+
+@pytest.fixture(autouse=True)
+def _at_repo_root(monkeypatch):
+    monkeypatch.chdir(REPO)  # scripts name their files relative to the repository root
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_parses_with_the_real_loader(script, tmp_path):
+    runs = [pipeline_args(c) for c in commands(script, tmp_path)]
+    runs = [r for r in runs if r is not None]
+    assert runs, f"{script} runs no rllava pipeline"
+    for module, args in runs:
+        assert module in ("rllava.train.pipeline.rlvr", "rllava.train.pipeline.sft"), module
+        cfg = load_config(args)  # raises ConfigError naming any unknown key or bad value
+        for path in (cfg.data.format_prompt, cfg.reward.reward_function.rpartition(":")[0]):
+            assert os.path.isfile(os.path.join(REPO, path)), f"{script}: {path} does not exist"
+        assert cfg.actor.model.model_path, script
+        if "grounding.py" in cfg.reward.reward_function:
+            assert cfg.reward.reward_function_kwargs.get("frame"), f"{script}: grounding needs its frame"
+
+
+def test_real_scripts_use_the_seed_command_and_real_models(tmp_path):
+    for script in SCRIPTS:
+        if script.endswith("_tiny_cpu.sh"):
+            continue
+        (cmd,) = commands(script, tmp_path)
+        assert cmd[0] == "torchrun" and cmd[1].startswith("--nproc_per_node=") and cmd[2:4] == [
+            "-m", "rllava.train.pipeline.rlvr"], cmd[:4]  # the seeds' command line
+        assert "config=examples/config.yaml" in cmd
+        model = next(a.split("=", 1)[1] for a in cmd if a.startswith("actor.model.model_path="))
+        assert model.startswith("Qwen/Qwen2"), (script, model)  # a hub id, not a placeholder
+        if "grounding" in script:  # the frame matches the model family
+            frame = next(a.split("=", 1)[1] for a in cmd if a.startswith("reward.reward_function_kwargs.frame="))
+            assert frame == {"Qwen/Qwen2-VL": "qwen2_vl", "Qwen/Qwen2.5-VL": "qwen2_5_vl"}[model.rsplit("-", 2)[0]]
+
+
+def test_algorithm_scripts_differ_from_grpo_only_in_algorithm_keys(tmp_path):
+    def overrides(name):
+        (cmd,) = commands(f"examples/algorithms/{name}.sh", tmp_path)
+        return set(pipeline_args(cmd)[1])
+
+    grpo = overrides("grpo")
+    estimators, losses = set(), set()
+    for script in glob.glob(os.path.join(REPO, "examples/algorithms/*.sh")):
+        name = os.path.basename(script)[:-3]
+        mine = overrides(name)
+        extra = sorted(mine - grpo)
+        assert all(k.startswith(ALGORITHM_KEYS) for k in extra), (name, extra)
+        assert all(k.startswith(ALGORITHM_KEYS) for k in grpo - mine), (name, sorted(grpo - mine))
+        cfg = load_config(list(mine))
+        estimators.add(cfg.algorithm.adv_estimator)
+        losses.add(cfg.actor.policy_loss.loss_mode)
+    assert set(ADV_ESTIMATORS) <= estimators  # every registered estimator has a script
+    assert set(POLICY_LOSSES) - {"sft", "geo_mean"} <= losses  # sft is not RL; geo_mean = gmpo
