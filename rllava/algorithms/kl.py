@@ -40,6 +40,13 @@ class KLController:
         self.kind, self.value, self.estimator = kind, kl_coef, estimator
         self.target_kl, self.horizon = target_kl, horizon
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: beta (the adaptive controller moves it every step)."""
+        return {"kl_coef": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["kl_coef"])
+
     def update(self, current_kl: float, n_steps: int) -> None:
         if self.kind == "adaptive":
             error = min(max(current_kl / self.target_kl - 1.0, -0.2), 0.2)

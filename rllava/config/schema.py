@@ -582,13 +582,17 @@ class TrainerConfig:
     val_before_train: bool = True  # validate once before the first step
     val_only: bool = False  # validate, then exit
     val_generations_to_log: int = 0  # validation samples written to the logger
-    save_freq: int = -1  # checkpoint every N steps; -1 = never
-    save_limit: int = -1  # checkpoints kept; -1 = all
-    save_model_only: bool = False  # save weights only, no optimizer state
+    save_freq: int = -1  # checkpoint every N steps and at the last step (<dir>/global_step_N); -1 or 0 = never
+    save_limit: int = -1  # checkpoints kept, the newest; -1 = all
+    save_model_only: bool = False  # save weights only (no optimizer, LR schedule, RNG): resume is then not exact
     outputs_dir: Optional[str] = None  # rllava meaning: None = outputs/<experiment_name> (RLLaVA: project/exp)
     save_checkpoint_path: Optional[str] = None  # None = <outputs_dir>/checkpoints
-    load_checkpoint_path: Optional[str] = None  # checkpoint to resume from
-    find_last_checkpoint: bool = True  # resume from the newest checkpoint in save_checkpoint_path
+    load_checkpoint_path: Optional[str] = None  # checkpoint to resume from (a global_step_N dir, or a dir of them)
+    find_last_checkpoint: bool = True  # resume=auto: resume from the newest checkpoint in save_checkpoint_path
+    resume: str = "auto"  # rllava: auto (load_checkpoint_path, else the newest saved: see README) | none | PATH
+    hf_merge_lora: bool = True  # rllava: LoRA in an HF export: merged into the weights (false: base + adapter/)
+    samples_freq: int = 10  # rllava: write sample generations to <outputs_dir>/samples.jsonl every N steps; -1 = never
+    samples_to_log: int = 4  # rllava: generations per write (prompt, images, response, reward)
     async_training: bool = False  # overlap rollout and training
     seed: int = 1  # rllava: model-init and sampling RNG seed
     val_greedy: bool = False  # rllava: also validate greedily, logged under val_greedy/
@@ -604,6 +608,15 @@ class TrainerConfig:
         _choice(p, f"{prefix}.device", self.device, DEVICES, hint=f"for a GPU set {prefix}.device=cuda")
         if self.val_generations_to_log < 0:
             p.append(f"{prefix}.val_generations_to_log={self.val_generations_to_log} must be >= 0")
+        _positive(p, f"{prefix}.save_freq", self.save_freq, -1, 0)
+        _positive(p, f"{prefix}.save_limit", self.save_limit, -1)
+        _positive(p, f"{prefix}.samples_freq", self.samples_freq, -1, 0)
+        _positive(p, f"{prefix}.samples_to_log", self.samples_to_log)
+        if self.resume == "none" and self.load_checkpoint_path:
+            p.append(f"{prefix}.resume=none contradicts {prefix}.load_checkpoint_path={self.load_checkpoint_path}")
+        if self.resume not in ("auto", "none") and self.load_checkpoint_path not in (None, self.resume):
+            p.append(f"{prefix}.resume={self.resume} and {prefix}.load_checkpoint_path={self.load_checkpoint_path} "
+                     "name different checkpoints: set one")
         return p
 
 
@@ -616,8 +629,6 @@ NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("actor.model.ulysses_size", lambda v: v > 1, "1"),
     ("algorithm.kl_penalty", lambda v: v == "full", "low_var_kl"),  # full-vocabulary KL
     ("actor.kl_loss_type", lambda v: v == "full", "low_var_kl"),
-    ("trainer.save_freq", lambda v: v > 0, "-1"),
-    ("trainer.load_checkpoint_path", lambda v: v is not None, "null"),  # resume comes with saving
     ("trainer.async_training", lambda v: v, "false"),
     ("rollout.async_mode", lambda v: v, "false"),
     ("actor.loss_remove_clip", lambda v: v, "false"),

@@ -42,12 +42,16 @@ def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdp
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         for k, v in (override_config or {}).items():
             setattr(config, k, v)
-        auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
-        return auto.from_pretrained(path, config=config, dtype=dtype, attn_implementation=attn_implementation,
+        return auto_class(config).from_pretrained(path, config=config, dtype=dtype, attn_implementation=attn_implementation,
                                     trust_remote_code=trust_remote_code)
     except (OSError, ValueError, ImportError) as e:
         raise ModelLoadError(f"{key}.model_path={path!r} could not be loaded: {type(e).__name__}: "
                              f"{str(e).splitlines()[0]}") from e
+
+
+def auto_class(config):
+    """The transformers Auto class for a model config: image-text-to-text for a VLM, causal LM otherwise."""
+    return AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
 
 
 def _in_part(name: str, part: str) -> bool:
@@ -107,20 +111,28 @@ def build_reference(policy, ref_cfg, model_cfg, device: torch.device):
     return ref.eval().to(device)
 
 
-def save_model(model, processor, path: str, state_dict: dict | None = None) -> str:
-    """The model and its processor as a plain `save_pretrained` directory (loads with transformers alone),
-    written atomically: an interrupted save leaves no half-written `path`. A LoRA policy is saved with its
-    adapters merged, and the adapter alone under `path/adapter`. `state_dict`: the full weights when the model
-    itself holds only shards (FSDP2: `engine.full_state_dict()`)."""
+def save_model(model, processor, path: str, state_dict: dict | None = None, *, weights: bool = True,
+               merge_lora: bool = True) -> str:
+    """The model and its processor (chat template included) as a plain `save_pretrained` directory (loads
+    with transformers alone), written atomically: an interrupted save leaves no half-written `path`. A LoRA
+    policy is saved with its adapters merged (`merge_lora=False`: the base weights), and the adapter alone
+    under `path/adapter`. `state_dict`: the full weights when the model itself holds only shards (FSDP2:
+    `engine.full_state_dict()`). `weights=False`: config, generation config and processor only (what a
+    checkpoint keeps beside its sharded weights so that `rllava.export` can rebuild the model)."""
     from rllava.model.lora import has_lora, merged_state_dict, save_adapter
     from rllava.utils.fs import atomic_directory
 
-    state = model.state_dict() if state_dict is None else state_dict
     with atomic_directory(path) as tmp:
-        if has_lora(model):
-            model.save_pretrained(tmp, state_dict=merged_state_dict(model, state))
-            save_adapter(model, os.path.join(tmp, "adapter"), state)
+        if not weights:
+            model.config.save_pretrained(tmp)
+            if getattr(model, "generation_config", None) is not None:
+                model.generation_config.save_pretrained(tmp)
         else:
-            model.save_pretrained(tmp, state_dict=state)
+            state = model.state_dict() if state_dict is None else state_dict
+            if has_lora(model):
+                model.save_pretrained(tmp, state_dict=merged_state_dict(model, state, merge=merge_lora))
+                save_adapter(model, os.path.join(tmp, "adapter"), state)
+            else:
+                model.save_pretrained(tmp, state_dict=state)
         processor.save_pretrained(tmp)
     return path

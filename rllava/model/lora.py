@@ -77,13 +77,14 @@ def adapters_disabled(model: torch.nn.Module):
 
 
 @torch.no_grad()
-def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None,
+                      merge: bool = True) -> dict[str, torch.Tensor]:
     """The model's weights with each adapter folded in (W + s B A) under the original parameter names, as a
     model without LoRA would have them; the live model is not modified. `state`: the model's full state dict
-    if it is already gathered (FSDP2), else `model.state_dict()`."""
+    if it is already gathered (FSDP2), else `model.state_dict()`. `merge=False`: the base weights alone."""
     state = model.state_dict() if state is None else state
     deltas = {}
-    for name, mod in lora_layers(model):
+    for name, mod in lora_layers(model) if merge else []:
         if ADAPTER not in getattr(mod, "lora_A", {}):
             continue
         a, b = state[f"{name}.lora_A.{ADAPTER}.weight"], state[f"{name}.lora_B.{ADAPTER}.weight"]

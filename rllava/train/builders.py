@@ -48,12 +48,17 @@ def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
     np.random.seed(cfg.trainer.seed)
     torch.manual_seed(cfg.trainer.seed)
     device = D.init(cfg.trainer.device)  # joins the process group under torchrun
-    outputs_dir = cfg.trainer.outputs_dir or os.path.join("outputs", cfg.trainer.experiment_name)
+    outputs_dir = run_outputs_dir(cfg)
     if D.is_main():
         os.makedirs(outputs_dir, exist_ok=True)
         with open(os.path.join(outputs_dir, "config.yaml"), "w") as f:
             f.write(config_to_yaml(cfg))
     return device, outputs_dir
+
+
+def run_outputs_dir(cfg: PPOConfig) -> str:
+    """trainer.outputs_dir, default outputs/<trainer.experiment_name>."""
+    return cfg.trainer.outputs_dir or os.path.join("outputs", cfg.trainer.experiment_name)
 
 
 def check_world_size(cfg: PPOConfig, world: int) -> None:

@@ -1,4 +1,5 @@
-"""Metric sinks selected by `trainer.logger`: console, jsonl (`outputs_dir/metrics.jsonl`), tensorboard, wandb."""
+"""Metric sinks selected by `trainer.logger`: console, jsonl (`outputs_dir/metrics.jsonl`), tensorboard, wandb;
+plus `outputs_dir/samples.jsonl`, a few training generations every trainer.samples_freq steps."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import time
 import warnings
 from contextlib import contextmanager
 
-# What the console line shows, in order, when present (everything goes to the other sinks).
+from rllava.utils.fs import write_text_atomic
+
+# What the console line shows, in order, when present (everything goes to the other sinks), then the timings.
 CONSOLE_KEYS = ["reward/mean", "reward/accuracy_mean", "val/accuracy", "val/reward_mean", "val_greedy/accuracy",
                 "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm",
                 "response_length/mean", "timing/step", "perf/tokens_per_s"]
+# Files holding one row per step, rewound to the checkpoint's step on resume.
+STEP_FILES = ("metrics.jsonl", "samples.jsonl", "val_generations.jsonl")
 
 
 class Tracker:
@@ -19,6 +24,7 @@ class Tracker:
 
     def __init__(self, loggers: list[str] | None, outputs_dir: str, project: str, experiment: str, config: dict):
         self.enabled = loggers is not None
+        self.outputs_dir = outputs_dir
         self.jsonl = self.tb = self.wandb = None
         self.console = self.enabled and "console" in loggers
         if not self.enabled:
@@ -27,17 +33,28 @@ class Tracker:
         # metrics.jsonl is always written: it is what plots, tests and resumed runs read.
         self.jsonl = open(os.path.join(outputs_dir, "metrics.jsonl"), "a")
         if "tensorboard" in loggers:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(os.environ.get("TENSORBOARD_DIR", os.path.join(outputs_dir, "tensorboard")))
+            self.tb = self._tensorboard()
         if "wandb" in loggers:
-            try:
-                import wandb
-            except ImportError:
-                warnings.warn("trainer.logger includes wandb but wandb is not installed (pip install wandb): "
-                              "skipping it")
-            else:
-                self.wandb = wandb.init(project=project, name=experiment, config=config, dir=outputs_dir)
+            self.wandb = start_wandb(project, experiment, config, outputs_dir)
+
+    def _tensorboard(self, purge_step: int | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(os.environ.get("TENSORBOARD_DIR", os.path.join(self.outputs_dir, "tensorboard")),
+                             purge_step=purge_step)
+
+    def rewind(self, step: int) -> None:
+        """A run resumed from the checkpoint of `step`: drop what the stopped run logged after it (from the
+        jsonl files, and tensorboard's purge_step hides it there), so every step appears once."""
+        if not self.enabled:
+            return
+        self.jsonl.close()
+        for name in STEP_FILES:
+            truncate_jsonl(os.path.join(self.outputs_dir, name), step)
+        self.jsonl = open(os.path.join(self.outputs_dir, "metrics.jsonl"), "a")
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = self._tensorboard(purge_step=step + 1)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if not self.enabled:
@@ -47,11 +64,21 @@ class Tracker:
         if self.tb is not None:
             for k, v in metrics.items():
                 self.tb.add_scalar(k, v, step)
+            self.tb.flush()
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
         if self.console:
             shown = " ".join(f"{k}={metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics)
-            print(f"[step {step}] {shown}", flush=True)
+            stages = " ".join(f"{k[7:]}={v:.2f}s" for k, v in metrics.items()
+                              if k.startswith("timing/") and k != "timing/step")
+            print(f"[step {step}] " + " | ".join(part for part in (shown, stages) if part), flush=True)
+
+    def log_samples(self, rows: list[dict], step: int) -> None:
+        """Generations to read beside the curves: one json line each in outputs_dir/samples.jsonl."""
+        if not self.enabled:
+            return
+        with open(os.path.join(self.outputs_dir, "samples.jsonl"), "a") as f:
+            f.writelines(json.dumps({"step": step, **r}) + "\n" for r in rows)
 
     def close(self) -> None:
         if not self.enabled:
@@ -61,6 +88,30 @@ class Tracker:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def start_wandb(project: str, experiment: str, config: dict, outputs_dir: str):
+    """A wandb run, offline (files under outputs_dir/wandb, `wandb sync` later) unless an API key is set or
+    WANDB_MODE says otherwise; None, with a warning, when wandb is not installed."""
+    try:
+        import wandb
+    except ImportError:
+        warnings.warn("trainer.logger includes wandb but wandb is not installed (pip install wandb): skipping it",
+                      stacklevel=3)
+        return None
+    netrc = os.path.expanduser("~/.netrc")
+    logged_in = os.environ.get("WANDB_API_KEY") or (os.path.isfile(netrc) and "api.wandb.ai" in open(netrc).read())
+    mode = os.environ.get("WANDB_MODE") or ("online" if logged_in else "offline")
+    return wandb.init(project=project, name=experiment, config=config, dir=outputs_dir, mode=mode)
+
+
+def truncate_jsonl(path: str, step: int) -> None:
+    """Keep the rows of `path` whose "step" is <= `step` (rewritten atomically; no file: nothing to do)."""
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+    write_text_atomic(path, "".join(kept))
 
 
 class Timer:

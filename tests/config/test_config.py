@@ -255,23 +255,27 @@ def test_rllava_only_keys_and_their_defaults():
 
 def test_example_config_loads_every_key_with_its_value(tmp_path):
     path = _write(tmp_path, EXAMPLE_YAML)
-    # save_freq=20 asks for checkpointing, which is not built yet (next test).
     with warnings.catch_warnings():  # its fsdp offload switches are read by every train engine: no warning
         warnings.simplefilter("error")
-        cfg = load_config([f"config={path}", "trainer.save_freq=-1"])
+        cfg = load_config([f"config={path}"])
     expected = _leaves(OmegaConf.to_container(OmegaConf.create(EXAMPLE_YAML)))
     assert len(expected) == 74  # the 74 keys of rllava_example_config_keys.txt
     for key, value in expected.items():
-        if key != "trainer.save_freq":
-            assert _get(cfg, key) == value, key
+        assert _get(cfg, key) == value, key
     assert cfg.actor.optim.lr == 1e-6 and cfg.rollout.val_override_config["temperature"] == 0.0
+    assert cfg.trainer.save_freq == 20
 
 
-def test_example_config_save_freq_is_not_built_yet(tmp_path):
-    path = _write(tmp_path, EXAMPLE_YAML)
+@pytest.mark.parametrize("args, message", [
+    ("trainer.resume=none trainer.load_checkpoint_path=ck", "trainer.resume=none contradicts trainer.load_checkpoint_path=ck"),
+    ("trainer.resume=a trainer.load_checkpoint_path=b", "trainer.resume=a and trainer.load_checkpoint_path=b name different"),
+    ("trainer.save_limit=0", "trainer.save_limit=0 must be > 0 (or -1)"),
+    ("trainer.samples_to_log=0", "trainer.samples_to_log=0 must be > 0"),
+])
+def test_checkpoint_key_conflicts(args, message):
     with pytest.raises(ConfigError) as err:
-        _load_quiet([f"config={path}"])
-    assert str(err.value) == "trainer.save_freq=20 is not available yet in rllava; set trainer.save_freq=-1"
+        _load_quiet(args.split())
+    assert message in str(err.value)
 
 
 # ---------------------------------------------------------------- argument forms
@@ -439,8 +443,6 @@ def test_alias_conflicts(tmp_path):
      "actor.model.ulysses_size=2 is not available yet in rllava; set actor.model.ulysses_size=1"),
     ("algorithm.kl_penalty=full", "algorithm.kl_penalty=full is not available yet in rllava"),
     ("actor.kl_loss_type=full", "actor.kl_loss_type=full is not available yet in rllava"),
-    ("trainer.save_freq=1", "trainer.save_freq=1 is not available yet in rllava; set trainer.save_freq=-1"),
-    ("trainer.load_checkpoint_path=ckpt", "trainer.load_checkpoint_path=ckpt is not available yet in rllava"),
     ("trainer.async_training=true", "trainer.async_training=true is not available yet in rllava"),
     ("rollout.async_mode=true", "rollout.async_mode=true is not available yet in rllava"),
     ("actor.model.enable_activation_offload=true",
@@ -467,7 +469,7 @@ def test_rollout_engines_are_accepted(arg, name):
 
 
 def test_not_built_yet_list_is_checked_by_the_tests_above():
-    assert len(NOT_BUILT_YET) == 12  # one parametrized case above per entry
+    assert len(NOT_BUILT_YET) == 10  # one parametrized case above per entry
 
 
 def test_critic_null_loads(tmp_path):

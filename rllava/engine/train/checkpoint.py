@@ -15,6 +15,9 @@ that wrote it.
 
 from __future__ import annotations
 
+import warnings
+from contextlib import contextmanager
+
 import torch
 import torch.distributed.checkpoint as dcp
 
@@ -59,24 +62,80 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     optimizer.state.update(kept)
 
 
-def save_engine(engine, path: str) -> None:
-    dcp.save(engine.state_dict(), checkpoint_id=path)
+ENGINE_PARTS = ("model", "optimizer", "scheduler")
 
 
-def load_engine(engine, path: str) -> None:
-    """Load `path` (written by `save_engine` at any world size) into `engine`, in place."""
+@contextmanager
+def _single_process_quiet():
+    """DCP warns on every call without a process group that it assumes a single process: so do we."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def save_engine(engine, path: str, parts=ENGINE_PARTS) -> None:
+    """Every rank calls it. `parts`: which of the engine's state to write (`("model",)`: weights only)."""
+    with _single_process_quiet():
+        dcp.save({k: v for k, v in engine.state_dict().items() if k in parts and v is not None}, checkpoint_id=path)
+
+
+def check_model_state(state: dict, metadata, path: str) -> None:
+    """The checkpoint at `path` (its DCP metadata) holds every weight of `state` (a model state dict, full or
+    sharded), in the same shape: else one clear error instead of a KeyError or a size mismatch deep in DCP."""
+    saved = metadata.state_dict_metadata
+    missing = [k for k in state if f"model.{k}" not in saved]
+    if missing:
+        raise RllavaError(f"{path}: the checkpoint lacks {len(missing)} weights of this model, e.g. "
+                          f"{missing[0]!r}: was it written for another model?")
+    for k, v in state.items():
+        shape, want = tuple(getattr(saved[f"model.{k}"], "size", ())), tuple(getattr(v, "shape", ()))
+        if shape != want:
+            raise RllavaError(f"{path}: weight {k!r} has shape {list(shape)} in the checkpoint but {list(want)} "
+                              "in this model: was it written for another model?")
+
+
+def read_metadata(path: str):
     try:
-        saved = set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+        return dcp.FileSystemReader(path).read_metadata()
     except (FileNotFoundError, OSError) as e:
         raise RllavaError(f"{path}: not a train-engine checkpoint ({e})") from e
-    init_optimizer_state(engine.optimizer)
+
+
+def load_engine(engine, path: str, parts=ENGINE_PARTS) -> list[str]:
+    """Load `path` (written by `save_engine` at any world size) into `engine`, in place: those of `parts` the
+    checkpoint holds (the others keep their current state). Returns the parts loaded."""
+    metadata = read_metadata(path)
+    held = [p for p in parts if any(k.split(".")[0] == p for k in metadata.state_dict_metadata)]
+    if "optimizer" in held:
+        if hasattr(engine, "init_optimizer_state"):  # DeepSpeed: its own bookkeeping around the optimizer's
+            engine.init_optimizer_state()
+        else:
+            init_optimizer_state(engine.optimizer)
     state = engine.state_dict()
-    missing_model = [k for k in state["model"] if f"model.{k}" not in saved]
-    if missing_model:
-        raise RllavaError(f"{path}: the checkpoint lacks {len(missing_model)} weights of this model, e.g. "
-                          f"{missing_model[0]!r}: was it written for another model?")
-    state["optimizer"]["state"] = {
-        name: s for name, s in state["optimizer"]["state"].items()
-        if all(f"optimizer.state.{name}.{k}" in saved for k in s)}  # state the run that saved it never had
-    dcp.load(state, checkpoint_id=path)
+    check_model_state(state["model"], metadata, path)  # a DTensor's shape is the whole weight's
+    if "optimizer" in held:
+        saved = metadata.state_dict_metadata
+        state["optimizer"]["state"] = {
+            name: s for name, s in state["optimizer"]["state"].items()
+            if all(f"optimizer.state.{name}.{k}" in saved for k in s)}  # state the run that saved it never had
+        # hyper-parameters another optimizer class keeps (DeepSpeedCPUAdam's bias_correction, AdamW's foreach)
+        # stay as this optimizer has them
+        groups = state["optimizer"]["param_groups"]
+        state["optimizer"]["param_groups"] = [
+            {k: v for k, v in g.items() if k == "params" or f"optimizer.param_groups.{i}.{k}" in saved}
+            for i, g in enumerate(groups)]
+    with _single_process_quiet():
+        dcp.load({k: state[k] for k in held}, checkpoint_id=path)
+    if "optimizer" in held:
+        state["optimizer"]["param_groups"] = [{**g, **loaded} for g, loaded in
+                                              zip(groups, state["optimizer"]["param_groups"])]
     engine.load_state_dict(state)
+    return held
+
+
+def load_weights(state: dict, path: str) -> None:
+    """Fill a model state dict (full tensors, in place) with the weights of the engine checkpoint at `path`;
+    the optimizer state there is not read (`rllava.export`)."""
+    check_model_state(state, read_metadata(path), path)
+    with _single_process_quiet():
+        dcp.load({"model": state}, checkpoint_id=path)

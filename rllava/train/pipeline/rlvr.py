@@ -50,7 +50,10 @@ def train(cfg) -> str:
     reference = B.build_reference_role(cfg, run.model, run.device, actor.engine)
     kl_in_reward = B.build_kl_controller(cfg)  # None unless algorithm.use_kl_in_reward
     critic = B.build_critic(cfg, run.device, run.steps, actor.algorithm)  # None unless `critic` is set
-    updates = 0
+    if critic is not None:  # checkpoints hold them too
+        run.engines["critic"] = critic.engine
+    if kl_in_reward is not None:
+        run.stateful["kl_ctrl"] = kl_in_reward
     sampling, pad_id, a = B.sampling_params(cfg), rollout.tokenizer.pad_token_id, cfg.algorithm
     greedy = B.greedy_sampling(cfg)
 
@@ -61,7 +64,6 @@ def train(cfg) -> str:
             return trajectories, *reward.score(trajectories, train=True)  # 2. reward
 
     def step(samples: list[Sample], timer: Timer) -> tuple[dict[str, float], Batch]:
-        nonlocal updates
         metrics = {}
         if a.online_filtering:  # DAPO dynamic sampling: draw more prompts until every group carries signal
             draws = iter([samples])
@@ -95,8 +97,7 @@ def train(cfg) -> str:
         with timer("update"):
             if critic is not None:
                 metrics.update(critic.update(batch))
-            updates += 1
-            if updates > cfg.trainer.critic_warmup:  # the actor waits for the critic's warm-up steps
+            if run.step > cfg.trainer.critic_warmup:  # the actor waits for the critic's warm-up steps
                 metrics.update(actor.update(batch))  # 4. update
         return {**metrics, **batch_metrics(batch)}, batch
 

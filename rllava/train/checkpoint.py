@@ -1,0 +1,198 @@
+"""Trainer checkpoints: everything a run needs to go on exactly where it stopped, one directory per step.
+
+    <trainer.save_checkpoint_path, default outputs_dir/checkpoints>/
+        global_step_N/
+            actor/                 weights, optimizer, LR schedule (torch.distributed.checkpoint, keyed by name)
+            actor/huggingface/     config + processor; + the weights with actor.checkpoint.save_contents: [.., hf_model]
+            critic/                the same for the critic, when there is one
+            rng/rank_R.pt          rank R's python / numpy / torch (/ cuda) RNG states
+            trainer_state.json     step, sampler (epoch, position), world size, KL controller, what was saved
+            config.yaml            the run's resolved config (`python -m rllava.export` reads it)
+        latest_checkpointed_iteration.txt   the newest step (verl's tracker file)
+
+- Exact: the sampler's epoch and position (each epoch is reshuffled with data.seed + epoch), optimizer, LR
+  schedule, KL coefficient and every RNG state (the HF rollout samples with torch's global RNG) come back, so
+  N steps, stop, resume, M steps gives bitwise the weights of N + M steps straight.
+- Crash-safe: a checkpoint is written under `global_step_N.tmp` and renamed when whole, so a directory named
+  `global_step_N` is always complete; `resume=auto` takes the highest N. The next save deletes leftovers.
+- Any world size: the engines' state is keyed by parameter name and resharded by DCP on load. Sampler and
+  trainer state are global; only the per-rank RNG states need the same world size (else sampling goes on
+  from fresh seeds, with a warning).
+
+What is saved follows RLLaVA/verl's `actor.checkpoint.save_contents` (model, optimizer, extra = LR schedule +
+RNG states, hf_model = a `save_pretrained` copy); `trainer.save_model_only=true` means `[model]`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from rllava import distributed as D
+from rllava.config import config_to_yaml
+from rllava.engine.train.checkpoint import load_engine, save_engine
+from rllava.errors import RllavaError
+from rllava.model.loader import save_model
+from rllava.utils.fs import replace_directory, write_text_atomic
+
+log = logging.getLogger(__name__)
+
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+STATE_FILE = "trainer_state.json"
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+
+
+def checkpoint_root(cfg, outputs_dir: str) -> str:
+    return cfg.trainer.save_checkpoint_path or os.path.join(outputs_dir, "checkpoints")
+
+
+def list_checkpoints(root: str) -> list[tuple[int, str]]:
+    """(step, path) of every complete checkpoint under `root`, oldest first."""
+    if not os.path.isdir(root):
+        return []
+    found = [(int(m.group(1)), os.path.join(root, name)) for name in os.listdir(root) if (m := STEP_DIR.match(name))]
+    return sorted(s for s in found if os.path.isfile(os.path.join(s[1], STATE_FILE)))
+
+
+def resolve_checkpoint(path: str, key: str) -> str:
+    """`path` itself if it is a checkpoint (a `global_step_N` directory), else the newest checkpoint in it."""
+    if os.path.isfile(os.path.join(path, STATE_FILE)):
+        return path
+    found = list_checkpoints(path)
+    if not found:
+        raise RllavaError(f"{key}={path}: no checkpoint there (expected a global_step_N directory holding "
+                          f"{STATE_FILE}, or a directory of them)")
+    return found[-1][1]
+
+
+def find_resume(cfg, outputs_dir: str) -> str | None:
+    """The checkpoint this run resumes from, or None to start fresh (`trainer.resume`, see its comment)."""
+    t = cfg.trainer
+    if t.resume not in ("auto", "none"):
+        return resolve_checkpoint(t.resume, "trainer.resume")
+    if t.load_checkpoint_path:
+        return resolve_checkpoint(t.load_checkpoint_path, "trainer.load_checkpoint_path")
+    found = list_checkpoints(checkpoint_root(cfg, outputs_dir))
+    if t.resume == "auto" and t.find_last_checkpoint and found:
+        return found[-1][1]
+    if found:
+        log.warning("starting fresh although %s holds checkpoints up to step %d (trainer.resume=%s); new "
+                    "checkpoints of the same steps replace them", checkpoint_root(cfg, outputs_dir), found[-1][0],
+                    t.resume)
+    return None
+
+
+def read_state(path: str) -> dict:
+    with open(os.path.join(path, STATE_FILE)) as f:
+        return json.load(f)
+
+
+def save_contents(cfg) -> list[str]:
+    return ["model"] if cfg.trainer.save_model_only else list(cfg.actor.checkpoint.save_contents)
+
+
+def engine_parts(contents: list[str]) -> tuple[str, ...]:
+    """RLLaVA's content names -> the parts of an engine's state (`extra` carries the LR schedule)."""
+    return tuple(p for p, c in (("model", "model"), ("optimizer", "optimizer"), ("scheduler", "extra"))
+                 if c in contents)
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextmanager
+def written_whole(path: str):
+    """Every rank writes into `path.tmp`; once all are done rank 0 renames it to `path`. Killed midway, the
+    `.tmp` stays behind and `path` (an older save of the same step, if any) is untouched."""
+    tmp = f"{path}.tmp"
+    if D.is_main():
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    D.barrier()
+    yield tmp
+    D.barrier()
+    if D.is_main():
+        replace_directory(tmp, path)
+    D.barrier()
+
+
+def save_checkpoint(run, step: int) -> str:
+    """Write `global_step_{step}` (every rank takes part), then drop checkpoints beyond trainer.save_limit."""
+    cfg, root = run.cfg, checkpoint_root(run.cfg, run.outputs_dir)
+    contents, path = save_contents(cfg), os.path.join(root, f"global_step_{step}")
+    with written_whole(path) as tmp:
+        for name, engine in run.engines.items():
+            save_engine(engine, os.path.join(tmp, name), engine_parts(contents))
+        weights = run.actor.engine.full_state_dict() if "hf_model" in contents else None  # a gather: every rank
+        if "extra" in contents:
+            os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
+            torch.save(rng_state(), os.path.join(tmp, "rng", f"rank_{D.rank()}.pt"))
+        if D.is_main():
+            save_model(run.model, run.processor, os.path.join(tmp, "actor", "huggingface"), weights,
+                       weights=weights is not None, merge_lora=cfg.trainer.hf_merge_lora)
+            with open(os.path.join(tmp, "config.yaml"), "w") as f:
+                f.write(config_to_yaml(cfg))
+            state = {"global_step": step, "sampler": run.sampler.state_dict(), "world_size": D.world_size(),
+                     "contents": contents, "engines": sorted(run.engines),
+                     "stateful": {k: v.state_dict() for k, v in run.stateful.items()}}
+            with open(os.path.join(tmp, STATE_FILE), "w") as f:
+                json.dump(state, f, indent=1)
+    if D.is_main():
+        write_text_atomic(os.path.join(root, TRACKER_FILE), str(step))
+        prune(root, cfg.trainer.save_limit)
+    return path
+
+
+def prune(root: str, limit: int) -> None:
+    """Keep the newest `limit` checkpoints (-1: all); delete what killed saves left behind."""
+    for name in os.listdir(root):
+        if name.startswith("global_step_") and ".tmp" in name:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    if limit > 0:
+        for _, path in list_checkpoints(root)[:-limit]:
+            shutil.rmtree(path)
+
+
+def load_checkpoint(run, path: str) -> int:
+    """Restore `run` (engines, sampler, KL controller, RNG states) from the checkpoint at `path`; returns its
+    step. What is loaded follows actor.checkpoint.load_contents."""
+    state, wanted = read_state(path), list(run.cfg.actor.checkpoint.load_contents)
+    for name, engine in run.engines.items():
+        if name not in state["engines"]:
+            raise RllavaError(f"{path}: holds no {name} state (the run that wrote it had no {name})")
+        loaded = load_engine(engine, os.path.join(path, name), engine_parts(wanted))
+        if "optimizer" not in loaded:
+            log.warning("%s: no %s optimizer state loaded (saved: %s; actor.checkpoint.load_contents=%s): the "
+                        "optimizer starts fresh, so the run does not continue exactly", path, name,
+                        state["contents"], wanted)
+    run.sampler.load_state_dict(state["sampler"])
+    for name, obj in run.stateful.items():
+        if name in state["stateful"]:
+            obj.load_state_dict(state["stateful"][name])
+    rng = os.path.join(path, "rng", f"rank_{D.rank()}.pt")
+    if "extra" in wanted and state["world_size"] == D.world_size() and os.path.isfile(rng):
+        set_rng_state(torch.load(rng, weights_only=False))  # our own file: numpy's state is not a tensor
+    else:
+        log.warning("%s: RNG states not restored (saved by %d ranks, running on %d; saved: %s): sampling goes on "
+                    "from the seeds set at start", path, state["world_size"], D.world_size(), state["contents"])
+    return int(state["global_step"])

@@ -1,0 +1,224 @@
+"""Checkpoints (rllava.train.checkpoint): exact resume, crash safety, any world size, HF export, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from rllava import export as X
+from rllava.data.sampler import EpochSampler
+from rllava.train import checkpoint as C
+from rllava.train.pipeline import rlvr
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _args(model, data, out, reward, *extra):
+    """16 prompts, 4 per step (an epoch is 4 steps), 2 samples each: small enough for several runs per test."""
+    return ["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={model}",
+            f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", "data.max_samples=16",
+            "data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=2", "data.val_batch_size=16",
+            f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]", f"reward.reward_function={reward}",
+            "trainer.val_before_train=false", "trainer.val_freq=-1", *extra]
+
+
+def _steps(out):
+    return [r["step"] for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "reward/mean" in r]
+
+
+def _weights(path):
+    return load_file(os.path.join(path, "model.safetensors"))
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+def test_stop_and_resume_equals_straight_run_bitwise(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
+                                                     monkeypatch):
+    """6 steps straight == 3 steps, stop, resume, 3 steps: the same prompts in the same order (across an epoch
+    boundary: each epoch reshuffles) and bitwise the same weights. Linear LR decay, an adaptive KL-in-reward
+    coefficient, a second mini-batch (old log-probs) and validation between steps all have to come back."""
+    drawn = []
+    next_batch = EpochSampler.next_batch
+    monkeypatch.setattr(EpochSampler, "next_batch", lambda self: drawn.append(next_batch(self)) or drawn[-1])
+    common = ("trainer.max_steps=6", "trainer.save_freq=3", "trainer.val_freq=3", "algorithm.use_kl_in_reward=true",
+              "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=10")
+    straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
+    rlvr.main(_args(tiny_model_dir, counting_dir, straight, distinct_reward, *common))
+    straight_prompts, drawn[:] = list(drawn), []
+
+    save = C.save_checkpoint
+
+    def save_then_stop(run, step):  # as if the job hit its time limit right after the checkpoint of step 3
+        path = save(run, step)
+        if step == 3:
+            raise KeyboardInterrupt
+        return path
+
+    monkeypatch.setattr(C, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        rlvr.main(_args(tiny_model_dir, counting_dir, stopped, distinct_reward, *common))
+    monkeypatch.setattr(C, "save_checkpoint", save)
+    assert not os.path.exists(os.path.join(stopped, "final")) and _steps(stopped) == [1, 2, 3]
+    rlvr.main(_args(tiny_model_dir, counting_dir, stopped, distinct_reward, *common))  # trainer.resume=auto
+
+    assert len(straight_prompts) == 6 and drawn == straight_prompts
+    assert sorted(i for b in straight_prompts[:4] for i in b) == list(range(16))  # epoch 0: every prompt once
+    assert straight_prompts[4] != straight_prompts[0]  # epoch 1 reshuffled
+    assert _steps(stopped) == [1, 2, 3, 4, 5, 6]
+    a, b = _weights(os.path.join(straight, "final")), _weights(os.path.join(stopped, "final"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    before = _weights(tiny_model_dir)
+    assert any(not torch.equal(a[k], before[k]) for k in a)  # it did train
+    rows = lambda out: [r for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "reward/mean" in r]
+    for x, y in zip(rows(straight), rows(stopped)):
+        assert x["actor/reward_kl_coef"] == y["actor/reward_kl_coef"] and x["actor/lr"] == y["actor/lr"]
+
+
+KILLER = """
+import os, signal, sys
+from rllava.train import checkpoint as C
+from rllava.train.pipeline import rlvr
+save_engine = C.save_engine
+def save_then_die(engine, path, parts):  # the actor's shards of step 2 are written, the rest is not
+    save_engine(engine, path, parts)
+    if "global_step_2" in path:
+        os.kill(os.getpid(), signal.SIGKILL)
+C.save_engine = save_then_die
+rlvr.main(sys.argv[1:])
+"""
+
+
+def test_sigkill_mid_save_keeps_the_previous_checkpoint(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
+                                                       capsys):
+    out = str(tmp_path / "run")
+    args = _args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=3", "trainer.save_freq=1")
+    res = subprocess.run([sys.executable, "-c", KILLER, *args], capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    root = os.path.join(out, "checkpoints")
+    assert sorted(os.listdir(root)) == ["global_step_1", "global_step_2.tmp", C.TRACKER_FILE]
+    assert C.list_checkpoints(root) == [(1, os.path.join(root, "global_step_1"))]
+    assert _steps(out) == [1, 2]  # step 2 ran and was logged before the kill
+
+    rlvr.main(args)  # trainer.resume=auto picks global_step_1
+    assert f"resumed from {root}/global_step_1 at step 1 of 3" in capsys.readouterr().out
+    assert _steps(out) == [1, 2, 3]  # step 2's first log was dropped on resume, then logged again
+    assert sorted(os.listdir(root)) == ["global_step_1", "global_step_2", "global_step_3", C.TRACKER_FILE]
+    assert open(os.path.join(root, C.TRACKER_FILE)).read() == "3"
+
+
+def test_save_limit_model_only_and_bad_input(tmp_path, tiny_model_dir, counting_dir, distinct_reward, capsys):
+    """save_limit keeps the newest; save_model_only writes weights alone (resume warns: not exact); a bad resume
+    path or a checkpoint of another model is one line, before anything is written."""
+    out = str(tmp_path / "run")
+    rlvr.main(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=3", "trainer.save_freq=1",
+                    "trainer.save_limit=2", "trainer.save_model_only=true"))
+    root = os.path.join(out, "checkpoints")
+    assert [s for s, _ in C.list_checkpoints(root)] == [2, 3]
+    ckpt = os.path.join(root, "global_step_3")
+    saved = C.read_state(ckpt)
+    assert saved["contents"] == ["model"] and saved["sampler"] == {"epoch": 0, "position": 3}
+    assert not os.path.exists(os.path.join(ckpt, "rng"))
+    keys = set(torch.distributed.checkpoint.FileSystemReader(os.path.join(ckpt, "actor")).read_metadata()
+               .state_dict_metadata)
+    assert keys and all(k.startswith("model.") for k in keys)
+
+    resumed = str(tmp_path / "resumed")
+    rlvr.main(_args(tiny_model_dir, counting_dir, resumed, distinct_reward, "trainer.max_steps=4",
+                    f"trainer.load_checkpoint_path={root}"))
+    assert _steps(resumed) == [4]
+
+    for extra, message in [
+        ([f"trainer.resume={tmp_path / 'nope'}"], f"trainer.resume={tmp_path / 'nope'}: no checkpoint there"),
+        ([f"trainer.resume={ckpt}", "actor.model.use_peft=true", "actor.model.lora_r=4"],
+         "was it written for another model?"),
+    ]:
+        bad = str(tmp_path / "bad")
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            rlvr.main(_args(tiny_model_dir, counting_dir, bad, distinct_reward, "trainer.max_steps=4", *extra))
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert [line for line in err.splitlines() if "rllava: error" in line and message in line], err
+        assert "Traceback" not in err
+    assert not os.path.exists(os.path.join(bad, "checkpoints"))
+
+
+def _generates(path):
+    """A save_pretrained directory loads with transformers alone and generates from an image prompt."""
+    from PIL import Image
+
+    model, processor = AutoModelForImageTextToText.from_pretrained(path), AutoProcessor.from_pretrained(path)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(text=[text], images=[Image.new("RGB", (56, 56), "red")], return_tensors="pt")
+    out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > inputs["input_ids"].shape[1]
+    return processor
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_hf_export_every_save_and_after_the_fact(tmp_path, tiny_model_dir, counting_dir, distinct_reward, lora):
+    """save_contents=[.., hf_model]: each checkpoint holds a save_pretrained copy (LoRA merged, the run's chat
+    template included); `python -m rllava.export` rebuilds the same from a checkpoint without one."""
+    template = AutoProcessor.from_pretrained(tiny_model_dir).chat_template + "{# rllava export test #}"
+    out = str(tmp_path / "run")
+    lora_args = ["actor.model.use_peft=true", "actor.model.lora_r=4", "actor.model.lora_alpha=16",
+                 "actor.optim.lr=1e-2"] if lora else []
+    rlvr.main(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=2", "trainer.save_freq=1",
+                    "actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+                    f"data.override_chat_template={json.dumps(template)}", *lora_args))
+    final = _weights(os.path.join(out, "final"))
+    hf = os.path.join(out, "checkpoints", "global_step_2", "actor", "huggingface")
+    assert _generates(hf).chat_template == template
+    step2 = _weights(hf)
+    assert step2.keys() == final.keys() and all(torch.equal(step2[k], final[k]) for k in final)
+    assert os.path.isfile(os.path.join(hf, "adapter", "adapter_model.safetensors")) == lora
+
+    exported = str(tmp_path / "exported")
+    res = subprocess.run([sys.executable, "-m", "rllava.export", os.path.join(out, "checkpoints"), exported],
+                         capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-2000:]
+    again = _weights(exported)
+    assert again.keys() == final.keys() and all(torch.equal(again[k], final[k]) for k in final)
+    assert _generates(exported).chat_template == template
+    if lora:  # unmerged: the base weights, exactly the starting ones
+        base = _weights(X.export(os.path.join(out, "checkpoints"), str(tmp_path / "base"), merge_lora=False))
+        start = _weights(tiny_model_dir)
+        assert base.keys() == start.keys() and all(torch.equal(base[k], start[k]) for k in start)
+        assert any(not torch.equal(final[k], start[k]) for k in start)
+
+
+def _torchrun(nproc, *args):
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
+    res = subprocess.run([sys.executable, *launcher, "-m", "rllava.train.pipeline.rlvr", *args], capture_output=True,
+                         text=True, cwd=REPO, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+def test_checkpoint_moves_between_world_sizes(tmp_path, tiny_model_dir, counting_dir, distinct_reward):
+    """2 FSDP2 ranks save step 1 -> one process (single-device engine) resumes and saves step 2 -> 2 ranks
+    resume and finish step 3; each resume continues the step count, the data order and the weights."""
+    out = str(tmp_path / "run")
+    base = _args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.save_freq=1")
+    _torchrun(2, *base, "trainer.max_steps=1", "actor.strategy=fsdp2")
+    res = _torchrun(1, *base, "trainer.max_steps=2")
+    assert "RNG states not restored (saved by 2 ranks, running on 1" in res.stderr
+    _torchrun(2, *base, "trainer.max_steps=3", "actor.strategy=fsdp2")
+    assert _steps(out) == [1, 2, 3]
+    root = os.path.join(out, "checkpoints")
+    assert [C.read_state(p)["world_size"] for _, p in C.list_checkpoints(root)] == [2, 1, 2]
+    assert C.read_state(os.path.join(root, "global_step_3"))["sampler"] == {"epoch": 0, "position": 3}
+    # the 1-rank save of step 2 is what the 2 ranks started from: step 3's weights moved on from it
+    step2 = _weights(X.export(os.path.join(root, "global_step_2"), str(tmp_path / "s2")))
+    final = _weights(os.path.join(out, "final"))
+    assert sum(not torch.equal(step2[k], final[k]) for k in final) > len(final) // 2
