@@ -1,11 +1,12 @@
-# rllava: `make test` (fast suite), `make test-slow` (learning checks), `make demo` (SFT -> GRPO on CPU).
+# rllava: `make test` (fast suite), `make test-slow` (learning checks), `make demo` (SFT -> GRPO on CPU),
+# `make proof` (GRPO lifts each of the four example tasks on CPU; outputs/proof/results.md + curves).
 # Each target creates .venv and installs on first use. torch is pinned to 2.13.0: the CPU wheel on these
 # machines (any other pin pulls GBs of CUDA). GPU machines install the extras they need instead.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test test-slow demo clean
+.PHONY: install test test-slow demo proof clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,6 +24,9 @@ test-slow: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m rllava.demo --out outputs/demo
+
+proof: $(STAMP)
+	$(PY) -m rllava.proof --out outputs/proof
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -1,0 +1,46 @@
+"""rllava/proof.py: the summary, table and curve from a run's metrics (fast); the proof itself is slow."""
+
+import math
+import os
+
+import pytest
+
+from rllava.proof import TASKS, plot, results_table, run_task, summarize
+
+
+def _rows():
+    """A fake GRPO run: evaluations at 0, 10, 20, 30 and a training reward rising 0.2 -> 0.6."""
+    rows = [{"step": s, "reward/mean": 0.2 + 0.4 * s / 30} for s in range(1, 31)]
+    for step, acc, greedy in [(0, 0.40, 0.50), (10, 0.50, 0.55), (20, 0.60, 0.60), (30, 0.70, 0.65)]:
+        rows.append({"step": step, "val/accuracy": acc, "val_greedy/accuracy": greedy, "val/iou": acc / 2})
+    return rows
+
+
+def test_summarize_averages_the_last_evaluations():
+    s = summarize(TASKS["counting"], _rows(), average=2)
+    assert s["sampled_before"] == pytest.approx(40.0) and s["sampled_after"] == pytest.approx(65.0)  # (60 + 70) / 2
+    assert s["greedy_lift"] == pytest.approx(62.5 - 50.0) and s["after_steps"] == [20, 30]
+    assert s["train_reward_first"] == pytest.approx(0.2 + 0.4 * 10.5 / 30)  # steps 1-20
+    g = summarize(TASKS["grounding"], _rows(), average=3)  # IoU: unscaled, greedy not logged -> nan
+    assert g["sampled_lift"] == pytest.approx((0.25 + 0.30 + 0.35) / 3 - 0.20) and math.isnan(g["greedy_before"])
+
+
+def test_table_and_curve(tmp_path):
+    s = {**summarize(TASKS["counting"], _rows()), "sft_seconds": 30, "rl_seconds": 300}
+    g = {**summarize(TASKS["grounding"], _rows()), "sft_seconds": 60, "rl_seconds": 400}
+    table = results_table([s, g]).splitlines()
+    assert table[2].startswith("| counting | accuracy (sampled) | 40.0 | 60.0 | +20.0 pts | >= +15.0 pts (yes)")
+    assert table[3].startswith("| grounding | iou (sampled) | 0.200 | 0.300 | +0.100 | >= +0.100 (yes)")
+    path = tmp_path / "counting.png"
+    plot(TASKS["counting"], _rows(), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and os.path.getsize(path) > 5000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_grpo_lifts_each_task(tmp_path, name):
+    """`make proof`, one task at a time (each <= 15 minutes on 2 CPU cores)."""
+    task = TASKS[name]
+    s = run_task(task, str(tmp_path / name))
+    print(results_table([s]))
+    assert s["sampled_lift"] >= task.target
