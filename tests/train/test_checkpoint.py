@@ -158,7 +158,7 @@ def _generates(path):
 
     model, processor = AutoModelForImageTextToText.from_pretrained(path), AutoProcessor.from_pretrained(path)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     inputs = processor(text=[text], images=[Image.new("RGB", (56, 56), "red")], return_tensors="pt")
     out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
     assert out.shape[1] > inputs["input_ids"].shape[1]
