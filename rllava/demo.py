@@ -8,7 +8,7 @@
    format but counts well below perfectly;
 3. run GRPO (`rllava.train.pipeline.rlvr`) with a strict reward;
 4. print held-out accuracy of the SFT model and after GRPO: sampled at the rollout temperature (what RL
-   optimises) and greedy beside it.
+   optimises) and greedy beside it; write the GRPO run's curves (`python -m rllava.plot`) to grpo/plots/.
 
 Steps 2 and 3 are the real command lines a user runs (printed before they start), as subprocesses. One
 evaluation of a tiny model jumps by whole count classes, so "after" averages the last `--average` evaluations.
@@ -17,8 +17,10 @@ evaluation of a tiny model jumps by whole count classes, so "after" averages the
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 
+from rllava.plot import plot
 from rllava.proof import TASKS, run_task
 
 
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     except subprocess.CalledProcessError as e:
         parser.exit(1, f"demo: a training run failed (exit status {e.returncode}); its output is above\n")
     print(report(summary))
+    print("curves (python -m rllava.plot):", " ".join(plot(os.path.join(summary["outputs"], "grpo"))))
 
 
 if __name__ == "__main__":
