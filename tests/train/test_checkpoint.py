@@ -225,3 +225,25 @@ def test_checkpoint_moves_between_world_sizes(tmp_path, tiny_model_dir, counting
     step2 = _weights(X.export(os.path.join(root, "global_step_2"), str(tmp_path / "s2")))
     final = _weights(os.path.join(out, "final"))
     assert sum(not torch.equal(step2[k], final[k]) for k in final) > len(final) // 2
+
+
+def test_critic_is_checkpointed_and_warmup_counts_from_the_resumed_step(tmp_path, tiny_model_dir, counting_dir,
+                                                                        distinct_reward, capsys):
+    out = str(tmp_path / "run")
+    args = _args(tiny_model_dir, counting_dir, out, distinct_reward, "algorithm.adv_estimator=gae",
+                 f"critic.model.model_path={tiny_model_dir}", "trainer.critic_warmup=1", "trainer.save_freq=1")
+    rlvr.main([*args, "trainer.max_steps=1"])
+    ckpt = os.path.join(out, "checkpoints", "global_step_1")
+    assert C.read_state(ckpt)["engines"] == ["actor", "critic"] and os.path.isdir(os.path.join(ckpt, "critic"))
+    rlvr.main([*args, "trainer.max_steps=2"])
+    rows = _step_rows(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert "actor/pg_loss" not in rows[0] and "actor/pg_loss" in rows[1]  # warm-up was step 1, before the stop
+    plain = str(tmp_path / "plain")  # a run with a critic cannot resume from a checkpoint without one
+    rlvr.main(_args(tiny_model_dir, counting_dir, plain, distinct_reward, "trainer.max_steps=1", "trainer.save_freq=1"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        rlvr.main(_args(tiny_model_dir, counting_dir, str(tmp_path / "c"), distinct_reward,
+                        "algorithm.adv_estimator=gae", f"critic.model.model_path={tiny_model_dir}",
+                        f"trainer.resume={plain}/checkpoints", "trainer.max_steps=2"))
+    assert "global_step_1: holds no critic state (the run that wrote it had no critic)" in capsys.readouterr().err
