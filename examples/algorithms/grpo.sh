@@ -1,12 +1,13 @@
 #!/bin/bash
 # GRPO (arXiv:2402.03300): group-normalised rewards, PPO-clip loss, KL to the reference in the loss.
-# The baseline every other script here differs from only in its own keys.
-# Geometry3K on Qwen2.5-VL-3B; examples/config.yaml holds everything else. Run from the repository root:
-#   bash examples/algorithms/grpo.sh   (NPROC, MODEL_PATH, OUTPUT_DIR override)
+# Geometry3K on Qwen2.5-VL-3B; examples/config.yaml holds everything else. Every other script in this folder is
+# this one plus its algorithm's keys (extra key=value arguments are passed on and win). From the repository root:
+#   bash examples/algorithms/grpo.sh [key=value ...]   (NPROC, MODEL_PATH, EXPERIMENT, OUTPUT_DIR override)
 set -x
 export PYTHONUNBUFFERED=1
 MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-VL-3B-Instruct}
-OUTPUT_DIR=${OUTPUT_DIR:-outputs/qwen2_5_vl_3b_geo3k_grpo}
+EXPERIMENT=${EXPERIMENT:-qwen2_5_vl_3b_geo3k_grpo}
+OUTPUT_DIR=${OUTPUT_DIR:-outputs/${EXPERIMENT}}
 export TENSORBOARD_DIR=${OUTPUT_DIR}
 
 torchrun --nproc_per_node=${NPROC:-8} -m rllava.train.pipeline.rlvr \
@@ -19,8 +20,8 @@ torchrun --nproc_per_node=${NPROC:-8} -m rllava.train.pipeline.rlvr \
   data.image_key=images \
   actor.model.model_path=${MODEL_PATH} \
   reward.reward_function=./examples/reward_function/math.py:compute_score \
-  trainer.experiment_name=qwen2_5_vl_3b_geo3k_grpo \
+  algorithm.adv_estimator=grpo \
+  trainer.experiment_name=${EXPERIMENT} \
   trainer.outputs_dir=${OUTPUT_DIR} \
   trainer.n_gpus_per_node=${NPROC:-8} \
-  algorithm.adv_estimator=grpo \
   "$@"

@@ -1,27 +1,9 @@
 #!/bin/bash
 # GRPO pass@k (arXiv:2503.19595, 2508.10751): only the best sample of a group is credited, so
 # training optimises the chance that one of k samples is right.
-# Geometry3K on Qwen2.5-VL-3B; examples/config.yaml holds everything else. Run from the repository root:
-#   bash examples/algorithms/grpo_passk.sh   (NPROC, MODEL_PATH, OUTPUT_DIR override)
-set -x
-export PYTHONUNBUFFERED=1
-MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-VL-3B-Instruct}
-OUTPUT_DIR=${OUTPUT_DIR:-outputs/qwen2_5_vl_3b_geo3k_grpo_passk}
-export TENSORBOARD_DIR=${OUTPUT_DIR}
-
-torchrun --nproc_per_node=${NPROC:-8} -m rllava.train.pipeline.rlvr \
-  config=examples/config.yaml \
-  data.train_files=hiyouga/geometry3k@train \
-  data.val_files=hiyouga/geometry3k@test \
-  data.format_prompt=./examples/format_prompt/math.jinja \
-  data.prompt_key=problem \
-  data.answer_key=answer \
-  data.image_key=images \
-  actor.model.model_path=${MODEL_PATH} \
-  reward.reward_function=./examples/reward_function/math.py:compute_score \
-  trainer.experiment_name=qwen2_5_vl_3b_geo3k_grpo_passk \
-  trainer.outputs_dir=${OUTPUT_DIR} \
-  trainer.n_gpus_per_node=${NPROC:-8} \
+# = grpo.sh (Geometry3K on Qwen2.5-VL-3B) plus the keys below. From the repository root:
+#   bash examples/algorithms/grpo_passk.sh [key=value ...]
+EXPERIMENT=${EXPERIMENT:-qwen2_5_vl_3b_geo3k_grpo_passk} exec bash examples/algorithms/grpo.sh \
   algorithm.adv_estimator=grpo_passk \
   rollout.val_override_config.n=5 \
   rollout.val_override_config.temperature=1.0 \

@@ -1,28 +1,9 @@
 #!/bin/bash
 # GSPO (arXiv:2507.18071): sequence-level importance ratio (geometric mean over tokens), clipped in a
 # narrow band.
-# Geometry3K on Qwen2.5-VL-3B; examples/config.yaml holds everything else. Run from the repository root:
-#   bash examples/algorithms/gspo.sh   (NPROC, MODEL_PATH, OUTPUT_DIR override)
-set -x
-export PYTHONUNBUFFERED=1
-MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-VL-3B-Instruct}
-OUTPUT_DIR=${OUTPUT_DIR:-outputs/qwen2_5_vl_3b_geo3k_gspo}
-export TENSORBOARD_DIR=${OUTPUT_DIR}
-
-torchrun --nproc_per_node=${NPROC:-8} -m rllava.train.pipeline.rlvr \
-  config=examples/config.yaml \
-  data.train_files=hiyouga/geometry3k@train \
-  data.val_files=hiyouga/geometry3k@test \
-  data.format_prompt=./examples/format_prompt/math.jinja \
-  data.prompt_key=problem \
-  data.answer_key=answer \
-  data.image_key=images \
-  actor.model.model_path=${MODEL_PATH} \
-  reward.reward_function=./examples/reward_function/math.py:compute_score \
-  trainer.experiment_name=qwen2_5_vl_3b_geo3k_gspo \
-  trainer.outputs_dir=${OUTPUT_DIR} \
-  trainer.n_gpus_per_node=${NPROC:-8} \
-  algorithm.adv_estimator=grpo \
+# = grpo.sh (Geometry3K on Qwen2.5-VL-3B) plus the keys below. From the repository root:
+#   bash examples/algorithms/gspo.sh [key=value ...]
+EXPERIMENT=${EXPERIMENT:-qwen2_5_vl_3b_geo3k_gspo} exec bash examples/algorithms/grpo.sh \
   actor.policy_loss.loss_mode=gspo \
   actor.clip_ratio_low=3e-4 \
   actor.clip_ratio_high=4e-4 \

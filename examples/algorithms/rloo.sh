@@ -1,25 +1,7 @@
 #!/bin/bash
 # RLOO (arXiv:2402.14740): each sample's baseline is the mean reward of the other samples of its group.
-# Geometry3K on Qwen2.5-VL-3B; examples/config.yaml holds everything else. Run from the repository root:
-#   bash examples/algorithms/rloo.sh   (NPROC, MODEL_PATH, OUTPUT_DIR override)
-set -x
-export PYTHONUNBUFFERED=1
-MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-VL-3B-Instruct}
-OUTPUT_DIR=${OUTPUT_DIR:-outputs/qwen2_5_vl_3b_geo3k_rloo}
-export TENSORBOARD_DIR=${OUTPUT_DIR}
-
-torchrun --nproc_per_node=${NPROC:-8} -m rllava.train.pipeline.rlvr \
-  config=examples/config.yaml \
-  data.train_files=hiyouga/geometry3k@train \
-  data.val_files=hiyouga/geometry3k@test \
-  data.format_prompt=./examples/format_prompt/math.jinja \
-  data.prompt_key=problem \
-  data.answer_key=answer \
-  data.image_key=images \
-  actor.model.model_path=${MODEL_PATH} \
-  reward.reward_function=./examples/reward_function/math.py:compute_score \
-  trainer.experiment_name=qwen2_5_vl_3b_geo3k_rloo \
-  trainer.outputs_dir=${OUTPUT_DIR} \
-  trainer.n_gpus_per_node=${NPROC:-8} \
+# = grpo.sh (Geometry3K on Qwen2.5-VL-3B) plus the keys below. From the repository root:
+#   bash examples/algorithms/rloo.sh [key=value ...]
+EXPERIMENT=${EXPERIMENT:-qwen2_5_vl_3b_geo3k_rloo} exec bash examples/algorithms/grpo.sh \
   algorithm.adv_estimator=rloo \
   "$@"

@@ -14,13 +14,13 @@ CPU (shared/reference/cpu_learning_notes.md): 112 px images, radius 11-16 px (sc
     {"images": ["images/train_00000.png"], "problem": "<image>How many shapes are in the image?",
      "answer": "3", "solution": "<answer>3</answer>"}
 
-grounding (RefCOCO-like referring expressions): 2-4 shapes of different colours; the expression names one by
-colour and kind; `answer` is its box in pixels of the image (RefCOCO's frame), `solution` the same box on
+grounding (RefCOCO-like referring expressions): 1-2 shapes of different colours, each in its own cell of a 2 x 2
+grid (boxes take few positions: learnable by a tiny model on a CPU); the expression names one by colour and kind; `answer` is its box in pixels of the image (RefCOCO's frame), `solution` the same box on
 Qwen2-VL's / Qwen3-VL's 0-1000 grid.
     {"images": [...], "problem": "<image>Locate the red circle.", "expression": "the red circle",
      "answer": [18, 40, 51, 73], "solution": "<answer>[161, 357, 455, 652]</answer>"}
 
-ovd (COCO/LVIS-style open-vocabulary detection): 2-4 shapes, 1-2 of the asked kind; `answer` is every box of
+ovd (COCO/LVIS-style open-vocabulary detection): 1-3 shapes on the same grid, 1-2 of the asked kind; `answer` is every box of
 that kind on the 0-1000 grid (the OVD task's frame), `solution` the JSON a detector writes.
     {"images": [...], "problem": "<image>Detect every circle.", "category": "circle",
      "answer": [[161, 357, 455, 652]], "solution": "<answer>[{\"bbox_2d\": [161, 357, 455, 652], \"score\": 0.9}]</answer>"}
@@ -58,11 +58,10 @@ KINDS = tuple(EXTENT)
 MAX_COUNT = 5
 
 
-def _layout(rng: random.Random, count: int, size: int, radius: tuple[int, int] = (11, 16)) -> list[tuple]:
+def _layout(rng: random.Random, count: int, size: int) -> list[tuple]:
     """`count` shapes (kind, x, y, r) whose circumscribed discs keep GAP px apart and inside the canvas, by
-    rejection sampling; a layout that gets stuck is redrawn whole (sizes included). `radius` is in px of a
-    112 px canvas, scaled with `size`."""
-    rmin, rmax = round(radius[0] * size / 112), round(radius[1] * size / 112)
+    rejection sampling; a layout that gets stuck is redrawn whole (sizes included)."""
+    rmin, rmax = round(11 * size / 112), round(16 * size / 112)
     for _ in range(1000):
         placed = []
         for _ in range(count):
@@ -79,6 +78,19 @@ def _layout(rng: random.Random, count: int, size: int, radius: tuple[int, int] =
         if len(placed) == count:
             return placed
     raise DataError(f"synthetic: cannot fit {count} shapes in a {size}x{size} image; use --size >= 56")
+
+
+def _grid_layout(rng: random.Random, count: int, size: int, cells: int = 2) -> list[tuple]:
+    """`count` shapes (kind, x, y, r) in distinct cells of a `cells` x `cells` grid, each centred in its cell
+    within +-2 px, radius a quarter to a third of the cell (inside it whatever the kind). A 2 x 2 grid matches
+    the 2 x 2 blocks of image tokens a 112 px image makes, so a tiny model learns to localise on a CPU budget."""
+    cell = size / cells
+    shapes = []
+    for k in rng.sample(range(cells * cells), count):
+        cx, cy = (k % cells + 0.5) * cell, (k // cells + 0.5) * cell
+        shapes.append((rng.choice(KINDS), round(cx) + rng.randint(-2, 2), round(cy) + rng.randint(-2, 2),
+                       rng.randint(round(cell / 4), round(cell / 3))))
+    return shapes
 
 
 def _corners(kind: str, x: int, y: int, r: int) -> list[int] | list[tuple[int, int]]:
@@ -134,7 +146,7 @@ def _counting(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Imag
 
 
 def _grounding(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Image, dict]:
-    shapes = _layout(rng, rng.randint(2, 4), size, radius=(12, 20))
+    shapes = _grid_layout(rng, rng.randint(1, 2), size)
     colors = rng.sample(tuple(COLORS), len(shapes))  # distinct colours: "the red circle" names one shape
     k = rng.randrange(len(shapes))
     box = shape_box(*shapes[k])
@@ -148,7 +160,7 @@ def _ovd(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Image, di
     category = KINDS[i % len(KINDS)]
     shapes = []
     while not 1 <= sum(s[0] == category for s in shapes) <= 2:
-        shapes = _layout(rng, rng.randint(2, 4), size, radius=(12, 18))
+        shapes = _grid_layout(rng, rng.randint(1, 3), size)
     colors = [rng.choice(tuple(COLORS)) for _ in shapes]
     boxes = sorted(to_grid(shape_box(*s), size) for s in shapes if s[0] == category)
     detections = ", ".join(f'{{"bbox_2d": [{b[0]}, {b[1]}, {b[2]}, {b[3]}], "score": 0.9}}' for b in boxes)

@@ -1,37 +1,11 @@
 #!/bin/bash
-# Grounding (RefCOCO-style referring expressions): "Locate <expression>." -> <answer>[x1, y1, x2, y2]</answer>,
-# rewarded by IoU with the ground-truth box. Qwen2.5-VL writes boxes in pixels of the image *as its processor
-# resized it* (multiples of 28 within min/max pixels), hence frame=qwen2_5_vl; the Reward role passes that size.
-# Records: {"images": [...], "problem": "<image>Locate the man in red.", "answer": [x1, y1, x2, y2]} with the
-# box in pixels of the stored image (RefCOCO's frame; convert COCO's [x, y, w, h] first).
-# Run from the repository root (TRAIN_SET, VAL_SET, NPROC, MODEL_PATH, OUTPUT_DIR override):
+# Grounding on Qwen2.5-VL-3B: qwen2_vl_2b_grounding_vllm_online.sh with another model and its box frame.
+# Qwen2.5-VL writes boxes in pixels of the image *as its processor resized it* (multiples of 28 within min/max
+# pixels), hence frame=qwen2_5_vl; the Reward role passes that size. Same records (boxes in pixels of the stored
+# image). From the repository root (TRAIN_SET, VAL_SET, NPROC, OUTPUT_DIR override):
 #   TRAIN_SET=path/to/refcoco/train.jsonl VAL_SET=path/to/refcoco/val.jsonl \
-#     bash examples/tasks/grounding/qwen2_5_vl_3b_grounding_online.sh
-set -x
-export PYTHONUNBUFFERED=1
-MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-VL-3B-Instruct}
-TRAIN_SET=${TRAIN_SET:-data/refcoco/train.jsonl}
-VAL_SET=${VAL_SET:-data/refcoco/val.jsonl}
-OUTPUT_DIR=${OUTPUT_DIR:-outputs/qwen2_5_vl_3b_grounding_grpo}
-export TENSORBOARD_DIR=${OUTPUT_DIR}
-
-torchrun --nproc_per_node=${NPROC:-2} -m rllava.train.pipeline.rlvr \
-  config=examples/config.yaml \
-  data.train_files=${TRAIN_SET} \
-  data.val_files=${VAL_SET} \
-  data.format_prompt=./examples/format_prompt/grounding.jinja \
-  data.prompt_key=problem \
-  data.answer_key=answer \
-  data.image_key=images \
-  data.max_response_length=512 \
-  data.train_batch_size=128 \
-  actor.ppo_mini_batch_size=64 \
-  actor.model.model_path=${MODEL_PATH} \
-  rollout.name=vllm \
-  reward.reward_function=./examples/reward_function/grounding.py:compute_score \
+#     bash examples/tasks/grounding/qwen2_5_vl_3b_grounding_online.sh [key=value ...]
+MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-VL-3B-Instruct} EXPERIMENT=${EXPERIMENT:-qwen2_5_vl_3b_grounding_grpo} \
+  exec bash examples/tasks/grounding/qwen2_vl_2b_grounding_vllm_online.sh \
   reward.reward_function_kwargs.frame=qwen2_5_vl \
-  algorithm.adv_estimator=grpo \
-  trainer.experiment_name=qwen2_5_vl_3b_grounding_grpo \
-  trainer.outputs_dir=${OUTPUT_DIR} \
-  trainer.n_gpus_per_node=${NPROC:-2} \
   "$@"

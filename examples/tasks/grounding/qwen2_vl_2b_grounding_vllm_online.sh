@@ -3,15 +3,16 @@
 # rewarded by IoU with the ground-truth box. Qwen2-VL writes boxes on a 0-1000 grid of the image, hence
 # frame=qwen2_vl. Records: {"images": [...], "problem": "<image>Locate the man in red.", "answer": [x1, y1, x2, y2]}
 # with the box in pixels of the stored image (RefCOCO's frame; convert COCO's [x, y, w, h] first).
-# Run from the repository root (TRAIN_SET, VAL_SET, NPROC, MODEL_PATH, OUTPUT_DIR override):
+# Run from the repository root (TRAIN_SET, VAL_SET, NPROC, MODEL_PATH, EXPERIMENT, OUTPUT_DIR override):
 #   TRAIN_SET=path/to/refcoco/train.jsonl VAL_SET=path/to/refcoco/val.jsonl \
-#     bash examples/tasks/grounding/qwen2_vl_2b_grounding_vllm_online.sh
+#     bash examples/tasks/grounding/qwen2_vl_2b_grounding_vllm_online.sh [key=value ...]
 set -x
 export PYTHONUNBUFFERED=1
 MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2-VL-2B-Instruct}
 TRAIN_SET=${TRAIN_SET:-data/refcoco/train.jsonl}
 VAL_SET=${VAL_SET:-data/refcoco/val.jsonl}
-OUTPUT_DIR=${OUTPUT_DIR:-outputs/qwen2_vl_2b_grounding_grpo}
+EXPERIMENT=${EXPERIMENT:-qwen2_vl_2b_grounding_grpo}
+OUTPUT_DIR=${OUTPUT_DIR:-outputs/${EXPERIMENT}}
 export TENSORBOARD_DIR=${OUTPUT_DIR}
 
 torchrun --nproc_per_node=${NPROC:-2} -m rllava.train.pipeline.rlvr \
@@ -30,7 +31,7 @@ torchrun --nproc_per_node=${NPROC:-2} -m rllava.train.pipeline.rlvr \
   reward.reward_function=./examples/reward_function/grounding.py:compute_score \
   reward.reward_function_kwargs.frame=qwen2_vl \
   algorithm.adv_estimator=grpo \
-  trainer.experiment_name=qwen2_vl_2b_grounding_grpo \
+  trainer.experiment_name=${EXPERIMENT} \
   trainer.outputs_dir=${OUTPUT_DIR} \
   trainer.n_gpus_per_node=${NPROC:-2} \
   "$@"
