@@ -23,8 +23,8 @@ from rllava.errors import ConfigError
 
 # Names accepted by the validators below. Method names (adv_estimator, policy_loss.loss_mode) are not listed
 # here: their registries own them and reject unknown names when the pipeline is built.
-ACTOR_STRATEGIES = ["single", "fsdp", "fsdp2"]  # RLLaVA's `fsdp` runs the FSDP2 engine
-ACTOR_STRATEGIES_PLANNED = ["deepspeed"]
+ACTOR_STRATEGIES = ["single", "fsdp", "fsdp2", "deepspeed"]  # RLLaVA's `fsdp` runs the FSDP2 engine
+ACTOR_STRATEGIES_PLANNED: list[str] = []
 ROLLOUT_ENGINES = ["hf", "vllm", "sglang"]  # vllm / sglang: optional extras, pip install "rllava[vllm]"
 ROLLOUT_ENGINES_PLANNED: list[str] = []
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -296,15 +296,21 @@ class FSDPConfig:  # used when actor.strategy is fsdp/fsdp2; the three offload s
 
 
 @dataclass
-class DeepSpeedConfig:  # used only when actor.strategy=deepspeed (not available yet)
-    zero_stage: int = 3  # ZeRO stage
-    enable_cpu_offload: bool = True  # offload to CPU
-    torch_dtype: str = "bf16"  # training dtype
+class DeepSpeedConfig:  # used only when actor.strategy=deepspeed (rllava/engine/train/deepspeed.py)
+    zero_stage: int = 3  # ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded
+    enable_cpu_offload: bool = True  # ZeRO-Offload: fp32 masters and Adam (DeepSpeedCPUAdam) on the CPU
+    torch_dtype: str = "bf16"  # training dtype: bf16 | fp16 | fp32 (bf16/fp16: fp32 masters in the optimizer)
     contiguous_gradients: bool = True  # DeepSpeed contiguous_gradients
     overlap_comm: bool = True  # DeepSpeed overlap_comm
     reduce_scatter: bool = True  # DeepSpeed reduce_scatter
     stage3_prefetch_bucket_size: float = 1e8  # ZeRO-3 prefetch bucket (elements)
     stage3_param_persistence_threshold: float = 1e5  # ZeRO-3 params below this stay gathered
+
+    def check(self, prefix: str) -> list[str]:
+        p: list[str] = []
+        _choice(p, f"{prefix}.zero_stage", self.zero_stage, [1, 2, 3])
+        _choice(p, f"{prefix}.torch_dtype", self.torch_dtype, ["bf16", "fp16", "fp32"])
+        return p
 
 
 @dataclass
@@ -334,8 +340,7 @@ class CheckpointConfig:
 
 @dataclass
 class ActorConfig:
-    # rllava default "single" (RLLaVA: fsdp2): one process, one device; the others are not built yet.
-    strategy: str = "single"
+    strategy: str = "single"  # rllava: single (RLLaVA: fsdp2) | fsdp/fsdp2 | deepspeed (docs/engines.md)
     ppo_mini_batch_size: int = 256  # prompts per optimizer step (x rollout.n responses)
     ppo_micro_batch_size: int = 4  # sequences per forward/backward (gradient accumulation unit)
     log_prob_micro_batch_size: int = 16  # sequences per forward when computing old log-probs
@@ -401,6 +406,8 @@ class ActorConfig:
         p += self.model.check(f"{prefix}.model")
         p += self.optim.check(f"{prefix}.optim")
         p += self.checkpoint.check(f"{prefix}.checkpoint")
+        if self.strategy == "deepspeed":
+            p += self.deepspeed.check(f"{prefix}.deepspeed")
         return p
 
     def ignored_keys(self, prefix: str = "actor") -> list[str]:
@@ -443,6 +450,9 @@ class CriticConfig:  # PPO value model: the backbone of critic.model.model_path 
 
     def check(self, prefix: str = "critic") -> list[str]:
         p: list[str] = []
+        _available(p, f"{prefix}.strategy", self.strategy, ACTOR_STRATEGIES, ACTOR_STRATEGIES_PLANNED)
+        if self.strategy == "deepspeed":
+            p += self.deepspeed.check(f"{prefix}.deepspeed")
         for name in ("ppo_mini_batch_size", "ppo_micro_batch_size", "log_prob_micro_batch_size",
                      "ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu", "ppo_epochs"):
             _positive(p, f"{prefix}.{name}", getattr(self, name))

@@ -12,6 +12,8 @@ Two memory switches live here, both exact (they change memory and speed, never t
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -166,14 +168,17 @@ def logprobs_from_hidden(head, h: torch.Tensor, labels: torch.Tensor, *, tempera
     Any other head (e.g. one wrapped by LoRA) runs each chunk under activation checkpointing instead.
     """
     step = chunk_size if chunk_size > 0 else max(len(h), 1)
+    plain = type(head) is torch.nn.Linear and head.bias is None
     if torch.is_grad_enabled() and chunk_size > 0 and len(h):
-        if type(head) is torch.nn.Linear and head.bias is None:
+        if plain:
             lp, ent = _ChunkedHead.apply(h, head.weight, labels, temperature, step, entropy_grad)
             return lp, (ent if with_entropy else None)
         outs = [checkpoint(_chunk_logprobs, head, h[s:s + step], labels[s:s + step], temperature, with_entropy,
                            entropy_grad, use_reentrant=False) for s in range(0, len(h), step)]
-    else:
-        outs = [_chunk_logprobs(head, h[s:s + step], labels[s:s + step], temperature, with_entropy, entropy_grad)
+    else:  # a plain head by its weight: calling the module once per chunk would make the calls data-dependent,
+        # which DeepSpeed ZeRO-3 (it traces module calls, the same on every rank) cannot follow
+        fn = functools.partial(torch.nn.functional.linear, weight=head.weight) if plain else head
+        outs = [_chunk_logprobs(fn, h[s:s + step], labels[s:s + step], temperature, with_entropy, entropy_grad)
                 for s in range(0, len(h), step)]
     if not outs:
         outs = [(h.new_zeros(0, dtype=torch.float32),) * (2 if with_entropy else 1)]

@@ -56,6 +56,9 @@ def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
     return device, outputs_dir
 
 
+DISTRIBUTED_STRATEGIES = ("fsdp", "fsdp2", "deepspeed")
+
+
 def run_outputs_dir(cfg: PPOConfig) -> str:
     """trainer.outputs_dir, default outputs/<trainer.experiment_name>."""
     return cfg.trainer.outputs_dir or os.path.join("outputs", cfg.trainer.experiment_name)
@@ -63,12 +66,11 @@ def run_outputs_dir(cfg: PPOConfig) -> str:
 
 def check_world_size(cfg: PPOConfig, world: int) -> None:
     """Under torchrun every rank takes an equal share of each batch of prompts and of each mini-batch."""
-    sharded = cfg.actor.strategy in ("fsdp", "fsdp2")
-    if not sharded:
+    if cfg.actor.strategy not in DISTRIBUTED_STRATEGIES:
         raise ConfigError(f"launched with {world} processes but actor.strategy={cfg.actor.strategy} runs on one "
-                          "device; set actor.strategy=fsdp2 or use --nproc_per_node=1")
-    if cfg.critic is not None and cfg.critic.strategy not in ("fsdp", "fsdp2"):
-        raise ConfigError(f"launched with {world} processes: set critic.strategy=fsdp2 as well")
+                          "device; set actor.strategy=fsdp2 (or deepspeed) or use --nproc_per_node=1")
+    if cfg.critic is not None and cfg.critic.strategy not in DISTRIBUTED_STRATEGIES:
+        raise ConfigError(f"launched with {world} processes: set critic.strategy={cfg.actor.strategy} as well")
     for key, value in (("data.train_batch_size", cfg.data.train_batch_size),
                        ("actor.ppo_mini_batch_size", cfg.actor.ppo_mini_batch_size)):
         if value % world:
@@ -185,9 +187,10 @@ def _num_updates(cfg: PPOConfig, num_steps: int, epochs: int, mini_batch_seqs: i
 
 
 def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None, *, updates: int,
-            key: str, strategy: str, fsdp) -> TrainEngine:
+            key: str, strategy: str, fsdp, deepspeed) -> TrainEngine:
     """The train engine for `strategy` around `model`, with AdamW over the trainable parameters and the LR
-    schedule (`o` = an optim config); `fsdp` (a FSDPConfig) carries the sharding and CPU-offload switches."""
+    schedule (`o` = an optim config); `fsdp` (a FSDPConfig) carries the sharding and CPU-offload switches,
+    `deepspeed` (a DeepSpeedConfig) the ZeRO ones."""
     if o.strategy != "adamw":
         raise ConfigError(f"{key}.strategy={o.strategy!r} is not supported (supported: adamw)")
     warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * updates)
@@ -198,6 +201,14 @@ def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm
 
         engine = FSDP2Engine(device, max_grad_norm, skip_grad_norm, mixed_precision=fsdp.mixed_precision,
                              reshard_after_forward=fsdp.reshard_after_forward, **offload)
+    elif strategy == "deepspeed":
+        from rllava.engine.train.deepspeed import DeepSpeedEngine
+
+        if skip_grad_norm is not None:
+            log.warning("%s: DeepSpeed skips only steps whose gradient norm is not finite; skip_grad_norm=%s is "
+                        "not applied (set it to null to silence this)", key.split(".")[0], skip_grad_norm)
+        engine = DeepSpeedEngine(device, max_grad_norm, deepspeed_config=deepspeed,
+                                 **{**offload, "cpu_optimizer": deepspeed.enable_cpu_offload})
     else:
         engine = SingleDeviceEngine(device, max_grad_norm, skip_grad_norm, **offload)
     engine.prepare(model, lambda params: torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas),
@@ -215,7 +226,7 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
     mini = cfg.actor.ppo_mini_batch_size * n // D.world_size()  # RLLaVA counts prompts, over all ranks
     engine = _engine(model, cfg.actor.optim, device, cfg.actor.max_grad_norm, cfg.actor.skip_grad_norm,
                      updates=_num_updates(cfg, num_steps, cfg.actor.ppo_epochs, mini, n), key="actor.optim",
-                     strategy=cfg.actor.strategy, fsdp=cfg.actor.fsdp)
+                     strategy=cfg.actor.strategy, fsdp=cfg.actor.fsdp, deepspeed=cfg.actor.deepspeed)
     model = engine.model
     load_plugins(cfg.algorithm.plugins)
     algorithm = build_algorithm(cfg.algorithm, cfg.actor, loss_mode="sft" if sft else None)
@@ -301,7 +312,7 @@ def build_critic(cfg: PPOConfig, device: torch.device, num_steps: int, algorithm
     mini = c.ppo_mini_batch_size * cfg.rollout.n // D.world_size()
     engine = _engine(ValueModel(lm), c.optim, device, c.max_grad_norm, None, key="critic.optim",
                      updates=_num_updates(cfg, num_steps, c.ppo_epochs, mini, cfg.rollout.n),
-                     strategy=c.strategy, fsdp=c.fsdp)
+                     strategy=c.strategy, fsdp=c.fsdp, deepspeed=c.deepspeed)
     return Critic(engine.model, engine, ppo_epochs=c.ppo_epochs, mini_batch_size=mini,
                   micro_batch_size=c.ppo_micro_batch_size, values_micro_batch_size=c.log_prob_micro_batch_size,
                   cliprange_value=c.cliprange_value, loss_avg_mode=c.loss_avg_mode, gamma=cfg.algorithm.gamma,

@@ -452,8 +452,8 @@ def test_alias_conflicts(tmp_path):
     ("algorithm.prefix_strategy=random", "algorithm.prefix_strategy=random is not available yet in rllava"),
     ("algorithm.hint_steps=5", "algorithm.hint_steps=5 is not available yet in rllava"),
     ("data.dataset_class=x.py:D", "data.dataset_class=x.py:D is not available yet in rllava"),
-    ("actor.strategy=deepspeed",
-     "actor.strategy=deepspeed is not available yet in rllava (supported: single, fsdp, fsdp2)"),
+    ("actor.strategy=deepspeed actor.deepspeed.zero_stage=4",
+     "actor.deepspeed.zero_stage=4 is not one of: 1, 2, 3"),
     ("rollout.name=vlm", "rollout.name=vlm is not one of: hf, vllm, sglang; did you mean rollout.name=vllm?"),
 ])
 def test_not_built_yet(arg, message):

@@ -1,9 +1,9 @@
-"""Run by tests/engine/test_fsdp2.py under `torchrun --nproc_per_node=W` (or plain python for W=1): one
+"""Run by tests/engine/test_sharded_engines.py under `torchrun --nproc_per_node=W` (or plain python for W=1): one
 Actor update (the real role: PPO clip + entropy bonus, dynamic packed micro-batches, the training forward
 through `token_logprobs`) of a tiny Qwen2-VL on a fixed global batch of image prompts, each rank on its
 contiguous share of the rows, with plain SGD so that the weights after the step expose the gradient.
 
-    python actor_worker.py MODEL_DIR OUT_DIR {single|fsdp2}
+    python actor_worker.py MODEL_DIR OUT_DIR STRATEGY      (as fsdp_worker.py's)
 
 Writes OUT_DIR/result.pt (rank 0): the global token count, the old log-probs and the full weights after.
 """
@@ -18,11 +18,11 @@ from rllava import distributed as D
 from rllava.algorithms.ppo import build_algorithm
 from rllava.config.schema import ActorConfig, AlgorithmConfig
 from rllava.data.protocol import Sample, Segment, Trajectory, collate
-from rllava.engine.train.fsdp2 import FSDP2Engine
-from rllava.engine.train.single import SingleDeviceEngine
 from rllava.model.loader import load_model
 from rllava.model.processor import get_tokenizer, load_processor
 from rllava.roles.actor import Actor
+
+from fsdp_worker import make_engine  # noqa: E402  (this script's own folder is on sys.path)
 
 # (image size, prompt words, response tokens): 4 rows of different lengths, two per rank
 ROWS = [((56, 56), 1, 7), ((84, 56), 4, 3), ((56, 112), 2, 12), ((56, 56), 0, 5)]
@@ -50,7 +50,7 @@ def global_batch(model_dir):
 def main(model_dir, out_dir, strategy):
     device = D.init("cpu")
     torch.manual_seed(0)
-    engine = (FSDP2Engine if strategy == "fsdp2" else SingleDeviceEngine)(device, max_grad_norm=1.0)
+    engine = make_engine(strategy, device)
     engine.prepare(load_model(model_dir, dtype=torch.float32), lambda p: torch.optim.SGD(p, lr=1.0), lambda o: None)
     batch = global_batch(model_dir)
     batch = batch.select(D.shard(list(range(len(batch))), "rows"))

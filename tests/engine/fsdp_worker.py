@@ -1,8 +1,10 @@
-"""Run by tests/engine/test_fsdp2.py under `torchrun --nproc_per_node=W` (or plain python for W=1): one
-optimizer step of a tiny Qwen2-VL on a fixed global batch, each rank on its contiguous share of the rows.
+"""Run by tests/engine/test_sharded_engines.py under `torchrun --nproc_per_node=W` (or plain
+python for W=1): one optimizer step of a tiny Qwen2-VL on a fixed global batch, each rank on its contiguous
+share of the rows, the loss through the training forward (`token_logprobs`).
 
-    python fsdp_worker.py MODEL_DIR OUT_DIR {single|fsdp2} [save_dcp|load_dcp DCP_DIR]
+    python fsdp_worker.py MODEL_DIR OUT_DIR STRATEGY [save_dcp|load_dcp DCP_DIR]
 
+STRATEGY: single | fsdp2 | deepspeed{1,2,3} (fp32) | deepspeed{2,3}-offload (ZeRO-Offload, DeepSpeedCPUAdam).
 Writes OUT_DIR/result.pt (rank 0): the global loss and the full weights after the step.
 """
 
@@ -12,21 +14,37 @@ import sys
 import torch
 
 from rllava import distributed as D
+from rllava.data.protocol import Sample, Segment, Trajectory, collate
 from rllava.engine.train.checkpoint import load_engine, save_engine
 from rllava.engine.train.fsdp2 import FSDP2Engine
 from rllava.engine.train.single import SingleDeviceEngine
+from rllava.model.forward import token_logprobs
 from rllava.model.loader import load_model
 
 ROWS, LENGTH = 4, 12
 
 
 def global_batch():
+    """4 rows of a 3-token prompt and a response of 9, 5, 9 and 2 trained tokens: the normaliser must be the
+    global token count."""
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(20, 1000, (ROWS, LENGTH), generator=g)
-    mask = torch.ones(ROWS, LENGTH)
-    mask[1, 8:] = 0  # rows of different lengths: the normaliser must be the global token count
-    mask[3, 5:] = 0
-    return ids, mask
+    ids = torch.randint(20, 1000, (ROWS, LENGTH), generator=g).tolist()
+    lengths = [LENGTH, 8, LENGTH, 5]
+    return collate([Trajectory(Sample(i, [], [], None), i, [Segment(row[:3], False), Segment(row[3:n], True)], {})
+                    for i, (row, n) in enumerate(zip(ids, lengths))], pad_token_id=0)
+
+
+def make_engine(strategy: str, device: torch.device):
+    if strategy == "fsdp2":
+        return FSDP2Engine(device, max_grad_norm=1.0)
+    if strategy.startswith("deepspeed"):  # deepspeed3, deepspeed2-offload, ...
+        from rllava.config.schema import DeepSpeedConfig
+        from rllava.engine.train.deepspeed import DeepSpeedEngine
+
+        cfg = DeepSpeedConfig(zero_stage=int(strategy[9]), torch_dtype="fp32",
+                              enable_cpu_offload=strategy.endswith("-offload"))
+        return DeepSpeedEngine(device, max_grad_norm=1.0, deepspeed_config=cfg)
+    return SingleDeviceEngine(device, max_grad_norm=1.0)
 
 
 def moments(engine) -> float:
@@ -39,19 +57,18 @@ def main(model_dir, out_dir, strategy, mode=None, dcp_dir=None):
     device = D.init("cpu")
     torch.manual_seed(0)
     model = load_model(model_dir, dtype=torch.float32)
-    engine = (FSDP2Engine if strategy == "fsdp2" else SingleDeviceEngine)(device, max_grad_norm=1.0)
+    engine = make_engine(strategy, device)
     engine.prepare(model, lambda p: torch.optim.AdamW(p, lr=1e-2), lambda o: None)
     if mode == "load_dcp":
         load_engine(engine, dcp_dir)
     loaded_moments = moments(engine)
-    ids, mask = global_batch()
-    rows = D.shard(list(range(ROWS)), "rows")
-    num_tokens = mask[:, 1:].sum()
+    batch = global_batch()
+    num_tokens = batch.loss_mask.sum()
+    batch = batch.select(D.shard(list(range(ROWS)), "rows"))
     with engine.update_phase():
-        logits = engine.model(input_ids=ids[rows], attention_mask=mask[rows].long()).logits[:, :-1]
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[rows][:, 1:], reduction="none")
+        logp, _ = token_logprobs(engine.model, batch)
         # gradients are averaged over ranks: scale this rank's sum to its share of the global mean
-        loss = (nll * mask[rows][:, 1:]).sum() / num_tokens * D.world_size()
+        loss = -(logp * batch.loss_mask).sum() / num_tokens * D.world_size()
         engine.backward(loss)
         grad_norm = engine.optimizer_step()
     total = D.all_sum([loss.item() / D.world_size()])[0]

@@ -1,11 +1,14 @@
-"""FSDP2 on CPU (gloo, 2 ranks): one step matches a single process on the same global batch, and a
-checkpoint written by 2 ranks loads in 1."""
+"""The sharded train engines on CPU (gloo, 2 ranks): FSDP2 and DeepSpeed ZeRO-2/3 (when installed). One step
+matches a single process on the same global batch; a checkpoint written by 2 ranks loads in 1, on any engine;
+the RLVR pipeline runs end to end under torchrun."""
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
@@ -27,10 +30,23 @@ def _result(path):
     return torch.load(os.path.join(path, "result.pt"))
 
 
-def test_two_ranks_match_one_process(tmp_path, tiny_model_dir):
-    _run(1, tiny_model_dir, tmp_path / "single", "single")
-    _run(2, tiny_model_dir, tmp_path / "fsdp", "fsdp2")
-    single, fsdp = _result(tmp_path / "single"), _result(tmp_path / "fsdp")
+DEEPSPEED = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                               reason="DeepSpeed not installed (pip install 'rllava[deepspeed]')")
+# fsdp_worker.py's strategies: deepspeed{stage}[-offload] (ZeRO-Offload runs DeepSpeedCPUAdam)
+SHARDED = ["fsdp2", pytest.param("deepspeed2", marks=DEEPSPEED), pytest.param("deepspeed3", marks=DEEPSPEED)]
+
+
+@pytest.fixture(scope="module")
+def single_step(tmp_path_factory, tiny_model_dir):
+    out = tmp_path_factory.mktemp("single")
+    _run(1, tiny_model_dir, out, "single")
+    return _result(out)
+
+
+@pytest.mark.parametrize("strategy", SHARDED)
+def test_two_ranks_match_one_process(tmp_path, tiny_model_dir, single_step, strategy):
+    _run(2, tiny_model_dir, tmp_path / "fsdp", strategy)
+    single, fsdp = single_step, _result(tmp_path / "fsdp")
     assert abs(single["loss"] - fsdp["loss"]) < 1e-5
     assert abs(single["grad_norm"] - fsdp["grad_norm"]) < 1e-4
     assert single["weights"].keys() == fsdp["weights"].keys()
@@ -40,29 +56,37 @@ def test_two_ranks_match_one_process(tmp_path, tiny_model_dir):
         torch.testing.assert_close(fsdp["weights"][k], v, rtol=1e-4, atol=1e-4, msg=k)
 
 
-def test_checkpoint_from_two_ranks_resumes_in_one(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("strategy, resumed_on", [
+    ("fsdp2", ["single", "fsdp2"]),
+    pytest.param("deepspeed3-offload", ["single", "deepspeed2"], marks=DEEPSPEED),
+    pytest.param("fsdp2", ["deepspeed3"], marks=DEEPSPEED, id="fsdp2-to-deepspeed")])
+def test_checkpoint_from_two_ranks_resumes_in_one(tmp_path, tiny_model_dir, strategy, resumed_on):
+    """Engine state is saved by parameter name (`checkpoint.py`): a 2-rank checkpoint resumes in one process
+    or two, on the same engine or another one (DeepSpeedCPUAdam's state in torch's AdamW, and back)."""
     ckpt = tmp_path / "dcp"
-    _run(2, tiny_model_dir, tmp_path / "a", "fsdp2", "save_dcp", ckpt)
-    # resume the 2-rank state in one process, on either engine, and take the same second step
-    _run(1, tiny_model_dir, tmp_path / "b", "single", "load_dcp", ckpt)
-    _run(2, tiny_model_dir, tmp_path / "c", "fsdp2", "load_dcp", ckpt)
-    one, two = _result(tmp_path / "b"), _result(tmp_path / "c")
-    for k, v in two["weights"].items():
-        torch.testing.assert_close(one["weights"][k], v, rtol=1e-4, atol=1e-4, msg=k)
+    _run(2, tiny_model_dir, tmp_path / "a", strategy, "save_dcp", ckpt)
     first = _result(tmp_path / "a")
+    results = []
+    for i, engine in enumerate(resumed_on):  # resume the state and take the same second step
+        _run(1 if i == 0 else 2, tiny_model_dir, tmp_path / f"r{i}", engine, "load_dcp", ckpt)
+        results.append(_result(tmp_path / f"r{i}"))
+    for resumed in results[1:]:
+        for k, v in resumed["weights"].items():
+            torch.testing.assert_close(results[0]["weights"][k], v, rtol=1e-4, atol=1e-4, msg=k)
     # the optimizer state came along, whole (a loader that silently skips it would still step)
     assert first["saved_moments"] > 0
-    for resumed in (one, two):
+    for resumed in results:
         assert abs(resumed["loaded_moments"] - first["saved_moments"]) < 1e-6 * first["saved_moments"]
-    assert one["loss"] < first["loss"]  # the resumed step starts from the trained weights
+        assert resumed["loss"] < first["loss"]  # the resumed step starts from the trained weights
 
 
-def test_actor_update_on_two_ranks_matches_one_process(tmp_path, tiny_model_dir):
-    """The Actor role itself under FSDP2: the training forward through the root's registered forward method,
+@pytest.mark.parametrize("strategy", ["fsdp2", pytest.param("deepspeed3", marks=DEEPSPEED)])
+def test_actor_update_on_two_ranks_matches_one_process(tmp_path, tiny_model_dir, strategy):
+    """The Actor role itself on a sharded engine: the training forward through the engine's forward method,
     image rows, dynamic packed micro-batches (equalised in count over ranks) and global loss normalisers."""
     worker = os.path.join(HERE, "actor_worker.py")
     _run(1, tiny_model_dir, tmp_path / "single", "single", worker=worker)
-    _run(2, tiny_model_dir, tmp_path / "fsdp", "fsdp2", worker=worker)
+    _run(2, tiny_model_dir, tmp_path / "fsdp", strategy, worker=worker)
     single, fsdp = _result(tmp_path / "single"), _result(tmp_path / "fsdp")
     (full,) = single["old_logprobs"]
     for r, part in enumerate(fsdp["old_logprobs"]):  # rank r held rows 2r, 2r+1 (padded to their own length)
@@ -73,10 +97,13 @@ def test_actor_update_on_two_ranks_matches_one_process(tmp_path, tiny_model_dir)
         torch.testing.assert_close(fsdp["weights"][k], v, rtol=1e-4, atol=1e-6, msg=k)
 
 
-def test_rlvr_pipeline_on_two_ranks(tmp_path, tiny_model_dir, counting_dir, distinct_reward):
-    """`torchrun --nproc_per_node=2 -m rllava.train.pipeline.rlvr actor.strategy=fsdp2` end to end on CPU (gloo):
-    KL to a sharded reference, validation sharded over the ranks and gathered, one metrics file, one
-    `final/` that plain transformers loads."""
+@pytest.mark.parametrize("strategy", [["actor.strategy=fsdp2"], pytest.param(
+    ["actor.strategy=deepspeed", "actor.deepspeed.zero_stage=3", "actor.deepspeed.torch_dtype=fp32"],
+    marks=DEEPSPEED, id="deepspeed")])
+def test_rlvr_pipeline_on_two_ranks(tmp_path, tiny_model_dir, counting_dir, distinct_reward, strategy):
+    """`torchrun --nproc_per_node=2 -m rllava.train.pipeline.rlvr actor.strategy=...` end to end on CPU (gloo):
+    KL to a sharded reference, HF generate on gathered weights, validation sharded over the ranks and
+    gathered, one metrics file, one `final/` that plain transformers loads."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
            "rllava.train.pipeline.rlvr", "config=examples/tasks/counting/tiny_cpu.yaml",
@@ -84,7 +111,7 @@ def test_rlvr_pipeline_on_two_ranks(tmp_path, tiny_model_dir, counting_dir, dist
            f"data.val_files={counting_dir}/val.jsonl", "data.max_samples=16", "data.train_batch_size=4",
            "actor.ppo_mini_batch_size=2", "rollout.n=4", "trainer.max_steps=2", "trainer.val_freq=2",
            "data.val_batch_size=8", "trainer.val_generations_to_log=1000", f"trainer.outputs_dir={out}",
-           "trainer.logger=[jsonl]", "actor.strategy=fsdp2", "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1",
+           "trainer.logger=[jsonl]", *strategy, "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1",
            f"reward.reward_function={distinct_reward}"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -100,3 +127,13 @@ def test_rlvr_pipeline_on_two_ranks(tmp_path, tiny_model_dir, counting_dir, dist
     after = load_file(out / "final" / "model.safetensors")
     assert before.keys() == after.keys() and sum(not torch.equal(before[k], after[k]) for k in before) > len(before) // 2
     AutoModelForImageTextToText.from_pretrained(out / "final")
+
+
+def test_deepspeed_not_installed_is_one_line_error(monkeypatch):
+    from rllava.config.schema import DeepSpeedConfig
+    from rllava.engine.train.deepspeed import DeepSpeedEngine
+    from rllava.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # `import deepspeed` raises ImportError
+    with pytest.raises(ConfigError, match=r'^actor.strategy=deepspeed needs DeepSpeed: pip install "rllava\[deepspeed\]"'):
+        DeepSpeedEngine(torch.device("cpu"), 1.0, deepspeed_config=DeepSpeedConfig())
