@@ -10,8 +10,9 @@ same), printed before they start. The held-out metric is measured before GRPO an
 rollout temperature (what RL optimises) with greedy beside it; "after" averages the last `average`
 evaluations, because one evaluation of a tiny model jumps by whole answer classes.
 
-Writes `OUT/results.md` (the table: SFT -> after GRPO, lift, the target lift) and `OUT/<task>.png` (held-out
-metric and training reward per step). `make demo` is the counting row alone.
+Writes `OUT/results.md` (the table: SFT -> after GRPO, lift, the target lift; every task with a summary in
+OUT, so single-task runs add up) and `OUT/<task>.png` (held-out metric and training reward per step).
+`make demo` is the counting row alone.
 """
 
 from __future__ import annotations
@@ -170,7 +171,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    summaries = []
     for name in args.tasks:
         task = TASKS[name]
         try:
@@ -178,12 +178,24 @@ def main(argv: list[str] | None = None) -> None:
         except subprocess.CalledProcessError as e:
             parser.exit(1, f"proof: a {name} training run failed (exit status {e.returncode}); its output is above\n")
         plot(task, read_metrics(os.path.join(s["outputs"], "grpo")), os.path.join(args.out, f"{name}.png"))
-        summaries.append(s)
-        with open(os.path.join(args.out, "results.md"), "w") as f:  # rewritten after each task: partial runs count
-            f.write("# GRPO on SFT-warmed tiny Qwen2-VLs, held-out sets of 200 (python -m rllava.proof)\n\n"
-                    f"{results_table(summaries)}\n\nSampled at the rollout temperature (2 samples per prompt); "
-                    "'after' = mean of the last 3 evaluations. Curves: <task>.png.\n")
-        print(f"\n{results_table(summaries)}", flush=True)
+        print(f"\n{write_results(args.out)}", flush=True)
+
+
+def write_results(out: str) -> str:
+    """`out/results.md` from every task's `out/<task>/summary.json` there (runs of single tasks add up);
+    returns the table."""
+    summaries = []
+    for name in TASKS:
+        path = os.path.join(out, name, "summary.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                summaries.append(json.load(f))
+    table = results_table(summaries)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write("# GRPO on SFT-warmed tiny Qwen2-VLs, held-out sets of 200 (python -m rllava.proof)\n\n"
+                f"{table}\n\nSampled at the rollout temperature (2 samples per prompt); 'after' = mean of the last 3 "
+                "evaluations; 2 CPU cores shared with other work, so the seconds vary. Curves: <task>.png.\n")
+    return table
 
 
 if __name__ == "__main__":

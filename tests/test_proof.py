@@ -1,11 +1,12 @@
 """rllava/proof.py: the summary, table and curve from a run's metrics (fast); the proof itself is slow."""
 
+import json
 import math
 import os
 
 import pytest
 
-from rllava.proof import TASKS, plot, results_table, run_task, summarize
+from rllava.proof import TASKS, plot, results_table, run_task, summarize, write_results
 
 
 def _rows():
@@ -34,6 +35,16 @@ def test_table_and_curve(tmp_path):
     path = tmp_path / "counting.png"
     plot(TASKS["counting"], _rows(), str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and os.path.getsize(path) > 5000
+
+
+def test_results_gather_every_task_run_into_the_folder(tmp_path):
+    for name in ("math", "counting"):  # two separate single-task runs
+        (tmp_path / name).mkdir()
+        s = {**summarize(TASKS[name], _rows()), "sft_seconds": 1, "rl_seconds": 2}
+        (tmp_path / name / "summary.json").write_text(json.dumps(s))
+    write_results(str(tmp_path))
+    rows = [line for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith("| ")]
+    assert [r.split(" | ")[0] for r in rows[1:]] == ["| counting", "| math"]  # in TASKS order, after the header
 
 
 @pytest.mark.slow
