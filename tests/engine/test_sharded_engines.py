@@ -97,15 +97,20 @@ def test_actor_update_on_two_ranks_matches_one_process(tmp_path, tiny_model_dir,
         torch.testing.assert_close(fsdp["weights"][k], v, rtol=1e-4, atol=1e-6, msg=k)
 
 
-@pytest.mark.parametrize("strategy", [["actor.strategy=fsdp2"], pytest.param(
-    ["actor.strategy=deepspeed", "actor.deepspeed.zero_stage=3", "actor.deepspeed.torch_dtype=fp32"],
-    marks=DEEPSPEED, id="deepspeed")])
-def test_rlvr_pipeline_on_two_ranks(tmp_path, tiny_model_dir, counting_dir, distinct_reward, strategy):
+@pytest.mark.parametrize("nproc, strategy", [
+    (2, ["actor.strategy=fsdp2"]),
+    pytest.param(2, ["actor.strategy=deepspeed", "actor.deepspeed.zero_stage=3", "actor.deepspeed.torch_dtype=fp32"],
+                 marks=DEEPSPEED, id="deepspeed"),
+    pytest.param(1, ["actor.strategy=deepspeed", "actor.deepspeed.zero_stage=2", "algorithm.adv_estimator=gae",
+                     "critic.strategy=deepspeed", "critic.deepspeed.zero_stage=3"],
+                 marks=DEEPSPEED, id="deepspeed-one-process-ppo-critic")])
+def test_rlvr_pipeline_on_two_ranks(tmp_path, tiny_model_dir, counting_dir, distinct_reward, nproc, strategy):
     """`torchrun --nproc_per_node=2 -m rllava.train.pipeline.rlvr actor.strategy=...` end to end on CPU (gloo):
     KL to a sharded reference, HF generate on gathered weights, validation sharded over the ranks and
-    gathered, one metrics file, one `final/` that plain transformers loads."""
+    gathered, one metrics file, one `final/` that plain transformers loads. (And DeepSpeed in one process,
+    with a DeepSpeed critic.)"""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
            "rllava.train.pipeline.rlvr", "config=examples/tasks/counting/tiny_cpu.yaml",
            f"actor.model.model_path={tiny_model_dir}", f"data.train_files={counting_dir}/train.jsonl",
            f"data.val_files={counting_dir}/val.jsonl", "data.max_samples=16", "data.train_batch_size=4",
@@ -119,6 +124,8 @@ def test_rlvr_pipeline_on_two_ranks(tmp_path, tiny_model_dir, counting_dir, dist
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]  # rank 0 alone writes
     assert all(r["actor/kl_loss"] >= 0 and "actor/grad_norm" in r for r in rows if "reward/mean" in r)
+    if "critic.strategy=deepspeed" in strategy:  # the value head (zero at the start) has learnt something
+        assert [r["critic/vpred_mean"] != 0 for r in rows if "reward/mean" in r] == [False, True]
     generations = [json.loads(line) for line in open(out / "val_generations.jsonl")]
     for step in (0, 2):  # every held-out prompt, x n samples, from the two ranks' shares
         indices = sorted(g["index"] for g in generations if g["step"] == step)
