@@ -351,7 +351,7 @@ class ActorConfig:
     log_prob_max_token_len_per_gpu: int = 32768  # verl: tokens per old-log-prob forward when model.dynamic_batching
     # Only one chunk's [tokens x vocab] logits is alive at a time (1024 x 152k vocab: 0.6 GB in fp32): with grad
     # each chunk is recomputed in the backward (activation checkpointing of the LM head, log-softmax, entropy).
-    logprob_chunk_size: int = 1024  # rllava: trained tokens per LM-head chunk; 0 or -1 = all at once (full logits)
+    logprob_chunk_size: int = 512  # rllava: trained tokens per LM-head chunk; 0 or -1 = all at once (full logits)
     max_grad_norm: float = 1.0  # clip the gradient norm to this
     skip_grad_norm: float = 80.0  # skip the optimizer step when the pre-clip grad norm exceeds this
     clip_ratio: float = 0.2  # PPO clip epsilon (symmetric)

@@ -89,6 +89,11 @@ def trained_hidden(model, batch: Batch, *, padding_free: bool = False) -> tuple[
     return hidden[packed_index(batch.attention_mask)[:, :-1][target]], target
 
 
+# Trained tokens per LM-head chunk (actor.logprob_chunk_size): at 4096 tokens of a 152k vocabulary the log-prob
+# pass then peaks at ~0.18x the full-logits pass (benchmarks/logprob_memory.py: 1024 -> 0.25x, 256 -> 0.14x).
+LOGPROB_CHUNK = 512
+
+
 def _chunk_logprobs(head, h: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool,
                     entropy_grad: bool) -> tuple[torch.Tensor, ...]:
     """(log p(labels) [n],) or (log p [n], entropy [n]) of softmax(head(h) / temperature) for n hidden states."""
@@ -157,7 +162,7 @@ class _ChunkedHead(torch.autograd.Function):
 
 def logprobs_from_hidden(head, h: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0,
                          with_entropy: bool = False, entropy_grad: bool = False,
-                         chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         chunk_size: int = LOGPROB_CHUNK) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(labels) [N] (and entropy [N] or None) under softmax(head(h) / temperature), `chunk_size` rows of
     h at a time (<= 0: all N at once, i.e. full [N x V] logits).
 
@@ -206,7 +211,7 @@ def token_logprobs(model, batch: Batch, **kwargs) -> tuple[torch.Tensor, torch.T
 
 
 def _token_logprobs(model, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
-                    entropy_grad: bool = False, chunk_size: int = 1024,
+                    entropy_grad: bool = False, chunk_size: int = LOGPROB_CHUNK,
                     padding_free: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(x_t | x_<t) and the policy's entropy at t, for every t with loss_mask[t] = 1.
 

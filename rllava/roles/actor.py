@@ -15,7 +15,7 @@ import torch
 from rllava import distributed as D
 from rllava.algorithms.losses import LossInputs, aggregate, kl_penalty, masked_mean, rollout_importance_weights
 from rllava.data.protocol import Batch
-from rllava.model.forward import token_logprobs
+from rllava.model.forward import LOGPROB_CHUNK, token_logprobs
 
 
 def chunks(n: int, size: int) -> list[list[int]]:
@@ -94,7 +94,7 @@ def forward_in_chunks(model, batch: Batch, batching: MicroBatching, fn) -> torch
 
 
 def compute_logprobs(model, batch: Batch, batching: MicroBatching, temperature: float, *,
-                     chunk_size: int = 1024) -> torch.Tensor:
+                     chunk_size: int = LOGPROB_CHUNK) -> torch.Tensor:
     """log pi(x_t | x_<t) [B, T] at every trained position, without grad (old-policy / reference pass)."""
     return forward_in_chunks(model, batch, batching, lambda micro: token_logprobs(
         model, micro, temperature=temperature, chunk_size=chunk_size, padding_free=batching.padding_free)[0])
@@ -140,7 +140,7 @@ class Actor:
                  temperature: float, use_kl_loss: bool, kl_loss_coef: float, kl_loss_type: str,
                  entropy_coeff: float, rollout_is: str = "none", rollout_is_cap: float = 2.0,
                  padding_free: bool = False, max_token_len: int | None = None,
-                 log_prob_max_token_len: int | None = None, logprob_chunk_size: int = 1024):
+                 log_prob_max_token_len: int | None = None, logprob_chunk_size: int = LOGPROB_CHUNK):
         """`max_token_len` / `log_prob_max_token_len` set: dynamic batching of the update / the no-grad pass
         by that token budget instead of `micro_batch_size` / `log_prob_micro_batch_size` rows."""
         self.model, self.engine, self.algorithm = model, engine, algorithm

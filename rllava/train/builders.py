@@ -25,6 +25,7 @@ from rllava.engine.inference.base import SamplingParams
 from rllava.engine.inference.hf import HFRolloutEngine
 from rllava.engine.train.base import TrainEngine
 from rllava.engine.train.single import SingleDeviceEngine
+from rllava.model.forward import LOGPROB_CHUNK
 from rllava.model.loader import build_policy, build_reference, load_model, resolve_dtype
 from rllava.model.lora import apply_lora
 from rllava.model.value import ValueModel
@@ -265,7 +266,7 @@ class Reference:
     batching: MicroBatching  # the actor's padding_free / dynamic_batching, with ref.* sizes
     temperature: float
     lora_base: bool = False
-    chunk_size: int = 1024  # actor.logprob_chunk_size
+    chunk_size: int = LOGPROB_CHUNK  # actor.logprob_chunk_size
 
     def compute_logprobs(self, batch):
         from contextlib import nullcontext
