@@ -6,7 +6,8 @@
     format   = 1 if the response is exactly one answer (after an optional think) holding a box
     iou      = IoU(predicted box mapped to original-image pixels, ground truth)
     accuracy = 1 if iou >= 0.5 (the usual REC metric, Acc@0.5)
-    overall  = format * iou
+    overall  = format * iou, or 0 below `min_iou` (default 0: plain IoU; 0.5 credits only Acc@0.5 hits, so a
+               policy that cannot yet localise gains nothing by hedging with one large central box)
 
 The box is read in the frame the model writes (reward.reward_function_kwargs.frame, required):
 `relative_1000` (Qwen2-VL, Qwen3-VL) or `absolute` pixels of the image the model saw after its processor's
@@ -19,7 +20,7 @@ scales x and y separately, so it is computed in original pixels.
 from rllava.reward.boxes import answer_text, box_iou, frame_of, is_box, parse_box, strict_answer, to_image_pixels
 
 
-def compute_score(response, ground_truth, image_sizes=(), model_image_sizes=(), *, frame=None) -> dict:
+def compute_score(response, ground_truth, image_sizes=(), model_image_sizes=(), *, frame=None, min_iou=0.0) -> dict:
     frame = frame_of(frame)
     truth = _truth(ground_truth)
     answer = strict_answer(response)
@@ -27,7 +28,7 @@ def compute_score(response, ground_truth, image_sizes=(), model_image_sizes=(), 
     box = parse_box(answer if answer is not None else answer_text(response))
     pred = to_image_pixels(box, frame, _first(image_sizes), _first(model_image_sizes)) if box else None
     iou = box_iou(pred, truth) if pred is not None and truth is not None else 0.0
-    return {"overall": fmt * iou, "format": fmt, "iou": iou, "accuracy": float(iou >= 0.5)}
+    return {"overall": fmt * iou if iou >= min_iou else 0.0, "format": fmt, "iou": iou, "accuracy": float(iou >= 0.5)}
 
 
 def _truth(ground_truth):

@@ -53,6 +53,9 @@ def test_grounding_relative_frame():
     # left half of the truth: (50, 25)-(100, 75) -> IoU 0.5
     s = grounding("<think>left</think><answer>[250, 250, 500, 750]</answer>", truth, sizes, sizes, frame="qwen3_vl")
     assert s["iou"] == pytest.approx(0.5) and s["overall"] == pytest.approx(0.5) and s["accuracy"] == 1.0
+    # min_iou: below it no credit (the IoU is still reported)
+    s = grounding("<answer>[250, 250, 500, 750]</answer>", truth, sizes, sizes, frame="qwen2_vl", min_iou=0.6)
+    assert s["overall"] == 0.0 and s["iou"] == pytest.approx(0.5)
     # pixel numbers read as 0-1000: (10, 2.5)-(30, 7.5) px, nowhere near the truth
     assert grounding("<answer>[50, 25, 150, 75]</answer>", truth, sizes, sizes, frame="relative_1000")["iou"] == 0.0
 
