@@ -49,8 +49,8 @@ class Task:
 TASKS = {t.name: t for t in [
     Task("counting", "counting", "accuracy", 100.0, 15.0, sft_steps=50, rl_steps=240, val_freq=40),
     Task("grounding", "grounding", "iou", 1.0, 0.10, sft_steps=150, rl_steps=160, val_freq=40),
-    Task("math", "math", "accuracy", 100.0, 10.0, sft_steps=100, rl_steps=200, val_freq=40),
-    Task("ovd", "OVD", "reward_mean", 1.0, 0.10, sft_steps=150, rl_steps=120, val_freq=40),
+    Task("math", "math", "accuracy", 100.0, 10.0, sft_steps=50, rl_steps=200, val_freq=40),
+    Task("ovd", "OVD", "reward_mean", 1.0, 0.10, sft_steps=100, rl_steps=160, val_freq=40),
 ]}
 
 
