@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from rllava import distributed as D
 from rllava.algorithms.registry import register_adv_estimator
 
 
@@ -61,12 +62,17 @@ def grpo(scores, group_ids, mask, *, norm_adv_by_std_in_grpo: bool = True, eps: 
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over the masked entries of the whole batch (unbiased std); 0 where mask is 0."""
+    """(x - mean) / std over the masked entries of the whole batch (unbiased std); 0 where mask is 0.
+    Under torchrun the batch is every rank's share together: the sums are taken over the ranks."""
     m = mask.to(x.dtype)
-    n = m.sum().clamp(min=1)
-    mean = (x * m).sum() / n
-    var = ((x - mean) ** 2 * m).sum() / (n - 1).clamp(min=1)
+    n = _sum_over_ranks(m.sum()).clamp(min=1)
+    mean = _sum_over_ranks((x * m).sum()) / n
+    var = _sum_over_ranks(((x - mean) ** 2 * m).sum()) / (n - 1).clamp(min=1)
     return (x - mean) * torch.rsqrt(var + eps) * m
+
+
+def _sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    return t if D.world_size() == 1 else torch.tensor(D.all_sum([float(t)])[0], dtype=t.dtype, device=t.device)
 
 
 def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:

@@ -27,3 +27,38 @@ def test_equal_count_halves_the_biggest_group():
     assert equal_count([[0, 1, 2, 3], [4]], 2) == [[0, 1, 2, 3], [4]]
     assert equal_count([[0, 1, 2, 3], [4]], 3) == [[0, 1], [2, 3], [4]]
     assert equal_count([[0, 1, 2, 3], [4]], 5) == [[0], [1], [2], [3], [4]]
+
+
+def test_whitening_takes_the_statistics_of_every_ranks_share(monkeypatch):
+    """REINFORCE++ / GAE whiten over the batch: under torchrun that is the global batch, so two ranks holding
+    two rows each get exactly the single-process result (all_sum played by two threads)."""
+    import threading
+
+    import torch
+
+    from rllava.algorithms.advantage import masked_whiten
+
+    x = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0], [4.0, 5.0, 6.0], [9.0, 0.0, 0.0]])
+    mask = (x != 0).float()
+    barrier, sent = threading.Barrier(2), {}
+
+    def all_sum(values):  # each thread's values, summed once both have arrived
+        sent[threading.get_ident()] = values
+        barrier.wait()
+        total = [sum(v[i] for v in sent.values()) for i in range(len(values))]
+        barrier.wait()
+        return total
+
+    monkeypatch.setattr(D, "world_size", lambda: 2)
+    monkeypatch.setattr(D, "all_sum", all_sum)
+    parts = {}
+    threads = [threading.Thread(target=lambda r=r: parts.__setitem__(r, masked_whiten(x[2 * r:2 * r + 2],
+                                                                                      mask[2 * r:2 * r + 2])))
+               for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    monkeypatch.setattr(D, "world_size", lambda: 1)
+    torch.testing.assert_close(torch.cat([parts[0], parts[1]]), masked_whiten(x, mask))
+    assert not torch.allclose(parts[0], masked_whiten(x[:2], mask[:2]))  # a rank's own statistics differ
