@@ -16,8 +16,10 @@ CPU (shared/reference/cpu_learning_notes.md): 112 px images, radius 11-16 px (sc
 
 grounding (RefCOCO-like referring expressions): 1-2 shapes of different colours, each in its own cell of a 2 x 2
 grid (boxes take few positions: learnable by a tiny model on a CPU); the expression names one by colour and kind; `answer` is its box in pixels of the image (RefCOCO's frame), `solution` the same box on
-Qwen2-VL's / Qwen3-VL's 0-1000 grid.
-    {"images": [...], "problem": "<image>Locate the red circle.", "expression": "the red circle",
+Qwen2-VL's / Qwen3-VL's 0-1000 grid. The image comes after the expression, so the text between the image
+and the answer is the same in every prompt: M-RoPE then places each image token at a fixed offset from the
+answer, and a tiny model reads positions off it (with the image first it learned one box per shape kind).
+    {"images": [...], "problem": "Locate the red circle.<image>", "expression": "the red circle",
      "answer": [18, 40, 51, 73], "solution": "<answer>[161, 357, 455, 652]</answer>"}
 
 ovd (COCO/LVIS-style open-vocabulary detection): 1-3 shapes on the same grid, 1-2 of the asked kind; `answer` is every box of
@@ -152,7 +154,7 @@ def _grounding(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Ima
     box = shape_box(*shapes[k])
     expression = f"the {colors[k]} {shapes[k][0]}"
     return draw_shapes(size, shapes, colors), {
-        "problem": f"<image>Locate {expression}.", "expression": expression, "answer": box,
+        "problem": f"Locate {expression}.<image>", "expression": expression, "answer": box,
         "solution": "<answer>[{}, {}, {}, {}]</answer>".format(*to_grid(box, size))}
 
 

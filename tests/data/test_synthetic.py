@@ -166,7 +166,7 @@ def test_grounding_box_is_the_named_shape(sets):
     for r in read_jsonl(sets["grounding"]["train"]):
         assert set(r) == {"images", "problem", "expression", "answer", "solution"}
         color, kind = r["expression"].split()[1:]
-        assert r["problem"] == f"<image>Locate the {color} {kind}." and kind in {"circle", "square", "triangle"}
+        assert r["problem"] == f"Locate the {color} {kind}.<image>" and kind in {"circle", "square", "triangle"}
         ys, xs = np.nonzero((_pixels(sets["grounding"], r) == COLORS[color]).all(-1))  # colours are distinct
         assert r["answer"] == [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1]  # the box is exactly its pixels
         assert 0 <= r["answer"][0] < r["answer"][2] <= 112 and 0 <= r["answer"][1] < r["answer"][3] <= 112
