@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from rllava.data.synthetic import make_dataset
 from rllava.model.tiny import build_tiny
+from rllava.plot import read_metrics, series
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,11 +62,6 @@ def _run(module: str, args: list[str]) -> float:
     start = time.time()
     subprocess.run(cmd, cwd=REPO, check=True)
     return time.time() - start
-
-
-def read_metrics(run_dir: str) -> list[dict]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def run_task(task: Task, out: str, *, sft_steps: int | None = None, rl_steps: int | None = None,
@@ -120,7 +116,7 @@ def summarize(task: Task, rows: list[dict], average: int = 3) -> dict:
     return s
 
 
-def plot(task: Task, rows: list[dict], path: str) -> None:
+def plot_task(task: Task, rows: list[dict], path: str) -> None:
     """Held-out metric (sampled, greedy) and the training reward (20-step moving mean) against the step."""
     import matplotlib
 
@@ -129,15 +125,14 @@ def plot(task: Task, rows: list[dict], path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for key, style in ((f"val/{task.metric}", "o-"), (f"val_greedy/{task.metric}", "s--")):
-        points = [(r["step"], task.scale * r[key]) for r in rows if key in r]
-        if points:
-            ax.plot(*zip(*points), style, label=f"held-out {key}")
-    steps = [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r]
+        steps, values = series(rows, key)
+        if steps:
+            ax.plot(steps, [task.scale * v for v in values], style, label=f"held-out {key}")
+    steps, rewards = series(rows, "reward/mean")
     if steps:
-        window = [sum(v for _, v in steps[max(0, i - 19):i + 1]) / len(steps[max(0, i - 19):i + 1])
-                  for i in range(len(steps))]
+        window = [sum(rewards[max(0, i - 19):i + 1]) / len(rewards[max(0, i - 19):i + 1]) for i in range(len(steps))]
         twin = ax.twinx()
-        twin.plot([s for s, _ in steps], window, color="gray", alpha=0.6, label="training reward (20-step mean)")
+        twin.plot(steps, window, color="gray", alpha=0.6, label="training reward (20-step mean)")
         twin.set_ylabel("training reward")
         twin.legend(loc="lower right", fontsize=7)
     ax.set_xlabel("GRPO step")
@@ -177,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
             s = run_task(task, os.path.join(args.out, name), seed=args.seed)
         except subprocess.CalledProcessError as e:
             parser.exit(1, f"proof: a {name} training run failed (exit status {e.returncode}); its output is above\n")
-        plot(task, read_metrics(os.path.join(s["outputs"], "grpo")), os.path.join(args.out, f"{name}.png"))
+        plot_task(task, read_metrics(os.path.join(s["outputs"], "grpo")), os.path.join(args.out, f"{name}.png"))
         print(f"\n{write_results(args.out)}", flush=True)
 
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from rllava.proof import TASKS, plot, results_table, run_task, summarize, write_results
+from rllava.proof import TASKS, plot_task, results_table, run_task, summarize, write_results
 
 
 def _rows():
@@ -33,7 +33,7 @@ def test_table_and_curve(tmp_path):
     assert table[2].startswith("| counting | accuracy (sampled) | 40.0 | 60.0 | +20.0 pts | >= +15.0 pts (yes)")
     assert table[3].startswith("| grounding | iou (sampled) | 0.200 | 0.300 | +0.100 | >= +0.100 (yes)")
     path = tmp_path / "counting.png"
-    plot(TASKS["counting"], _rows(), str(path))
+    plot_task(TASKS["counting"], _rows(), str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and os.path.getsize(path) > 5000
 
 
