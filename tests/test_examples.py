@@ -109,3 +109,16 @@ def test_algorithm_scripts_differ_from_grpo_only_in_algorithm_keys(tmp_path):
         losses.add(cfg.actor.policy_loss.loss_mode)
     assert set(ADV_ESTIMATORS) <= estimators  # every registered estimator has a script
     assert set(POLICY_LOSSES) - {"sft", "geo_mean"} <= losses  # sft is not RL; geo_mean = gmpo
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if s.endswith("_tiny_cpu.sh")])
+def test_tiny_cpu_twin_runs(script, tmp_path):
+    """Each *_tiny_cpu.sh really runs here (model, data, SFT, GRPO under torchrun), on a tiny budget (~1 min)."""
+    import sys
+
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "OUT": str(tmp_path),
+           "TRAIN": "64", "VAL": "8", "SFT_STEPS": "2", "RL_STEPS": "2", "OMP_NUM_THREADS": "1"}
+    subprocess.run(["bash", script, "trainer.val_freq=2", "data.val_batch_size=8"], cwd=REPO, env=env, check=True,
+                   capture_output=True, timeout=600)
+    assert os.path.isdir(tmp_path / "grpo" / "final")
