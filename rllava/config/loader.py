@@ -222,11 +222,17 @@ def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
         cli = OmegaConf.from_dotlist(dotlist)
     except (yaml.YAMLError, OmegaConfBaseException) as e:
         raise ConfigError(f"cannot parse command-line overrides {dotlist}: {' '.join(str(e).split())}") from None
-    _merge(cfg, _overrides(cli, COMMAND_LINE), COMMAND_LINE)
+    _merge(cfg, _empty_strings(_overrides(cli, COMMAND_LINE)), COMMAND_LINE)
     try:
         return OmegaConf.to_object(cfg)  # runs PPOConfig.__post_init__, i.e. validation
     except OmegaConfBaseException as e:  # e.g. a ${...} interpolation that does not resolve
         raise ConfigError(f"cannot resolve config: {str(e).splitlines()[0]}") from None
+
+
+def _empty_strings(overrides: dict[str, Any]) -> dict[str, Any]:
+    """A bare `key=` on the command line (the shell's way to write an empty value, as RLLaVA scripts do for
+    data.val_files) is the empty string for a string key; OmegaConf reads it as null."""
+    return {k: "" if v is None and LEAVES.get(k) is str else v for k, v in overrides.items()}
 
 
 def config_to_yaml(cfg: PPOConfig) -> str:

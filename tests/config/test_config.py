@@ -579,3 +579,10 @@ def test_docs_config_md_is_generated_from_the_schema():
 def test_critic_from_the_command_line():
     cfg = _load_quiet(["critic.model.model_path=/m", "critic.cliprange_value=0.2"])
     assert cfg.critic.model.model_path == "/m" and cfg.critic.cliprange_value == 0.2 and cfg.critic.strategy == "single"
+
+
+def test_bare_key_on_the_command_line_is_the_empty_string_for_string_keys():
+    """`data.val_files=` (no validation set) as RLLaVA's scripts write it; a number key stays an error."""
+    assert _load_quiet(["data.val_files=", "data.train_files=x.jsonl"]).data.val_files == ""
+    with pytest.raises(ConfigError, match="'actor.ppo_epochs' expects int, got None"):
+        _load_quiet(["actor.ppo_epochs="])
