@@ -329,7 +329,7 @@ class PolicyLossConfig:
 class CheckpointConfig:
     save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])  # + hf_model
     load_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])  # on resume
-    async_save: bool = False  # save in a background thread
+    async_save: bool = False  # save in a background thread (not available yet: saves are synchronous)
 
     def check(self, prefix: str) -> list[str]:
         p: list[str] = []
@@ -640,6 +640,7 @@ NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("algorithm.kl_penalty", lambda v: v == "full", "low_var_kl"),  # full-vocabulary KL
     ("actor.kl_loss_type", lambda v: v == "full", "low_var_kl"),
     ("trainer.async_training", lambda v: v, "false"),
+    ("actor.checkpoint.async_save", lambda v: v, "false"),  # checkpoints are written synchronously
     ("rollout.async_mode", lambda v: v, "false"),
     ("actor.loss_remove_clip", lambda v: v, "false"),
     ("algorithm.unify_strategy", lambda v: v != "none", "none"),
