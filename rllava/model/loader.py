@@ -42,8 +42,9 @@ def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdp
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         for k, v in (override_config or {}).items():
             setattr(config, k, v)
-        return auto_class(config).from_pretrained(path, config=config, dtype=dtype, attn_implementation=attn_implementation,
-                                    trust_remote_code=trust_remote_code)
+        return auto_class(config).from_pretrained(path, config=config, dtype=dtype,
+                                                  attn_implementation=attn_implementation,
+                                                  trust_remote_code=trust_remote_code)
     except (OSError, ValueError, ImportError) as e:
         raise ModelLoadError(f"{key}.model_path={path!r} could not be loaded: {type(e).__name__}: "
                              f"{str(e).splitlines()[0]}") from e

@@ -209,7 +209,7 @@ def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm
             log.warning("%s: DeepSpeed skips only steps whose gradient norm is not finite; skip_grad_norm=%s is "
                         "not applied (set it to null to silence this)", key.split(".")[0], skip_grad_norm)
         engine = DeepSpeedEngine(device, max_grad_norm, deepspeed_config=deepspeed,
-                                 **{**offload, "cpu_optimizer": deepspeed.enable_cpu_offload})
+                                 offload_params=fsdp.offload_params, offload_optimizer=fsdp.offload_optimizer)
     else:
         engine = SingleDeviceEngine(device, max_grad_norm, skip_grad_norm, **offload)
     engine.prepare(model, lambda params: torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas),

@@ -36,6 +36,7 @@ from rllava.engine.train.checkpoint import init_optimizer_state
 from rllava.errors import ConfigError
 from rllava.model.forward import FSDP_FORWARD_METHOD, _token_logprobs
 
+
 def import_deepspeed():
     try:
         import deepspeed
@@ -106,9 +107,8 @@ def _wrap(deepspeed, model: torch.nn.Module, config: dict, device: torch.device,
 
 
 class DeepSpeedEngine:
-    def __init__(self, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None = None, *,
-                 deepspeed_config=None, offload_params: bool = False, offload_optimizer: bool = False,
-                 cpu_optimizer: bool = False):
+    def __init__(self, device: torch.device, max_grad_norm: float, *, deepspeed_config,
+                 offload_params: bool = False, offload_optimizer: bool = False):
         self.deepspeed = import_deepspeed()
         self.device, self.max_grad_norm = device, max_grad_norm
         self.cfg = deepspeed_config
@@ -257,11 +257,9 @@ class DeepSpeedEngine:
             for k in ("exp_avg", "exp_avg_sq"):
                 if name in saved:
                     safe_set_full_optimizer_state(p, saved[name][k].to(self.device), k)
-        steps = [s["step"] for s in saved.values()]
-        for s in self.optimizer.state.values():
-            if steps:
-                s["step"] = torch.as_tensor(steps[0], dtype=torch.float32).clone() if torch.is_tensor(s["step"]) \
-                    else int(steps[0])
+        step = next((s["step"] for s in saved.values()), None)  # the same for every parameter
+        for s in self.optimizer.state.values() if step is not None else []:
+            s["step"] = torch.as_tensor(step, dtype=torch.float32).clone() if torch.is_tensor(s["step"]) else int(step)
         (group,) = self.optimizer.param_groups
         group.update({k: v for k, v in state["optimizer"]["param_groups"][0].items() if k != "params"})
         if self.scheduler is not None and state["scheduler"] is not None:
