@@ -45,13 +45,14 @@ class Task:
     sft_steps: int
     rl_steps: int
     val_freq: int
+    arch: str = "qwen2_vl"  # rllava.model.tiny arch; localising tasks need Qwen3-VL's absolute position embeddings
 
 
 TASKS = {t.name: t for t in [
     Task("counting", "counting", "accuracy", 100.0, 15.0, sft_steps=50, rl_steps=240, val_freq=40),
-    Task("grounding", "grounding", "iou", 1.0, 0.10, sft_steps=150, rl_steps=160, val_freq=40),
-    Task("math", "math", "accuracy", 100.0, 10.0, sft_steps=50, rl_steps=200, val_freq=40),
-    Task("ovd", "OVD", "reward_mean", 1.0, 0.10, sft_steps=100, rl_steps=160, val_freq=40),
+    Task("grounding", "grounding", "iou", 1.0, 0.10, sft_steps=150, rl_steps=160, val_freq=40, arch="qwen3_vl"),
+    Task("math", "math", "accuracy", 100.0, 10.0, sft_steps=200, rl_steps=160, val_freq=40),
+    Task("ovd", "OVD", "reward_mean", 1.0, 0.10, sft_steps=150, rl_steps=160, val_freq=40, arch="qwen3_vl"),
 ]}
 
 
@@ -72,9 +73,9 @@ def run_task(task: Task, out: str, *, sft_steps: int | None = None, rl_steps: in
     out = os.path.abspath(out)
     sft_steps, rl_steps = sft_steps or task.sft_steps, rl_steps or task.rl_steps
     model_dir, data_dir = os.path.join(out, "model"), os.path.join(out, "data")
-    build_tiny("qwen2_vl", model_dir, size="demo", seed=seed)
+    build_tiny(task.arch, model_dir, size="demo", seed=seed)
     data = make_dataset(task.name, data_dir, n_train=n_train, n_val=n_val, seed=seed)
-    print(f"built a tiny Qwen2-VL in {model_dir} and {n_train}/{n_val} {task.name} records in {data_dir} "
+    print(f"built a tiny {task.arch} in {model_dir} and {n_train}/{n_val} {task.name} records in {data_dir} "
           f"({time.time() - start:.0f}s)", flush=True)
     common = [f"data.train_files={data['train']}", f"data.val_files={data['val']}", f"trainer.seed={seed}"]
     configs = os.path.join("examples", "tasks", task.folder)

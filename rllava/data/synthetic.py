@@ -14,24 +14,28 @@ CPU (shared/reference/cpu_learning_notes.md): 112 px images, radius 11-16 px (sc
     {"images": ["images/train_00000.png"], "problem": "<image>How many shapes are in the image?",
      "answer": "3", "solution": "<answer>3</answer>"}
 
-grounding (RefCOCO-like referring expressions): 1-2 shapes of different colours, each in its own cell of a 2 x 2
-grid (boxes take few positions: learnable by a tiny model on a CPU); the expression names one by colour and kind; `answer` is its box in pixels of the image (RefCOCO's frame), `solution` the same box on
-Qwen2-VL's / Qwen3-VL's 0-1000 grid. The image comes after the expression, so the text between the image
-and the answer is the same in every prompt: M-RoPE then places each image token at a fixed offset from the
-answer, and a tiny model reads positions off it (with the image first it learned one box per shape kind).
+grounding (RefCOCO-like referring expressions): 1-2 shapes of different colours, each centred in its own cell of
+a 2 x 2 grid with a fixed radius (a box takes one of 12 positions: learnable by a tiny model on a CPU, see
+`_grid_layout`); the expression names one by colour and kind; `answer` is its box in pixels of the image
+(RefCOCO's frame), `solution` the same box on Qwen2-VL's / Qwen3-VL's 0-1000 grid. The image comes after the
+expression, so the text between the image and the answer is the same in every prompt (M-RoPE then places each
+image token at a fixed offset from the answer).
     {"images": [...], "problem": "Locate the red circle.<image>", "expression": "the red circle",
-     "answer": [18, 40, 51, 73], "solution": "<answer>[161, 357, 455, 652]</answer>"}
+     "answer": [11, 67, 46, 102], "solution": "<answer>[98, 598, 411, 911]</answer>"}
 
-ovd (COCO/LVIS-style open-vocabulary detection): 1-3 shapes on the same grid, 1-2 of the asked kind; `answer` is every box of
-that kind on the 0-1000 grid (the OVD task's frame), `solution` the JSON a detector writes.
+ovd (COCO/LVIS-style open-vocabulary detection): 1-3 shapes on the same grid, 1-2 of the asked kind; `answer` is every box
+of that kind on the 0-1000 grid (the OVD task's frame), `solution` the JSON a detector writes.
     {"images": [...], "problem": "<image>Detect every circle.", "category": "circle",
-     "answer": [[161, 357, 455, 652]], "solution": "<answer>[{\"bbox_2d\": [161, 357, 455, 652], \"score\": 0.9}]</answer>"}
+     "answer": [[98, 598, 411, 911]], "solution": "<answer>[{\"bbox_2d\": [98, 598, 411, 911], \"score\": 0.9}]</answer>"}
 
-math (Geometry3K-like diagrams): a regular polygon with 3-8 sides and a question about it (its sides, the sum of
-its interior angles, one interior or exterior angle: 180 (n - 2) / n, a LaTeX fraction when not whole), or two
-rows of dots and an arithmetic question (the total, or how many more on top).
-    {"images": [...], "problem": "<image>Find the measure of each interior angle of the regular polygon, in
-     degrees.", "answer": "\\frac{900}{7}", "solution": "<answer>\\frac{900}{7}</answer>", "kind": "polygon"}
+math (Geometry3K-like diagrams): a filled regular polygon with 3-6 sides and a question about it (its sides, the
+sum of its interior angles, one interior angle 180 (n - 2) / n, or each exterior angle as a fraction of a full
+turn, a LaTeX fraction), or two rows of 1-4 dots and an arithmetic question (the total, or how many more on top).
+Measured (issue 7): with outlined 3-8-gons of random size and rows of up to 5 small dots the tiny models stayed
+at chance for 150 SFT steps; with a fixed radius (the area tells the sides apart), bigger dots and these
+ranges held-out greedy accuracy reaches ~48 % after 200 steps.
+    {"images": [...], "problem": "<image>What fraction of a full turn is each exterior angle of the regular
+     polygon?", "answer": "\\frac{1}{5}", "solution": "<answer>\\frac{1}{5}</answer>", "kind": "polygon"}
 """
 
 from __future__ import annotations
@@ -83,16 +87,15 @@ def _layout(rng: random.Random, count: int, size: int) -> list[tuple]:
 
 
 def _grid_layout(rng: random.Random, count: int, size: int, cells: int = 2) -> list[tuple]:
-    """`count` shapes (kind, x, y, r) in distinct cells of a `cells` x `cells` grid, each centred in its cell
-    within +-2 px, radius a quarter to a third of the cell (inside it whatever the kind). A 2 x 2 grid matches
-    the 2 x 2 blocks of image tokens a 112 px image makes, so a tiny model learns to localise on a CPU budget."""
+    """`count` shapes (kind, x, y, r) in distinct cells of a `cells` x `cells` grid, each centred in its cell with
+    radius 0.3 cell (inside it whatever the kind). A box then takes one of cells^2 x 3 kinds positions. Measured
+    (issue 7): with the centres jittered +-2 px and radii drawn from a quarter to a third of the cell, every
+    coordinate became a spread of number tokens and the 4.5 M-parameter SFT model answered one mean box per kind
+    after 400 steps; with fixed positions a tiny Qwen3-VL localises after ~150 steps (greedy IoU 0.72). A 2 x 2
+    grid matches the 2 x 2 blocks of image tokens a 112 px image makes."""
     cell = size / cells
-    shapes = []
-    for k in rng.sample(range(cells * cells), count):
-        cx, cy = (k % cells + 0.5) * cell, (k // cells + 0.5) * cell
-        shapes.append((rng.choice(KINDS), round(cx) + rng.randint(-2, 2), round(cy) + rng.randint(-2, 2),
-                       rng.randint(round(cell / 4), round(cell / 3))))
-    return shapes
+    return [(rng.choice(KINDS), round((k % cells + 0.5) * cell), round((k // cells + 0.5) * cell), round(0.3 * cell))
+            for k in rng.sample(range(cells * cells), count)]
 
 
 def _corners(kind: str, x: int, y: int, r: int) -> list[int] | list[tuple[int, int]]:
@@ -175,7 +178,7 @@ POLYGON_QUESTIONS = {  # question -> answer as a fraction of n (the number of si
     "How many sides does the polygon have?": lambda n: Fraction(n),
     "Find the sum of the interior angles of the polygon, in degrees.": lambda n: Fraction(180 * (n - 2)),
     "Find the measure of each interior angle of the regular polygon, in degrees.": lambda n: Fraction(180 * (n - 2), n),
-    "Find the measure of each exterior angle of the regular polygon, in degrees.": lambda n: Fraction(360, n),
+    "What fraction of a full turn is each exterior angle of the regular polygon?": lambda n: Fraction(1, n),
 }
 DOTS_QUESTIONS = {
     "How many dots are there in total?": lambda top, bottom: top + bottom,
@@ -192,21 +195,19 @@ def _math(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Image, d
     img = Image.new("RGB", (size, size), BACKGROUND)
     draw = ImageDraw.Draw(img)
     color = COLORS[rng.choice(tuple(COLORS))]
-    if i % 2 == 0:  # a regular polygon, outlined, randomly turned
-        sides, radius = rng.randint(3, 8), rng.uniform(0.34, 0.44) * size
-        turn = rng.uniform(0, 2 * math.pi)
+    if i % 2 == 0:  # a regular polygon, filled, randomly turned
+        sides, radius, turn = rng.randint(3, 6), 0.42 * size, rng.uniform(0, 2 * math.pi)
         points = [(size / 2 + radius * math.cos(turn + 2 * math.pi * k / sides),
                    size / 2 + radius * math.sin(turn + 2 * math.pi * k / sides)) for k in range(sides)]
-        draw.polygon(points, outline=color, width=max(2, size // 40))
+        draw.polygon(points, fill=color)
         question = rng.choice(tuple(POLYGON_QUESTIONS))
         kind, answer = "polygon", latex(POLYGON_QUESTIONS[question](sides))
     else:  # two rows of dots: top >= bottom
-        top, bottom = sorted((rng.randint(1, 5), rng.randint(1, 5)), reverse=True)
-        r, step = max(3, size // 22), size / 6
-        for row, count in ((size * 0.3, top), (size * 0.7, bottom)):
+        top, bottom = sorted((rng.randint(1, 4), rng.randint(1, 4)), reverse=True)
+        r, step = size // 14, size / 5
+        for row, count in ((size * 0.27, top), (size * 0.73, bottom)):
             for k in range(count):
-                cx = step * (k + 0.5) + step / 2
-                draw.ellipse([cx - r, row - r, cx + r, row + r], fill=color)
+                draw.ellipse([step * (k + 1) - r, row - r, step * (k + 1) + r, row + r], fill=color)
         question = rng.choice(tuple(DOTS_QUESTIONS))
         kind, answer = "arithmetic", str(DOTS_QUESTIONS[question](top, bottom))
     return img, {"problem": f"<image>{question}", "answer": answer, "solution": f"<answer>{answer}</answer>",

@@ -3,6 +3,7 @@ its answer (shapes counted as blobs, boxes equal to the named shape's pixels, SF
 
 import collections
 import json
+import math
 import os
 
 import numpy as np
@@ -199,17 +200,22 @@ def test_ovd_boxes_are_every_shape_of_the_category(sets):
 
 def test_math_answers(sets):
     math_reward = _reward("math")
-    possible = {latex(f(n)) for f in POLYGON_QUESTIONS.values() for n in range(3, 9)}
-    assert {"\\frac{900}{7}", "\\frac{360}{7}", "135", "1080"} <= possible
+    possible = {latex(f(n)) for f in POLYGON_QUESTIONS.values() for n in range(3, 7)}
+    assert {"\\frac{1}{5}", "108", "720", "6"} <= possible
     kinds = set()
     for r in read_jsonl(sets["math"]["train"]):
         assert set(r) == {"images", "problem", "answer", "solution", "kind"}
         kinds.add(r["kind"])
         assert math_reward(r["solution"], r["answer"])["overall"] == 1.0
+        path = os.path.join(os.path.dirname(sets["math"]["train"]), r["images"][0])
         if r["kind"] == "polygon":
             assert r["answer"] in possible
+            # the radius is fixed, so the filled area is the regular n-gon's: (n / 2) r^2 sin(2 pi / n)
+            sides = {latex(f(n)): n for n in range(3, 7) for q, f in POLYGON_QUESTIONS.items() if q in r["problem"]}
+            n, radius = sides[r["answer"]], 0.42 * 112
+            area = (np.asarray(Image.open(path).convert("RGB")) != BACKGROUND).any(-1).sum()
+            assert abs(area / (n / 2 * radius**2 * math.sin(2 * math.pi / n)) - 1) < 0.05, r
         else:  # count the dots of each row as blobs
-            path = os.path.join(os.path.dirname(sets["math"]["train"]), r["images"][0])
             img = Image.open(path)
             top = count_blobs(img.crop((0, 0, 112, 56)))
             bottom = count_blobs(img.crop((0, 56, 112, 112)))
