@@ -6,7 +6,9 @@ For each task: build a tiny random Qwen2-VL (`rllava.model.tiny`) and its synthe
 (`rllava.data.synthetic TASK`, 4000 train / 200 held out), warm the model up with SFT on the records'
 `solution` targets (`examples/tasks/<dir>/tiny_cpu_sft.yaml`), then run GRPO with the task's reward
 (`examples/tasks/<dir>/tiny_cpu.yaml`); both are the real command lines a user runs (`*_tiny_cpu.sh` runs the
-same), printed before they start. The held-out metric is measured before GRPO and after it, sampled at the
+same), printed before they start, with the configs' step budgets. Grounding and OVD use a tiny Qwen3-VL: its
+vision tower adds learned absolute position embeddings, and the Qwen2-VL tower (rotary positions only) did not
+learn to localise within the budget. The held-out metric is measured before GRPO and after it, sampled at the
 rollout temperature (what RL optimises) with greedy beside it; "after" averages the last `average`
 evaluations, because one evaluation of a tiny model jumps by whole answer classes.
 
@@ -42,17 +44,14 @@ class Task:
     metric: str  # held-out metric, logged as val/<metric> (sampled) and val_greedy/<metric>
     scale: float  # 100: accuracy in points; 1: IoU or reward as is
     target: float  # the lift asked for, in scaled units
-    sft_steps: int
-    rl_steps: int
-    val_freq: int
     arch: str = "qwen2_vl"  # rllava.model.tiny arch; localising tasks need Qwen3-VL's absolute position embeddings
 
 
 TASKS = {t.name: t for t in [
-    Task("counting", "counting", "accuracy", 100.0, 15.0, sft_steps=50, rl_steps=240, val_freq=40),
-    Task("grounding", "grounding", "iou", 1.0, 0.10, sft_steps=150, rl_steps=160, val_freq=40, arch="qwen3_vl"),
-    Task("math", "math", "accuracy", 100.0, 10.0, sft_steps=200, rl_steps=160, val_freq=40),
-    Task("ovd", "OVD", "reward_mean", 1.0, 0.10, sft_steps=150, rl_steps=160, val_freq=40, arch="qwen3_vl"),
+    Task("counting", "counting", "accuracy", 100.0, 15.0),
+    Task("grounding", "grounding", "iou", 1.0, 0.10, arch="qwen3_vl"),
+    Task("math", "math", "accuracy", 100.0, 10.0),
+    Task("ovd", "OVD", "reward_mean", 1.0, 0.10, arch="qwen3_vl"),
 ]}
 
 
@@ -71,7 +70,6 @@ def run_task(task: Task, out: str, *, sft_steps: int | None = None, rl_steps: in
     """Build, warm up, train one task under `out`; returns its summary (also written to `out/summary.json`)."""
     start = time.time()
     out = os.path.abspath(out)
-    sft_steps, rl_steps = sft_steps or task.sft_steps, rl_steps or task.rl_steps
     model_dir, data_dir = os.path.join(out, "model"), os.path.join(out, "data")
     build_tiny(task.arch, model_dir, size="demo", seed=seed)
     data = make_dataset(task.name, data_dir, n_train=n_train, n_val=n_val, seed=seed)
@@ -83,11 +81,13 @@ def run_task(task: Task, out: str, *, sft_steps: int | None = None, rl_steps: in
     sft_dir, rl_dir = os.path.join(out, "sft"), os.path.join(out, "grpo")
     sft_time = _run("rllava.train.pipeline.sft", [
         f"config={configs}/tiny_cpu_sft.yaml", f"actor.model.model_path={model_dir}", *common,
-        f"trainer.max_steps={sft_steps}", "trainer.val_freq=0", f"trainer.outputs_dir={sft_dir}"])
+        *([f"trainer.max_steps={sft_steps}"] if sft_steps else []), "trainer.val_freq=0",
+        f"trainer.outputs_dir={sft_dir}"])
     rl_time = _run("rllava.train.pipeline.rlvr", [
         f"config={configs}/tiny_cpu.yaml", f"actor.model.model_path={os.path.join(sft_dir, 'final')}", *common,
-        f"trainer.max_steps={rl_steps}", f"trainer.val_freq={val_freq or task.val_freq}",
-        "trainer.val_before_train=true", f"trainer.outputs_dir={rl_dir}"])
+        *([f"trainer.max_steps={rl_steps}"] if rl_steps else []),
+        *([f"trainer.val_freq={val_freq}"] if val_freq else []), "trainer.val_before_train=true",
+        f"trainer.outputs_dir={rl_dir}"])
     summary = summarize(task, read_metrics(rl_dir), average)
     summary.update(sft_seconds=sft_time, rl_seconds=rl_time, total_seconds=time.time() - start, outputs=out)
     with open(os.path.join(out, "summary.json"), "w") as f:

@@ -3,6 +3,7 @@ value or a missing file fails here, not on a user's GPUs), each algorithm script
 its algorithm's keys, and every registered estimator and loss has a script."""
 
 import glob
+import json
 import os
 import subprocess
 
@@ -122,3 +123,6 @@ def test_tiny_cpu_twin_runs(script, tmp_path):
     subprocess.run(["bash", script, "trainer.val_freq=2", "data.val_batch_size=8"], cwd=REPO, env=env, check=True,
                    capture_output=True, timeout=600)
     assert os.path.isdir(tmp_path / "grpo" / "final")
+    with open(tmp_path / "model" / "config.json") as f:  # the localising tasks need Qwen3-VL (docs/proof.md)
+        localising = "grounding" in script or "ovd" in script
+        assert json.load(f)["model_type"] == ("qwen3_vl" if localising else "qwen2_vl")
