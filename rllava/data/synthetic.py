@@ -23,8 +23,9 @@ image token at a fixed offset from the answer).
     {"images": [...], "problem": "Locate the red circle.<image>", "expression": "the red circle",
      "answer": [11, 67, 46, 102], "solution": "<answer>[98, 598, 411, 911]</answer>"}
 
-ovd (COCO/LVIS-style open-vocabulary detection): 1-3 shapes on the same grid, 1-2 of the asked kind; `answer` is every box
-of that kind on the 0-1000 grid (the OVD task's frame), `solution` the JSON a detector writes.
+ovd (COCO/LVIS-style open-vocabulary detection): 1-3 shapes on the same grid, 1-2 of the asked kind, each kind in
+its own colour (CATEGORY_COLORS); `answer` is every box of that kind on the 0-1000 grid (the OVD task's frame),
+`solution` the JSON a detector writes.
     {"images": [...], "problem": "<image>Detect every circle.", "category": "circle",
      "answer": [[98, 598, 411, 911]], "solution": "<answer>[{\"bbox_2d\": [98, 598, 411, 911], \"score\": 0.9}]</answer>"}
 
@@ -61,6 +62,10 @@ EXTENT = {"circle": 1.0, "square": 0.8 * math.sqrt(2), "triangle": math.sqrt(1 +
 GAP = 3  # px of background at least between two shapes, so each is one separate blob
 COUNTING_QUESTION = "<image>How many shapes are in the image?"
 KINDS = tuple(EXTENT)
+# OVD: each category has its own colour, as real object categories differ in more than outline. Measured (issue 7):
+# with random colours the tiny Qwen3-VL told circles, squares and triangles of 34 px apart only after 200-300 SFT
+# steps (held-out reward 0.21 at 200, 0.53 at 300); with a colour per category, after ~150 (0.46; greedy 0.75).
+CATEGORY_COLORS = {"circle": "red", "square": "blue", "triangle": "green"}
 MAX_COUNT = 5
 
 
@@ -166,7 +171,7 @@ def _ovd(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Image, di
     shapes = []
     while not 1 <= sum(s[0] == category for s in shapes) <= 2:
         shapes = _grid_layout(rng, rng.randint(1, 3), size)
-    colors = [rng.choice(tuple(COLORS)) for _ in shapes]
+    colors = [CATEGORY_COLORS[s[0]] for s in shapes]
     boxes = sorted(to_grid(shape_box(*s), size) for s in shapes if s[0] == category)
     detections = ", ".join(f'{{"bbox_2d": [{b[0]}, {b[1]}, {b[2]}, {b[3]}], "score": 0.9}}' for b in boxes)
     return draw_shapes(size, shapes, colors), {

@@ -194,6 +194,12 @@ def test_ovd_boxes_are_every_shape_of_the_category(sets):
             assert 0 <= box[0] < box[2] <= 1000 and 0 <= box[1] < box[3] <= 1000
             x1, y1, x2, y2 = (round(v * 112 / 1000) for v in box)
             assert (pixels[y1:y2, x1:x2] != BACKGROUND).any(-1).mean() > 0.4  # a shape fills the box
+        # the category's colour (one per kind) is only inside its boxes: the answer misses none of them
+        mine = (pixels == COLORS[synthetic.CATEGORY_COLORS[r["category"]]]).all(-1)
+        for box in r["answer"]:
+            x1, y1, x2, y2 = (round(v * 112 / 1000) for v in box)
+            mine[max(0, y1 - 1):y2 + 1, max(0, x1 - 1):x2 + 1] = False
+        assert not mine.any(), r
         assert ovd(r["solution"], r["answer"])["overall"] == 1.0  # the SFT target is a perfect detection
     assert categories == {"circle", "square", "triangle"}
 
