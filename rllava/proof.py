@@ -124,7 +124,7 @@ def plot_task(task: Task, rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")  # no display on a CPU box
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = plt.subplots(figsize=(6, 4.2))
     for key, style in ((f"val/{task.metric}", "o-"), (f"val_greedy/{task.metric}", "s--")):
         steps, values = series(rows, key)
         if steps:
@@ -135,11 +135,13 @@ def plot_task(task: Task, rows: list[dict], path: str) -> None:
         twin = ax.twinx()
         twin.plot(steps, window, color="gray", alpha=0.6, label="training reward (20-step mean)")
         twin.set_ylabel("training reward")
-        twin.legend(loc="lower right", fontsize=7)
     ax.set_xlabel("GRPO step")
     ax.set_ylabel(f"{task.metric}" + (" (%)" if task.scale == 100 else ""))
-    ax.set_title(f"{task.name}: GRPO from an SFT-warmed tiny Qwen2-VL")
-    ax.legend(loc="upper left", fontsize=7)
+    model = {"qwen2_vl": "Qwen2-VL", "qwen3_vl": "Qwen3-VL"}.get(task.arch, task.arch)
+    ax.set_title(f"{task.name}: GRPO from an SFT-warmed tiny {model}")
+    handles = [line for a in fig.axes for line in a.get_lines()]  # one legend under the plot for both axes
+    ax.legend(handles, [h.get_label() for h in handles], loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+              fontsize=7, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -47,14 +47,8 @@ def test_results_gather_every_task_run_into_the_folder(tmp_path):
     assert [r.split(" | ")[0] for r in rows[1:]] == ["| counting", "| math"]  # in TASKS order, after the header
 
 
-# Issue 7 is open: OVD measured below its target so far (docs/proof.md: +0.090 on Qwen2-VL in stop 12, no lift on
-# the Qwen3-VL recipe in stop 13). It runs and reports here but does not fail `make test-slow` until it reaches it.
-NOT_YET = {"ovd"}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason="below target so far (issue 7)"))
-                                  if n in NOT_YET else n for n in sorted(TASKS)])
+@pytest.mark.parametrize("name", sorted(TASKS))
 def test_grpo_lifts_each_task(tmp_path, name):
     """`make proof`, one task at a time (each <= 15 minutes on 2 CPU cores)."""
     task = TASKS[name]
