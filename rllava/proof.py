@@ -2,7 +2,7 @@
 
     python -m rllava.proof --out outputs/proof [--tasks counting grounding math ovd] [--seed 0]
 
-For each task: build a tiny random Qwen2-VL (`rllava.model.tiny`) and its synthetic set
+For each task: build a tiny random VLM (`rllava.model.tiny`, `Task.arch`) and its synthetic set
 (`rllava.data.synthetic TASK`, 4000 train / 200 held out), warm the model up with SFT on the records'
 `solution` targets (`examples/tasks/<dir>/tiny_cpu_sft.yaml`), then run GRPO with the task's reward
 (`examples/tasks/<dir>/tiny_cpu.yaml`); both are the real command lines a user runs (`*_tiny_cpu.sh` runs the

@@ -1,8 +1,8 @@
 #!/bin/bash
 # One example task end to end on a CPU, in minutes (what each tasks/*/*_tiny_cpu.sh runs, and a row of
-# `make proof`): a tiny random Qwen2-VL (rllava.model.tiny; ARCH=qwen3_vl for the localising tasks), a synthetic set in the real set's record shape
-# (rllava.data.synthetic TASK), an SFT warm-up on its `solution` targets (FOLDER/tiny_cpu_sft.yaml), then GRPO
-# with the task's reward (FOLDER/tiny_cpu.yaml). From the repository root:
+# `make proof`): a tiny random Qwen2-VL (rllava.model.tiny; ARCH=qwen3_vl for the localising tasks), a synthetic
+# set in the real set's record shape (rllava.data.synthetic TASK), an SFT warm-up on its `solution` targets
+# (FOLDER/tiny_cpu_sft.yaml), then GRPO with the task's reward (FOLDER/tiny_cpu.yaml). From the repository root:
 #   bash examples/tasks/tiny_cpu.sh TASK FOLDER [key=value ...]   (OUT, ARCH, SFT_STEPS, RL_STEPS, TRAIN, VAL override)
 set -ex
 TASK=${1:?usage: tiny_cpu.sh TASK FOLDER [key=value ...]}

@@ -65,14 +65,19 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
     """(x - mean) / std over the masked entries of the whole batch (unbiased std); 0 where mask is 0.
     Under torchrun the batch is every rank's share together: the sums are taken over the ranks."""
     m = mask.to(x.dtype)
-    n = _sum_over_ranks(m.sum()).clamp(min=1)
-    mean = _sum_over_ranks((x * m).sum()) / n
-    var = _sum_over_ranks(((x - mean) ** 2 * m).sum()) / (n - 1).clamp(min=1)
+    n, total = _sum_over_ranks(m.sum(), (x * m).sum())  # one collective for both
+    n = n.clamp(min=1)
+    mean = total / n
+    (sq,) = _sum_over_ranks(((x - mean) ** 2 * m).sum())
+    var = sq / (n - 1).clamp(min=1)
     return (x - mean) * torch.rsqrt(var + eps) * m
 
 
-def _sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
-    return t if D.world_size() == 1 else torch.tensor(D.all_sum([float(t)])[0], dtype=t.dtype, device=t.device)
+def _sum_over_ranks(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each scalar tensor summed over the ranks, in one all-reduce (as given on one process)."""
+    if D.world_size() == 1:
+        return ts
+    return tuple(torch.tensor(v, dtype=t.dtype, device=t.device) for t, v in zip(ts, D.all_sum([float(t) for t in ts])))
 
 
 def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:

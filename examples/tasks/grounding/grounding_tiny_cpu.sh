@@ -1,5 +1,7 @@
 #!/bin/bash
-# grounding on this CPU: a tiny Qwen3-VL (its vision tower's absolute position embeddings let a tiny model localise), synthetic RefCOCO-shaped records, SFT warm-up, then GRPO with
-# examples/reward_function/grounding.py (see ../tiny_cpu.sh). From the repository root:
-#   bash examples/tasks/grounding/grounding_tiny_cpu.sh [key=value ...]   (OUT, SFT_STEPS, RL_STEPS, TRAIN, VAL override)
+# grounding on this CPU: a tiny Qwen3-VL (its vision tower's absolute position embeddings let a tiny model
+# localise), synthetic RefCOCO-shaped records, SFT warm-up, then GRPO with examples/reward_function/grounding.py
+# (see ../tiny_cpu.sh). From the repository root:
+#   bash examples/tasks/grounding/grounding_tiny_cpu.sh [key=value ...]
+#   (OUT, ARCH, SFT_STEPS, RL_STEPS, TRAIN, VAL override)
 ARCH=${ARCH:-qwen3_vl} exec bash examples/tasks/tiny_cpu.sh grounding grounding "$@"
