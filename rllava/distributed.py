@@ -7,10 +7,15 @@ single-process identity, so the same pipeline code runs both ways.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
+import sys
 
 import torch
 import torch.distributed as dist
+
+_joined = False  # this process joined a process group (init); see `exit`
 
 
 def world_size() -> int:
@@ -36,7 +41,9 @@ def init(device: str = "auto") -> torch.device:
     else:
         chosen = torch.device("cpu")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        global _joined
         dist.init_process_group("nccl" if chosen.type == "cuda" else "gloo")
+        _joined = True
     return chosen
 
 
@@ -97,5 +104,27 @@ def barrier() -> None:
 
 
 def close() -> None:
+    """Leave the process group after the last collective: wait for every rank (no rank goes while another still
+    sends to it), then destroy the group."""
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
+    gc.collect()
+
+
+def exit_process(code: int = 0) -> None:
+    """End the process with `code`; a process that joined a group skips the interpreter's teardown.
+
+    `destroy_process_group` does not stop gloo's worker and TCP-loop threads (nor NCCL's) while anything still
+    holds the group, and DTensor's sharding caches (FSDP2) and DeepSpeed's comm module hold it until the
+    interpreter tears down. A normal exit then frees Python objects and runs C++ static destructors under those
+    live threads, and now and then (more often on a loaded machine) one of them meets freed state and the rank
+    aborts after its work is done: "terminate called without an active exception", SIGABRT, and torchrun kills
+    the others. So such a process runs its atexit handlers, flushes its streams and leaves with `os._exit`: the
+    same exit code, no teardown for the threads to race. Call `close()` first after a successful run."""
+    if not _joined:
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)

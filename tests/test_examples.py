@@ -126,3 +126,18 @@ def test_tiny_cpu_twin_runs(script, tmp_path):
     with open(tmp_path / "model" / "config.json") as f:  # the localising tasks need Qwen3-VL (docs/proof.md)
         localising = "grounding" in script or "ovd" in script
         assert json.load(f)["model_type"] == ("qwen3_vl" if localising else "qwen2_vl")
+
+
+def test_nothing_points_outside_the_repository():
+    """A user's clone holds only the repository: facts the code relies on live in docs/, never in a sibling
+    folder such as the developers' shared notes."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    offenders = []
+    for path in tracked:
+        try:
+            text = open(os.path.join(REPO, path), encoding="utf-8").read()
+        except (UnicodeDecodeError, FileNotFoundError):
+            continue
+        if any(f"shared/{folder}" in text for folder in ("reference", "seeds", "hooks")):
+            offenders.append(path)
+    assert offenders == []

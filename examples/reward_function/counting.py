@@ -1,7 +1,7 @@
 """Counting reward: the response must be exactly `<answer>N</answer>` with the right integer N.
 
     overall  = format * accuracy   (strict: the measured recipe that learns on CPU; a loose reward let the
-                                    model stop emitting EOS, see ../shared/reference/cpu_learning_notes.md)
+                                    model stop emitting EOS, see docs/cpu_learning.md)
     format   = 1 if the whole response is one <answer>integer</answer> (after an optional <think>...</think>)
     accuracy = 1 if the first <answer> tag holds the ground-truth integer
 """

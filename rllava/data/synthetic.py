@@ -10,7 +10,7 @@ shape's pixels are exactly columns x1..x2-1 and rows y1..y2-1.
 
 counting (CLEVR-count-like): 1-5 shapes, a fixed question, so the count is only in the image; counts balanced
 (each of 1-5 equally often when n is a multiple of 5). Sizes measured learnable by a 4.5 M-parameter Qwen2-VL on
-CPU (shared/reference/cpu_learning_notes.md): 112 px images, radius 11-16 px (scaled with --size).
+CPU (docs/cpu_learning.md): 112 px images, radius 11-16 px (scaled with --size).
     {"images": ["images/train_00000.png"], "problem": "<image>How many shapes are in the image?",
      "answer": "3", "solution": "<answer>3</answer>"}
 

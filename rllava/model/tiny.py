@@ -8,14 +8,14 @@ writes a real Hugging Face checkpoint (config, safetensors weights, tokenizer, p
 checkpoint. The tokenizer is a byte-level BPE trained here on generated text (no hub download), with Qwen's
 special tokens, so chat templates and image placeholders behave as in the real models.
 
-Sizes (see ../shared/reference/cpu_learning_notes.md): `demo` = 4 text layers, hidden 256, vision depth 4,
+Sizes (see docs/cpu_learning.md): `demo` = 4 text layers, hidden 256, vision depth 4,
 embed 128 (~4.5 M parameters; learns the synthetic counting task on CPU); `small` = 2 layers, hidden 128
 (~1 M; for fast tests only).
 
 The vision tower's weight matrices are drawn with std VISION_INIT_STD = 0.2 instead of the config's 0.02: at
 widths of 64-128 the 0.02 init makes every image look alike to the language model, and SFT on the counting task
 then sat at chance (20 %) for ~150 steps; with 0.2 it reaches ~55 % held-out in 40 steps (lr 1e-3, batch 32),
-the pace ../shared/reference/cpu_learning_notes.md measured. (0.1: 51 % after 100 steps.)
+the pace docs/cpu_learning.md records. (0.1: 51 % after 100 steps.)
 """
 
 from __future__ import annotations

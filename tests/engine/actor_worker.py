@@ -78,3 +78,4 @@ def main(model_dir, out_dir, strategy):
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    D.exit_process(0)  # as the pipelines end under torchrun: no race with gloo's threads at exit

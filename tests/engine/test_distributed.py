@@ -62,3 +62,39 @@ def test_whitening_takes_the_statistics_of_every_ranks_share(monkeypatch):
     monkeypatch.setattr(D, "world_size", lambda: 1)
     torch.testing.assert_close(torch.cat([parts[0], parts[1]]), masked_whiten(x, mask))
     assert not torch.allclose(parts[0], masked_whiten(x[:2], mask[:2]))  # a rank's own statistics differ
+
+
+def test_a_group_member_exits_without_interpreter_teardown(monkeypatch):
+    """`destroy_process_group` leaves gloo's threads running while DTensor/DeepSpeed still hold the group, so a
+    torchrun worker ends through os._exit after its atexit handlers (see `exit_process`); a plain process exits
+    as usual."""
+    calls = []
+    monkeypatch.setattr(D.atexit, "_run_exitfuncs", lambda: calls.append("atexit"))
+    monkeypatch.setattr(D.os, "_exit", lambda code: calls.append(("_exit", code)))
+    monkeypatch.setattr(D, "_joined", True)
+    D.exit_process(3)
+    assert calls == ["atexit", ("_exit", 3)]
+    monkeypatch.setattr(D, "_joined", False)
+    with pytest.raises(SystemExit) as e:
+        D.exit_process(2)
+    assert e.value.code == 2 and len(calls) == 2
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_command_line_closes_the_group_then_exits_through_exit_process(monkeypatch, fails):
+    from rllava.errors import RllavaError
+    from rllava.train import cli
+
+    calls = []
+
+    def train(cfg):
+        if fails:
+            raise RllavaError("bad data")
+        return "out"
+
+    monkeypatch.setattr(cli, "load_config", lambda argv: None)
+    monkeypatch.setattr(cli.sys, "argv", ["rlvr"])
+    monkeypatch.setattr(D, "close", lambda: calls.append("close"))
+    monkeypatch.setattr(D, "exit_process", lambda code: calls.append(("exit", code)))
+    cli.run_cli(train)
+    assert calls == ([("exit", 2)] if fails else ["close", ("exit", 0)])  # a failed rank does not wait for others
