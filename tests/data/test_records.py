@@ -200,3 +200,39 @@ def test_unknown_hub_name_offline(monkeypatch):
     assert msg.startswith("rllava-tests/no-such-dataset@train: not found locally")
     assert "could not be loaded from the Hugging Face hub" in msg and "\n" not in msg
     assert isinstance(e.value, ValueError)
+
+
+# ---- values reach the reward as written (datasets alone gives a column one type: 3.0, 7, ...) ----
+
+@pytest.mark.parametrize("answers", [[3, 3.5], ["3", "007", 3], ["3", "007"], [3, [1, 2], {"x": 1}, None, True],
+                                     [{"a": 1}, {"b": 2}], [[1, 2.5], ["x"]], [2**70, 1]])
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_json_values_keep_their_types(tmp_path, answers, suffix):
+    rows = [{"problem": f"q{i}", "answer": a} for i, a in enumerate(answers)]
+    path = tmp_path / f"train{suffix}"
+    if suffix == ".jsonl":
+        write_jsonl(path, rows)
+    else:
+        path.write_text(json.dumps(rows))
+    ds = load_records(str(path))
+    got = [ds[i]["answer"] for i in range(len(ds))]
+    assert got == answers and [type(a) for a in got] == [type(a) for a in answers]
+    assert list(ds["answer"]) == answers
+    assert [r["answer"] for r in ds.select([len(ds) - 1])] == answers[-1:]  # select keeps the decoding
+    assert load_records(str(path), max_samples=1)[0]["answer"] == answers[0]
+
+
+def test_uniform_columns_keep_their_arrow_type(tmp_path):
+    rows = [{"problem": "a", "answer": "3", "n": 1, "x": 0.5, "ok": True, "images": ["a.png"]},
+            {"problem": "b", "answer": "007", "n": 2, "x": 1.0, "ok": False, "images": ["b.png", "c.png"]}]
+    ds = load_records(write_jsonl(tmp_path / "train.jsonl", rows))
+    assert {k: ds.features[k].dtype for k in ("answer", "n", "x", "ok")} == \
+        {"answer": "string", "n": "int64", "x": "float64", "ok": "bool"}
+    assert [ds[i] for i in range(2)] == rows
+
+
+def test_an_edited_file_is_read_again(tmp_path):
+    spec = write_jsonl(tmp_path / "train.jsonl", ROWS)
+    assert load_records(spec)[0]["answer"] == "2"
+    write_jsonl(tmp_path / "train.jsonl", [{"problem": "1+1?", "answer": "two"}])
+    assert load_records(spec)[0]["answer"] == "two"
