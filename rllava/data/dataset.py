@@ -18,7 +18,7 @@ import re
 
 import jinja2
 
-from rllava.data.images import load_image, normalize_image_list, resize_to_pixel_bounds
+from rllava.data.images import load_image, normalize_image_list, resize_to_pixel_bounds, stored_size
 from rllava.data.protocol import Sample
 from rllava.data.records import DataError, base_dir, check_keys, load_records
 from rllava.data.video import VideoSpec, load_video
@@ -116,8 +116,9 @@ class PromptDataset:
         images, image_sizes = [], []
         if self.has_images:
             for j, obj in enumerate(normalize_image_list(record[self.cfg.image_key])):
-                img = load_image(obj, base_dir=self.image_dir, where=f"{where}, {self.cfg.image_key}[{j}]")
-                image_sizes.append(img.size)
+                img = load_image(obj, base_dir=self.image_dir, where=f"{where}, {self.cfg.image_key}[{j}]",
+                                 max_pixels=self.cfg.max_pixels)
+                image_sizes.append(stored_size(img))  # as stored, before any draft-scale decode
                 images.append(resize_to_pixel_bounds(img, self.cfg.min_pixels, self.cfg.max_pixels))
         videos = []
         if self.has_videos:
