@@ -64,6 +64,20 @@ def check_keys(ds: datasets.Dataset, spec: str, required: list[str]) -> None:
                         f"{', '.join(ds.column_names)}); set data.prompt_key / data.answer_key / data.image_key")
 
 
+def check_values(ds: datasets.Dataset, spec: str, keys: dict[str, str]) -> None:
+    """Every record has a value (not missing, not null) in each field of `keys` ({config key: field}), or one
+    error naming the first record without one and the fields it has: a missing answer must not be scored
+    against None, nor a missing prompt sent as "None"."""
+    table = ds.with_format("arrow")  # whole columns without decoding a value (select()'s indices respected)
+    for config_key, name in keys.items():
+        nulls = table[name].is_null().to_pylist()
+        if True in nulls:
+            i = nulls.index(True)
+            fields = [k for k, v in ds[i].items() if v is not None]
+            raise DataError(f"{spec} record {i} has no {name!r} ({config_key}; its fields: {', '.join(fields)}): "
+                            "every record needs one")
+
+
 def base_dir(spec: str, image_dir: str | None = None) -> str | None:
     """The directory relative image paths are resolved against: `image_dir` (data.train_image_dir /
     data.val_image_dir) when given, else the data file's folder, or the dataset directory itself.

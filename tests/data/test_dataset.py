@@ -43,11 +43,15 @@ def test_overlong_prompts_are_filtered_and_counted(tmp_path, counting_dir, proce
     (tmp_path / "images").symlink_to(f"{counting_dir}/images")
     ds = PromptDataset(str(path), _cfg(max_prompt_length=55), processor)
     assert len(ds) == 4 and ds.num_filtered == 2  # the long one and the two-image one (32 image tokens)
-    assert "filtered 2 of 6 prompts" in caplog.text
+    assert "filtered 2 of 6 prompts: 2 longer than data.max_prompt_length=55 tokens (the longest has 8" in caplog.text
     ds = PromptDataset(str(path), _cfg(max_prompt_length=4096), processor, limit_images=1)
     assert ds.num_filtered == 1
-    with pytest.raises(DataError, match="every prompt was filtered"):
+    with pytest.raises(DataError) as e:
         PromptDataset(str(path), _cfg(max_prompt_length=5), processor)
+    longest = max(len(encode_prompt(processor, ds.sample(row))[0]) for row in range(6))
+    assert str(e.value) == (f"{path}: all 6 prompts were filtered: 6 are longer than data.max_prompt_length=5 tokens "
+                            f"(image tokens included; shortest 47, longest {longest}): raise data.max_prompt_length "
+                            f"(to {longest} to keep them all)")
 
 
 def test_bad_records_name_the_record(tmp_path, counting_dir, processor):
