@@ -208,7 +208,7 @@ class PromptDataset:
             head = self.records.select(range(min(MARKER_SCAN, len(self.records))))[self.cfg.prompt_key]
             marked = next((i for i, p in enumerate(head) if isinstance(p, str) and f"<{kind}>" in p), None)
             if key != default or marked is not None:
-                why = (f"record {marked}'s prompt has an <{kind}> marker" if marked is not None
+                why = (f"record {marked}'s prompt has a <{kind}> marker" if marked is not None
                        else f"data.{kind}_key was set")
                 raise DataError(f"{self.spec}: data.{kind}_key={key!r} matches no field of the records (fields: "
                                 f"{', '.join(fields)}) but {why}: set data.{kind}_key to the field holding the "
