@@ -6,8 +6,8 @@ Accepted specs, each optionally with an `@split` suffix:
 - a hub-style dataset directory (`dir/data/train-00000-of-00001.parquet`, ...): `dir@train`;
 - a hub name, `hiyouga/math12k@train`, loaded by `datasets.load_dataset` (needs the hub or its cache).
 Without `@split`, a source with one split gives it and a source with several is an error listing them; a hub
-name defaults to `train`, as in EasyR1. Image columns stay as stored (paths, bytes or an `Image` feature):
-nothing is decoded until a record is read.
+name defaults to `train`, as in EasyR1. Image columns stay as stored (paths, bytes, or an `Image` feature read
+as {"bytes", "path"}): nothing is decoded until `rllava.data.images.load_image` decodes one record's images.
 """
 
 from __future__ import annotations
@@ -49,10 +49,23 @@ def load_records(spec: str, *, max_samples: int = -1) -> datasets.Dataset:
         raise DataError(f"{spec}: no such file or directory")  # a hub name is `name` or `org/name`
     else:
         ds = _load_hub(path, split, spec)
+    ds = _undecoded_images(ds)
     if max_samples >= 0:
         ds = ds.select(range(min(max_samples, len(ds))))
     if len(ds) == 0:
         raise DataError(f"{spec}: no records" + (f" (data.max_samples={max_samples})" if max_samples == 0 else ""))
+    return ds
+
+
+def _undecoded_images(ds: datasets.Dataset) -> datasets.Dataset:
+    """Image-feature columns (parquet, save_to_disk, hub sets) read as {"bytes", "path"} dicts, not PIL images:
+    `load_image` then decodes them with rllava's rules (a large JPEG at a reduced scale, a decompression bomb
+    as one line naming the record), and reading a record to count its images decodes nothing."""
+    for name, feature in ds.features.items():
+        if isinstance(feature, datasets.Image) and feature.decode:
+            ds = ds.cast_column(name, datasets.Image(decode=False))
+        elif isinstance(getattr(feature, "feature", None), datasets.Image) and feature.feature.decode:
+            ds = ds.cast_column(name, type(feature)(datasets.Image(decode=False)))
     return ds
 
 

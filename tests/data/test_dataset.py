@@ -225,3 +225,42 @@ def test_missing_and_truncated_image_files_name_the_record(write, tmp_path, proc
         PromptDataset(write([ok, {**ok, "images": ["gone.png"]}]), _cfg(), processor)
     with pytest.raises(DataError, match=r"d.jsonl record 1, images\[0\]: cannot read image .*cut.png"):
         PromptDataset(write([ok, {**ok, "images": ["cut.png"]}]), _cfg(), processor)
+
+
+def test_image_feature_columns_decode_by_rllava_rules(tmp_path, processor):
+    """A parquet/hub Image column reaches load_image undecoded: a decompression bomb inside one is the same one
+    line naming the record, not PIL's exception from inside `datasets`."""
+    import datasets
+
+    features = datasets.Features({"problem": datasets.Value("string"), "answer": datasets.Value("string"),
+                                  "images": datasets.Sequence(datasets.Image())})
+    rows = {"problem": ["<image>q", "<image>q"], "answer": ["1", "2"],
+            "images": [[{"bytes": _png(), "path": None}],
+                       [{"bytes": _png_header(30000, 30000), "path": None}]]}
+    datasets.Dataset.from_dict(rows, features=features).to_parquet(str(tmp_path / "d.parquet"))
+    with pytest.raises(DataError, match=r"d.parquet record 1, images\[0\]: image bytes has 900000000 pixels"):
+        PromptDataset(str(tmp_path / "d.parquet"), _cfg(), processor)
+    ds = PromptDataset(str(tmp_path / "d.parquet"), _cfg(max_samples=1), processor)
+    assert ds[0].images[0].size == (56, 56) and ds[0].image_sizes == [(8, 8)]
+
+
+def _png_header(width, height):
+    """A (cut) PNG declaring width x height: PIL refuses it at open, before any pixel data."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def _png():
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(buf, format="PNG")
+    return buf.getvalue()

@@ -93,9 +93,14 @@ def test_image_feature_column_from_parquet_stays_lazy_and_loads(tmp_path):
     ds.to_parquet(str(tmp_path / "img.parquet"))
     records = load_records(str(tmp_path / "img.parquet"))
     assert isinstance(records.features["images"].feature, datasets.Image)  # kept as the Image feature
+    assert set(records[0]["images"][0]) == {"bytes", "path"}  # undecoded: load_image decodes it by rllava's rules
     img = load_image(records[0]["images"][0], base_dir=None, where="img.parquet record 0, images[0]")
     assert img.size == (6, 4) and img.mode == "RGB" and img.getpixel((0, 0)) == (255, 0, 0)
-    raw = records.cast_column("images", datasets.Sequence(datasets.Image(decode=False)))[0]["images"][0]
+    single = datasets.Dataset.from_dict({"problem": ["q"], "image": [{"bytes": buf.getvalue(), "path": None}]},
+                                        features=datasets.Features({"problem": datasets.Value("string"),
+                                                                    "image": datasets.Image()}))
+    single.save_to_disk(str(tmp_path / "saved"))
+    raw = load_records(str(tmp_path / "saved"))[0]["image"]
     assert set(raw) == {"bytes", "path"} and load_image(raw, base_dir=None, where="x").size == (6, 4)
 
 
