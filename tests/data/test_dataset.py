@@ -208,7 +208,8 @@ def test_tiny_and_odd_images(write, tmp_path, processor):
     dot = {"problem": "<image>q", "answer": "1", "images": ["dot.png"]}
     ds = PromptDataset(write([dot]), _cfg(), processor)
     s = ds[0]  # 1 x 1 -> 56 x 56 (min_pixels 3136), white (transparent on white), encodes to 4 image tokens
-    assert s.images[0].size == (56, 56) and s.images[0].getpixel((0, 0)) == (255, 255, 255) and s.image_sizes == [(1, 1)]
+    assert s.images[0].size == (56, 56) and s.images[0].getpixel((0, 0)) == (255, 255, 255)
+    assert s.image_sizes == [(1, 1)]
     ids, mm = encode_prompt(processor, s)
     assert ids.count(processor.image_token_id) == 4
     path = write([dot, {"problem": "<image>q", "answer": "1", "images": ["line.png"]}])

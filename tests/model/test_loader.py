@@ -34,8 +34,9 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir, offload
 
 # ---- the export names the model's standard processor ----
 
-FAKE_TORCHVISION = '''"""A stand-in torchvision: importable (any submodule), version-stamped, every name a placeholder. transformers
-then picks its torchvision-backed classes, as where torchvision is installed, without running them on pixels."""
+FAKE_TORCHVISION = '''"""A stand-in torchvision: importable (any submodule), version-stamped, every name a
+placeholder. transformers then picks its torchvision-backed classes, as where torchvision is installed, without
+running them on pixels."""
 import importlib.abc
 import importlib.machinery
 import sys
@@ -157,7 +158,8 @@ def test_export_names_the_standard_processor(tmp_path, arch, fake_torchvision):
     assert importlib.util.find_spec("torchvision") is None  # this machine: rllava's path
     reloaded = load_processor(out)
     assert type(reloaded).__name__ in IMAGE_ONLY_CLASSES
-    sample = Sample(index=0, messages=[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}],
+    content = [{"type": "image"}, {"type": "text", "text": "Hi"}]
+    sample = Sample(index=0, messages=[{"role": "user", "content": content}],
                     images=[Image.new("RGB", (64, 64), (200, 10, 10))], ground_truth="1")
     ids, mm = encode_prompt(reloaded, sample)
     ids0, mm0 = encode_prompt(processor, sample)
