@@ -168,7 +168,7 @@ def _load_json(path: str) -> datasets.Dataset:
 # `datasets`/pyarrow give a column one type, so a JSON column mixing 3 and 3.5 reads back 3.0, one mixing "007"
 # and 3 reads back 7, and objects with different keys gain each other's keys as None. A column whose values
 # are all strings, all bools, all ints (int64) or all floats keeps its arrow type; any other column (lists,
-# objects, mixed types) is stored as JSON text and decoded when read (`_decode_json_columns`), so every value
+# objects, mixed types) is stored as JSON text and decoded when read (`with_json_columns`), so every value
 # reaches the dataset, and the reward, exactly as written. Parquet and save_to_disk data carry a schema of their
 # own: their values come back as stored.
 
