@@ -8,6 +8,14 @@ an epoch of pixels never sits in memory.
 
 `data.video_key` holds a list of videos (or one), each a video file or a list of frames, as in RLLaVA:
 `{"videos": ["clip.mp4"]}` or `{"videos": [["f0.png", "f1.png", ...]]}`.
+
+Bad records stop the run at start-up, before any step, with one line naming the file, the record and the key:
+a record without its prompt or answer; an image/video key that matches no field while prompts carry markers
+(or while the key was changed from its default), which would otherwise train text-only on literal "<image>"
+text; markers that do not match the record's images; and an encoded prompt whose image placeholder tokens do
+not match its images (a chat template that drops a marker), which would otherwise be a shape error inside the
+model. Prompts are never truncated (truncating through image tokens breaks the model's input): an overlong
+prompt is filtered (data.filter_overlong_prompts) or kept whole.
 """
 
 from __future__ import annotations
@@ -18,9 +26,9 @@ import re
 
 import jinja2
 
-from rllava.data.images import load_image, normalize_image_list, resize_to_pixel_bounds
+from rllava.data.images import load_image, normalize_image_list, resize_to_pixel_bounds, stored_size
 from rllava.data.protocol import Sample
-from rllava.data.records import DataError, base_dir, check_keys, load_records
+from rllava.data.records import DataError, base_dir, check_keys, check_values, load_records
 from rllava.data.video import VideoSpec, load_video
 from rllava.model.processor import get_tokenizer
 
@@ -44,7 +52,10 @@ def encode_prompt(processor, sample: Sample) -> tuple[list[int], dict]:
 
     Videos go to the processor's video processor as [T, H, W, C] frames already sampled and sized, with their
     metadata (Qwen2.5-VL's second_per_grid_ts and Qwen3-VL's timestamps come from it): transformers' own where
-    torchvision is installed, rllava's PIL one (`rllava.model.video_processor`) where it is not."""
+    torchvision is installed, rllava's PIL one (`rllava.model.video_processor`) where it is not.
+
+    A processor failure and a placeholder count that does not match the images (`check_placeholders`) are a
+    DataError naming the record."""
     tokenizer = get_tokenizer(processor)
     text = processor.apply_chat_template(sample.messages, add_generation_prompt=True, tokenize=False)
     if not sample.images and not sample.videos:
@@ -54,9 +65,66 @@ def encode_prompt(processor, sample: Sample) -> tuple[list[int], dict]:
         videos = {"videos": [v.array() for v in sample.videos],
                   "videos_kwargs": {"video_metadata": [v.metadata() for v in sample.videos],
                                     "do_sample_frames": False, "do_resize": False}}
-    enc = processor(text=[text], images=sample.images or None, return_tensors="pt", **videos)
+    try:
+        enc = processor(text=[text], images=sample.images or None, return_tensors="pt", **videos)
+    except Exception as e:  # IndexError/ValueError from the processor: markers vs images, an image too small, ...
+        reason = (str(e).strip().splitlines() or [""])[0]
+        raise DataError(f"{sample.where}: the processor cannot encode the prompt with its {_media(sample)} "
+                        f"({type(e).__name__}: {reason})") from e
     mm = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
-    return enc["input_ids"][0].tolist(), mm
+    ids = enc["input_ids"][0].tolist()
+    check_placeholders(processor, ids, mm, sample)
+    return ids, mm
+
+
+def _media(sample: Sample) -> str:
+    parts = [f"{len(sample.images)} image(s)"] if sample.images else []
+    return " and ".join(parts + ([f"{len(sample.videos)} video(s)"] if sample.videos else []))
+
+
+def check_placeholders(processor, ids: list[int], mm: dict, sample: Sample) -> None:
+    """The image (video) placeholder tokens in the encoded prompt are as many as the vision tower's features
+    for the sample's images (videos); else a DataError naming the record. A chat template that drops a
+    `{"type": "image"}` part, or a prompt cut through its image tokens, would otherwise reach the model and
+    fail there as a shape mismatch. Processors whose feature count rllava does not know are not checked."""
+    for kind, n in (("image", len(sample.images)), ("video", len(sample.videos))):
+        expected = _expected_tokens(processor, mm, kind) if n else None
+        token_id = _placeholder_id(processor, kind)
+        if expected is None or token_id is None:
+            continue
+        found = ids.count(token_id)
+        if found != expected:
+            raise DataError(f"{sample.where}: the encoded prompt has {found} {kind} placeholder tokens but its {n} "
+                            f"{kind}(s) need {expected}: the chat template (data.override_chat_template or the "
+                            f"tokenizer's) must render every {{'type': '{kind}'}} part of the message")
+
+
+def _placeholder_id(processor, kind: str) -> int | None:
+    token_id = getattr(processor, f"{kind}_token_id", None)
+    if token_id is None and getattr(processor, f"{kind}_token", None):
+        token_id = get_tokenizer(processor).convert_tokens_to_ids(getattr(processor, f"{kind}_token"))
+    return token_id
+
+
+def _expected_tokens(processor, mm: dict, kind: str) -> int | None:
+    """Placeholder tokens the model expects for the encoded images/videos: Qwen-VL, one per merged patch of
+    `{kind}_grid_thw` (t * h * w / merge_size^2); LLaVA-style processors (the modular VLM), one per patch of
+    each image plus `num_additional_image_tokens`, minus the CLS feature the "default" strategy drops."""
+    grid = mm.get(f"{kind}_grid_thw")
+    merge = getattr(getattr(processor, "image_processor", None), "merge_size", None)
+    if grid is not None and isinstance(merge, int):
+        return int(grid.prod(-1).sum()) // merge**2
+    pixels, patch = mm.get("pixel_values"), getattr(processor, "patch_size", None)
+    if kind == "image" and pixels is not None and pixels.dim() == 4 and isinstance(patch, int):
+        per_image = (pixels.shape[-2] // patch) * (pixels.shape[-1] // patch)
+        per_image += getattr(processor, "num_additional_image_tokens", 0) or 0
+        per_image -= getattr(processor, "vision_feature_select_strategy", None) == "default"
+        return per_image * pixels.shape[0]
+    return None
+
+
+CHECKED_AT_START = 8  # records built and encoded at start-up when data.filter_overlong_prompts does not encode all
+MARKER_SCAN = 64  # records whose prompts are scanned for <image>/<video> markers when the key matches no field
 
 
 class PromptDataset:
@@ -68,23 +136,43 @@ class PromptDataset:
                  target_key: str | None = None, limit_images: int = 0):
         self.spec, self.cfg, self.processor, self.target_key = spec, data_cfg, processor, target_key
         self.records = load_records(spec, max_samples=data_cfg.max_samples)
-        required = [data_cfg.prompt_key, data_cfg.answer_key] + ([target_key] if target_key else [])
-        check_keys(self.records, spec, required)
+        required = {"data.prompt_key": data_cfg.prompt_key, "data.answer_key": data_cfg.answer_key}
+        if target_key:
+            required["data.target_key"] = target_key
+        check_keys(self.records, spec, list(required.values()))
+        check_values(self.records, spec, required)
+        self.check_media_keys()
         self.has_images = data_cfg.image_key in self.records.column_names
         self.limit_images = limit_images  # rollout.limit_images: prompts with more images are filtered (0 = any)
         self.has_videos = data_cfg.video_key in self.records.column_names and any(self.records[data_cfg.video_key])
         self.video_spec = _video_spec(data_cfg, processor, spec) if self.has_videos else None
         self.image_dir = base_dir(spec, image_dir)
         self.template = load_template(data_cfg.format_prompt)
-        self.indices = [i for i in range(len(self.records)) if self.fits(i)]
+        if not data_cfg.filter_overlong_prompts:  # else every record is built and encoded by the filter below
+            for row in range(min(CHECKED_AT_START, len(self.records))):
+                encode_prompt(processor, self.sample(row))
+        kept = {row: self.filtered(row) for row in range(len(self.records))}
+        self.indices = [row for row, why in kept.items() if why is None]
         self.num_filtered = len(self.records) - len(self.indices)
-        if self.num_filtered:
-            log.warning("%s: filtered %d of %d prompts longer than data.max_prompt_length=%d tokens (or with "
-                        "more than rollout.limit_images images)", spec, self.num_filtered, len(self.records),
-                        data_cfg.max_prompt_length)
+        lengths = sorted(why for why in kept.values() if isinstance(why, int))
+        many_images = sum(why == "images" for why in kept.values())
+        if self.indices and self.num_filtered:
+            log.warning("%s: filtered %d of %d prompts: %d longer than data.max_prompt_length=%d tokens%s, %d with "
+                        "more than rollout.limit_images images", spec, self.num_filtered, len(self.records),
+                        len(lengths), data_cfg.max_prompt_length,
+                        f" (the longest has {lengths[-1]})" if lengths else "", many_images)
         if not self.indices:
-            raise DataError(f"{spec}: every prompt was filtered: longer than data.max_prompt_length="
-                            f"{data_cfg.max_prompt_length} tokens or with more than rollout.limit_images images")
+            raise DataError(self._all_filtered(lengths, many_images))
+
+    def _all_filtered(self, lengths: list[int], many_images: int) -> str:
+        parts = []
+        if lengths:
+            parts.append(f"{len(lengths)} are longer than data.max_prompt_length={self.cfg.max_prompt_length} tokens "
+                         f"(image tokens included; shortest {lengths[0]}, longest {lengths[-1]}): raise "
+                         f"data.max_prompt_length (to {lengths[-1]} to keep them all)")
+        if many_images:
+            parts.append(f"{many_images} have more than rollout.limit_images={self.limit_images} images")
+        return f"{self.spec}: all {len(self.records)} prompts were filtered: " + "; ".join(parts)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -94,12 +182,37 @@ class PromptDataset:
 
     def fits(self, row: int) -> bool:
         """Within rollout.limit_images and (if data.filter_overlong_prompts) data.max_prompt_length."""
+        return self.filtered(row) is None
+
+    def filtered(self, row: int) -> int | str | None:
+        """Why record `row` is filtered: "images" (over rollout.limit_images), its prompt length in tokens (over
+        data.max_prompt_length, when data.filter_overlong_prompts), or None: kept."""
         if self.limit_images and self.has_images:
             if len(normalize_image_list(self.records[row][self.cfg.image_key])) > self.limit_images:
-                return False
+                return "images"
         if not self.cfg.filter_overlong_prompts:
-            return True
-        return len(encode_prompt(self.processor, self.sample(row))[0]) <= self.cfg.max_prompt_length
+            return None
+        length = len(encode_prompt(self.processor, self.sample(row))[0])
+        return length if length > self.cfg.max_prompt_length else None
+
+    def check_media_keys(self) -> None:
+        """data.image_key / data.video_key name a field of the records, unless the key is left at its default
+        and no prompt among the first records has a marker of that kind (a text-only data set). Otherwise the
+        images would be silently dropped and "<image>" trained on as text."""
+        fields = self.records.column_names
+        for kind in ("image", "video"):
+            key = getattr(self.cfg, f"{kind}_key")
+            if key in fields:
+                continue
+            default = getattr(type(self.cfg), f"{kind}_key", key)
+            head = self.records.select(range(min(MARKER_SCAN, len(self.records))))[self.cfg.prompt_key]
+            marked = next((i for i, p in enumerate(head) if isinstance(p, str) and f"<{kind}>" in p), None)
+            if key != default or marked is not None:
+                why = (f"record {marked}'s prompt has a <{kind}> marker" if marked is not None
+                       else f"data.{kind}_key was set")
+                raise DataError(f"{self.spec}: data.{kind}_key={key!r} matches no field of the records (fields: "
+                                f"{', '.join(fields)}) but {why}: set data.{kind}_key to the field holding the "
+                                f"{kind}s")
 
     def sample(self, row: int) -> Sample:
         record = self.records[row]
@@ -116,8 +229,9 @@ class PromptDataset:
         images, image_sizes = [], []
         if self.has_images:
             for j, obj in enumerate(normalize_image_list(record[self.cfg.image_key])):
-                img = load_image(obj, base_dir=self.image_dir, where=f"{where}, {self.cfg.image_key}[{j}]")
-                image_sizes.append(img.size)
+                img = load_image(obj, base_dir=self.image_dir, where=f"{where}, {self.cfg.image_key}[{j}]",
+                                 max_pixels=self.cfg.max_pixels)
+                image_sizes.append(stored_size(img))  # as stored, before any draft-scale decode
                 images.append(resize_to_pixel_bounds(img, self.cfg.min_pixels, self.cfg.max_pixels))
         videos = []
         if self.has_videos:
@@ -125,10 +239,12 @@ class PromptDataset:
                 videos.append(load_video(obj, self.video_spec, base_dir=self.image_dir,
                                          where=f"{where}, {self.cfg.video_key}[{j}]"))
         extra = {k: v for k, v in fields.items() if k not in (self.cfg.prompt_key, self.cfg.answer_key)}
-        content = _content(prompt, {"image": len(images), "video": len(videos)}, where)
+        keys = {"image": self.cfg.image_key, "video": self.cfg.video_key}
+        content = _content(prompt, {"image": len(images), "video": len(videos)}, where, keys)
         return Sample(index=row, messages=[{"role": "user", "content": content}], images=images, videos=videos,
                       ground_truth=record[self.cfg.answer_key], extra=extra,
-                      target=record[self.target_key] if self.target_key else None, image_sizes=image_sizes)
+                      target=record[self.target_key] if self.target_key else None, image_sizes=image_sizes,
+                      source=self.spec)
 
 
 def _video_spec(cfg, processor, spec: str) -> VideoSpec:
@@ -143,17 +259,18 @@ def _video_spec(cfg, processor, spec: str) -> VideoSpec:
                      temporal_factor=image_processor.temporal_patch_size)
 
 
-def _content(text: str, counts: dict[str, int], where: str):
+def _content(text: str, counts: dict[str, int], where: str, keys: dict[str, str]):
     """Chat content parts: each kind ("image", "video") placed where the text has its `<image>`/`<video>`
-    markers, else all of that kind first. Markers of a kind the record has none of stay text."""
+    markers, else all of that kind first. Markers must match the record's items one to one: a marker with no
+    image (or video) to place, or a different number of each, is an error naming the record."""
+    for kind, n in counts.items():
+        markers = text.count(f"<{kind}>")
+        if markers and markers != n:
+            raise DataError(f"{where}: the prompt has {markers} <{kind}> markers but the record has {n} {kind}s "
+                            f"(in data.{kind}_key={keys[kind]!r})")
     if not any(counts.values()):
         return text
     kinds = [kind for kind, n in counts.items() if n]
-    for kind in kinds:
-        markers = text.count(f"<{kind}>")
-        if markers and markers != counts[kind]:
-            raise DataError(f"{where}: the prompt has {markers} <{kind}> markers but the record has "
-                            f"{counts[kind]} {kind}s")
     parts = [{"type": kind} for kind in kinds if f"<{kind}>" not in text for _ in range(counts[kind])]
     for piece in re.split("(" + "|".join(f"<{kind}>" for kind in kinds) + ")", text):
         if piece in {f"<{kind}>" for kind in kinds}:
@@ -161,4 +278,3 @@ def _content(text: str, counts: dict[str, int], where: str):
         elif piece:
             parts.append({"type": "text", "text": piece})
     return parts
-

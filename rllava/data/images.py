@@ -3,6 +3,13 @@
 Forms: a PIL image; a path (absolute, or relative to the data's base directory); raw bytes; a dict
 `{"bytes": ..., "path": ...}` (the `datasets` Image feature with decode=False, either entry may be None); a
 base64 string, bare or as a `data:image/...;base64,` URL. Every error names `where` (file, record, field).
+
+Every image comes out RGB (`to_rgb`): transparency composited on white as transformers' `convert_to_rgb` does,
+16-bit and 32-bit integer images scaled to 8 bits (PIL's own conversion clips them to white), CMYK, grayscale and
+palettes converted by PIL. Given `max_pixels`, a large JPEG is decoded at a reduced scale (`Image.draft`: 1/2 to
+1/8, never below the bound), so a 12000 x 12000 photo never sits in memory at full size; other formats decode
+whole, and anything PIL counts as a decompression bomb (over 2 x Image.MAX_IMAGE_PIXELS, ~179 M pixels) is a
+one-line error instead of PIL's exception.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ import io
 import math
 import os
 import re
+import warnings
 
+import numpy as np
 from PIL import Image
 
 from rllava.data.records import DataError
@@ -30,20 +39,21 @@ def normalize_image_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def load_image(obj, *, base_dir: str | None, where: str) -> Image.Image:
+def load_image(obj, *, base_dir: str | None, where: str, max_pixels: int | None = None) -> Image.Image:
     """An RGB image from any of the forms in the module docstring.
 
     `where` (e.g. "train.jsonl record 17, images[0]") goes into every error: missing file, undecodable
-    bytes or base64, truncated or corrupt image data, unsupported type."""
+    bytes or base64, truncated or corrupt image data, unsupported type, too many pixels. `max_pixels`
+    (data.max_pixels) lets a large JPEG decode at a reduced scale; the caller still resizes to the bound."""
     if isinstance(obj, Image.Image):
         img = obj
     elif isinstance(obj, (bytes, bytearray, memoryview)):
-        img = _open_bytes(bytes(obj), where)
+        img = _open_bytes(bytes(obj), where, max_pixels)
     elif isinstance(obj, dict):
         if obj.get("bytes"):
-            img = _open_bytes(bytes(obj["bytes"]), where)
+            img = _open_bytes(bytes(obj["bytes"]), where, max_pixels)
         elif obj.get("path"):
-            img = _open_path(obj["path"], base_dir, where)
+            img = _open_path(obj["path"], base_dir, where, max_pixels)
         else:
             raise DataError(f"{where}: image dict has neither 'bytes' nor 'path' (keys: {', '.join(obj)})")
     elif isinstance(obj, (str, os.PathLike)):
@@ -52,19 +62,48 @@ def load_image(obj, *, base_dir: str | None, where: str) -> Image.Image:
             header, _, payload = text.partition(",")
             if not header.startswith("data:image/") or not header.endswith(";base64"):
                 raise DataError(f"{where}: data URL {header[:40]!r}... is not a base64 image (data:image/...;base64,)")
-            img = _open_bytes(_decode_base64(payload, where), where)
+            img = _open_bytes(_decode_base64(payload, where), where, max_pixels)
         elif _is_base64_image(text, base_dir):
-            img = _open_bytes(_decode_base64(text, where), where)
+            img = _open_bytes(_decode_base64(text, where), where, max_pixels)
         else:
-            img = _open_path(text, base_dir, where)
+            img = _open_path(text, base_dir, where, max_pixels)
     else:
         raise DataError(f"{where}: unsupported image value of type {type(obj).__name__} (expected a path, bytes, "
                         "a {'bytes', 'path'} dict, a base64 string or a PIL image)")
     try:
         img.load()  # a lazily opened PIL image passed in decodes here, inside the try
-        return img if img.mode == "RGB" else img.convert("RGB")
+        size = stored_size(img)
+        img = to_rgb(img)
+        img.info["stored_size"] = size
+        return img
     except Exception as e:
         raise DataError(f"{where}: cannot decode the image ({type(e).__name__}: {e})") from e
+
+
+def stored_size(img: Image.Image) -> tuple[int, int]:
+    """(width, height) of the image as stored, also when it was decoded at a reduced (draft) scale."""
+    return img.info.get("stored_size", img.size)
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """`img` as RGB. Transparency (an alpha band, or a palette/RGB/L image's `transparency` entry) is
+    composited on white, as transformers' `convert_to_rgb`: a plain `convert("RGB")` drops the alpha and shows
+    whatever colour the transparent pixels hold (often all black). Integer images ("I;16*", "I") and float
+    images ("F") are scaled to 8 bits from the range their values use: 0..255 kept, else 0..65535."""
+    if img.mode == "RGB" and "transparency" not in img.info:
+        return img
+    if img.mode.startswith(("I", "F")):
+        arr = np.asarray(img, dtype=np.float64)
+        if img.mode == "F" and arr.size and np.nanmax(arr) <= 1.0:
+            arr = arr * 255  # a float image in 0..1
+        elif arr.size and arr.max() > 255:
+            arr = arr / 257  # 16-bit range: 65535 -> 255
+        return Image.fromarray(np.clip(np.nan_to_num(arr), 0, 255).round().astype(np.uint8), "L").convert("RGB")
+    if "A" in img.getbands() or img.info.get("transparency") is not None:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return img.convert("RGB")  # L, 1, P, CMYK, YCbCr, ...
 
 
 def resize_to_pixel_bounds(img: Image.Image, min_pixels: int | None, max_pixels: int | None) -> Image.Image:
@@ -86,27 +125,50 @@ def resize_to_pixel_bounds(img: Image.Image, min_pixels: int | None, max_pixels:
     return img.resize(size, Image.Resampling.BICUBIC)
 
 
-def _open_bytes(data: bytes, where: str) -> Image.Image:
+def _open_bytes(data: bytes, where: str, max_pixels: int | None = None) -> Image.Image:
     try:
-        img = Image.open(io.BytesIO(data))
-        img.load()  # decode now, so truncated or corrupt data fails here with `where` in the message
+        return _decode(io.BytesIO(data), max_pixels)  # decoded now: truncated data fails here, named
+    except DataError as e:
+        raise DataError(f"{where}: image bytes {e}") from e
     except Exception as e:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ValueError, ...
         raise DataError(f"{where}: cannot decode image bytes ({type(e).__name__}: {e})") from e
-    return img
 
 
-def _open_path(path: str, base_dir: str | None, where: str) -> Image.Image:
+def _open_path(path: str, base_dir: str | None, where: str, max_pixels: int | None = None) -> Image.Image:
     full = path if os.path.isabs(path) or base_dir is None else os.path.join(base_dir, path)
     if not os.path.isfile(full):
         shown = full if len(full) <= 200 else full[:200] + "..."
         hint = f" (relative paths resolve against {base_dir})" if base_dir and not os.path.isabs(path) else ""
         raise DataError(f"{where}: image file {shown!r} not found{hint}")
     try:
-        with Image.open(full) as img:
-            img.load()
-            return img.copy()  # detached from the file handle, which closes here
+        return _decode(full, max_pixels)
+    except DataError as e:
+        raise DataError(f"{where}: image {full!r} {e}") from e
     except Exception as e:
         raise DataError(f"{where}: cannot read image {full!r} ({type(e).__name__}: {e})") from e
+
+
+def _decode(source, max_pixels: int | None) -> Image.Image:
+    """The decoded image (detached from its file), a JPEG at the smallest draft scale that keeps it above
+    `max_pixels`. PIL's decompression-bomb error becomes a DataError saying the size (the caller names the file);
+    its warning (between 1 and 2 x MAX_IMAGE_PIXELS) is silenced: such an image is decoded, then bounded."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            img = Image.open(source)
+        except Image.DecompressionBombError as e:
+            size = re.search(r"\((\d+) pixels\)", str(e))
+            raise DataError(f"has {int(size.group(1)) if size else 'too many'} pixels, more than PIL decodes safely "
+                            f"({2 * Image.MAX_IMAGE_PIXELS}); shrink the image file") from e
+        with img:
+            w, h = img.size
+            if max_pixels and img.format == "JPEG" and w * h > max_pixels:
+                s = math.sqrt(max_pixels / (w * h))  # draft picks a scale >= the requested size
+                img.draft(img.mode if img.mode in ("RGB", "L") else None, (math.ceil(w * s), math.ceil(h * s)))
+            img.load()
+            out = img.copy()
+        out.info["stored_size"] = (w, h)
+        return out
 
 
 def _is_base64_image(text: str, base_dir: str | None) -> bool:

@@ -27,6 +27,12 @@ class Sample:
     target: str | None = None  # reference response text (SFT), if any
     videos: list[Any] = field(default_factory=list)  # rllava.data.video.Video: frames sampled and sized
     image_sizes: list[tuple[int, int]] = field(default_factory=list)  # (width, height) of each image as stored
+    source: str = ""  # the data spec the record came from (data.train_files / val_files), for error messages
+
+    @property
+    def where(self) -> str:
+        """"train.jsonl record 7": how errors about this sample name it."""
+        return f"{self.source} record {self.index}" if self.source else f"record {self.index}"
 
 
 @dataclass

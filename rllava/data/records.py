@@ -6,8 +6,8 @@ Accepted specs, each optionally with an `@split` suffix:
 - a hub-style dataset directory (`dir/data/train-00000-of-00001.parquet`, ...): `dir@train`;
 - a hub name, `hiyouga/math12k@train`, loaded by `datasets.load_dataset` (needs the hub or its cache).
 Without `@split`, a source with one split gives it and a source with several is an error listing them; a hub
-name defaults to `train`, as in EasyR1. Image columns stay as stored (paths, bytes or an `Image` feature):
-nothing is decoded until a record is read.
+name defaults to `train`, as in EasyR1. Image columns stay as stored (paths, bytes, or an `Image` feature read
+as {"bytes", "path"}): nothing is decoded until `rllava.data.images.load_image` decodes one record's images.
 """
 
 from __future__ import annotations
@@ -49,10 +49,23 @@ def load_records(spec: str, *, max_samples: int = -1) -> datasets.Dataset:
         raise DataError(f"{spec}: no such file or directory")  # a hub name is `name` or `org/name`
     else:
         ds = _load_hub(path, split, spec)
+    ds = _undecoded_images(ds)
     if max_samples >= 0:
         ds = ds.select(range(min(max_samples, len(ds))))
     if len(ds) == 0:
         raise DataError(f"{spec}: no records" + (f" (data.max_samples={max_samples})" if max_samples == 0 else ""))
+    return ds
+
+
+def _undecoded_images(ds: datasets.Dataset) -> datasets.Dataset:
+    """Image-feature columns (parquet, save_to_disk, hub sets) read as {"bytes", "path"} dicts, not PIL images:
+    `load_image` then decodes them with rllava's rules (a large JPEG at a reduced scale, a decompression bomb
+    as one line naming the record), and reading a record to count its images decodes nothing."""
+    for name, feature in ds.features.items():
+        if isinstance(feature, datasets.Image) and feature.decode:
+            ds = ds.cast_column(name, datasets.Image(decode=False))
+        elif isinstance(getattr(feature, "feature", None), datasets.Image) and feature.feature.decode:
+            ds = ds.cast_column(name, type(feature)(datasets.Image(decode=False)))
     return ds
 
 
@@ -62,6 +75,20 @@ def check_keys(ds: datasets.Dataset, spec: str, required: list[str]) -> None:
     if missing:
         raise DataError(f"{spec}: records have no field {', '.join(map(repr, missing))} (fields: "
                         f"{', '.join(ds.column_names)}); set data.prompt_key / data.answer_key / data.image_key")
+
+
+def check_values(ds: datasets.Dataset, spec: str, keys: dict[str, str]) -> None:
+    """Every record has a value (not missing, not null) in each field of `keys` ({config key: field}), or one
+    error naming the first record without one and the fields it has: a missing answer must not be scored
+    against None, nor a missing prompt sent as "None"."""
+    table = ds.with_format("arrow")  # whole columns without decoding a value (select()'s indices respected)
+    for config_key, name in keys.items():
+        nulls = table[name].is_null().to_pylist()
+        if True in nulls:
+            i = nulls.index(True)
+            fields = [k for k, v in ds[i].items() if v is not None]
+            raise DataError(f"{spec} record {i} has no {name!r} ({config_key}; its fields: {', '.join(fields)}): "
+                            "every record needs one")
 
 
 def base_dir(spec: str, image_dir: str | None = None) -> str | None:
@@ -93,18 +120,14 @@ def _load_file(path: str) -> datasets.Dataset:
 
 
 def _load_jsonl(path: str) -> datasets.Dataset:
-    try:
-        return datasets.Dataset.from_json(path)
-    except Exception as e:  # datasets reports a bad line as "an error occurred"; find it ourselves
-        n_records = _check_json_lines(path)
-        if n_records == 0:
-            raise DataError(f"{path}: no records") from e
-        raise DataError(f"{path}: cannot load it as JSON lines ({_reason(e)})") from e
+    if _count_json_lines(path) == 0:
+        raise DataError(f"{path}: no records")
+    return _typed_dataset(path, lambda: (record for _, record in _json_lines(path)))
 
 
-def _check_json_lines(path: str) -> int:
-    """Raise on the first line that is not one JSON object, naming it; else the number of records."""
-    n_records = 0
+def _json_lines(path: str):
+    """(line number, record) for every non-blank line; the first line that is not one JSON object is an error
+    naming it (datasets' own reader says only "an error occurred")."""
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -115,20 +138,22 @@ def _check_json_lines(path: str) -> int:
                 raise DataError(f"{path} line {n}: not valid JSON ({e.msg} at column {e.colno})") from e
             if not isinstance(record, dict):
                 raise DataError(f"{path} line {n}: expected a JSON object, got {type(record).__name__}")
-            n_records += 1
-    return n_records
+            yield n, record
+
+
+def _count_json_lines(path: str) -> int:
+    return sum(1 for _ in _json_lines(path))
 
 
 def _load_json(path: str) -> datasets.Dataset:
-    # Parsed once here for the shape and clear errors; `datasets` then builds the memory-mapped table.
+    # Parsed here for the shape and clear errors, then typed and written as a memory-mapped table.
     with open(path, encoding="utf-8") as f:
         try:
             data = json.load(f)
         except json.JSONDecodeError as e:
             raise DataError(f"{path} line {e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
-    field = None
     if isinstance(data, dict) and isinstance(data.get("data"), list):
-        data, field = data["data"], "data"
+        data = data["data"]
     if not isinstance(data, list):
         raise DataError(f'{path}: expected a list of objects or {{"data": [...]}}, got a {type(data).__name__}')
     for i, record in enumerate(data):
@@ -136,10 +161,65 @@ def _load_json(path: str) -> datasets.Dataset:
             raise DataError(f"{path}: item {i} is a {type(record).__name__}, expected a JSON object")
     if not data:
         raise DataError(f"{path}: no records")
+    return _typed_dataset(path, lambda: iter(data))
+
+
+# ---- JSON records keep their types ----
+# `datasets`/pyarrow give a column one type, so a JSON column mixing 3 and 3.5 reads back 3.0, one mixing "007"
+# and 3 reads back 7, and objects with different keys gain each other's keys as None. A column whose values
+# are all strings, all bools, all ints (int64) or all floats keeps its arrow type; any other column (lists,
+# objects, mixed types) is stored as JSON text and decoded when read (`with_json_columns`), so every value
+# reaches the dataset, and the reward, exactly as written. Parquet and save_to_disk data carry a schema of their
+# own: their values come back as stored.
+
+_NATIVE = {str: "string", bool: "bool", int: "int64", float: "float64"}
+
+
+def _kind(value) -> str:
+    if type(value) is int and not -2**63 <= value < 2**63:
+        return "json"
+    return _NATIVE.get(type(value), "json")
+
+
+def _typed_dataset(path: str, records) -> datasets.Dataset:
+    """Records from `records()` (called twice: one pass to type each column, one to write) as a memory-mapped
+    Dataset whose values read back as written (see above)."""
+    kinds: dict[str, set[str]] = {}
+    for record in records():
+        for key, value in record.items():
+            kinds.setdefault(key, set()).update([] if value is None else [_kind(value)])
+    native = {k: next(iter(v)) for k, v in kinds.items() if len(v) == 1 and "json" not in v}
+    as_json = [k for k in kinds if k not in native]
+    features = datasets.Features({k: datasets.Value(native.get(k, "string")) for k in kinds})
+
+    def rows(path, stamp):  # path and stamp (size, mtime) make the cache key: an edited file is read again
+        for record in records():
+            yield {k: (json.dumps(record[k]) if k in as_json and record.get(k) is not None else record.get(k))
+                   for k in kinds}
+
+    stat = os.stat(path)
     try:
-        return datasets.Dataset.from_json(path, field=field)
+        ds = datasets.Dataset.from_generator(rows, features=features,
+                                             gen_kwargs={"path": os.path.abspath(path),
+                                                         "stamp": (stat.st_size, stat.st_mtime_ns)})
     except Exception as e:
         raise DataError(f"{path}: cannot load it as a table ({_reason(e)})") from e
+    return with_json_columns(ds, as_json)
+
+
+def with_json_columns(ds: datasets.Dataset, columns: list[str]) -> datasets.Dataset:
+    """`ds` reading the JSON-text `columns` back as the values they encode (a format transform, kept by
+    `select`)."""
+    if not columns:
+        return ds
+    columns = list(columns)
+
+    def decode(batch: dict) -> dict:
+        return {k: ([None if v is None else json.loads(v) for v in vs] if k in columns else vs)
+                for k, vs in batch.items()}
+
+    ds.set_transform(decode)
+    return ds
 
 
 def _load_dir(path: str) -> datasets.Dataset | datasets.DatasetDict:

@@ -8,6 +8,13 @@ processor class (same image-token logic, no video processor); `load_processor` p
 2. a standard processor (a real checkpoint) -> `AutoProcessor`; if that fails only because torchvision is
    missing, the image-only subclass is built from the checkpoint's own image processor and tokenizer;
 3. a text-only checkpoint -> its tokenizer.
+
+On save, the image-only processor writes what the model's standard processor writes (`processor_class`
+Qwen2VLProcessor / Qwen2_5_VLProcessor / Qwen3VLProcessor in processor_config.json, preprocessor_config.json and
+tokenizer_config.json, plus a `video_processor` entry): plain `transformers` with torchvision loads the standard
+processor from it (`AutoProcessor.from_pretrained`), and rllava without torchvision loads it by case 2. The video
+processor entry is the source checkpoint's own when it had one, else built from the image processor's patch
+geometry and normalization (the video processor class's defaults for the rest).
 """
 
 from __future__ import annotations
@@ -23,6 +30,14 @@ def _base_processor_class(arch: str):
     from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen3VLProcessor
 
     return {"qwen2_vl": Qwen2VLProcessor, "qwen2_5_vl": Qwen2_5_VLProcessor, "qwen3_vl": Qwen3VLProcessor}[arch]
+
+
+# transformers' video processor for each model (torchvision-backed; named in the export, never imported here).
+VIDEO_PROCESSOR_CLASSES = {"qwen2_vl": "Qwen2VLVideoProcessor", "qwen2_5_vl": "Qwen2VLVideoProcessor",
+                           "qwen3_vl": "Qwen3VLVideoProcessor"}
+# Image processor settings a video processor shares (the vision tower's patch geometry and normalization).
+_SHARED_WITH_VIDEO = ("patch_size", "temporal_patch_size", "merge_size", "image_mean", "image_std", "do_rescale",
+                      "rescale_factor", "do_normalize", "do_convert_rgb", "resample")
 
 
 @cache
@@ -42,14 +57,52 @@ def image_only_processor_class(arch: str):
 
         return PilVideoProcessor(self.image_processor)
 
+    def video_processor_dict(self) -> dict:
+        """The standard processor's `video_processor` entry: the source checkpoint's (`source_video_processor`,
+        set by `load_processor`) or one from the image processor's shared settings."""
+        if getattr(self, "source_video_processor", None):
+            return dict(self.source_video_processor)
+        image = self.image_processor.to_dict()
+        return {"video_processor_type": VIDEO_PROCESSOR_CLASSES[arch],
+                **{k: image[k] for k in _SHARED_WITH_VIDEO if k in image}}
+
+    def to_dict(self) -> dict:
+        # processor_config.json as the standard processor writes it: its class name, and a video processor.
+        out = base.to_dict(self)
+        out.pop("source_video_processor", None)
+        return {**out, "video_processor": self.video_processor_dict(), "processor_class": base.__name__}
+
+    def save_pretrained(self, save_directory, **kwargs):
+        files = base.save_pretrained(self, save_directory, **kwargs)
+        _name_processor_class(os.path.join(save_directory, "tokenizer_config.json"), base.__name__)
+        # transformers 4.x (and tools reading the older layout) take the image processor from here.
+        image = {**self.image_processor.to_dict(), "processor_class": base.__name__}
+        with open(os.path.join(save_directory, "preprocessor_config.json"), "w") as f:
+            json.dump(image, f, indent=2, sort_keys=True)
+        return files
+
     name = base.__name__.replace("Processor", "ImageOnlyProcessor")
     return type(name, (base,), {"__init__": __init__, "__module__": __name__,
-                                "video_processor": property(video_processor)})
+                                "video_processor": property(video_processor),
+                                "video_processor_dict": video_processor_dict, "to_dict": to_dict,
+                                "save_pretrained": save_pretrained})
+
+
+def _name_processor_class(path: str, name: str) -> None:
+    """Set `processor_class` in a saved json file (tokenizer_config.json names the processor that saved it)."""
+    config = _read_json(path)
+    if config.get("processor_class") and config["processor_class"] != name:
+        config["processor_class"] = name
+        with open(path, "w") as f:
+            json.dump(config, f, indent=2, ensure_ascii=False)
 
 
 IMAGE_ONLY_CLASSES = {image_only_name: arch for arch, image_only_name in [
     ("qwen2_vl", "Qwen2VLImageOnlyProcessor"), ("qwen2_5_vl", "Qwen2_5_VLImageOnlyProcessor"),
     ("qwen3_vl", "Qwen3VLImageOnlyProcessor")]}
+
+
+STANDARD_CLASSES = {"Qwen2VLProcessor": "qwen2_vl", "Qwen2_5_VLProcessor": "qwen2_5_vl", "Qwen3VLProcessor": "qwen3_vl"}
 
 
 def _read_json(path: str) -> dict:
@@ -61,10 +114,12 @@ def _read_json(path: str) -> dict:
 
 def load_processor(path: str, trust_remote_code: bool = False):
     """Processor (or tokenizer for text-only models) for the checkpoint directory `path`."""
-    processor_class = _read_json(os.path.join(path, "processor_config.json")).get("processor_class")
-    if processor_class in IMAGE_ONLY_CLASSES:
+    processor_config = _read_json(os.path.join(path, "processor_config.json"))
+    processor_class = processor_config.get("processor_class")
+    if processor_class in IMAGE_ONLY_CLASSES:  # saved by an rllava before the export named the standard class
         return image_only_processor_class(IMAGE_ONLY_CLASSES[processor_class]).from_pretrained(path)
-    model_type = _read_json(os.path.join(path, "config.json")).get("model_type")
+    model_type = (_read_json(os.path.join(path, "config.json")).get("model_type")
+                  or STANDARD_CLASSES.get(processor_class))  # a processor saved without its model's config
     try:
         processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (ImportError, AttributeError, ValueError) as e:
@@ -72,8 +127,11 @@ def load_processor(path: str, trust_remote_code: bool = False):
             raise
         image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        return image_only_processor_class(model_type)(image_processor=image_processor, tokenizer=tokenizer,
-                                                      chat_template=tokenizer.chat_template)
+        processor = image_only_processor_class(model_type)(image_processor=image_processor, tokenizer=tokenizer,
+                                                           chat_template=tokenizer.chat_template)
+        # kept for the export: the checkpoint's own video settings (nested, or in video_preprocessor_config.json)
+        processor.source_video_processor = (processor_config.get("video_processor")
+                                            or _read_json(os.path.join(path, "video_preprocessor_config.json")))
     return processor
 
 

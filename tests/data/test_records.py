@@ -93,9 +93,14 @@ def test_image_feature_column_from_parquet_stays_lazy_and_loads(tmp_path):
     ds.to_parquet(str(tmp_path / "img.parquet"))
     records = load_records(str(tmp_path / "img.parquet"))
     assert isinstance(records.features["images"].feature, datasets.Image)  # kept as the Image feature
+    assert set(records[0]["images"][0]) == {"bytes", "path"}  # undecoded: load_image decodes it by rllava's rules
     img = load_image(records[0]["images"][0], base_dir=None, where="img.parquet record 0, images[0]")
     assert img.size == (6, 4) and img.mode == "RGB" and img.getpixel((0, 0)) == (255, 0, 0)
-    raw = records.cast_column("images", datasets.Sequence(datasets.Image(decode=False)))[0]["images"][0]
+    single = datasets.Dataset.from_dict({"problem": ["q"], "image": [{"bytes": buf.getvalue(), "path": None}]},
+                                        features=datasets.Features({"problem": datasets.Value("string"),
+                                                                    "image": datasets.Image()}))
+    single.save_to_disk(str(tmp_path / "saved"))
+    raw = load_records(str(tmp_path / "saved"))[0]["image"]
     assert set(raw) == {"bytes", "path"} and load_image(raw, base_dir=None, where="x").size == (6, 4)
 
 
@@ -200,3 +205,39 @@ def test_unknown_hub_name_offline(monkeypatch):
     assert msg.startswith("rllava-tests/no-such-dataset@train: not found locally")
     assert "could not be loaded from the Hugging Face hub" in msg and "\n" not in msg
     assert isinstance(e.value, ValueError)
+
+
+# ---- values reach the reward as written (datasets alone gives a column one type: 3.0, 7, ...) ----
+
+@pytest.mark.parametrize("answers", [[3, 3.5], ["3", "007", 3], ["3", "007"], [3, [1, 2], {"x": 1}, None, True],
+                                     [{"a": 1}, {"b": 2}], [[1, 2.5], ["x"]], [2**70, 1]])
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_json_values_keep_their_types(tmp_path, answers, suffix):
+    rows = [{"problem": f"q{i}", "answer": a} for i, a in enumerate(answers)]
+    path = tmp_path / f"train{suffix}"
+    if suffix == ".jsonl":
+        write_jsonl(path, rows)
+    else:
+        path.write_text(json.dumps(rows))
+    ds = load_records(str(path))
+    got = [ds[i]["answer"] for i in range(len(ds))]
+    assert got == answers and [type(a) for a in got] == [type(a) for a in answers]
+    assert list(ds["answer"]) == answers
+    assert [r["answer"] for r in ds.select([len(ds) - 1])] == answers[-1:]  # select keeps the decoding
+    assert load_records(str(path), max_samples=1)[0]["answer"] == answers[0]
+
+
+def test_uniform_columns_keep_their_arrow_type(tmp_path):
+    rows = [{"problem": "a", "answer": "3", "n": 1, "x": 0.5, "ok": True, "images": ["a.png"]},
+            {"problem": "b", "answer": "007", "n": 2, "x": 1.0, "ok": False, "images": ["b.png", "c.png"]}]
+    ds = load_records(write_jsonl(tmp_path / "train.jsonl", rows))
+    assert {k: ds.features[k].dtype for k in ("answer", "n", "x", "ok")} == \
+        {"answer": "string", "n": "int64", "x": "float64", "ok": "bool"}
+    assert [ds[i] for i in range(2)] == rows
+
+
+def test_an_edited_file_is_read_again(tmp_path):
+    spec = write_jsonl(tmp_path / "train.jsonl", ROWS)
+    assert load_records(spec)[0]["answer"] == "2"
+    write_jsonl(tmp_path / "train.jsonl", [{"problem": "1+1?", "answer": "two"}])
+    assert load_records(spec)[0]["answer"] == "two"

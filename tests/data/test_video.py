@@ -131,14 +131,14 @@ def test_records_with_videos_both_forms(tmp_path, clip, processor):
         {"problem": "What changes?", "answer": "1", "videos": ["clip.mp4"]},
         {"problem": "Compare <video> with <video>.", "answer": "2", "videos": [frames, "clip.mp4"]},
         {"problem": "<image> then <video>", "answer": "3", "videos": "clip.mp4", "images": ["f1.png"]},
-        {"problem": "text only <video>", "answer": "4", "videos": None},
+        {"problem": "text only", "answer": "4", "videos": None},  # a <video> marker here would be an error
     ])
     ds = PromptDataset(path, _cfg(video_fps=1.0, video_min_pixels=28 * 28, video_max_pixels=28 * 28), processor)
     s = [ds[i] for i in range(4)]
     assert s[0].messages[0]["content"] == [{"type": "video"}, {"type": "text", "text": "What changes?"}]
     assert [p["type"] for p in s[1].messages[0]["content"]] == ["text", "video", "text", "video", "text"]
     assert [p["type"] for p in s[2].messages[0]["content"]] == ["image", "text", "video"]
-    assert s[3].messages[0]["content"] == "text only <video>" and s[3].videos == []
+    assert s[3].messages[0]["content"] == "text only" and s[3].videos == []
     assert [len(v.frames) for v in s[1].videos] == [4, 2]  # a list of 4 frames; 3 s at 1 fps -> 3 -> 2
     assert s[1].videos[0].frames[0].size == (28, 28)  # video_max_pixels, not max_pixels
     assert len(s[2].images) == 1 and "videos" not in s[0].extra

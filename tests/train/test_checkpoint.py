@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
-from transformers import AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoModelForImageTextToText, AutoTokenizer
 
 from rllava import export as X
 from rllava.data.sampler import EpochSampler
@@ -156,10 +156,14 @@ def test_save_limit_model_only_and_bad_input(tmp_path, tiny_model_dir, counting_
 
 
 def _generates(path):
-    """A save_pretrained directory loads with transformers alone and generates from an image prompt."""
+    """A save_pretrained directory loads and generates from an image prompt. The processor is the standard one
+    (tests/model/test_loader.py loads it with transformers and torchvision), here through rllava's
+    `load_processor`, as without torchvision `AutoProcessor` cannot build it."""
     from PIL import Image
 
-    model, processor = AutoModelForImageTextToText.from_pretrained(path), AutoProcessor.from_pretrained(path)
+    from rllava.model.processor import load_processor
+
+    model, processor = AutoModelForImageTextToText.from_pretrained(path), load_processor(path)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     inputs = processor(text=[text], images=[Image.new("RGB", (56, 56), "red")], return_tensors="pt")
@@ -172,7 +176,7 @@ def _generates(path):
 def test_hf_export_every_save_and_after_the_fact(tmp_path, tiny_model_dir, counting_dir, distinct_reward, lora):
     """save_contents=[.., hf_model]: each checkpoint holds a save_pretrained copy (LoRA merged, the run's chat
     template included); `python -m rllava.export` rebuilds the same from a checkpoint without one."""
-    template = AutoProcessor.from_pretrained(tiny_model_dir).chat_template + "{# rllava export test #}"
+    template = AutoTokenizer.from_pretrained(tiny_model_dir).chat_template + "{# rllava export test #}"
     out = str(tmp_path / "run")
     lora_args = ["actor.model.use_peft=true", "actor.model.lora_r=4", "actor.model.lora_alpha=16",
                  "actor.optim.lr=1e-2"] if lora else []
