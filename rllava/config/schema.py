@@ -14,6 +14,8 @@ The file is long because it mirrors all ~220 of RLLaVA's keys, one commented lin
 from __future__ import annotations
 
 import difflib
+import math
+import os
 import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Optional
@@ -23,7 +25,8 @@ from rllava.errors import ConfigError
 
 # Names accepted by the validators below. Method names (adv_estimator, policy_loss.loss_mode) are not listed
 # here: their registries own them and reject unknown names when the pipeline is built.
-ACTOR_STRATEGIES = ["single", "fsdp", "fsdp2", "deepspeed"]  # RLLaVA's `fsdp` runs the FSDP2 engine
+# RLLaVA's `fsdp` runs the FSDP2 engine; `auto` = `single` in one process, `fsdp2` under torchrun (WORLD_SIZE > 1)
+ACTOR_STRATEGIES = ["auto", "single", "fsdp", "fsdp2", "deepspeed"]
 ACTOR_STRATEGIES_PLANNED: list[str] = []
 ROLLOUT_ENGINES = ["hf", "vllm", "sglang"]  # vllm / sglang: optional extras, pip install "rllava[vllm]"
 ROLLOUT_ENGINES_PLANNED: list[str] = []
@@ -36,6 +39,7 @@ LR_SCHEDULERS = ["constant", "linear", "cosine", "constant_with_warmup"]  # tran
 TORCH_DTYPES = ["float32", "bfloat16", "float16"]
 CHECKPOINT_CONTENTS = ["model", "optimizer", "extra", "hf_model"]
 DEVICES = ["auto", "cpu", "cuda"]
+OPTIMIZERS = ["adamw"]  # actor/critic.optim.strategy: what rllava/train/builders.py builds
 
 
 def _choice(problems: list[str], key: str, value: Any, choices: list, hint: str = "") -> None:
@@ -106,7 +110,7 @@ class DataConfig:
     seed: int = 1  # data-order RNG seed
     min_pixels: Optional[int] = 3136  # images are resized to at least this many pixels
     max_pixels: Optional[int] = 4194304  # images are resized to at most this many pixels
-    num_workers: int = 8  # DataLoader worker processes
+    num_workers: int = 0  # rllava default (RLLaVA: 8): prompts are encoded in the training process; > 0 warns
     filter_overlong_prompts: bool = True  # drop records whose prompt exceeds max_prompt_length
     filter_overlong_prompts_workers: int = 16  # processes used for that filtering
     dataset_class: Optional[str] = None  # custom dataset "path/file.py:Class"; None = built-in
@@ -154,8 +158,7 @@ class AlgorithmConfig:
     lam: float = 1.0  # GAE lambda
     adv_estimator: str = "grpo"  # advantage estimator, by registered name (gae, grpo, rloo, ...)
     norm_adv_by_std_in_grpo: bool = True  # False gives Dr.GRPO's advantage
-    # rllava default False (RLLaVA: True): no reference model is built unless asked for.
-    use_kl_loss: bool = False  # add actor.kl_loss_coef * KL(policy || ref) to the actor loss
+    use_kl_loss: bool = True  # add actor.kl_loss_coef * KL(policy || ref) to the actor loss (builds a reference)
     kl_penalty: str = "kl"  # KL estimator used in the reward: kl|k1|abs|mse|k2|low_var_kl|k3|full
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     use_kl_in_reward: bool = False  # subtract a KL penalty from the token rewards
@@ -265,6 +268,9 @@ class OptimConfig:
     def check(self, prefix: str) -> list[str]:
         p: list[str] = []
         _positive(p, f"{prefix}.lr", self.lr)
+        if not math.isfinite(self.lr):
+            p.append(f"{prefix}.lr={self.lr} must be a finite number, e.g. 1e-6")
+        _choice(p, f"{prefix}.strategy", self.strategy, OPTIMIZERS)
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             p.append(f"{prefix}.betas={self.betas} must be two numbers in [0, 1), e.g. [0.9,0.999]")
         if self.weight_decay < 0:
@@ -340,7 +346,7 @@ class CheckpointConfig:
 
 @dataclass
 class ActorConfig:
-    strategy: str = "single"  # rllava: single (RLLaVA: fsdp2) | fsdp/fsdp2 | deepspeed (docs/engines.md)
+    strategy: str = "auto"  # auto (one process: single; torchrun: fsdp2) | single | fsdp/fsdp2 | deepspeed (docs/engines.md)
     ppo_mini_batch_size: int = 256  # prompts per optimizer step (x rollout.n responses)
     ppo_micro_batch_size: int = 4  # sequences per forward/backward (gradient accumulation unit)
     log_prob_micro_batch_size: int = 16  # sequences per forward when computing old log-probs
@@ -354,7 +360,7 @@ class ActorConfig:
     logprob_chunk_size: int = 512  # rllava: trained tokens per LM-head chunk; 0 or -1 = all at once (full logits)
     max_grad_norm: float = 1.0  # clip the gradient norm to this
     skip_grad_norm: float = 80.0  # skip the optimizer step when the pre-clip grad norm exceeds this
-    clip_ratio: float = 0.2  # PPO clip epsilon (symmetric)
+    clip_ratio: float = 0.2  # symmetric clip epsilon: drives clip_ratio_low/high where those are left at 0.2
     clip_ratio_low: float = 0.2  # lower clip epsilon (DAPO clip-higher uses low != high)
     clip_ratio_high: float = 0.2  # upper clip epsilon
     clip_ratio_c: float = 3.0  # dual-clip constant C, applied where advantage < 0
@@ -363,7 +369,7 @@ class ActorConfig:
     entropy_coeff: float = 0.0  # entropy bonus coefficient
     tis_imp_ratio_cap: float = -1.0  # truncated importance sampling cap (rollout vs train); -1 = off
     ppo_epochs: int = 1  # passes over each rollout batch
-    use_torch_compile: bool = True  # torch.compile hot functions where supported
+    use_torch_compile: bool = False  # rllava default (RLLaVA: True): rllava runs eager; true warns at start-up
     model: ModelConfig = field(default_factory=ModelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -433,7 +439,7 @@ class RefConfig:  # rllava section: the frozen reference policy, built only when
 
 @dataclass
 class CriticConfig:  # PPO value model: the backbone of critic.model.model_path (default: the actor's) + a value head
-    strategy: str = "single"  # training strategy (rllava default; RLLaVA: fsdp2)
+    strategy: str = "auto"  # training strategy, as actor.strategy (auto: single, or fsdp2 under torchrun)
     ppo_mini_batch_size: int = 256  # prompts per critic optimizer step
     ppo_micro_batch_size: int = 4  # sequences per critic forward/backward
     log_prob_micro_batch_size: int = 16  # sequences per forward when computing values
@@ -535,12 +541,17 @@ class RolloutConfig:
             p.append(f"{prefix}.top_k={self.top_k} must be > 0, or -1 to turn top-k off")
         if self.limit_images < 0:
             p.append(f"{prefix}.limit_images={self.limit_images} must be >= 0 (0 = no limit)")
-        own = [f.name for f in fields(self)]
-        for key in self.val_override_config:
-            if key not in own:
-                close = difflib.get_close_matches(str(key), own, n=1)
+        sampling = ["n", "temperature", "top_p", "top_k"]  # what validation sampling reads (builders.sampling_params)
+        for key, value in self.val_override_config.items():
+            if key not in sampling:
+                close = difflib.get_close_matches(str(key), sampling, n=1)
                 hint = f"; did you mean {prefix}.val_override_config.{close[0]}?" if close else ""
-                p.append(f"{prefix}.val_override_config.{key} is not a {prefix} key{hint}")
+                p.append(f"{prefix}.val_override_config.{key} is not a sampling key ({', '.join(sampling)}){hint}")
+            elif not isinstance(value, (int, float)) or isinstance(value, bool):
+                p.append(f"{prefix}.val_override_config.{key}={_show(value)} must be a number")
+            else:  # the same rules as the training values
+                p += [q.replace(f"{prefix}.{key}=", f"{prefix}.val_override_config.{key}=")
+                      for q in RolloutConfig(**{key: value}).check(prefix) if q.startswith(f"{prefix}.{key}=")]
         return p
 
 
@@ -647,6 +658,38 @@ NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("algorithm.prefix_strategy", lambda v: v != "none", "none"),
     ("algorithm.hint_steps", lambda v: v > 0, "0"),
     ("data.dataset_class", lambda v: v is not None, "null"),
+    # multi-turn agents (rollout drivers beside roles/rollout.py): not built yet
+    ("rollout.max_turns", lambda v: v != 10, "10"),
+    ("rollout.discount", lambda v: v != 0.9, "0.9"),
+    ("rollout.tool_config_path", lambda v: v is not None, "null"),
+    ("rollout.env_config_path", lambda v: v is not None, "null"),
+    ("rollout.partial_rollout", lambda v: v, "false"),
+    ("rollout.ignore_eos", lambda v: v, "false"),
+    # hybrid SFT+RL losses (LUFFY, SRFT, HPT, CHORD): not built yet
+    *[(f"actor.{name}", (lambda d: lambda v: v != d)(default), _show(default)) for name, default in (
+        ("off_policy_reshape", "no_reshape"), ("off_policy_reshape_weight", 0.1), ("off_policy_reshape_pow_exp", 0.5),
+        ("off_policy_cliprange", 0.2), ("off_policy_normalize", False), ("off_policy_max_clip", -1),
+        ("off_policy_min_clip", -1), ("all_max_clip", -1), ("on_policy_reshape", "no_reshape"),
+        ("on_policy_reshape_weight", 0.1), ("on_policy_reshape_pow_exp", 0.5), ("srft_type", "paper"),
+        ("hpt_hint_loss_coef", 0.0), ("sft_loss_coef", 1.0), ("clip_upper_bound", 1.0))],
+    # the hybrid strategies' schedules (read only with unify_strategy / prefix_strategy, themselves not built yet)
+    *[(f"algorithm.{name}", (lambda d: lambda v: v != d)(default), _show(default)) for name, default in (
+        ("switch_gate", 0), ("success_reward_threshold", 1.0), ("min_prefix_ratio", 0.0), ("max_prefix_ratio", 1.0),
+        ("n_prefix", -1), ("prefix_share_across_samples", False), ("hint_min_ratio", 0.0), ("hint_max_ratio", 1.0))],
+    # FSDP layouts rllava does not build: it shards each decoder layer (the model's _no_split_modules) over all ranks
+    ("actor.fsdp.ulysses_size", lambda v: v > 1, "1"),
+    ("actor.fsdp.fsdp_size", lambda v: v != -1, "-1"),
+    ("actor.fsdp.wrap_policy", lambda v: bool(v), "{}"),
+]
+# Keys with a better home in rllava: (key, is_set, the key to set instead).
+MOVED_KEYS: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("actor.fsdp.torch_dtype", lambda v: v is not None, "actor.model.torch_dtype"),
+]
+# Keys that only tune an engine rllava does not run here: accepted with a one-line warning when set.
+TUNING_KEYS: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("actor.use_torch_compile", lambda v: v, "rllava runs eager (torch.compile is not used)"),
+    ("actor.fsdp.forward_prefetch", lambda v: v, "FSDP2 already prefetches the next layer's all-gather"),
+    ("data.num_workers", lambda v: v > 0, "prompts are encoded in the training process, one at a time"),
 ]
 
 # RLLaVA copies these values into rollout.* in post_init; rllava keeps one owner per value.
@@ -679,6 +722,9 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def __post_init__(self) -> None:
+        for section in (self.actor, self.critic):  # `auto`: what works where the config is loaded
+            if section is not None and section.strategy == "auto":
+                section.strategy = "fsdp2" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "single"
         self.validate()
 
     def validate(self) -> None:
@@ -697,6 +743,9 @@ class PPOConfig:
         ignored = self.actor.ignored_keys("actor")
         if ignored:
             warnings.warn(f"{', '.join(ignored)} ignored: actor.strategy={self.actor.strategy}", stacklevel=2)
+        for key, is_set, why in TUNING_KEYS:
+            if is_set(get_key(self, key)):
+                warnings.warn(f"{key}={_show(get_key(self, key))} ignored: {why}", stacklevel=2)
 
     def _derived_problems(self) -> list[str]:
         p = []
@@ -714,4 +763,15 @@ class PPOConfig:
             value = get_key(self, key)
             if is_on(value):
                 p.append(f"{key}={_show(value)} is not available yet in rllava; set {key}={off}")
+        for key, is_set, instead in MOVED_KEYS:
+            if is_set(get_key(self, key)):
+                p.append(f"{key}={_show(get_key(self, key))} is not read in rllava; set {instead} instead")
+        # reward models (a sequence-classification scorer or a judge) are not built yet: rule rewards only
+        changed = [f.name for f in fields(ModelConfig) if getattr(self.reward.model, f.name) != getattr(ModelConfig(), f.name)]
+        if changed:
+            p.append(f"reward.model.{changed[0]} is set, but reward models are not available yet in rllava; "
+                     "score with reward.reward_function=path/file.py:fn and leave reward.model.* unset")
+        if self.critic is not None and self.critic.model.ulysses_size > 1:
+            p.append(f"critic.model.ulysses_size={self.critic.model.ulysses_size} is not available yet in rllava; "
+                     "set critic.model.ulysses_size=1")
         return p

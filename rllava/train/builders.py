@@ -48,7 +48,9 @@ def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
     random.seed(cfg.trainer.seed)  # the same on every rank: models (LoRA, value heads) start identical
     np.random.seed(cfg.trainer.seed)
     torch.manual_seed(cfg.trainer.seed)
-    device = D.init(cfg.trainer.device)  # joins the process group under torchrun
+    # FSDP2 needs a process group even in one process (DeepSpeed makes its own)
+    sharded = "fsdp" in cfg.actor.strategy or (cfg.critic is not None and "fsdp" in cfg.critic.strategy)
+    device = D.init(cfg.trainer.device, sharded)  # joins the process group under torchrun (or a group of one)
     outputs_dir = run_outputs_dir(cfg)
     if D.is_main():
         os.makedirs(outputs_dir, exist_ok=True)
@@ -192,8 +194,6 @@ def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm
     """The train engine for `strategy` around `model`, with AdamW over the trainable parameters and the LR
     schedule (`o` = an optim config); `fsdp` (a FSDPConfig) carries the sharding and CPU-offload switches,
     `deepspeed` (a DeepSpeedConfig) the ZeRO ones."""
-    if o.strategy != "adamw":
-        raise ConfigError(f"{key}.strategy={o.strategy!r} is not supported (supported: adamw)")
     warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * updates)
     offload = dict(offload_params=fsdp.offload_params, offload_optimizer=fsdp.offload_optimizer,
                    cpu_optimizer=fsdp.enable_cpu_offload)

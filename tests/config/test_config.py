@@ -16,7 +16,7 @@ from rllava.config import (
     config_to_yaml,
     load_config,
 )
-from rllava.config.schema import NOT_BUILT_YET
+from rllava.config.schema import NOT_BUILT_YET, PPOConfig, get_key
 
 # RLLaVA's examples/config.yaml (snapshot 4753d4a), verbatim.
 EXAMPLE_YAML = """\
@@ -127,14 +127,14 @@ rollout.{name:vllm, n:1, temperature:1.0, top_p:1.0, top_k:-1, tensor_parallel_s
 rollout.vllm.{model:'', seed:1, skip_tokenizer_init:False, load_format:auto, dtype:float16, pipeline_parallel_size:1, max_model_len:None, gpu_memory_utilization:0.9, max_num_batched_tokens:8192, disable_log_stats:True, enforce_eager:True, enable_chunked_prefill:False, distributed_executor_backend:None, tokenizer:None, chat_template:None}
 rollout.sglang.{dtype:bfloat16, mem_fraction_static:0.6, tp_size:1, skip_server_warmup:False}
 """
-RLLAVA_CRITIC = {"strategy": "single",  # rllava default, as for actor.strategy
+RLLAVA_CRITIC = {"strategy": "auto",  # rllava default, as for actor.strategy (resolved when loaded)
                  "ppo_mini_batch_size": 256, "ppo_micro_batch_size": 4,
                  "log_prob_micro_batch_size": 16, "max_grad_norm": 1.0, "cliprange_value": 0.5,
                  "loss_avg_mode": "token", "ppo_epochs": 1}
 
 # Where rllava's default deliberately differs from RLLaVA's (each is explained in schema.py).
 RLLAVA_DIFFERENCES = {
-    "actor.strategy": "single",
+    "actor.strategy": "single",  # `auto` resolves to single in one process (fsdp2 under torchrun)
     "rollout.name": "hf",
     "actor.model.attn_implementation": "sdpa",
     "actor.model.enable_gradient_checkpointing": False,
@@ -143,7 +143,8 @@ RLLAVA_DIFFERENCES = {
     "actor.model.trust_remote_code": False,
     "reward.reward_type": "auto",
     "trainer.logger": ["console", "jsonl"],
-    "algorithm.use_kl_loss": False,
+    "data.num_workers": 0,  # prompts are encoded in the training process; > 0 warns
+    "actor.use_torch_compile": False,  # rllava runs eager; true warns
 }
 
 
@@ -394,7 +395,8 @@ def test_dict_fields_accept_any_sub_keys(tmp_path):
 def test_val_override_config_keys_must_be_rollout_keys():
     with pytest.raises(ConfigError) as err:
         load_config(["rollout.val_override_config.temprature=0"])
-    assert str(err.value) == ("rollout.val_override_config.temprature is not a rollout key; "
+    assert str(err.value) == ("rollout.val_override_config.temprature is not a sampling key (n, temperature, "
+                              "top_p, top_k); "
                               "did you mean rollout.val_override_config.temperature?")
 
 
@@ -469,8 +471,23 @@ def test_rollout_engines_are_accepted(arg, name):
     assert _load_quiet([arg]).rollout.name == name
 
 
-def test_not_built_yet_list_is_checked_by_the_tests_above():
-    assert len(NOT_BUILT_YET) == 11  # one parametrized case above per entry
+@pytest.mark.parametrize("key, is_on, off", NOT_BUILT_YET, ids=[k for k, _, _ in NOT_BUILT_YET])
+def test_every_not_built_yet_key_is_a_start_up_error(key, is_on, off):
+    from test_schema_walk import candidates  # tests/config is on the path (rootdir imports)
+
+    default = get_key(PPOConfig(), key)
+    errors = [_load_or_error([f"{key}={v}"]) for v in candidates(key, default)]
+    assert any(e is not None and f"{key}=" in e and "not available yet" in e for e in errors), errors
+
+
+def _load_or_error(args):
+    """The start-up error's text, or None when the config loads."""
+    try:
+        _load_quiet(args)
+    except ConfigError as e:
+        return str(e)
+    return None
+
 
 
 def test_critic_null_loads(tmp_path):
@@ -481,7 +498,7 @@ def test_critic_null_loads(tmp_path):
 def test_unknown_strategy_lists_choices():
     with pytest.raises(ConfigError) as err:
         load_config(["actor.strategy=singel"])
-    assert str(err.value) == ("actor.strategy=singel is not one of: single, fsdp, fsdp2, deepspeed; "
+    assert str(err.value) == ("actor.strategy=singel is not one of: auto, single, fsdp, fsdp2, deepspeed; "
                               "did you mean actor.strategy=single?")
 
 
@@ -587,3 +604,40 @@ def test_bare_key_on_the_command_line_is_the_empty_string_for_string_keys():
     assert _load_quiet(["data.val_files=", "data.train_files=x.jsonl"]).data.val_files == ""
     with pytest.raises(ConfigError, match="'actor.ppo_epochs' expects int, got None"):
         _load_quiet(["actor.ppo_epochs="])
+
+
+@pytest.mark.parametrize("module", ["sft_rl", "agentic"])
+def test_rllava_pipeline_modules_not_built_yet_say_so(module):
+    """RLLaVA's scripts launch these modules: one clear line and exit 2, not "No module named"."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", f"rllava.train.pipeline.{module}", "config=examples/config.yaml"],
+                         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__)))))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "not available yet" in res.stderr
+
+
+def test_clip_ratio_drives_the_sides_left_at_their_default():
+    from rllava.algorithms.ppo import PPO
+
+    cfg = _load_quiet(["actor.clip_ratio=0.3", "actor.clip_ratio_high=0.28"])
+    ppo = PPO(cfg.algorithm, cfg.actor)
+    assert ppo.loss_params["clip_ratio_low"] == 0.3 and ppo.loss_params["clip_ratio_high"] == 0.28
+
+
+def test_fsdp2_in_one_plain_process_joins_a_group_of_one(monkeypatch):
+    """`python -m ... actor.strategy=fsdp2` without torchrun: a 1-rank group on a free port, no RANK traceback."""
+    import torch.distributed as dist
+
+    from rllava import distributed as D
+
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(var, "")  # recorded, so what D.init writes is undone after the test
+        monkeypatch.delenv(var)
+    monkeypatch.setattr(D, "_joined", False)
+    D.init("cpu", sharded=True)
+    try:
+        assert dist.is_initialized() and dist.get_world_size() == 1 and D._joined
+    finally:
+        D.close()
