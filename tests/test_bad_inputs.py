@@ -1,0 +1,185 @@
+"""Bad input, tried as a user would: each case runs the RLVR command line (in this process, `rlvr.main(argv)`)
+with one thing wrong and expects ONE clear line `rllava: error: ...` naming what and where (exit status 2, no
+traceback), or, where the input is merely unusual (a 1x1 image, numbers as answers), a run that goes through.
+
+The cases are grouped as the issue lists them: config, model, reward spec, data, runtime."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from rllava.train.pipeline import rlvr
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def run(tmp_path, tiny_model_dir, counting_dir, distinct_reward, capsys, monkeypatch):
+    """`run(*overrides, data=None)` -> (exit status, stderr). A tiny valid run (2 steps) that each case breaks in
+    one place; `data` replaces the training records (a list of dicts, or raw text for the jsonl file)."""
+    monkeypatch.chdir(REPO)
+    data_dir = tmp_path / "data"
+    shutil.copytree(counting_dir, data_dir)
+
+    def go(*overrides, data=None):
+        data = go.rows if data is None else data
+        text = data if isinstance(data, str) else "".join(json.dumps(r) + "\n" for r in data)
+        (data_dir / "train.jsonl").write_text(text)
+        config = next((o for o in overrides if o.startswith("config=")), "config=examples/tasks/counting/tiny_cpu.yaml")
+        overrides = [o for o in overrides if not o.startswith("config=")]
+        argv = [config, f"actor.model.model_path={tiny_model_dir}",
+                f"data.train_files={data_dir}/train.jsonl", "data.val_files=", "data.max_samples=8",
+                "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2", "trainer.max_steps=1",
+                "trainer.val_before_train=false", "trainer.logger=[jsonl]", f"trainer.outputs_dir={tmp_path}/run",
+                "data.max_response_length=4", f"reward.reward_function={distinct_reward}", *overrides]
+        capsys.readouterr()
+        try:
+            rlvr.main(argv)
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        return code, capsys.readouterr().err
+
+    go.data_dir = data_dir
+    with open(counting_dir + "/train.jsonl") as f:
+        go.rows = [json.loads(line) for line in f][:8]  # the valid records, before any case rewrites the file
+    return go
+
+
+def one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("rllava: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    return lines[0]
+
+
+def records(run, n=8):
+    return json.loads(json.dumps(run.rows[:n]))  # a fresh copy to break
+
+
+# ---------------------------------------------------------------- config
+@pytest.mark.parametrize("override, expect", [
+    ("actor.optim.lrr=1e-6", "actor.optim.lr"),                      # misspelled key: the closest valid one
+    ("trainer.no_such_key=1", "trainer.no_such_key"),                # unknown key
+    ("data.train_batch_size=many", "data.train_batch_size"),         # wrong type
+    ("data.train_batch_size=-4", "data.train_batch_size=-4 must be > 0"),
+    ("rollout.n=0", "rollout.n=0 must be > 0"),
+    ("actor.optim.lr=inf", "actor.optim.lr=inf must be a finite number"),
+    ("rollout.val_override_config.temperature=-1", "rollout.val_override_config.temperature=-1"),
+    ("actor.optim.strategy=sgd", "actor.optim.strategy=sgd"),
+    ("rollout.max_turns=4", "rollout.max_turns=4 is not available yet"),
+])
+def test_config(run, override, expect):
+    code, err = run(override)
+    assert code == 2 and expect in one_line(err)
+
+
+def test_config_yaml_syntax_error_and_missing_file(run, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data:\n  prompt_key: [unclosed\n")
+    code, err = run(f"config={bad}")
+    assert code == 2 and "bad.yaml" in one_line(err)
+    code, err = run(f"config={tmp_path}/missing.yaml")
+    assert code == 2 and "missing.yaml' not found" in one_line(err)
+
+
+# ---------------------------------------------------------------- model
+def test_model_missing_and_not_a_model(run, tmp_path):
+    code, err = run(f"actor.model.model_path={tmp_path}/nowhere")
+    assert code == 2 and "actor.model.model_path" in one_line(err)
+    (tmp_path / "notamodel").mkdir()
+    (tmp_path / "notamodel" / "README.txt").write_text("hello")
+    code, err = run(f"actor.model.model_path={tmp_path}/notamodel")
+    assert code == 2 and "notamodel" in one_line(err)
+
+
+# ---------------------------------------------------------------- reward spec
+@pytest.mark.parametrize("spec, source, expect", [
+    ("{d}/r.py", "def compute_score(response, ground_truth):\n    return 1.0\n", "expected 'path/to/file.py:function_name'"),
+    ("{d}/absent.py:compute_score", None, "does not exist"),
+    ("{d}/r.py:no_such_fn", "def compute_score(response, ground_truth):\n    return 1.0\n", "has no function 'no_such_fn'"),
+    ("{d}/r.py:compute_score", "def compute_score(response, ground_truth)\n    return 1.0\n", "SyntaxError"),
+])
+def test_reward_spec(run, tmp_path, spec, source, expect):
+    if source is not None:
+        (tmp_path / "r.py").write_text(source)
+    code, err = run(f"reward.reward_function={spec.format(d=tmp_path)}")
+    assert code == 2 and expect in one_line(err)
+
+
+# ---------------------------------------------------------------- data
+def test_data_missing_empty_and_malformed(run, tmp_path):
+    code, err = run(f"data.train_files={tmp_path}/none.jsonl")
+    assert code == 2 and "none.jsonl" in one_line(err)
+    code, err = run(data="")
+    assert code == 2 and "no records" in one_line(err)
+    code, err = run(data='{"problem": "<image>How many?", "answer": "1"\n')
+    assert code == 2 and "line 1: not valid JSON" in one_line(err)
+
+
+def test_data_missing_keys(run):
+    rows = records(run)
+    del rows[3]["answer"]
+    code, err = run(data=rows)
+    assert code == 2 and "record 3 has no 'answer'" in one_line(err)
+    code, err = run("data.prompt_key=question")
+    assert code == 2 and "question" in one_line(err)
+    code, err = run("data.image_key=image")
+    assert code == 2 and "data.image_key='image' matches no field" in one_line(err)
+
+
+def test_data_images_missing_truncated_and_mismatched(run):
+    rows = records(run)
+    rows[2]["images"] = ["images/not_there.png"]
+    code, err = run(data=rows)
+    assert code == 2 and "not_there.png" in one_line(err)
+    rows = records(run)
+    path = run.data_dir / rows[1]["images"][0]
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])  # a truncated PNG
+    code, err = run(data=rows)
+    assert code == 2 and os.path.basename(path) in one_line(err)
+    rows = records(run)[2:]
+    rows[0]["problem"] = "<image><image>How many shapes?"  # two markers, one image
+    code, err = run(data=rows)
+    assert code == 2 and "2 <image> markers but the record has 1 image" in one_line(err)
+
+
+def test_data_every_prompt_over_the_budget(run):
+    code, err = run("data.max_prompt_length=4")
+    assert code == 2 and "raise data.max_prompt_length" in one_line(err)
+
+
+@pytest.mark.parametrize("mode", ["1x1", "L", "RGBA", "CMYK", "I;16"])
+def test_data_unusual_images_train(run, mode):
+    """Unusual but valid images go through: a 1x1 image is resized up to min_pixels; grayscale, transparent,
+    CMYK and 16-bit images are converted to RGB."""
+    rows = records(run)
+    for i, row in enumerate(rows):
+        src = Image.open(run.data_dir / row["images"][0])
+        img = Image.new("RGB", (1, 1), "red") if mode == "1x1" else src.convert("RGBA" if mode == "RGBA" else "RGB")
+        if mode in ("L", "CMYK"):
+            img = img.convert(mode)
+        elif mode == "I;16":  # 16-bit grayscale: the 8-bit values scaled to the full 16-bit range
+            img = Image.fromarray(np.asarray(img.convert("L"), dtype=np.uint16) * 257)
+        name = f"images/odd_{mode.replace(';', '')}_{i}.{'jpg' if mode == 'CMYK' else 'png'}"
+        img.save(run.data_dir / name)
+        row["images"] = [name]
+    code, err = run(data=rows)
+    assert code == 0, err[-2000:]
+
+
+def test_data_non_string_answers_reach_the_reward_as_written(run, tmp_path):
+    seen = tmp_path / "seen.jsonl"
+    (tmp_path / "r.py").write_text(
+        "import json\n"
+        f"def compute_score(response, ground_truth):\n"
+        f"    open({str(seen)!r}, 'a').write(json.dumps(ground_truth) + '\\n')\n"
+        "    return 0.0\n")
+    rows = records(run, 2)
+    rows[0]["answer"], rows[1]["answer"] = 3, "007"
+    code, err = run(f"reward.reward_function={tmp_path}/r.py:compute_score", "data.max_samples=2", data=rows)
+    assert code == 0, err[-2000:]
+    assert {json.loads(line) for line in open(seen)} == {3, "007"}
