@@ -143,9 +143,8 @@ def compute_score(response, ground_truth):
 @pytest.mark.parametrize("body, code, message", [
     (SIGINT_REWARD, 130, "rllava: interrupted: no final/ written"),
     ("import sys\ndef compute_score(response, ground_truth):\n    sys.exit(0)\n", 2,
-     "r.py:compute_score, sample "),
-    ("import os\ndef compute_score(response, ground_truth):\n    os._exit(0)\n", 2,
-     "r.py:compute_score, sample "),
+     "called sys.exit(0) (a reward must return a score, not end the process)"),
+    ("import os\ndef compute_score(response, ground_truth):\n    os._exit(0)\n", 2, "called os._exit(0)"),
 ])
 def test_exit_codes_mean_something(tmp_path, tiny_model_dir, counting_dir, body, code, message):
     """Ctrl-C mid-step exits 130 with one line; a reward that exits the process is an error naming it (it used
@@ -158,8 +157,7 @@ def test_exit_codes_mean_something(tmp_path, tiny_model_dir, counting_dir, body,
                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == code, res.stderr[-2000:]
     assert message in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
-    assert code == 130 or ("called sys.exit(0)" in body) == ("called sys.exit(0) (a reward must return" in res.stderr)
-    assert code == 130 or ("os._exit" in body) == ("called os._exit(0)" in res.stderr)
+    assert code == 130 or f"r.py:compute_score, sample " in res.stderr  # names the function and the sample
     assert not os.path.exists(os.path.join(out, "final"))
 
 
@@ -211,7 +209,7 @@ def test_a_checkpoint_is_data_not_code(tmp_path, tiny_model_dir, counting_dir, d
     with open(tmp_path / "evil.pt", "wb") as f:
         torch.save({"python": Evil(str(marker))}, f)
     corrupt("rng/rank_0.pt", open(tmp_path / "evil.pt", "rb").read(), "rank_0.pt: refused", "a")
-    corrupt("actor/.metadata", evil, "actor/.metadata: refused to load: builtins.open is not part of", "b")
+    corrupt("actor/.metadata", evil, "actor/.metadata: refused to load: io.open is not part of", "b")
     corrupt(C.STATE_FILE, b"", f"{C.STATE_FILE} is unreadable (JSONDecodeError", "c")
     corrupt(C.STATE_FILE, b"[1]", "lacks everything: not an rllava checkpoint", "d")
     shard = next(n for n in os.listdir(os.path.join(ckpt, "actor")) if n.endswith(".distcp"))
