@@ -12,7 +12,9 @@ Prints a table every `--every` steps (default: 10 rows), then
     step drift   mean step time over the last 10% / over the 10% after the warm-up          goal ~ 1.0
     objects      tensors / images / trajectories alive at the end vs after the warm-up       goal: flat
 
-Not run by CI (minutes of CPU); the figures it gave are in docs/troubleshooting.md.
+Not run by CI (minutes of CPU). Measured with --steps 60 on 2 shared CPU cores (35 s): RSS 744 -> 755 MB,
+growth after the warm-up -5 MB (the allocator moves it +-35 MB between steps), step-time drift 0.90x, and
+tensors 263 -> 263, images 8 -> 8, trajectories 64 -> 64 (the current step's), gc objects flat.
 """
 
 from __future__ import annotations
