@@ -82,12 +82,12 @@ def run_task(task: Task, out: str, *, sft_steps: int | None = None, rl_steps: in
     sft_time = _run("rllava.train.pipeline.sft", [
         f"config={configs}/tiny_cpu_sft.yaml", f"actor.model.model_path={model_dir}", *common,
         *([f"trainer.max_steps={sft_steps}"] if sft_steps else []), "trainer.val_freq=0",
-        f"trainer.outputs_dir={sft_dir}"])
+        f"trainer.outputs_dir={sft_dir}", "trainer.overwrite=true"])  # a fresh model and data: a new run
     rl_time = _run("rllava.train.pipeline.rlvr", [
         f"config={configs}/tiny_cpu.yaml", f"actor.model.model_path={os.path.join(sft_dir, 'final')}", *common,
         *([f"trainer.max_steps={rl_steps}"] if rl_steps else []),
         *([f"trainer.val_freq={val_freq}"] if val_freq else []), "trainer.val_before_train=true",
-        f"trainer.outputs_dir={rl_dir}"])
+        f"trainer.outputs_dir={rl_dir}", "trainer.overwrite=true"])
     summary = summarize(task, read_metrics(rl_dir), average)
     summary.update(sft_seconds=sft_time, rl_seconds=rl_time, total_seconds=time.time() - start, outputs=out)
     with open(os.path.join(out, "summary.json"), "w") as f:

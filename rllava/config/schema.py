@@ -568,7 +568,9 @@ class RewardConfig:
     reward_function: Optional[str] = None  # "path/file.py:fn" (":fn" omitted = main)
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments for fn
     skip_special_tokens: bool = True  # decode responses without special tokens before scoring
-    num_cpus: int = 1  # worker processes for scoring
+    num_cpus: int = 1  # 1 = score in this process; N > 1 = a pool of N worker processes (hung workers are killed)
+    timeout: Optional[float] = 60.0  # rllava: seconds per reward call (a batch reward: per batch); null = no limit
+    on_error: str = "raise"  # rllava: a call that raises/times out/returns a non-number: raise | zero (score 0, counted)
     reward_function_name: Optional[str] = None  # RLLaVA fills it from reward_function; must stay null
     model: ModelConfig = field(default_factory=ModelConfig)  # reward model (not used by rule rewards)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # rllava (verl's keys)
@@ -577,6 +579,8 @@ class RewardConfig:
         p: list[str] = []
         _choice(p, f"{prefix}.reward_type", self.reward_type, REWARD_TYPES)
         _positive(p, f"{prefix}.num_cpus", self.num_cpus)
+        _positive(p, f"{prefix}.timeout", self.timeout, None)
+        _choice(p, f"{prefix}.on_error", self.on_error, ["raise", "zero"])
         if self.overlong_buffer.enable and self.overlong_buffer.len <= 0:
             p.append(f"{prefix}.overlong_buffer.len={self.overlong_buffer.len} must be > 0 when "
                      f"{prefix}.overlong_buffer.enable=true")
@@ -611,6 +615,7 @@ class TrainerConfig:
     load_checkpoint_path: Optional[str] = None  # checkpoint to resume from (a global_step_N dir, or a dir of them)
     find_last_checkpoint: bool = True  # resume=auto: resume from the newest checkpoint in save_checkpoint_path
     resume: str = "auto"  # rllava: auto (load_checkpoint_path, else the newest saved: see README) | none | PATH
+    overwrite: bool = False  # rllava: a new run into an outputs_dir holding another run's outputs deletes them first
     hf_merge_lora: bool = True  # rllava: LoRA in an HF export: merged into the weights (false: base + adapter/)
     samples_freq: int = 10  # rllava: write sample generations to <outputs_dir>/samples.jsonl every N steps; -1 = never
     samples_to_log: int = 4  # rllava: generations per write (prompt, images, response, reward)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 import rllava.model.modular  # noqa: F401  registers the modular VLM (model_type rllava_modular) with the Auto classes
@@ -45,6 +46,9 @@ def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdp
         return auto_class(config).from_pretrained(path, config=config, dtype=dtype,
                                                   attn_implementation=attn_implementation,
                                                   trust_remote_code=trust_remote_code)
+    except SafetensorError as e:  # a truncated download, a disk that filled up while it was written
+        raise ModelLoadError(f"{key}.model_path={path!r}: the weights are truncated or corrupt ({e}): download or "
+                             "save the model again") from e
     except (OSError, ValueError, ImportError) as e:
         raise ModelLoadError(f"{key}.model_path={path!r} could not be loaded: {type(e).__name__}: "
                              f"{str(e).splitlines()[0]}") from e

@@ -18,7 +18,7 @@ import transformers
 from rllava import distributed as D
 from rllava.algorithms.kl import KLController
 from rllava.algorithms.ppo import build_algorithm, load_plugins
-from rllava.config import ConfigError, PPOConfig, config_to_yaml
+from rllava.config import ConfigError, PPOConfig
 from rllava.data.dataset import PromptDataset
 from rllava.data.sampler import EpochSampler
 from rllava.engine.inference.base import SamplingParams
@@ -41,7 +41,8 @@ VISION_PLACEHOLDERS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|
 
 
 def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
-    """Seed every RNG, pick the device, create outputs_dir and save the resolved config there."""
+    """Seed every RNG and pick the device. Nothing is written here: outputs_dir is checked by
+    `rllava.train.outputs.check_outputs` and gets its config.yaml only when the first step is about to run."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         check_world_size(cfg, world)
@@ -51,12 +52,7 @@ def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
     # FSDP2 needs a process group even in one process (DeepSpeed makes its own)
     sharded = "fsdp" in cfg.actor.strategy or (cfg.critic is not None and "fsdp" in cfg.critic.strategy)
     device = D.init(cfg.trainer.device, sharded)  # joins the process group under torchrun (or a group of one)
-    outputs_dir = run_outputs_dir(cfg)
-    if D.is_main():
-        os.makedirs(outputs_dir, exist_ok=True)
-        with open(os.path.join(outputs_dir, "config.yaml"), "w") as f:
-            f.write(config_to_yaml(cfg))
-    return device, outputs_dir
+    return device, run_outputs_dir(cfg)
 
 
 DISTRIBUTED_STRATEGIES = ("fsdp", "fsdp2", "deepspeed")

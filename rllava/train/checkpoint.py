@@ -81,18 +81,28 @@ def find_resume(cfg, outputs_dir: str) -> str | None:
     if t.load_checkpoint_path:
         return resolve_checkpoint(t.load_checkpoint_path, "trainer.load_checkpoint_path")
     found = list_checkpoints(checkpoint_root(cfg, outputs_dir))
+    if t.overwrite:  # starting over: those checkpoints are deleted before the first step (rllava.train.outputs)
+        return None
     if t.resume == "auto" and t.find_last_checkpoint and found:
         return found[-1][1]
-    if found:
-        log.warning("starting fresh although %s holds checkpoints up to step %d (trainer.resume=%s); new "
-                    "checkpoints of the same steps replace them", checkpoint_root(cfg, outputs_dir), found[-1][0],
-                    t.resume)
-    return None
+    return None  # old checkpoints there stop the run in rllava.train.outputs.check_outputs (unless overwrite)
 
 
 def read_state(path: str) -> dict:
-    with open(os.path.join(path, STATE_FILE)) as f:
-        return json.load(f)
+    """`trainer_state.json` of the checkpoint at `path`; empty, truncated or not ours -> one line."""
+    file = os.path.join(path, STATE_FILE)
+    try:
+        with open(file) as f:
+            state = json.load(f)
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise RllavaError(f"{file} is unreadable ({type(e).__name__}: {e}): a corrupt checkpoint; delete "
+                          f"{path} to resume from an earlier one") from e
+    missing = [k for k in ("global_step", "sampler", "world_size", "contents", "engines") if k not in state] \
+        if isinstance(state, dict) else ["everything"]
+    if missing:
+        raise RllavaError(f"{file} lacks {', '.join(missing)}: not an rllava checkpoint, or a corrupt one; delete "
+                          f"{path} to resume from an earlier one")
+    return state
 
 
 def save_contents(cfg) -> list[str]:
@@ -106,18 +116,36 @@ def engine_parts(contents: list[str]) -> tuple[str, ...]:
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG's state as tensors and plain numbers only, so loading it needs no unpickling of objects
+    (`torch.load(weights_only=True)`): a checkpoint is data, never code."""
+    version, keys, gauss = random.getstate()
+    name, np_keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": {"version": version, "keys": torch.tensor(keys, dtype=torch.int64), "gauss": gauss},
+             "numpy": {"name": name, "keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached": float(cached)},
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py, n = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(py["keys"].tolist()), py["gauss"]))
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_rng_file(path: str) -> dict:
+    """`rng/rank_R.pt` loaded as data only: an object that would run code when unpickled is refused."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as e:  # noqa: BLE001  UnpicklingError for objects, RuntimeError/EOFError when truncated
+        raise RllavaError(f"{path}: refused: it holds more than tensors and numbers (weights_only load failed: "
+                          f"{str(e).splitlines()[0][:200]}); a checkpoint is data, not code: delete the file to "
+                          "resume without its RNG states") from e
 
 
 @contextmanager
@@ -180,7 +208,7 @@ def load_checkpoint(run, path: str) -> int:
     for name, engine in run.engines.items():
         if name not in state["engines"]:
             raise RllavaError(f"{path}: holds no {name} state (the run that wrote it had no {name})")
-        loaded = load_engine(engine, os.path.join(path, name), engine_parts(wanted))
+        loaded = _load_engine_or_explain(engine, os.path.join(path, name), engine_parts(wanted))
         if "optimizer" not in loaded:
             log.warning("%s: no %s optimizer state loaded (saved: %s; actor.checkpoint.load_contents=%s): the "
                         "optimizer starts fresh, so the run does not continue exactly", path, name,
@@ -191,8 +219,24 @@ def load_checkpoint(run, path: str) -> int:
             obj.load_state_dict(state["stateful"][name])
     rng = os.path.join(path, "rng", f"rank_{D.rank()}.pt")
     if "extra" in wanted and state["world_size"] == D.world_size() and os.path.isfile(rng):
-        set_rng_state(torch.load(rng, weights_only=False))  # our own file: numpy's state is not a tensor
+        set_rng_state(load_rng_file(rng))
     else:
         log.warning("%s: RNG states not restored (saved by %d ranks, running on %d; saved: %s): sampling goes on "
                     "from the seeds set at start", path, state["world_size"], D.world_size(), state["contents"])
     return int(state["global_step"])
+
+
+def _load_engine_or_explain(engine, path: str, parts) -> list[str]:
+    """`load_engine`; a file of the checkpoint that cannot be read (truncated, corrupt) -> one line naming it."""
+    try:
+        return load_engine(engine, path, parts)
+    except RllavaError:
+        raise
+    except BaseException as e:  # noqa: BLE001  DCP wraps a rank's failure in CheckpointException (a BaseException)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        failures = getattr(e, "failures", None)
+        cause = next(iter(failures.values()))[0] if failures else e
+        raise RllavaError(f"{path}: the checkpoint cannot be read ({type(cause).__name__}: "
+                          f"{str(cause).splitlines()[0][:200] if str(cause) else ''}): a corrupt checkpoint; "
+                          f"delete {os.path.dirname(path)} to resume from an earlier one") from e

@@ -1,28 +1,71 @@
-"""Command-line entry shared by the pipelines: config from `config=FILE k=v ...`, one-line errors."""
+"""Command-line entry shared by the pipelines: config from `config=FILE k=v ...`, one-line errors, exit codes.
+
+    0    the run finished (final/ written)
+    2    a user error: one line `rllava: error: ...` (bad config, data, reward file, model, checkpoint, a full or
+         unwritable disk). RLLAVA_DEBUG=1 prints the traceback as well.
+    130  interrupted (Ctrl-C / SIGINT), one line; checkpoints already written stay, final/ is not written
+    SIGTERM keeps its default action (the process ends with the signal, a non-zero status); what a kill leaves
+    half-written (`.tmp` directories) is removed by the next start.
+"""
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 import time
+import traceback
 from typing import Callable
 
 from rllava import distributed as D
 from rllava.config import load_config
 from rllava.errors import RllavaError
 
+# OSErrors that are the machine's state, not a bug: reported as one line naming the path.
+ENVIRONMENT_ERRNOS = {errno.ENOSPC: "free some space there or point trainer.outputs_dir elsewhere",
+                      errno.EDQUOT: "free some space there or point trainer.outputs_dir elsewhere",
+                      errno.EACCES: "check the permissions or point trainer.outputs_dir elsewhere",
+                      errno.EPERM: "check the permissions or point trainer.outputs_dir elsewhere",
+                      errno.EROFS: "point trainer.outputs_dir at a writable file system",
+                      errno.ENOTDIR: "a path component is a file, not a directory"}
+
+
+def user_message(e: BaseException) -> str | None:
+    """The one line a user gets for `e`, or None for a bug (which keeps its traceback)."""
+    if isinstance(e, RllavaError):
+        return str(e)
+    if type(e).__name__ == "CheckpointException" and getattr(e, "failures", None):  # torch DCP wraps each rank's
+        first = next(iter(e.failures.values()))
+        return user_message(first[0] if isinstance(first, tuple) else first)
+    if isinstance(e, OSError) and e.errno in ENVIRONMENT_ERRNOS:
+        where = f": {e.filename}" if e.filename else ""
+        return f"{e.strerror or os.strerror(e.errno)}{where} ({ENVIRONMENT_ERRNOS[e.errno]})"
+    return None
+
 
 def run_cli(train: Callable, argv: list[str] | None = None) -> None:
-    """`train(cfg) -> outputs_dir`. A user error (config, data, reward file, model path) prints one line and
-    exits with status 2, never a traceback. From the command line (`argv` None) the process ends through
+    """`train(cfg) -> outputs_dir`. A user error prints one line and exits with status 2, never a traceback
+    (unless RLLAVA_DEBUG=1); Ctrl-C exits 130. From the command line (`argv` None) the process ends through
     `D.exit_process`, so a torchrun worker never races its communication threads at exit."""
     start, code = time.time(), 0
     try:
         outputs_dir = train(load_config(sys.argv[1:] if argv is None else argv))
-    except RllavaError as e:
-        print(f"rllava: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if os.environ.get("RLLAVA_DEBUG") == "1":
+            traceback.print_exc()
+        print("rllava: interrupted: no final/ written (checkpoints already saved resume with trainer.resume=auto)",
+              file=sys.stderr)
+        code = 130
+    except BaseException as e:  # noqa: BLE001  DCP's CheckpointException is a BaseException
+        message = None if isinstance(e, SystemExit) else user_message(e)
+        if message is None:
+            raise
+        if os.environ.get("RLLAVA_DEBUG") == "1":
+            traceback.print_exc()
+        print(f"rllava: error: {message}", file=sys.stderr)
         code = 2
     else:
-        D.close()
+        D.close()  # after the last collective: every rank here, then the group destroyed
         print(f"done in {time.time() - start:.0f}s; outputs in {outputs_dir}")
     if argv is None:
         D.exit_process(code)

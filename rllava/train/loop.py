@@ -16,6 +16,7 @@ A pipeline (RLVR, SFT, and later the hybrids and agents) supplies one function,
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from rllava.data.dataset import PromptDataset
 from rllava.data.protocol import Batch, Sample
 from rllava.data.images import normalize_image_list
 from rllava.data.sampler import EpochSampler
+from rllava.errors import RllavaError
 from rllava.model.loader import save_model
 from rllava.reward.function import RewardFunction
 from rllava.roles.actor import Actor
@@ -36,6 +38,7 @@ from rllava.roles.rollout import Rollout
 from rllava.train import builders as B
 from rllava.train import checkpoint as C
 from rllava.train import evaluate as E
+from rllava.train import outputs as O
 from rllava.train.tracker import Timer, Tracker
 
 StepFn = Callable[[list[Sample], Timer], tuple[dict[str, float], Batch]]
@@ -55,7 +58,7 @@ class Run:
     sampler: EpochSampler
     steps: int
     actor: Actor
-    tracker: Tracker
+    tracker: Tracker | None  # created by train_loop once the run owns outputs_dir
     rollout: Rollout | None  # None only for SFT without a reward to validate with
     reward: RewardFunction | None
     resume_from: str | None = None  # the checkpoint train_loop starts from (trainer.resume)
@@ -71,25 +74,36 @@ class Run:
         return [self.train_set[j] for j in D.shard(self.sampler.next_batch(), "prompts")]
 
 
+def build_reward(cfg) -> RewardFunction:
+    """The Reward role from `reward.*`: the user's function, its call form checked now (one line at start-up,
+    not at the first reward call), run under reward.timeout / on_error / num_cpus."""
+    r, ob = cfg.reward, cfg.reward.overlong_buffer
+    return RewardFunction(r.reward_function, r.reward_type, r.reward_function_kwargs, timeout=r.timeout,
+                          on_error=r.on_error, num_cpus=r.num_cpus,
+                          overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None)
+
+
 def build_run(cfg, *, sft: bool = False) -> Run:
-    """Policy, data, sampler, Actor, tracker; the Rollout and Reward roles when the pipeline samples (RL) or
-    can validate (a val set and a reward function)."""
-    resume_from = C.find_resume(cfg, B.run_outputs_dir(cfg))  # a bad path fails here, before anything is written
+    """Policy, data, sampler, Actor; the Rollout and Reward roles when the pipeline samples (RL) or can validate
+    (a val set and a reward function). Reads outputs_dir but writes nothing there (see `train_loop`)."""
+    outputs_dir = B.run_outputs_dir(cfg)
+    resume_from = C.find_resume(cfg, outputs_dir)  # a bad path fails here, before anything is written
+    O.check_outputs(cfg, outputs_dir, resume_from)  # another run's outputs there, or not writable: one line
+    # the reward file first: a typo in it fails in a second, not after loading the model
+    reward = build_reward(cfg) if not sft or (cfg.data.val_files and cfg.reward.reward_function) else None
     device, outputs_dir = B.setup_run(cfg)
     model, processor = B.build_policy(cfg.actor.model, device)
     train_set, val_set = B.build_datasets(cfg, processor, target_key=cfg.data.target_key if sft else None)
     sampler = B.build_sampler(cfg, train_set)
     steps = B.total_steps(cfg, sampler)
     actor = B.build_actor(cfg, model, device, steps, sft=sft)
-    rollout = reward = None
-    if not sft or (val_set is not None and cfg.reward.reward_function):
-        ob = cfg.reward.overlong_buffer
-        reward = RewardFunction(cfg.reward.reward_function, cfg.reward.reward_type, cfg.reward.reward_function_kwargs,
-                                overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None)
-        rollout = B.build_rollout(cfg, processor, device)
+    if sft and val_set is None and reward is not None:  # nothing to validate on
+        reward.close()
+        reward = None
+    rollout = B.build_rollout(cfg, processor, device) if reward is not None else None
     B.seed_sampling(cfg)
-    return Run(cfg, device, outputs_dir, model, processor, train_set, val_set, sampler, steps, actor,
-               B.build_tracker(cfg, outputs_dir), rollout, reward, resume_from, engines={"actor": actor.engine})
+    return Run(cfg, device, outputs_dir, model, processor, train_set, val_set, sampler, steps, actor, None,
+               rollout, reward, resume_from, engines={"actor": actor.engine})
 
 
 def sample_rows(batch: Batch, dataset: PromptDataset, k: int) -> list[dict]:
@@ -113,11 +127,39 @@ def sample_rows(batch: Batch, dataset: PromptDataset, k: int) -> list[dict]:
     return rows
 
 
+# A NaN in the probabilities sampled from: the weights went non-finite (torch's multinomial says so, deep down)
+NON_FINITE_SAMPLING = "probability tensor contains either `inf`, `nan` or element < 0"
+
+
+def check_finite(metrics: dict[str, float], step: int, cfg) -> None:
+    """A non-finite loss or gradient norm stops the run at the step it appears, before anything of that step
+    is saved (the engines skip an optimizer step whose gradient norm is not finite, so the weights stay as the
+    previous step left them). DeepSpeed with fp16 overflows gradients routinely: its norms are not checked."""
+    fp16_scaling = cfg.actor.strategy == "deepspeed" and cfg.actor.deepspeed.torch_dtype == "fp16"
+    bad = [f"{k}={v}" for k, v in metrics.items() if (k.endswith("loss") or (k.endswith("grad_norm")
+           and not fp16_scaling)) and isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        raise RllavaError(f"step {step}: {', '.join(bad)} is not finite; the run stops before saving anything of "
+                          "this step (is actor.optim.lr too high? are the rewards or the data sane?)")
+
+
 def train_loop(run: Run, step: StepFn, name: str) -> str:
     """Run `step` up to run.steps (from the checkpoint's step when resuming) with logging, validation,
-    checkpoints and the final save; returns outputs_dir."""
-    cfg, tracker, t = run.cfg, run.tracker, run.cfg.trainer
+    checkpoints and the final save; returns outputs_dir. `final/` is written only when every step ran."""
+    try:
+        return _train_loop(run, step, name)
+    finally:
+        if run.reward is not None:
+            run.reward.close()  # the worker processes (reward.num_cpus > 1)
+        if run.tracker is not None:
+            run.tracker.close()
+
+
+def _train_loop(run: Run, step: StepFn, name: str) -> str:
+    cfg, t = run.cfg, run.cfg.trainer
     start = run.step = C.load_checkpoint(run, run.resume_from) if run.resume_from else 0
+    O.claim(cfg, run.outputs_dir, resuming=run.resume_from is not None)  # from here on the run owns outputs_dir
+    tracker = run.tracker = B.build_tracker(cfg, run.outputs_dir)
     if start:
         tracker.rewind(start)
         if D.is_main():
@@ -134,19 +176,32 @@ def train_loop(run: Run, step: StepFn, name: str) -> str:
                total=run.steps, disable=not sys.stderr.isatty())
     for i in bar:
         run.step = i
+        errors = run.reward.errors if run.reward is not None else 0
         with timer("step"):
-            metrics, batch = step(run.next_samples(), timer)
+            try:
+                metrics, batch = step(run.next_samples(), timer)
+            except RuntimeError as e:
+                if NON_FINITE_SAMPLING not in str(e):
+                    raise
+                raise RllavaError(f"step {i}: sampling met non-finite probabilities: the policy's weights are no "
+                                  "longer finite (is actor.optim.lr too high?)") from e
         metrics.update(timer.pop(), **{"actor/lr": run.actor.engine.scheduler.get_last_lr()[0]})
+        if run.reward is not None and run.reward.on_error == "zero":
+            metrics["reward/errors"] = float(run.reward.errors - errors)
         world = D.world_size()  # throughput of all ranks together
         metrics["perf/tokens_per_s"] = world * batch.attention_mask.sum().item() / metrics["timing/step"]
         if "timing/rollout" in metrics:
             metrics["perf/completions_per_s"] = world * len(batch) / metrics["timing/rollout"]
         metrics = D.mean_metrics(metrics)
+        if "reward/errors" in metrics:
+            metrics["reward/errors"] *= world  # a count over all ranks, not a mean
+        check_finite(metrics, i, cfg)
         tracker.log(metrics, i)
         bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in ("reward/mean", "actor/pg_loss")
                          if k in metrics})
         if t.samples_freq > 0 and i % t.samples_freq == 0 and tracker.enabled:
             tracker.log_samples(sample_rows(batch, run.train_set, t.samples_to_log), i)
+        del batch  # nothing of a step outlives it (benchmarks/soak.py)
         if t.val_freq > 0 and (i % t.val_freq == 0 or i == run.steps):
             validate(i)
         if t.save_freq > 0 and (i % t.save_freq == 0 or i == run.steps):
@@ -158,6 +213,6 @@ def train_loop(run: Run, step: StepFn, name: str) -> str:
         if D.is_main():
             save_model(run.model, run.processor, os.path.join(run.outputs_dir, "final"), state_dict=weights,
                        merge_lora=t.hf_merge_lora)
+        del weights
         D.barrier()
-    tracker.close()
     return run.outputs_dir

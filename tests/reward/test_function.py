@@ -1,3 +1,8 @@
+import os
+import sys
+import time
+import types
+
 import pytest
 
 from rllava.data.protocol import Sample, Segment, Trajectory
@@ -57,22 +62,155 @@ def test_bad_files_name_the_spec(tmp_path):
 
 
 @pytest.mark.parametrize("body, message", [
-    ("def f(response, ground_truth):\n    return 'high'\n", "returned overall='high'"),
-    ("def f(response, ground_truth):\n    return float('nan')\n", "expected a finite number"),
+    ("def f(response, ground_truth):\n    return 'high'\n", r"sample 7: returned overall='high': expected a finite"),
+    ("def f(response, ground_truth):\n    return float('nan')\n", "sample 7: returned overall=nan: expected a finite"),
+    ("def f(response, ground_truth):\n    return float('-inf')\n", "returned overall=-inf"),
+    ("def f(response, ground_truth):\n    return None\n", "returned overall=None"),
+    ("def f(response, ground_truth):\n    return {'overall': 1.0, 'acc': '1'}\n", "returned acc='1'"),
     ("def f(response, ground_truth):\n    return {'acc': 1.0}\n", "without 'overall'"),
-    ("def f(response, ground_truth):\n    raise KeyError('oops')\n", "raised on sample 7: KeyError"),
-    ("def f(reward_inputs):\n    return [1.0]\n", r"must return a list of 2 results, got list of 1"),
+    ("def f(response, ground_truth):\n    raise KeyError('oops')\n", r"r.py:f, sample 7: raised KeyError: 'oops'"),
+    ("def f(response, ground_truth):\n    import sys; sys.exit(0)\n", r"sample 7: called sys.exit\(0\)"),
+    ("def f(response, ground_truth):\n    import os; os._exit(3)\n", r"sample 7: called os._exit\(3\)"),
+    ("def f(reward_inputs):\n    return [1.0]\n", r"the batch \(samples 7..8\): returned list of 1: expected a list of 2"),
+    ("def f(reward_inputs):\n    return [1.0, float('nan')]\n", r"sample 8: returned overall=nan"),
 ])
 def test_bad_results_are_one_clear_error(tmp_path, body, message):
+    """Raised, exited, non-finite or wrong-type results: one line naming the function and the sample; never a
+    score (the process is still here: os._exit was caught)."""
     path = _write(tmp_path, body)
     with pytest.raises(RewardError, match=message):
         RewardFunction(f"{path}:f").score([_traj("a", "1", index=7), _traj("b", "1", index=8)])
 
 
-def test_sequential_requires_two_parameters(tmp_path):
-    path = _write(tmp_path, "def f(reward_inputs):\n    return [0.0]\n")
-    with pytest.raises(RewardError, match="reward_type=sequential needs"):
-        RewardFunction(f"{path}:f", reward_type="sequential")
+def test_on_error_zero_scores_the_sample_0_and_counts_it(tmp_path, caplog):
+    path = _write(tmp_path, "def f(response, ground_truth):\n"
+                            "    return {'a': 1.0, 'b': float('nan'), 'c': None}[response]\n")
+    fn = RewardFunction(f"{path}:f", on_error="zero")
+    scores, details = fn.score([_traj("a", "1", 0), _traj("b", "1", 1), _traj("c", "1", 2), _traj("d", "1", 3)])
+    assert scores.tolist() == [1.0, 0.0, 0.0, 0.0] and details[1] == {"overall": 0.0} and fn.errors == 3
+    assert "sample 3: raised KeyError: 'd': scored 0 (reward.on_error=zero)" in caplog.text
+
+
+def test_a_sleeping_reward_times_out_in_process(tmp_path):
+    path = _write(tmp_path, "import time\n"
+                            "def f(response, ground_truth):\n"
+                            "    try:\n        time.sleep(30 if response == 'slow' else 0)\n"
+                            "    except Exception:\n        pass\n"  # a broad except must not eat the limit
+                            "    return 1.0\n")
+    fn = RewardFunction(f"{path}:f", timeout=0.2, on_error="zero")
+    start = time.time()
+    assert fn.score([_traj("fast", "1"), _traj("slow", "1", 1)])[0].tolist() == [1.0, 0.0]
+    assert time.time() - start < 5 and fn.errors == 1
+    with pytest.raises(RewardError, match=r"sample 1: did not return within reward.timeout=0.2s"):
+        RewardFunction(f"{path}:f", timeout=0.2).score([_traj("slow", "1", 1)])
+
+
+def test_worker_pool_scores_kills_hung_workers_and_replaces_dead_ones(tmp_path):
+    """reward.num_cpus=2: the same scores as in-process; a reward stuck in C code (no signal reaches it) or
+    calling os._exit costs its worker, which is replaced, and the run is told which sample did it."""
+    path = _write(tmp_path, "import os, re, time\n"
+                            "def f(response, ground_truth):\n"
+                            "    if response == 'hang':\n        re.match(r'(a+)+$', 'a' * 40 + 'b')\n"
+                            "    if response == 'exit':\n        os._exit(5)\n"
+                            "    return float(len(response))\n")
+    fn = RewardFunction(f"{path}:f", timeout=1.0, on_error="zero", num_cpus=2)
+    try:
+        trajs = [_traj(r, "1", i) for i, r in enumerate(["ab", "hang", "abc", "exit", "abcd", "a"])]
+        start = time.time()
+        scores, _ = fn.score(trajs)
+        assert scores.tolist() == [2.0, 0.0, 3.0, 0.0, 4.0, 1.0] and fn.errors == 2
+        assert time.time() - start < 10
+        assert fn.score([_traj("xy", "1")])[0].tolist() == [2.0]  # the replaced workers serve on
+        with pytest.raises(RewardError, match=r"sample 3: ended its worker process \(exit code 5"):
+            RewardFunction(f"{path}:f", num_cpus=2).score(trajs[2:4])
+    finally:
+        workers = list(fn.runner.workers)
+        fn.close()
+    assert workers and all(not w.proc.is_alive() for w in workers) and not fn.runner.workers
+
+
+def test_pool_and_in_process_agree(tmp_path):
+    path = _write(tmp_path, "def f(reward_input):\n    return {'overall': reward_input['response_length'] + "
+                            "len(reward_input['response']), 'kind': float(reward_input['kind'] == 'count')}\n")
+    trajs = [_traj("x" * i, "1", i) for i in range(7)]
+    pool = RewardFunction(f"{path}:f", num_cpus=3)
+    try:
+        assert pool.score(trajs)[1] == RewardFunction(f"{path}:f").score(trajs)[1]
+    finally:
+        pool.close()
+
+
+RLLAVA_FILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rllava_files")
+
+
+@pytest.fixture
+def fake_mathruler(monkeypatch):
+    """RLLaVA's r1v (counting) and math rewards import mathruler, not installed here: a stand-in grader."""
+    grader = types.ModuleType("mathruler.grader")
+    grader.grade_answer = lambda given, truth: str(given).strip() == str(truth).strip()
+    grader.extract_boxed_content = lambda text: text.split("\\boxed{")[-1].split("}")[0] if "\\boxed{" in text else "None"
+    monkeypatch.setitem(sys.modules, "mathruler", types.ModuleType("mathruler"))
+    monkeypatch.setitem(sys.modules, "mathruler.grader", grader)
+
+
+@pytest.mark.parametrize("name, reward_type", [("grounding", "sequential"), ("ovd", "sequential"),
+                                               ("r1v", "sequential"), ("math", "batch")])
+def test_rllava_reward_files_run_unchanged(name, reward_type, fake_mathruler):
+    """RLLaVA's own reward files (tests/reward/rllava_files, copied as they are), with the reward_type RLLaVA's
+    scripts set and under auto, which reads the same from their signatures."""
+    truth = {"grounding": "[100, 100, 500, 500]", "ovd": "<answer>[{'Position': [10, 10, 50, 50], 'Confidence': 1}]</answer>",
+             "r1v": "<answer>3</answer>", "math": "3"}[name]
+    good = {"grounding": "<|object_ref_start|>cat<|object_ref_end|><|box_start|>(100,100),(500,500)<|box_end|>"
+                         "<|im_end|>",
+            "ovd": "<think>a cat</think> <answer>[{'Position': [10, 10, 50, 50], 'Confidence': 0.9}]</answer>",
+            "r1v": "<think>one two three</think> <answer>3</answer>", "math": "<think>x</think> \\boxed{3}"}[name]
+    spec = os.path.join(RLLAVA_FILES, f"{name}.py:compute_score")
+    for rt in (reward_type, "auto"):
+        fn = RewardFunction(spec, reward_type=rt)
+        assert fn.reward_type == reward_type
+        scores, details = fn.score([_traj(good, truth, 0), _traj("no idea", truth, 1)])
+        assert scores[0] > scores[1] and scores[0] > 0.5 and set(details[0]) >= {"overall", "format"}, details
+
+
+def test_rllava_files_with_the_other_reward_type_fail_at_start_up(fake_mathruler):
+    with pytest.raises(RewardError, match=r"compute_score\(reward_input\) takes a dict but reward_type=batch passes "
+                                          r"a list: set reward.reward_type=sequential"):
+        RewardFunction(os.path.join(RLLAVA_FILES, "grounding.py:compute_score"), reward_type="batch")
+    with pytest.raises(RewardError, match=r"takes a list but reward_type=sequential passes a dict: set "
+                                          r"reward.reward_type=batch"):
+        RewardFunction(os.path.join(RLLAVA_FILES, "math.py:compute_score"), reward_type="sequential")
+
+
+@pytest.mark.parametrize("body, reward_type, kwargs, message", [
+    ("def f(response, ground_truth):\n    return [0.0]\n", "batch", {},
+     r"reward_type=batch calls f\(reward_inputs: list\[dict\]\) once per batch, but f takes 2 positional "
+     r"parameters \(response, ground_truth\): set reward.reward_type=auto"),
+    ("def f():\n    return 0.0\n", "auto", {}, "f takes no positional parameter"),
+    ("def f(response, ground_truth, *, w=1):\n    return 0.0\n", "auto", {"weight": 2},
+     r"reward.reward_function_kwargs: .*takes no parameter 'weight' \(its parameters: ground_truth, response, w\)"),
+    ("import sys\nsys.exit(1)\n", "auto", {}, r"importing .* failed: SystemExit: 1"),
+    ("import mathruler_not_here\n", "auto", {}, r"No module named 'mathruler_not_here' \(install that package"),
+])
+def test_signature_problems_fail_when_the_reward_is_built(tmp_path, body, reward_type, kwargs, message):
+    path = _write(tmp_path, body)
+    with pytest.raises(RewardError, match=message):
+        RewardFunction(f"{path}:f", reward_type=reward_type, kwargs=kwargs)
+
+
+@pytest.mark.parametrize("signature, reward_type, form", [
+    ("f(response, ground_truth)", "auto", "named"),
+    ("f(response, ground_truth)", "sequential", "named"),  # cannot take one dict: called by name
+    ("f(reward_input)", "auto", "sequential"),
+    ("f(x: dict)", "auto", "sequential"),
+    ("f(x: 'Mapping[str, Any]')", "auto", "sequential"),
+    ("f(reward_inputs)", "auto", "batch"),
+    ("f(x, w=1)", "auto", "batch"),  # RLLaVA's default
+    ("f(x: 'list[dict]')", "auto", "batch"),
+    ("f(x)", "sequential", "sequential"),
+])
+def test_call_forms(tmp_path, signature, reward_type, form):
+    path = _write(tmp_path, f"def {signature}:\n    return 0.0\n")
+    assert RewardFunction(f"{path}:f", reward_type=reward_type).reward_type == form
 
 
 COUNTING = "examples/reward_function/counting.py:compute_score"
@@ -100,7 +238,7 @@ def test_overlong_penalty_by_hand():
     assert [overlong_penalty(n, 10, 4, 0.5) for n in (3, 6, 7, 8, 10)] == [0.0, 0.0, -0.125, -0.25, -0.5]
 
 
-def test_sequential_functions_get_the_per_sample_fields_they_name(tmp_path):
+def test_named_functions_get_the_per_sample_fields_they_name(tmp_path):
     path = _write(tmp_path, "def f(response, ground_truth, kind=None, model_image_sizes=(), image_sizes=(), *, w=1.0,"
                             " unknown='default'):\n"
                             "    assert unknown == 'default'\n"
@@ -108,6 +246,6 @@ def test_sequential_functions_get_the_per_sample_fields_they_name(tmp_path):
     t = _traj("3", "3")
     t.model_image_sizes, t.sample.image_sizes = [(28, 28)], [(100, 100), (50, 50)]
     fn = RewardFunction(f"{path}:f", kwargs={"w": 0.5})
-    assert fn.reward_type == "sequential" and fn.score([t])[0].tolist() == [0.5 + 1 + 20]
+    assert fn.reward_type == "named" and fn.score([t])[0].tolist() == [0.5 + 1 + 20]
     # a configured kwarg wins over a record field of the same name
     assert RewardFunction(f"{path}:f", kwargs={"kind": "other"}).score([t])[0].tolist() == [1 + 20]

@@ -69,8 +69,9 @@ def test_stop_and_resume_equals_straight_run_bitwise(tmp_path, tiny_model_dir, c
         return path
 
     monkeypatch.setattr(C, "save_checkpoint", save_then_stop)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as stop:  # Ctrl-C: exit status 130
         rlvr.main(_args(tiny_model_dir, counting_dir, stopped, distinct_reward, *common))
+    assert stop.value.code == 130
     monkeypatch.setattr(C, "save_checkpoint", save)
     assert not os.path.exists(os.path.join(stopped, "final")) and _steps(stopped) == [1, 2, 3]
     rlvr.main(_args(tiny_model_dir, counting_dir, stopped, distinct_reward, *common))  # trainer.resume=auto

@@ -15,11 +15,15 @@ that wrote it.
 
 from __future__ import annotations
 
+import io
+import os
+import pickle
 import warnings
 from contextlib import contextmanager
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from rllava.errors import RllavaError
 
@@ -94,11 +98,68 @@ def check_model_state(state: dict, metadata, path: str) -> None:
                               "in this model: was it written for another model?")
 
 
+# A checkpoint is data, never code. DCP unpickles its `.metadata` file with plain `pickle.load` and non-tensor
+# values (LR schedule, optimizer hyper-parameters) with `torch.load(weights_only=False)`: either would run
+# whatever a crafted checkpoint holds. These two classes let only data through (the classes DCP's metadata is
+# made of; tensors, containers and numbers for values) and refuse the rest with one line.
+METADATA_CLASSES = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+                    ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if ((module, name) in METADATA_CLASSES or module == "torch.distributed.checkpoint.metadata"
+                or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
+class SafeReader(dcp.FileSystemReader):
+    """DCP's file reader, with `.metadata` unpickled through `_MetadataUnpickler`."""
+
+    def read_metadata(self, *args, **kwargs):
+        rank = kwargs.get("rank")
+        path = os.path.join(str(self.path), ".metadata" if rank is None else f"__{rank}.metadata")
+        try:
+            with open(path, "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+        except pickle.UnpicklingError as e:
+            raise RllavaError(f"{path}: refused to load: {e} (a checkpoint is data, not code)") from e
+        except (EOFError, ValueError, TypeError, AttributeError) as e:
+            raise RllavaError(f"{path}: unreadable ({type(e).__name__}: {e}): a corrupt checkpoint") from e
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from torch.distributed.checkpoint.metadata import StorageMeta
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's load planner; a non-tensor value must load with `weights_only=True` first (then DCP's own
+    unpickling of the same bytes can do nothing more than that did)."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        try:
+            torch.load(value, weights_only=True)
+        except Exception as e:  # noqa: BLE001  UnpicklingError, or a truncated stream
+            raise RllavaError(f"checkpoint value {read_item.dest_index.fqn!r}: refused to load ("
+                              f"{str(e).splitlines()[0][:200]}): a checkpoint is data, not code") from e
+        value.seek(0)
+        super().load_bytes(read_item, value)
+
+
+def _dcp_load(state: dict, path: str) -> None:
+    with _single_process_quiet():
+        dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner())
+
+
 def read_metadata(path: str):
-    try:
-        return dcp.FileSystemReader(path).read_metadata()
-    except (FileNotFoundError, OSError) as e:
-        raise RllavaError(f"{path}: not a train-engine checkpoint ({e})") from e
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        raise RllavaError(f"{path}: not a train-engine checkpoint (no .metadata file there)")
+    return SafeReader(path).read_metadata()
 
 
 def load_engine(engine, path: str, parts=ENGINE_PARTS) -> list[str]:
@@ -124,8 +185,7 @@ def load_engine(engine, path: str, parts=ENGINE_PARTS) -> list[str]:
         state["optimizer"]["param_groups"] = [
             {k: v for k, v in g.items() if k == "params" or f"optimizer.param_groups.{i}.{k}" in saved}
             for i, g in enumerate(groups)]
-    with _single_process_quiet():
-        dcp.load({k: state[k] for k in held}, checkpoint_id=path)
+    _dcp_load({k: state[k] for k in held}, path)
     if "optimizer" in held:
         state["optimizer"]["param_groups"] = [{**g, **loaded} for g, loaded in
                                               zip(groups, state["optimizer"]["param_groups"])]
@@ -137,5 +197,4 @@ def load_weights(state: dict, path: str) -> None:
     """Fill a model state dict (full tensors, in place) with the weights of the engine checkpoint at `path`;
     the optimizer state there is not read (`rllava.export`)."""
     check_model_state(state, read_metadata(path), path)
-    with _single_process_quiet():
-        dcp.load({"model": state}, checkpoint_id=path)
+    _dcp_load({"model": state}, path)

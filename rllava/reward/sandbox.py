@@ -1,0 +1,215 @@
+"""Calling a user's reward function as untrusted code: a time limit per call, and nothing it does ends the run.
+
+A reward file is code the run did not write. It may loop, sleep, raise, call `sys.exit` or `os._exit`, or return
+garbage. Every call therefore ends in an `Outcome`: the value, or one line saying what went wrong (raised,
+timed out, exited). The caller (`rllava.reward.function`) decides whether that stops the run
+(`reward.on_error=raise`) or scores the sample 0 (`zero`).
+
+Two runners, picked by `reward.num_cpus`:
+
+- `InProcess` (num_cpus=1, the default and the fast path): calls in this process. The time limit is a
+  SIGALRM timer (`signal.setitimer`), which interrupts Python code (a `time.sleep`, a loop) but not a C call
+  that never returns to the interpreter (a pathological regex); `sys.exit` is caught as the `SystemExit` it
+  raises, and `os._exit` is swapped for a function that raises for the duration of the call.
+- `WorkerPool` (num_cpus=N>1): N forked worker processes score samples in parallel. A call past its limit
+  gets its worker killed (SIGKILL stops anything, C code included) and a fresh worker forked; a worker that
+  exits (os._exit, a crash) is reported and replaced the same way.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import signal
+import threading
+import time
+import warnings
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass
+class Outcome:
+    value: Any = None
+    error: str | None = None  # e.g. "raised KeyError: 'x'", "did not return within reward.timeout=5s"
+
+
+class _TimedOut(BaseException):
+    """Raised by the SIGALRM handler. A BaseException, so a reward's own `except Exception:` does not eat it."""
+
+
+class _ProcessExit(BaseException):
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code
+
+
+def _describe(e: BaseException) -> str:
+    """One line for what a call did instead of returning."""
+    if isinstance(e, SystemExit):
+        return f"called sys.exit({e.code!r}) (a reward must return a score, not end the process)"
+    if isinstance(e, _ProcessExit):
+        return f"called os._exit({e.code!r}) (a reward must return a score, not end the process)"
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"raised {type(e).__name__}" + (f": {text}" if text else "")
+
+
+def _timeout_text(timeout: float | None) -> str:
+    return f"did not return within reward.timeout={timeout:g}s"
+
+
+def call_once(fn: Callable, args: tuple, kwargs: dict) -> Outcome:
+    """`fn(*args, **kwargs)` -> Outcome; KeyboardInterrupt (Ctrl-C) and the runner's own timer pass through."""
+    try:
+        return Outcome(fn(*args, **kwargs))
+    except (KeyboardInterrupt, _TimedOut):
+        raise
+    except BaseException as e:  # noqa: BLE001  SystemExit and GeneratorExit too: they are the reward's bugs
+        return Outcome(error=_describe(e))
+
+
+class InProcess:
+    """Calls in this process, each under a SIGALRM timer of `timeout` seconds (None = no limit)."""
+
+    def __init__(self, fn: Callable, timeout: float | None):
+        self.fn, self.timeout = fn, timeout
+
+    def run(self, calls: list[tuple[tuple, dict]]) -> list[Outcome]:
+        with self._guarded() as timed:
+            return [self._one(args, kwargs, timed) for args, kwargs in calls]
+
+    def _one(self, args: tuple, kwargs: dict, timed: bool) -> Outcome:
+        start = time.perf_counter()
+        try:
+            if timed:
+                signal.setitimer(signal.ITIMER_REAL, self.timeout)
+            out = call_once(self.fn, args, kwargs)
+        except _TimedOut:
+            return Outcome(error=_timeout_text(self.timeout))
+        finally:
+            if timed:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        # a reward may cancel the timer itself (libraries that use SIGALRM for their own limits do): still late
+        if self.timeout is not None and out.error is None and time.perf_counter() - start > self.timeout:
+            return Outcome(error=_timeout_text(self.timeout))
+        return out
+
+    @contextmanager
+    def _guarded(self):
+        """os._exit raises while the reward runs; SIGALRM raises _TimedOut (only the main thread gets signals,
+        elsewhere the limit is checked after the call returns)."""
+        real_exit = os._exit
+
+        def no_exit(code):
+            raise _ProcessExit(code)
+
+        def on_alarm(signum, frame):
+            raise _TimedOut()
+
+        timed = self.timeout is not None and threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGALRM, on_alarm) if timed else None
+        os._exit = no_exit
+        try:
+            yield timed
+        finally:
+            os._exit = real_exit
+            if timed:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
+
+    def close(self) -> None:
+        pass
+
+
+def _serve(conn, fn: Callable) -> None:
+    """A worker: calls from the pipe until None or the parent goes away. Ctrl-C is the parent's to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if msg is None:
+            return
+        out = call_once(fn, *msg)
+        try:
+            conn.send(out)
+        except Exception as e:  # noqa: BLE001  e.g. a result that cannot be pickled
+            conn.send(Outcome(error=f"returned a value that cannot be sent back ({type(e).__name__}: {e})"))
+
+
+class _Worker:
+    def __init__(self, ctx, fn: Callable):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, fn), daemon=True)
+        with warnings.catch_warnings():  # fork with torch's threads alive: the worker runs only the reward
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.proc.start()
+        child.close()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+
+class WorkerPool:
+    """`num_workers` forked processes, each running `fn`; a call past `timeout` seconds kills its worker."""
+
+    def __init__(self, fn: Callable, timeout: float | None, num_workers: int):
+        self.fn, self.timeout = fn, timeout
+        self.ctx = mp.get_context("fork")  # the worker inherits the loaded reward function: no re-import
+        self.workers = [_Worker(self.ctx, fn) for _ in range(num_workers)]
+
+    def run(self, calls: list[tuple[tuple, dict]]) -> list[Outcome]:
+        results: list[Outcome | None] = [None] * len(calls)
+        todo, busy = deque(range(len(calls))), {}  # busy: worker index -> (call index, deadline)
+        while todo or busy:
+            for w in range(len(self.workers)):
+                if todo and w not in busy:
+                    i = todo.popleft()
+                    self.workers[w].conn.send(calls[i])
+                    busy[w] = (i, time.monotonic() + self.timeout if self.timeout is not None else None)
+            deadlines = [d for _, d in busy.values() if d is not None]
+            wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            mp.connection.wait([self.workers[w].conn for w in busy] + [self.workers[w].proc.sentinel for w in busy],
+                               timeout=wait)
+            for w, (i, deadline) in list(busy.items()):
+                worker = self.workers[w]
+                if worker.conn.poll():
+                    try:
+                        results[i] = worker.conn.recv()
+                        del busy[w]
+                        continue
+                    except (EOFError, OSError):  # the worker is gone: reap it to read its exit code
+                        worker.proc.join(timeout=5)
+                if not worker.proc.is_alive():
+                    results[i] = Outcome(error=f"ended its worker process (exit code {worker.proc.exitcode}: "
+                                               "os._exit or a crash; a reward must return a score)")
+                elif deadline is not None and time.monotonic() >= deadline:
+                    results[i] = Outcome(error=_timeout_text(self.timeout))
+                else:
+                    continue
+                worker.kill()
+                self.workers[w] = _Worker(self.ctx, self.fn)
+                del busy[w]
+        return results
+
+    def close(self) -> None:
+        for w in self.workers:
+            try:
+                w.conn.send(None)
+            except (OSError, ValueError):
+                pass
+            w.proc.join(timeout=1)
+            if w.proc.is_alive():
+                w.kill()
+        self.workers = []
+
+
+def make_runner(fn: Callable, timeout: float | None, num_cpus: int):
+    """reward.num_cpus=1: in this process; N>1: a pool of N worker processes."""
+    return InProcess(fn, timeout) if num_cpus <= 1 else WorkerPool(fn, timeout, num_cpus)

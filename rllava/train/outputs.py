@@ -1,0 +1,126 @@
+"""An outputs dir belongs to one run.
+
+A run writes `trainer.outputs_dir` (config.yaml, metrics.jsonl, samples.jsonl, val_generations.jsonl,
+tensorboard/, wandb/, final/) and its checkpoint root (`trainer.save_checkpoint_path`, default
+outputs_dir/checkpoints). A new run pointed at a dir that already holds a run's outputs either
+
+- continues that run: it resumes from one of the checkpoints (`trainer.resume=auto` finds them) and names
+  the same model, data, reward and algorithm (`IDENTITY` below; other keys, e.g. max_steps, may change), or
+- starts over with `trainer.overwrite=true`: the old run's files are deleted first, or
+- stops with one line before writing anything.
+
+Nothing is written until the run has been built and its checkpoint loaded (`claim`), so a run that fails at
+start-up leaves a finished run's files exactly as they were, and a fresh dir exactly empty.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import yaml
+
+from rllava import distributed as D
+from rllava.config import config_to_yaml
+from rllava.errors import RllavaError
+from rllava.train import checkpoint as C
+from rllava.train.tracker import STEP_FILES
+from rllava.utils.fs import write_text_atomic
+
+RUN_FILES = ("config.yaml", *STEP_FILES, "final", "tensorboard", "wandb")
+# What makes two configs the same run: resuming across a change of any of these would mix two runs' work.
+IDENTITY = ("actor.model.model_path", "data.train_files", "data.prompt_key", "data.answer_key", "data.image_key",
+            "data.seed", "data.train_batch_size", "rollout.n", "reward.reward_function", "algorithm.adv_estimator",
+            "trainer.seed")
+STALE_PREFIXES = (".final.tmp-",)  # what a kill during the final save leaves (rllava.utils.fs.atomic_directory)
+
+
+def held_outputs(cfg, outputs_dir: str) -> list[str]:
+    """The names of a run's outputs present in `outputs_dir` and its checkpoint root (`checkpoints/` if any)."""
+    held = [name for name in RUN_FILES if os.path.exists(os.path.join(outputs_dir, name))]
+    root = C.checkpoint_root(cfg, outputs_dir)
+    if C.list_checkpoints(root) or os.path.isfile(os.path.join(root, C.TRACKER_FILE)):
+        held.append(os.path.relpath(root, outputs_dir) if root.startswith(outputs_dir) else root)
+    return held
+
+
+def check_writable(path: str, key: str = "trainer.outputs_dir") -> None:
+    """Create `path` (an empty directory holds no run) and write a probe file there; else one line."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".rllava-write-test-"):
+            pass
+    except OSError as e:
+        raise RllavaError(f"{key}={path} is not writable: {e.strerror or e}") from e
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (tree or {}).items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def identity_changes(old_yaml: str, new_yaml: str) -> list[str]:
+    """`key: old -> new` for each IDENTITY key that differs between two resolved configs."""
+    old, new = _flat(yaml.safe_load(old_yaml)), _flat(yaml.safe_load(new_yaml))
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in IDENTITY if old.get(k) != new.get(k)]
+
+
+def check_outputs(cfg, outputs_dir: str, resume_from: str | None) -> None:
+    """Before anything is built: is this run allowed to write `outputs_dir` (see the module docstring)?"""
+    t = cfg.trainer
+    held = held_outputs(cfg, outputs_dir)
+    root = os.path.abspath(C.checkpoint_root(cfg, outputs_dir))
+    if t.overwrite and resume_from and os.path.abspath(resume_from).startswith(root + os.sep):
+        raise RllavaError(f"trainer.overwrite=true would delete {resume_from}, the checkpoint this run resumes "
+                          "from: drop one of the two")
+    if held and not t.overwrite:
+        if resume_from is None:
+            hint = (" (its checkpoints: trainer.resume=auto continues it)"
+                    if C.list_checkpoints(C.checkpoint_root(cfg, outputs_dir)) else "")
+            raise RllavaError(f"trainer.outputs_dir={outputs_dir} already holds another run's outputs "
+                              f"({', '.join(held)}){hint}: choose another trainer.outputs_dir, or set "
+                              "trainer.overwrite=true to delete them and start over")
+        previous = os.path.join(outputs_dir, "config.yaml")
+        previous = previous if os.path.isfile(previous) else os.path.join(resume_from, "config.yaml")
+        if os.path.isfile(previous):
+            with open(previous) as f:
+                changes = identity_changes(f.read(), config_to_yaml(cfg))
+            if changes:
+                raise RllavaError(f"trainer.outputs_dir={outputs_dir} holds a run this config does not continue "
+                                  f"({'; '.join(changes)}): choose another trainer.outputs_dir, or set "
+                                  "trainer.overwrite=true to delete that run and start over")
+    check_writable(outputs_dir)
+    if root != os.path.abspath(os.path.join(outputs_dir, "checkpoints")) and t.save_freq > 0:
+        check_writable(root, "trainer.save_checkpoint_path")
+
+
+def claim(cfg, outputs_dir: str, resuming: bool) -> None:
+    """Right before the first step: delete the old run's files (trainer.overwrite, not when resuming), the
+    leftovers of a killed final save, and write this run's config.yaml. Rank 0 writes; every rank waits."""
+    if D.is_main():
+        if cfg.trainer.overwrite and not resuming:
+            for name in RUN_FILES:
+                _remove(os.path.join(outputs_dir, name))
+            root = C.checkpoint_root(cfg, outputs_dir)
+            if os.path.isdir(root):
+                for name in os.listdir(root):
+                    if name.startswith("global_step_") or name == C.TRACKER_FILE:
+                        _remove(os.path.join(root, name))
+        for name in os.listdir(outputs_dir):
+            if name.startswith(STALE_PREFIXES) or any(name.startswith(f"{f}.tmp-") for f in RUN_FILES):
+                _remove(os.path.join(outputs_dir, name))
+        write_text_atomic(os.path.join(outputs_dir, "config.yaml"), config_to_yaml(cfg))
+    D.barrier()
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
