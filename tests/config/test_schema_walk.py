@@ -34,6 +34,10 @@ def candidates(key: str, default) -> list[str]:
 # The keys whose non-default value is accepted, each with a test that sets it (file::test; found by the key's
 # name in the test's source, so the entries want a review pass: issue 15 is open on it).
 COVERED = {
+    "reward.timeout": "tests/reward/test_function.py::test_a_sleeping_reward_times_out_in_process",
+    "reward.on_error": "tests/reward/test_function.py::test_on_error_zero_scores_the_sample_0_and_counts_it",
+    "reward.num_cpus": "tests/reward/test_function.py::test_worker_pool_scores_kills_hung_workers_and_replaces_dead_ones",
+    "trainer.overwrite": "tests/train/test_runtime.py::test_outputs_dir_belongs_to_one_run",
     "actor.clip_ratio_c": "tests/algorithms/test_losses.py::test_vanilla_ppo_hand_computed",
     "actor.clip_ratio_high": "tests/algorithms/test_losses.py::test_vanilla_ppo_hand_computed",
     "actor.clip_ratio_low": "tests/algorithms/test_losses.py::test_vanilla_ppo_hand_computed",
@@ -190,7 +194,6 @@ PENDING = {
     "data.train_image_dir",
     "data.val_image_dir",
     "ref.log_prob_max_token_len_per_gpu",
-    "reward.num_cpus",
     "reward.overlong_buffer.len",
     "reward.overlong_buffer.penalty_factor",
     "reward.skip_special_tokens",
@@ -251,7 +254,7 @@ def test_every_key_changes_something_or_raises(key, default):
 
 
 def test_pending_keys_are_real_and_not_covered_twice():
-    assert PENDING <= set(LEAVES) and not PENDING & set(COVERED) and len(PENDING) <= 76
+    assert PENDING <= set(LEAVES) and not PENDING & set(COVERED) and len(PENDING) <= 75
 
 
 @pytest.mark.parametrize("key, test", sorted(COVERED.items()))

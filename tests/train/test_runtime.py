@@ -235,10 +235,10 @@ def test_truncated_model_weights_are_one_line(tmp_path, tiny_model_dir, counting
 
 
 def test_non_finite_training_stops_naming_the_step(tmp_path, tiny_model_dir, counting_dir, distinct_reward, capsys):
-    """An infinite learning rate: the first update makes the weights non-finite, and the next step says so in
+    """A huge learning rate (an infinite one is a config error): the first update makes the weights non-finite, and the next step says so in
     one line naming it (it used to die deep in sampling); nothing of that step or a final/ is saved."""
     out = str(tmp_path / "run")
-    line = _fails(_args(tiny_model_dir, counting_dir, out, distinct_reward, "actor.optim.lr=inf",
+    line = _fails(_args(tiny_model_dir, counting_dir, out, distinct_reward, "actor.optim.lr=1e30",
                         "trainer.max_steps=3", "trainer.save_freq=1"), capsys, "step 2: ")
     assert "finite" in line
     assert [s for s, _ in C.list_checkpoints(os.path.join(out, "checkpoints"))] == [1]
