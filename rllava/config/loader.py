@@ -217,12 +217,12 @@ def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
     config_path, dotlist = _split_args(sys.argv[1:] if args is None else args)
     cfg = copy.deepcopy(_defaults())
     if config_path is not None:
-        _merge(cfg, _overrides(_load_yaml(config_path), f"in {config_path}"), f"in {config_path}")
+        _merge(cfg, _none_strings(_overrides(_load_yaml(config_path), f"in {config_path}")), f"in {config_path}")
     try:
         cli = OmegaConf.from_dotlist(dotlist)
     except (yaml.YAMLError, OmegaConfBaseException) as e:
         raise ConfigError(f"cannot parse command-line overrides {dotlist}: {' '.join(str(e).split())}") from None
-    _merge(cfg, _empty_strings(_overrides(cli, COMMAND_LINE)), COMMAND_LINE)
+    _merge(cfg, _none_strings(_empty_strings(_overrides(cli, COMMAND_LINE))), COMMAND_LINE)
     try:
         return OmegaConf.to_object(cfg)  # runs PPOConfig.__post_init__, i.e. validation
     except OmegaConfBaseException as e:  # e.g. a ${...} interpolation that does not resolve
@@ -233,6 +233,16 @@ def _empty_strings(overrides: dict[str, Any]) -> dict[str, Any]:
     """A bare `key=` on the command line (the shell's way to write an empty value, as RLLaVA scripts do for
     data.val_files) is the empty string for a string key; OmegaConf reads it as null."""
     return {k: "" if v is None and LEAVES.get(k) is str else v for k, v in overrides.items()}
+
+
+def _none_strings(overrides: dict[str, Any]) -> dict[str, Any]:
+    """`rollout.seed=none` (or null/None), as RLLaVA accepts, is null for a key that takes a number or null; a
+    string key keeps the text."""
+    def is_none(k: str, v: Any) -> bool:
+        tp = LEAVES.get(k)
+        return (isinstance(v, str) and v.lower() in ("none", "null") and tp is not None and _is_optional(tp)
+                and _strip_optional(tp) is not str)
+    return {k: None if is_none(k, v) else v for k, v in overrides.items()}
 
 
 def config_to_yaml(cfg: PPOConfig) -> str:
