@@ -244,9 +244,12 @@ def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm
 
 def lr_scheduler(o, optimizer, updates: int):
     """The LR schedule of an optim config over `updates` optimizer steps: warmup (lr_warmup_steps, else
-    lr_warmup_ratio of the run), then lr_scheduler_type; cosine reads num_cycles and min_lr_ratio (its floor)."""
+    lr_warmup_ratio of the run; with every schedule, constant included), then lr_scheduler_type; cosine reads
+    num_cycles and min_lr_ratio (its floor)."""
     warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * updates)
     name, extra = o.lr_scheduler_type, {}
+    if name == "constant" and warmup > 0:  # transformers' "constant" ignores warmup; RLLaVA/verl warm up (constant)
+        name = "constant_with_warmup"
     if name == "cosine":
         extra["num_cycles"] = o.num_cycles
         if o.min_lr_ratio is not None:
