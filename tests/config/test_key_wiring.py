@@ -149,3 +149,29 @@ def test_trainer_keys_for_steps_names_and_checkpoints(tmp_path, monkeypatch):
     assert C.find_resume(cfg, "out") == str(step)  # resume=auto picks the newest checkpoint ...
     assert C.find_resume(_quiet([f"trainer.save_checkpoint_path={tmp_path}/ck", "trainer.find_last_checkpoint=false"]),
                          "out") is None  # ... unless find_last_checkpoint=false
+
+
+def _run(tmp_path, model, data, *extra):
+    from rllava.train.pipeline import rlvr
+
+    out = tmp_path / "run"
+    rlvr.main(["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={model}",
+               f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", "data.max_samples=4",
+               "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2", "data.val_batch_size=4",
+               "trainer.max_steps=1", "trainer.val_freq=-1", f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]",
+               *extra])
+    return out
+
+
+def test_val_only_validates_and_trains_nothing(tmp_path, tiny_model_dir, counting_dir, monkeypatch):
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    out = _run(tmp_path, tiny_model_dir, counting_dir, "trainer.val_only=true")
+    rows = [json.loads(x) for x in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [0] and "val/accuracy" in rows[0] and not (out / "final").exists()
+
+
+def test_hf_merge_lora_false_exports_base_plus_adapter(tmp_path, tiny_model_dir, counting_dir, monkeypatch):
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    out = _run(tmp_path, tiny_model_dir, counting_dir, "trainer.val_before_train=false", "actor.model.use_peft=true",
+               "actor.model.lora_r=4", "actor.model.lora_alpha=8", "trainer.hf_merge_lora=false")
+    assert (out / "final" / "adapter").is_dir()  # merged (the default) writes plain weights only
