@@ -170,8 +170,15 @@ def test_val_only_validates_and_trains_nothing(tmp_path, tiny_model_dir, countin
     assert [r["step"] for r in rows] == [0] and "val/accuracy" in rows[0] and not (out / "final").exists()
 
 
-def test_hf_merge_lora_false_exports_base_plus_adapter(tmp_path, tiny_model_dir, counting_dir, monkeypatch):
+def test_hf_merge_lora_false_exports_the_base_weights(tmp_path, tiny_model_dir, counting_dir, monkeypatch,
+                                                      distinct_reward):
     monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     out = _run(tmp_path, tiny_model_dir, counting_dir, "trainer.val_before_train=false", "actor.model.use_peft=true",
-               "actor.model.lora_r=4", "actor.model.lora_alpha=8", "trainer.hf_merge_lora=false")
-    assert (out / "final" / "adapter").is_dir()  # merged (the default) writes plain weights only
+               "actor.model.lora_r=4", "actor.model.lora_alpha=8", "actor.optim.lr=1e-2",
+               f"reward.reward_function={distinct_reward}", "trainer.hf_merge_lora=false")
+    from safetensors.torch import load_file
+
+    base, final = (load_file(os.path.join(p, "model.safetensors")) for p in (tiny_model_dir, out / "final"))
+    adapted = [k for k in final if "q_proj.weight" in k]
+    assert adapted and all(torch.equal(final[k], base[k]) for k in adapted)  # merged (the default) would differ
+    assert (out / "final" / "adapter").is_dir()
