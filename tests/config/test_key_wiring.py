@@ -108,6 +108,30 @@ def test_critic_keys_reach_the_value_model(tiny_model_dir, monkeypatch):
     assert (peft.lora_dropout, peft.bias, peft.use_rslora, peft.task_type) == (0.2, "all", True, "FEATURE_EXTRACTION")
 
 
+def test_critic_model_and_engine_keys_reach_the_critic(tiny_model_dir):
+    """The value model reads critic.model.* as the policy reads actor.model.* (override_config, freezing, gradient
+    checkpointing, attention, batching) and its engine critic.fsdp's offload switches and critic.ppo_* sizes."""
+    from rllava.algorithms.ppo import build_algorithm
+
+    cfg = _quiet([f"actor.model.model_path={tiny_model_dir}", "algorithm.adv_estimator=gae", "rollout.n=2",
+                  "critic.model.override_config.initializer_range=0.5", "critic.model.freeze_vision_tower=true",
+                  "critic.model.enable_gradient_checkpointing=true", "critic.model.attn_implementation=eager",
+                  "critic.model.padding_free=true", "critic.model.dynamic_batching=true",
+                  "critic.ppo_max_token_len_per_gpu=555", "critic.ppo_mini_batch_size=4", "critic.ppo_epochs=3",
+                  "critic.fsdp.enable_cpu_offload=true", "critic.fsdp.offload_params=true",
+                  "critic.fsdp.offload_optimizer=true", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4"])
+    critic = B.build_critic(cfg, CPU, 2, build_algorithm(cfg.algorithm, cfg.actor))
+    lm = critic.model.lm
+    assert lm.config.initializer_range == 0.5 and lm.config._attn_implementation == "eager"
+    assert lm.is_activation_checkpointing
+    assert not any(p.requires_grad for n, p in lm.named_parameters() if "visual" in n)
+    assert any(p.requires_grad for n, p in lm.named_parameters() if "visual" not in n)
+    assert critic.micro_batching.max_tokens == 555 and critic.micro_batching.padding_free
+    assert critic.mini_batch_size == 8 and critic.ppo_epochs == 3  # 4 prompts x rollout.n=2
+    e = critic.engine
+    assert e.cpu_optimizer and e.offload_params and e.offload_optimizer
+
+
 def test_actor_and_ref_batch_sizes_and_trust_remote_code(tiny_model_dir, monkeypatch):
     import transformers
 
