@@ -206,3 +206,38 @@ def test_hf_merge_lora_false_exports_the_base_weights(tmp_path, tiny_model_dir, 
     adapted = [k for k in final if "q_proj.weight" in k]
     assert adapted and all(torch.equal(final[k], base[k]) for k in adapted)  # merged (the default) would differ
     assert (out / "final" / "adapter").is_dir()
+
+
+def test_ref_model_path_and_trainer_seed():
+    from rllava.errors import RllavaError
+
+    cfg = _quiet(["ref.model_path=/no/such/ref", "actor.model.model_path=/no/such/actor"])
+    with pytest.raises(RllavaError, match="ref.model_path='/no/such/ref'"):  # the reference loads its own weights
+        B.build_reference_role(cfg, torch.nn.Linear(2, 2), CPU)
+    B.seed_sampling(_quiet(["trainer.seed=123"]))
+    drawn = torch.rand(3)
+    torch.manual_seed(123)
+    assert torch.equal(drawn, torch.rand(3))
+
+
+def test_lengths_batch_sizes_and_tokenizer_path(tiny_model_dir, counting_dir):
+    """data.max_prompt_length / filter_overlong_prompts decide which records stay; data.max_response_length is
+    the sampling budget; rollout.micro_batch_size the HF engine's generate batch; actor.model.tokenizer_path the
+    processor loaded."""
+    from rllava.errors import RllavaError
+    from rllava.model.loader import build_policy
+    from rllava.model.processor import load_processor
+
+    processor = load_processor(tiny_model_dir)
+    data = [f"data.train_files={counting_dir}/train.jsonl", "data.prompt_key=problem", "data.max_samples=4",
+            "data.max_prompt_length=5", "trainer.val_before_train=false"]
+    with pytest.raises(RllavaError):  # every prompt is longer than 5 tokens: nothing left to train on
+        B.build_datasets(_quiet(data), processor)
+    kept, _ = B.build_datasets(_quiet(data + ["data.filter_overlong_prompts=false"]), processor)
+    assert len(kept) == 4
+    cfg = _quiet(["data.max_response_length=7", "rollout.micro_batch_size=3"])
+    assert B.sampling_params(cfg).max_new_tokens == 7
+    assert B.build_rollout(cfg, processor, CPU).engine.micro_batch_size == 3
+    with pytest.raises(RllavaError, match="/no/such/tokenizer"):
+        build_policy(_quiet([f"actor.model.model_path={tiny_model_dir}",
+                             "actor.model.tokenizer_path=/no/such/tokenizer"]).actor.model, CPU)
