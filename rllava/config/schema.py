@@ -267,7 +267,7 @@ class OptimConfig:
     lr: float = 1e-6  # peak learning rate
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam betas (RLLaVA: a tuple)
     weight_decay: float = 1e-2  # decoupled weight decay
-    strategy: str = "adamw"  # optimizer name
+    strategy: str = "adamw"  # optimizer: adamw (RLLaVA's adamw_bf16 is not available yet)
     lr_warmup_ratio: float = 0.0  # warmup steps as a fraction of training steps
     lr_warmup_steps: Optional[int] = None  # warmup steps; overrides lr_warmup_ratio when set
     lr_scheduler_type: str = "constant"  # constant|linear|cosine|constant_with_warmup
@@ -383,9 +383,8 @@ class CheckpointConfig:
 
 @dataclass
 class ActorConfig:
-    # auto (rllava; RLLaVA: fsdp2): single on one process, fsdp2 under torchrun | single | fsdp/fsdp2 | deepspeed.
-    # fsdp2 on one plain process runs as a world of one (docs/engines.md)
-    strategy: str = "auto"
+    # fsdp2 (or deepspeed) on one plain `python -m` process runs as a world of one (docs/engines.md).
+    strategy: str = "auto"  # rllava default auto (RLLaVA: fsdp2) = single on one process, fsdp2 under torchrun | single | fsdp/fsdp2 | deepspeed
     ppo_mini_batch_size: int = 256  # prompts per optimizer step (x rollout.n responses)
     ppo_micro_batch_size: int = 4  # sequences per forward/backward (gradient accumulation unit)
     log_prob_micro_batch_size: int = 16  # sequences per forward when computing old log-probs
