@@ -30,18 +30,8 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def init(device: str = "auto", sharded: bool = False) -> torch.device:
-    """Join the process group when launched with several processes; return this rank's device.
-
-    `sharded` (an FSDP2/DeepSpeed engine) in a plain one-process run: a group of one (world size 1) on a free
-    local port, so `python -m ... actor.strategy=fsdp2` runs as it does under `torchrun --nproc_per_node=1`."""
-    if sharded and "WORLD_SIZE" not in os.environ and not dist.is_initialized():
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def init(device: str = "auto") -> torch.device:
+    """Join the process group when launched with several processes; return this rank's device."""
     cuda = torch.cuda.is_available() and device in ("auto", "cuda")
     if device not in ("auto", "cuda"):
         chosen = torch.device(device)
@@ -50,11 +40,22 @@ def init(device: str = "auto", sharded: bool = False) -> torch.device:
         torch.cuda.set_device(chosen)
     else:
         chosen = torch.device("cpu")
-    if (int(os.environ.get("WORLD_SIZE", "1")) > 1 or sharded) and not dist.is_initialized():
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         global _joined
         dist.init_process_group("nccl" if chosen.type == "cuda" else "gloo")
         _joined = True
     return chosen
+
+
+def group_of_one(device: torch.device) -> None:
+    """A process group of one, so `python -m ... actor.strategy=fsdp2` (no torchrun, no RANK/WORLD_SIZE) runs the
+    sharded engine as a world of one instead of dying in torch.distributed's env:// rendezvous. An in-memory
+    store: no port, nothing to clean up."""
+    global _joined
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
+        _joined = True
 
 
 def shard(items: list, what: str = "items") -> list:

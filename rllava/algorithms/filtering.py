@@ -9,12 +9,15 @@ groups and keeps sampling prompts until the batch is full. RLLaVA's keys: a grou
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 
 import torch
 
 from rllava import distributed as D
 from rllava.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def informative_groups(group_ids: list, values: list[float], *, low: float, high: float) -> set:
@@ -29,7 +32,8 @@ def fill_batch(draw, num_groups: int, *, filter_key: str, low: float, high: floa
     """Call `draw()` -> (trajectories, scores [N], details) until `num_groups` informative groups are collected
     or `max_tries` rounds are spent (-1: no limit). Returns (trajectories, scores, details, metrics) for the
     first `num_groups` kept groups (fewer if the rounds ran out; if no group at all was informative, the last
-    round unfiltered, whose advantages are zero), with group ids renumbered 0..G-1."""
+    round unfiltered, whose advantages are zero), with group ids renumbered 0..G-1. Running out of rounds is
+    logged as a warning and counted in the metric `batch/filter_exhausted` (1 on that step), never silent."""
     kept, rounds, seen = [], 0, 0  # kept: ((round, group id), trajectory, score, details)
     # Under torchrun every rank draws until all are full: a rollout round is a collective (FSDP2 gathers the
     # weights for it), so the ranks must run the same number of rounds; a full rank's extra groups are dropped.
@@ -43,6 +47,13 @@ def fill_batch(draw, num_groups: int, *, filter_key: str, low: float, high: floa
         good = informative_groups([r[0] for r in rows], [r[3][filter_key] for r in rows], low=low, high=high)
         seen += len({r[0] for r in rows})
         kept += [r for r in rows if r[0] in good]
+    informative = len({row[0] for row in kept})
+    exhausted = informative < num_groups
+    if exhausted:
+        log.warning("algorithm.online_filtering: %d of %d groups carry a learning signal after "
+                    "trainer.max_try_make_batch=%d rounds; training on %s (raise trainer.max_try_make_batch, or "
+                    "widen algorithm.filter_low/filter_high)", informative, num_groups, max_tries,
+                    f"those {informative}" if informative else "the last round unfiltered (zero advantages)")
     if not kept:
         kept = rows
     order = list(dict.fromkeys(r[0] for r in kept))[:num_groups]
@@ -51,5 +62,5 @@ def fill_batch(draw, num_groups: int, *, filter_key: str, low: float, high: floa
     for key, t, _, _ in kept:
         t.group_id = renumber[key]
     metrics = {"batch/sampling_rounds": float(rounds), "batch/groups_kept": float(len(order)),
-               "batch/groups_sampled": float(seen)}
+               "batch/groups_sampled": float(seen), "batch/filter_exhausted": float(exhausted)}
     return [r[1] for r in kept], torch.tensor([r[2] for r in kept]), [r[3] for r in kept], metrics

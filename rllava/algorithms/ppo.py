@@ -38,11 +38,8 @@ class PPO:
         self.adv_params = {"norm_adv_by_std_in_grpo": algorithm_cfg.norm_adv_by_std_in_grpo,
                            "gamma": algorithm_cfg.gamma, "lam": algorithm_cfg.lam}
         # The pool for policy losses: RLLaVA's actor.* and actor.policy_loss.* names.
-        # actor.clip_ratio (RLLaVA's symmetric epsilon) fills whichever side is left at its 0.2 default
-        low, high = (eps if eps != 0.2 else actor_cfg.clip_ratio for eps in (actor_cfg.clip_ratio_low,
-                                                                            actor_cfg.clip_ratio_high))
         self.loss_params = {
-            "clip_ratio_low": low, "clip_ratio_high": high,
+            "clip_ratio_low": actor_cfg.clip_ratio_low, "clip_ratio_high": actor_cfg.clip_ratio_high,
             "clip_ratio_c": actor_cfg.clip_ratio_c,
             **{k: v for k, v in vars(actor_cfg.policy_loss).items() if k != "loss_mode"},
         }

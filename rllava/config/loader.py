@@ -236,9 +236,13 @@ def _empty_strings(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def _none_strings(overrides: dict[str, Any]) -> dict[str, Any]:
-    """RLLaVA takes the strings `none` / `null` (any case) as null for an optional number (rollout.seed=none)."""
-    return {k: None if isinstance(v, str) and v.lower() in ("none", "null") and LEAVES.get(k) is not str
-            and _strip_optional(LEAVES.get(k, str)) in (int, float) else v for k, v in overrides.items()}
+    """`rollout.seed=none` (or null/None), as RLLaVA accepts, is null for a key that takes a number or null; a
+    string key keeps the text."""
+    def is_none(k: str, v: Any) -> bool:
+        tp = LEAVES.get(k)
+        return (isinstance(v, str) and v.lower() in ("none", "null") and tp is not None and _is_optional(tp)
+                and _strip_optional(tp) is not str)
+    return {k: None if is_none(k, v) else v for k, v in overrides.items()}
 
 
 def config_to_yaml(cfg: PPOConfig) -> str:

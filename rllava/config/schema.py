@@ -25,9 +25,11 @@ from rllava.errors import ConfigError
 
 # Names accepted by the validators below. Method names (adv_estimator, policy_loss.loss_mode) are not listed
 # here: their registries own them and reject unknown names when the pipeline is built.
-# RLLaVA's `fsdp` runs the FSDP2 engine; `auto` = `single` in one process, `fsdp2` under torchrun (WORLD_SIZE > 1)
-ACTOR_STRATEGIES = ["auto", "single", "fsdp", "fsdp2", "deepspeed"]
+ACTOR_STRATEGIES = ["auto", "single", "fsdp", "fsdp2", "deepspeed"]  # RLLaVA's `fsdp` runs the FSDP2 engine
 ACTOR_STRATEGIES_PLANNED: list[str] = []
+OPTIMIZERS = ["adamw"]  # what builders._engine builds (torch.optim.AdamW)
+OPTIMIZERS_PLANNED = ["adamw_bf16"]  # RLLaVA's AdamW with bf16 states
+VAL_OVERRIDE_KEYS = ["n", "temperature", "top_p", "top_k"]  # the rollout keys builders.sampling_params reads
 ROLLOUT_ENGINES = ["hf", "vllm", "sglang"]  # vllm / sglang: optional extras, pip install "rllava[vllm]"
 ROLLOUT_ENGINES_PLANNED: list[str] = []
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -39,7 +41,16 @@ LR_SCHEDULERS = ["constant", "linear", "cosine", "constant_with_warmup"]  # tran
 TORCH_DTYPES = ["float32", "bfloat16", "float16"]
 CHECKPOINT_CONTENTS = ["model", "optimizer", "extra", "hf_model"]
 DEVICES = ["auto", "cpu", "cuda"]
-OPTIMIZERS = ["adamw"]  # actor/critic.optim.strategy: what rllava/train/builders.py builds
+
+
+def resolve_strategy(strategy: str, world: Optional[int] = None) -> str:
+    """The train engine `actor.strategy` (or `critic.strategy`) means in this process. `auto`: `single` on one
+    process, `fsdp2` under torchrun with WORLD_SIZE > 1 (RLLaVA's default is FSDP everywhere; here one plain
+    process needs no process group)."""
+    if strategy != "auto":
+        return strategy
+    world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
+    return "fsdp2" if world > 1 else "single"
 
 
 def _choice(problems: list[str], key: str, value: Any, choices: list, hint: str = "") -> None:
@@ -110,9 +121,9 @@ class DataConfig:
     seed: int = 1  # data-order RNG seed
     min_pixels: Optional[int] = 3136  # images are resized to at least this many pixels
     max_pixels: Optional[int] = 4194304  # images are resized to at most this many pixels
-    num_workers: int = 0  # rllava default (RLLaVA: 8): prompts are encoded in the training process; > 0 warns
+    num_workers: int = 0  # rllava default 0 (RLLaVA: 8 DataLoader workers): batches are encoded in the training process; > 0 warns
     filter_overlong_prompts: bool = True  # drop records whose prompt exceeds max_prompt_length
-    filter_overlong_prompts_workers: int = 16  # processes used for that filtering
+    filter_overlong_prompts_workers: int = 1  # rllava default 1 (RLLaVA: 16): the filter runs in the training process; > 1 warns
     dataset_class: Optional[str] = None  # custom dataset "path/file.py:Class"; None = built-in
     dataset_kwargs: Optional[dict[str, Any]] = None  # keyword arguments for dataset_class
     max_samples: int = -1  # rllava: use only the first N records (quick runs); -1 = all
@@ -158,7 +169,7 @@ class AlgorithmConfig:
     lam: float = 1.0  # GAE lambda
     adv_estimator: str = "grpo"  # advantage estimator, by registered name (gae, grpo, rloo, ...)
     norm_adv_by_std_in_grpo: bool = True  # False gives Dr.GRPO's advantage
-    use_kl_loss: bool = True  # add actor.kl_loss_coef * KL(policy || ref) to the actor loss (builds a reference)
+    use_kl_loss: bool = True  # add actor.kl_loss_coef * KL(policy || ref) to the actor loss (builds a reference model)
     kl_penalty: str = "kl"  # KL estimator used in the reward: kl|k1|abs|mse|k2|low_var_kl|k3|full
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     use_kl_in_reward: bool = False  # subtract a KL penalty from the token rewards
@@ -256,21 +267,29 @@ class OptimConfig:
     lr: float = 1e-6  # peak learning rate
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam betas (RLLaVA: a tuple)
     weight_decay: float = 1e-2  # decoupled weight decay
-    strategy: str = "adamw"  # optimizer name
+    strategy: str = "adamw"  # optimizer: adamw (RLLaVA's adamw_bf16 is not available yet)
     lr_warmup_ratio: float = 0.0  # warmup steps as a fraction of training steps
     lr_warmup_steps: Optional[int] = None  # warmup steps; overrides lr_warmup_ratio when set
     lr_scheduler_type: str = "constant"  # constant|linear|cosine|constant_with_warmup
-    min_lr_ratio: Optional[float] = None  # cosine floor as a fraction of lr
-    num_cycles: float = 0.5  # cosine cycles over training
+    min_lr_ratio: Optional[float] = None  # cosine only: the LR floor as a fraction of lr; None = decays to 0
+    num_cycles: float = 0.5  # cosine only: cosine cycles over training (0.5 = one half-wave down)
     warmup_style: str = "constant"  # RLLaVA's deprecated name for lr_scheduler_type; must stay "constant"
-    training_steps: int = -1  # set by the trainer from trainer.max_steps / epochs; -1 = not yet known
+    training_steps: int = -1  # derived from trainer.max_steps / total_epochs; must stay -1
 
     def check(self, prefix: str) -> list[str]:
         p: list[str] = []
         _positive(p, f"{prefix}.lr", self.lr)
-        if not math.isfinite(self.lr):
+        if self.lr > 0 and not math.isfinite(self.lr):
             p.append(f"{prefix}.lr={self.lr} must be a finite number, e.g. 1e-6")
-        _choice(p, f"{prefix}.strategy", self.strategy, OPTIMIZERS)
+        _available(p, f"{prefix}.strategy", self.strategy, OPTIMIZERS, OPTIMIZERS_PLANNED)
+        cosine = self.lr_scheduler_type == "cosine"
+        if not cosine and (self.min_lr_ratio is not None or self.num_cycles != 0.5):
+            which = "min_lr_ratio" if self.min_lr_ratio is not None else "num_cycles"
+            p.append(f"{prefix}.{which}={_show(getattr(self, which))} is read only by {prefix}.lr_scheduler_type=cosine "
+                     f"(it is {self.lr_scheduler_type})")
+        if self.training_steps != -1:
+            p.append(f"{prefix}.training_steps={self.training_steps} is derived in rllava from trainer.max_steps "
+                     "(or total_epochs); set trainer.max_steps instead")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             p.append(f"{prefix}.betas={self.betas} must be two numbers in [0, 1), e.g. [0.9,0.999]")
         if self.weight_decay < 0:
@@ -299,6 +318,24 @@ class FSDPConfig:  # used when actor.strategy is fsdp/fsdp2; the three offload s
     fsdp_size: int = -1  # shard group size; -1 = world size
     ulysses_size: int = 1  # sequence-parallel degree
     mixed_precision: Optional[dict[str, Any]] = None  # param/reduce/buffer dtypes
+
+    def check(self, prefix: str) -> list[str]:
+        """Keys rllava's FSDP2 engine has no counterpart for: a one-line error naming what to set instead."""
+        p: list[str] = []
+        if self.wrap_policy:
+            p.append(f"{prefix}.wrap_policy={self.wrap_policy} is not available yet in rllava: FSDP2 shards each "
+                     f"decoder layer / vision block (the model's _no_split_modules); set {prefix}.wrap_policy={{}}")
+        if self.torch_dtype is not None:
+            model = prefix.rsplit(".", 1)[0] + ".model.torch_dtype"
+            p.append(f"{prefix}.torch_dtype={self.torch_dtype} is not read in rllava; set {model} (weights) or "
+                     f"{prefix}.mixed_precision (compute dtypes) instead")
+        if self.fsdp_size not in (-1, int(os.environ.get("WORLD_SIZE", "1"))):
+            p.append(f"{prefix}.fsdp_size={self.fsdp_size} is not available yet in rllava (HSDP shard groups); "
+                     f"set {prefix}.fsdp_size=-1 (shard over every process)")
+        if self.ulysses_size != 1:
+            p.append(f"{prefix}.ulysses_size={self.ulysses_size} is not available yet in rllava (sequence "
+                     f"parallelism); set {prefix}.ulysses_size=1")
+        return p
 
 
 @dataclass
@@ -346,7 +383,8 @@ class CheckpointConfig:
 
 @dataclass
 class ActorConfig:
-    strategy: str = "auto"  # auto (one process: single; torchrun: fsdp2) | single | fsdp/fsdp2 | deepspeed (docs/engines.md)
+    # fsdp2 (or deepspeed) on one plain `python -m` process runs as a world of one (docs/engines.md).
+    strategy: str = "auto"  # rllava default auto (RLLaVA: fsdp2) = single on one process, fsdp2 under torchrun | single | fsdp/fsdp2 | deepspeed
     ppo_mini_batch_size: int = 256  # prompts per optimizer step (x rollout.n responses)
     ppo_micro_batch_size: int = 4  # sequences per forward/backward (gradient accumulation unit)
     log_prob_micro_batch_size: int = 16  # sequences per forward when computing old log-probs
@@ -360,16 +398,16 @@ class ActorConfig:
     logprob_chunk_size: int = 512  # rllava: trained tokens per LM-head chunk; 0 or -1 = all at once (full logits)
     max_grad_norm: float = 1.0  # clip the gradient norm to this
     skip_grad_norm: float = 80.0  # skip the optimizer step when the pre-clip grad norm exceeds this
-    clip_ratio: float = 0.2  # symmetric clip epsilon: drives clip_ratio_low/high where those are left at 0.2
+    clip_ratio: float = 0.2  # PPO clip epsilon (symmetric): drives clip_ratio_low/high where they are left at 0.2
     clip_ratio_low: float = 0.2  # lower clip epsilon (DAPO clip-higher uses low != high)
     clip_ratio_high: float = 0.2  # upper clip epsilon
     clip_ratio_c: float = 3.0  # dual-clip constant C, applied where advantage < 0
-    clip_upper_bound: float = 1.0  # upper bound used by some SFT+RL losses
+    clip_upper_bound: float = 1.0  # SRFT's ratio upper bound (SFT+RL hybrid: not available yet)
     loss_agg_mode: str = "token-mean"  # token-mean|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm
     entropy_coeff: float = 0.0  # entropy bonus coefficient
     tis_imp_ratio_cap: float = -1.0  # truncated importance sampling cap (rollout vs train); -1 = off
     ppo_epochs: int = 1  # passes over each rollout batch
-    use_torch_compile: bool = False  # rllava default (RLLaVA: True): rllava runs eager; true warns at start-up
+    use_torch_compile: bool = False  # rllava default (RLLaVA: True): rllava does not torch.compile; true warns
     model: ModelConfig = field(default_factory=ModelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -378,7 +416,7 @@ class ActorConfig:
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     kl_loss_coef: float = 0.01  # KL loss coefficient when algorithm.use_kl_loss
     kl_loss_type: str = "low_var_kl"  # KL estimator in the loss: kl|k1|abs|mse|k2|low_var_kl|k3|full
-    # SFT+RL hybrid losses (LUFFY, SRFT, HPT, CHORD); read only by those losses.
+    # SFT+RL hybrid losses (LUFFY, SRFT, HPT, CHORD): not available yet, a changed value is an error (HYBRID_KEYS).
     loss_remove_clip: bool = False  # drop PPO clipping
     off_policy_reshape: str = "no_reshape"  # off-policy ratio shaping (LUFFY)
     off_policy_reshape_weight: float = 0.1  # shaping weight
@@ -394,6 +432,13 @@ class ActorConfig:
     srft_type: str = "paper"  # SRFT variant
     hpt_hint_loss_coef: float = 0.0  # HPT hint-token loss coefficient
     sft_loss_coef: float = 1.0  # weight of the SFT term in hybrid losses
+
+    def __post_init__(self) -> None:
+        # RLLaVA's losses take clip_ratio_low/high, falling back to clip_ratio only when null (never, with its 0.2
+        # defaults): here clip_ratio is the symmetric epsilon it is documented as, for the sides left at 0.2.
+        if self.clip_ratio != 0.2:
+            self.clip_ratio_low = self.clip_ratio if self.clip_ratio_low == 0.2 else self.clip_ratio_low
+            self.clip_ratio_high = self.clip_ratio if self.clip_ratio_high == 0.2 else self.clip_ratio_high
 
     def check(self, prefix: str = "actor") -> list[str]:
         p: list[str] = []
@@ -412,13 +457,15 @@ class ActorConfig:
         p += self.model.check(f"{prefix}.model")
         p += self.optim.check(f"{prefix}.optim")
         p += self.checkpoint.check(f"{prefix}.checkpoint")
+        p += self.fsdp.check(f"{prefix}.fsdp")
         if self.strategy == "deepspeed":
             p += self.deepspeed.check(f"{prefix}.deepspeed")
         return p
 
     def ignored_keys(self, prefix: str = "actor") -> list[str]:
         """fsdp/deepspeed keys changed from their defaults although this strategy does not read them."""
-        sections = {"single": ("fsdp", "deepspeed"), "deepspeed": ("fsdp",)}.get(self.strategy, ("deepspeed",))
+        strategy = resolve_strategy(self.strategy)
+        sections = {"single": ("fsdp", "deepspeed"), "deepspeed": ("fsdp",)}.get(strategy, ("deepspeed",))
         return [f"{prefix}.{s}.{f.name}" for s in sections for f in fields(getattr(self, s))
                 if getattr(getattr(self, s), f.name) != getattr(type(getattr(self, s))(), f.name)
                 and f"{s}.{f.name}" not in ENGINE_OFFLOAD_KEYS]
@@ -439,7 +486,7 @@ class RefConfig:  # rllava section: the frozen reference policy, built only when
 
 @dataclass
 class CriticConfig:  # PPO value model: the backbone of critic.model.model_path (default: the actor's) + a value head
-    strategy: str = "auto"  # training strategy, as actor.strategy (auto: single, or fsdp2 under torchrun)
+    strategy: str = "auto"  # training strategy, as actor.strategy (rllava default auto; RLLaVA: fsdp2)
     ppo_mini_batch_size: int = 256  # prompts per critic optimizer step
     ppo_micro_batch_size: int = 4  # sequences per critic forward/backward
     log_prob_micro_batch_size: int = 16  # sequences per forward when computing values
@@ -462,7 +509,21 @@ class CriticConfig:  # PPO value model: the backbone of critic.model.model_path 
         for name in ("ppo_mini_batch_size", "ppo_micro_batch_size", "log_prob_micro_batch_size",
                      "ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu", "ppo_epochs"):
             _positive(p, f"{prefix}.{name}", getattr(self, name))
+        _choice(p, f"{prefix}.loss_avg_mode", self.loss_avg_mode, ["token", "seq"])
+        p += self.model.check(f"{prefix}.model") + self.optim.check(f"{prefix}.optim") + self.fsdp.check(f"{prefix}.fsdp")
+        # The value model scores the actor's tokens with the actor's processor, and its config is the checkpoint's.
+        for name, instead in (("tokenizer_path", "actor.model.tokenizer_path"),
+                              ("tie_word_embeddings", f"{prefix}.model.override_config")):
+            if getattr(self.model, name) != getattr(ModelConfig(), name):
+                p.append(f"{prefix}.model.{name}={_show(getattr(self.model, name))} is not read for the value model; "
+                         f"set {instead} instead")
+        if self.model.ulysses_size != 1:
+            p.append(f"{prefix}.model.ulysses_size={self.model.ulysses_size} is not available yet in rllava; "
+                     f"set {prefix}.model.ulysses_size=1")
         return p
+
+    def ignored_keys(self, prefix: str = "critic") -> list[str]:
+        return ActorConfig.ignored_keys(self, prefix)  # type: ignore[arg-type]  (same strategy/fsdp/deepspeed)
 
 
 @dataclass
@@ -502,18 +563,19 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling mass, in (0, 1]
     top_k: int = -1  # top-k sampling; -1 = off
     tensor_parallel_size: int = 1  # inference-engine tensor parallelism
-    seed: Optional[int] = 1  # sampling seed; null = random (RLLaVA also took the strings "none"/"null")
+    seed: Optional[int] = 1  # sampling seed; null (or the strings none/null, as RLLaVA) = random
     limit_images: int = 0  # max images per prompt for the engine; 0 = no limit
-    ignore_eos: bool = False  # keep generating past EOS
-    disable_tqdm: bool = False  # hide the generation progress bar
+    ignore_eos: bool = False  # keep generating past EOS, to max_response_length (rollout.name=hf only)
+    disable_tqdm: bool = False  # hide the generation progress bar (rllava shows none: true warns)
     micro_batch_size: int = 2  # prompts per generate call
-    val_override_config: dict[str, Any] = field(default_factory=dict)  # rollout.* keys changed for validation
-    partial_rollout: bool = False  # resume unfinished generations next step (SGLang)
+    val_override_config: dict[str, Any] = field(default_factory=dict)  # validation sampling: n/temperature/top_p/top_k
+    partial_rollout: bool = False  # resume unfinished generations next step (not available yet)
     async_mode: bool = False  # generate asynchronously from training
     bucket_size: int = 512  # MB per weight-sync bucket to the engine
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     load_format: str = "dummy"  # engine weight init before the first sync
+    # Multi-turn agent rollouts (RLLaVA's agentic pipeline): not available yet, a changed value is an error.
     max_turns: int = 10  # agent rollouts: max model turns per episode
     discount: float = 0.9  # agent rollouts: per-turn discount
     tool_config_path: Optional[str] = None  # agent rollouts: tool definitions file
@@ -541,18 +603,31 @@ class RolloutConfig:
             p.append(f"{prefix}.top_k={self.top_k} must be > 0, or -1 to turn top-k off")
         if self.limit_images < 0:
             p.append(f"{prefix}.limit_images={self.limit_images} must be >= 0 (0 = no limit)")
-        sampling = ["n", "temperature", "top_p", "top_k"]  # what validation sampling reads (builders.sampling_params)
-        for key, value in self.val_override_config.items():
-            if key not in sampling:
-                close = difflib.get_close_matches(str(key), sampling, n=1)
-                hint = f"; did you mean {prefix}.val_override_config.{close[0]}?" if close else ""
-                p.append(f"{prefix}.val_override_config.{key} is not a sampling key ({', '.join(sampling)}){hint}")
-            elif not isinstance(value, (int, float)) or isinstance(value, bool):
-                p.append(f"{prefix}.val_override_config.{key}={_show(value)} must be a number")
-            else:  # the same rules as the training values
-                p += [q.replace(f"{prefix}.{key}=", f"{prefix}.val_override_config.{key}=")
-                      for q in RolloutConfig(**{key: value}).check(prefix) if q.startswith(f"{prefix}.{key}=")]
-        return p
+        if self.ignore_eos and self.name != "hf":
+            p.append(f"{prefix}.ignore_eos=true is implemented for {prefix}.name=hf only (it is {self.name})")
+        return p + self._val_override_problems(prefix)
+
+    def _val_override_problems(self, prefix: str) -> list[str]:
+        """Validation's sampling keys and values, checked at load: a bad one must not wait for the first
+        validation, after training steps were spent."""
+        p, own, key = [], [f.name for f in fields(self)], f"{prefix}.val_override_config"
+        good = {}
+        for name, value in self.val_override_config.items():
+            if name not in own:
+                close = difflib.get_close_matches(str(name), own, n=1)
+                hint = f"; did you mean {key}.{close[0]}?" if close else ""
+                p.append(f"{key}.{name} is not a {prefix} key{hint}")
+            elif name not in VAL_OVERRIDE_KEYS:
+                p.append(f"{key}.{name} is not applied at validation (it overrides: {', '.join(VAL_OVERRIDE_KEYS)})")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or (name in ("n", "top_k")
+                                                                                  and value != int(value)):
+                p.append(f"{key}.{name}={_show(value)} must be a number")
+            else:
+                good[name] = int(value) if name in ("n", "top_k") else value
+        if not good:
+            return p
+        sampling = RolloutConfig(**{**{k: getattr(self, k) for k in VAL_OVERRIDE_KEYS}, "name": self.name, **good})
+        return p + [line for line in sampling.check(key) if line.split("=")[0].rsplit(".", 1)[-1] in good]
 
 
 @dataclass
@@ -572,7 +647,7 @@ class RewardConfig:
     timeout: Optional[float] = 60.0  # rllava: seconds per reward call (a batch reward: per batch); null = no limit
     on_error: str = "raise"  # rllava: a call that raises/times out/returns a non-number: raise | zero (score 0, counted)
     reward_function_name: Optional[str] = None  # RLLaVA fills it from reward_function; must stay null
-    model: ModelConfig = field(default_factory=ModelConfig)  # reward model (not used by rule rewards)
+    model: ModelConfig = field(default_factory=ModelConfig)  # reward model: not available yet, any change is an error
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # rllava (verl's keys)
 
     def check(self, prefix: str = "reward") -> list[str]:
@@ -587,7 +662,10 @@ class RewardConfig:
         if self.reward_function_name is not None:
             p.append(f"{prefix}.reward_function_name={self.reward_function_name} is derived in rllava; "
                      f"set {prefix}.reward_function=path/file.py:{self.reward_function_name} instead")
-        p += self.model.check(f"{prefix}.model")
+        changed = [f.name for f in fields(self.model) if getattr(self.model, f.name) != getattr(ModelConfig(), f.name)]
+        for name in changed:
+            p.append(f"{prefix}.model.{name}={_show(getattr(self.model, name))}: reward models are not available yet "
+                     f"in rllava; score with {prefix}.reward_function=path/file.py:fn")
         return p
 
 
@@ -599,8 +677,8 @@ class TrainerConfig:
     experiment_name: str = "agent"  # logger run name
     # console|jsonl|tensorboard|wandb. rllava default (RLLaVA: console, tensorboard) needs no extra package.
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    nnodes: int = 1  # nodes (multi-process strategies)
-    n_gpus_per_node: int = 8  # GPUs per node (multi-process strategies)
+    nnodes: int = 1  # not read: the launcher sets the processes (torchrun --nnodes); a change warns
+    n_gpus_per_node: int = 8  # not read: the launcher sets the processes (torchrun --nproc_per_node); a change warns
     max_try_make_batch: int = 20  # online filtering: max generation rounds per batch; -1 = no limit
     critic_warmup: int = 0  # steps training only the critic
     val_freq: int = -1  # validate every N steps; -1 = never (except val_before_train)
@@ -663,39 +741,53 @@ NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("algorithm.prefix_strategy", lambda v: v != "none", "none"),
     ("algorithm.hint_steps", lambda v: v > 0, "0"),
     ("data.dataset_class", lambda v: v is not None, "null"),
-    # multi-turn agents (rollout drivers beside roles/rollout.py): not built yet
-    ("rollout.max_turns", lambda v: v != 10, "10"),
-    ("rollout.discount", lambda v: v != 0.9, "0.9"),
-    ("rollout.tool_config_path", lambda v: v is not None, "null"),
-    ("rollout.env_config_path", lambda v: v is not None, "null"),
+    ("data.dataset_kwargs", lambda v: v is not None, "null"),  # read only by data.dataset_class
     ("rollout.partial_rollout", lambda v: v, "false"),
-    ("rollout.ignore_eos", lambda v: v, "false"),
-    # hybrid SFT+RL losses (LUFFY, SRFT, HPT, CHORD): not built yet
-    *[(f"actor.{name}", (lambda d: lambda v: v != d)(default), _show(default)) for name, default in (
-        ("off_policy_reshape", "no_reshape"), ("off_policy_reshape_weight", 0.1), ("off_policy_reshape_pow_exp", 0.5),
-        ("off_policy_cliprange", 0.2), ("off_policy_normalize", False), ("off_policy_max_clip", -1),
-        ("off_policy_min_clip", -1), ("all_max_clip", -1), ("on_policy_reshape", "no_reshape"),
-        ("on_policy_reshape_weight", 0.1), ("on_policy_reshape_pow_exp", 0.5), ("srft_type", "paper"),
-        ("hpt_hint_loss_coef", 0.0), ("sft_loss_coef", 1.0), ("clip_upper_bound", 1.0))],
-    # the hybrid strategies' schedules (read only with unify_strategy / prefix_strategy, themselves not built yet)
-    *[(f"algorithm.{name}", (lambda d: lambda v: v != d)(default), _show(default)) for name, default in (
-        ("switch_gate", 0), ("success_reward_threshold", 1.0), ("min_prefix_ratio", 0.0), ("max_prefix_ratio", 1.0),
-        ("n_prefix", -1), ("prefix_share_across_samples", False), ("hint_min_ratio", 0.0), ("hint_max_ratio", 1.0))],
-    # FSDP layouts rllava does not build: it shards each decoder layer (the model's _no_split_modules) over all ranks
-    ("actor.fsdp.ulysses_size", lambda v: v > 1, "1"),
-    ("actor.fsdp.fsdp_size", lambda v: v != -1, "-1"),
-    ("actor.fsdp.wrap_policy", lambda v: bool(v), "{}"),
 ]
-# Keys with a better home in rllava: (key, is_set, the key to set instead).
-MOVED_KEYS: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("actor.fsdp.torch_dtype", lambda v: v is not None, "actor.model.torch_dtype"),
+
+# Keys of features whose issues have not landed yet: any change from the default is an error naming the feature.
+PLANNED_FEATURES = {
+    "multi-turn agent rollouts (RLLaVA's agentic pipeline)": [
+        "rollout.max_turns", "rollout.discount", "rollout.tool_config_path", "rollout.env_config_path"],
+    "SFT+RL hybrids (LUFFY, SRFT, HPT, CHORD, UFT: RLLaVA's sft_rl pipeline)": [
+        "actor.off_policy_reshape", "actor.off_policy_reshape_weight", "actor.off_policy_reshape_pow_exp",
+        "actor.off_policy_cliprange", "actor.off_policy_normalize", "actor.off_policy_max_clip",
+        "actor.off_policy_min_clip", "actor.all_max_clip", "actor.on_policy_reshape", "actor.on_policy_reshape_weight",
+        "actor.on_policy_reshape_pow_exp", "actor.srft_type", "actor.hpt_hint_loss_coef", "actor.sft_loss_coef",
+        "actor.clip_upper_bound", "algorithm.switch_gate", "algorithm.success_reward_threshold",
+        "algorithm.min_prefix_ratio", "algorithm.max_prefix_ratio", "algorithm.n_prefix",
+        "algorithm.prefix_share_across_samples", "algorithm.hint_min_ratio", "algorithm.hint_max_ratio"],
+}
+
+# RLLaVA keys whose value rllava reads from another key: a change is an error naming that key.
+REDIRECTED_KEYS = {
+    "rollout.vllm.model": "actor.model.model_path",
+    "rollout.vllm.seed": "rollout.seed",
+    "rollout.vllm.load_format": "rollout.load_format",
+    "rollout.vllm.chat_template": "data.override_chat_template",
+}
+
+# Tuning keys with nothing to tune in rllava: accepted, and a change is a one-line warning saying why.
+# (key, is_changed, why)
+NO_EFFECT_KEYS: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("actor.use_torch_compile", lambda v: v, "rllava runs eager PyTorch (no torch.compile)"),
+    ("actor.fsdp.forward_prefetch", lambda v: v, "rllava's FSDP2 engine keeps FSDP2's own prefetching"),
+    ("actor.fsdp.use_orig_params", lambda v: v, "an FSDP1 switch: FSDP2 always trains the original parameters"),
+    ("critic.fsdp.forward_prefetch", lambda v: v, "rllava's FSDP2 engine keeps FSDP2's own prefetching"),
+    ("critic.fsdp.use_orig_params", lambda v: v, "an FSDP1 switch: FSDP2 always trains the original parameters"),
+    ("actor.model.tie_word_embeddings", lambda v: v,
+     "the checkpoint's config decides tying (RLLaVA read it only to pick meta-device init)"),
+    ("data.num_workers", lambda v: v > 0, "batches are encoded in the training process"),
+    ("data.filter_overlong_prompts_workers", lambda v: v > 1, "overlong prompts are filtered in the training process"),
+    ("rollout.disable_tqdm", lambda v: v, "rllava shows no generation progress bar"),
+    ("trainer.nnodes", lambda v: v != 1, "the launcher sets the processes (torchrun --nnodes)"),
+    ("trainer.n_gpus_per_node", lambda v: v != 8, "the launcher sets the processes (torchrun --nproc_per_node)"),
 ]
-# Keys that only tune an engine rllava does not run here: accepted with a one-line warning when set.
-TUNING_KEYS: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("actor.use_torch_compile", lambda v: v, "rllava runs eager (torch.compile is not used)"),
-    ("actor.fsdp.forward_prefetch", lambda v: v, "FSDP2 already prefetches the next layer's all-gather"),
-    ("data.num_workers", lambda v: v > 0, "prompts are encoded in the training process, one at a time"),
-]
+
+# Rollout keys only some engines read: changed while another engine runs, they are ignored with a warning.
+ENGINE_ONLY_KEYS = {"vllm": ["rollout.vllm.", "rollout.load_format", "rollout.bucket_size"],
+                    "sglang": ["rollout.sglang.", "rollout.load_format", "rollout.bucket_size"],
+                    "hf": ["rollout.micro_batch_size"]}
 
 # RLLaVA copies these values into rollout.* in post_init; rllava keeps one owner per value.
 DERIVED_KEYS = {
@@ -715,6 +807,22 @@ def get_key(cfg: Any, dotted: str) -> Any:
     return cfg
 
 
+def _default_of(dotted: str) -> Any:
+    """The schema default of a key whose sections all have defaults (not under critic)."""
+    section, _, leaf = dotted.rpartition(".")
+    obj = get_key(_DEFAULTS, section) if section else _DEFAULTS
+    return getattr(type(obj)(), leaf)
+
+
+def LEAF_KEYS(prefix: str, cls: type) -> list[str]:
+    """Every leaf key of a section class, dotted under `prefix`."""
+    out = []
+    for f in fields(cls):
+        value = getattr(cls(), f.name)
+        out += LEAF_KEYS(f"{prefix}.{f.name}", type(value)) if is_dataclass(value) else [f"{prefix}.{f.name}"]
+    return out
+
+
 @dataclass
 class PPOConfig:
     data: DataConfig = field(default_factory=DataConfig)
@@ -727,10 +835,8 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def __post_init__(self) -> None:
-        for section in (self.actor, self.critic):  # `auto`: what works where the config is loaded
-            if section is not None and section.strategy == "auto":
-                section.strategy = "fsdp2" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "single"
-        self.validate()
+        if _DEFAULTS is not None:  # the defaults themselves are built once, unvalidated, to read defaults from
+            self.validate()
 
     def validate(self) -> None:
         """Raise one ConfigError listing every problem; warn about keys the chosen strategy ignores."""
@@ -742,15 +848,20 @@ class PPOConfig:
         if self.actor.ppo_mini_batch_size > 0 and self.data.train_batch_size % self.actor.ppo_mini_batch_size:
             p.append(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")
-        p += self._derived_problems() + self._not_built_problems()
+        p += self._derived_problems() + self._not_built_problems() + self._planned_problems()
         if p:
             raise ConfigError(p)
-        ignored = self.actor.ignored_keys("actor")
+        for role in ("actor", "critic"):
+            section = getattr(self, role)
+            ignored = section.ignored_keys(role) if section is not None else []
+            if ignored:
+                warnings.warn(f"{', '.join(ignored)} ignored: {role}.strategy={section.strategy}", stacklevel=2)
+        ignored = self._rollout_ignored_keys()
         if ignored:
-            warnings.warn(f"{', '.join(ignored)} ignored: actor.strategy={self.actor.strategy}", stacklevel=2)
-        for key, is_set, why in TUNING_KEYS:
-            if is_set(get_key(self, key)):
-                warnings.warn(f"{key}={_show(get_key(self, key))} ignored: {why}", stacklevel=2)
+            warnings.warn(f"{', '.join(ignored)} ignored: rollout.name={self.rollout.name}", stacklevel=2)
+        for key, is_on, why in NO_EFFECT_KEYS:
+            if (self.critic is not None or not key.startswith("critic.")) and is_on(get_key(self, key)):
+                warnings.warn(f"{key}={_show(get_key(self, key))} has no effect: {why}", stacklevel=2)
 
     def _derived_problems(self) -> list[str]:
         p = []
@@ -762,21 +873,40 @@ class PPOConfig:
                          f"set {owner} instead")
         return p
 
+    def _planned_problems(self) -> list[str]:
+        p = []
+        for feature, keys in PLANNED_FEATURES.items():
+            for key in keys:
+                value, default = get_key(self, key), _default_of(key)
+                if value != default:
+                    p.append(f"{key}={_show(value)} is for {feature}, not available yet in rllava; leave it at "
+                             f"{_show(default)}")
+        for key, instead in REDIRECTED_KEYS.items():
+            if get_key(self, key) != _default_of(key):
+                p.append(f"{key}={_show(get_key(self, key))} is not read in rllava; set {instead} instead")
+        return p
+
+    def _rollout_ignored_keys(self) -> list[str]:
+        """Rollout keys changed from their defaults although the chosen engine does not read them."""
+        read = ENGINE_ONLY_KEYS.get(self.rollout.name, [])
+        others = {k for name, keys in ENGINE_ONLY_KEYS.items() if name != self.rollout.name for k in keys} - set(read)
+        out = []
+        for key in LEAF_KEYS("rollout", RolloutConfig):
+            if any(key == o or (o.endswith(".") and key.startswith(o)) for o in others):
+                if get_key(self, key) != _default_of(key) and key not in REDIRECTED_KEYS:
+                    out.append(key)
+        if self.rollout.name == "hf" and self.rollout.tensor_parallel_size != 1:
+            out.append("rollout.tensor_parallel_size")
+        return out
+
     def _not_built_problems(self) -> list[str]:
         p = []
         for key, is_on, off in NOT_BUILT_YET:
             value = get_key(self, key)
             if is_on(value):
                 p.append(f"{key}={_show(value)} is not available yet in rllava; set {key}={off}")
-        for key, is_set, instead in MOVED_KEYS:
-            if is_set(get_key(self, key)):
-                p.append(f"{key}={_show(get_key(self, key))} is not read in rllava; set {instead} instead")
-        # reward models (a sequence-classification scorer or a judge) are not built yet: rule rewards only
-        changed = [f.name for f in fields(ModelConfig) if getattr(self.reward.model, f.name) != getattr(ModelConfig(), f.name)]
-        if changed:
-            p.append(f"reward.model.{changed[0]} is set, but reward models are not available yet in rllava; "
-                     "score with reward.reward_function=path/file.py:fn and leave reward.model.* unset")
-        if self.critic is not None and self.critic.model.ulysses_size > 1:
-            p.append(f"critic.model.ulysses_size={self.critic.model.ulysses_size} is not available yet in rllava; "
-                     "set critic.model.ulysses_size=1")
         return p
+
+
+_DEFAULTS: Any = None
+_DEFAULTS = PPOConfig()

@@ -19,6 +19,7 @@ from rllava import distributed as D
 from rllava.algorithms.kl import KLController
 from rllava.algorithms.ppo import build_algorithm, load_plugins
 from rllava.config import ConfigError, PPOConfig
+from rllava.config.schema import resolve_strategy
 from rllava.data.dataset import PromptDataset
 from rllava.data.sampler import EpochSampler
 from rllava.engine.inference.base import SamplingParams
@@ -26,7 +27,7 @@ from rllava.engine.inference.hf import HFRolloutEngine
 from rllava.engine.train.base import TrainEngine
 from rllava.engine.train.single import SingleDeviceEngine
 from rllava.model.forward import LOGPROB_CHUNK
-from rllava.model.loader import build_policy, build_reference, load_model, resolve_dtype
+from rllava.model.loader import build_policy, build_reference, freeze, load_model, resolve_dtype
 from rllava.model.lora import apply_lora
 from rllava.model.value import ValueModel
 from rllava.model.processor import get_tokenizer
@@ -49,9 +50,10 @@ def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
     random.seed(cfg.trainer.seed)  # the same on every rank: models (LoRA, value heads) start identical
     np.random.seed(cfg.trainer.seed)
     torch.manual_seed(cfg.trainer.seed)
-    # FSDP2 needs a process group even in one process (DeepSpeed makes its own)
-    sharded = "fsdp" in cfg.actor.strategy or (cfg.critic is not None and "fsdp" in cfg.critic.strategy)
-    device = D.init(cfg.trainer.device, sharded)  # joins the process group under torchrun (or a group of one)
+    device = D.init(cfg.trainer.device)  # joins the process group under torchrun
+    strategies = {resolve_strategy(cfg.actor.strategy)} | ({resolve_strategy(cfg.critic.strategy)} if cfg.critic else set())
+    if world == 1 and strategies & set(DISTRIBUTED_STRATEGIES):
+        D.group_of_one(device)  # `python -m ... actor.strategy=fsdp2`: the sharded engine as a world of one
     return device, run_outputs_dir(cfg)
 
 
@@ -65,10 +67,10 @@ def run_outputs_dir(cfg: PPOConfig) -> str:
 
 def check_world_size(cfg: PPOConfig, world: int) -> None:
     """Under torchrun every rank takes an equal share of each batch of prompts and of each mini-batch."""
-    if cfg.actor.strategy not in DISTRIBUTED_STRATEGIES:
+    if resolve_strategy(cfg.actor.strategy, world) not in DISTRIBUTED_STRATEGIES:
         raise ConfigError(f"launched with {world} processes but actor.strategy={cfg.actor.strategy} runs on one "
-                          "device; set actor.strategy=fsdp2 (or deepspeed) or use --nproc_per_node=1")
-    if cfg.critic is not None and cfg.critic.strategy not in DISTRIBUTED_STRATEGIES:
+                          "device; set actor.strategy=fsdp2 (or deepspeed, or auto) or use --nproc_per_node=1")
+    if cfg.critic is not None and resolve_strategy(cfg.critic.strategy, world) not in DISTRIBUTED_STRATEGIES:
         raise ConfigError(f"launched with {world} processes: set critic.strategy={cfg.actor.strategy} as well")
     for key, value in (("data.train_batch_size", cfg.data.train_batch_size),
                        ("actor.ppo_mini_batch_size", cfg.actor.ppo_mini_batch_size)):
@@ -88,14 +90,22 @@ def build_tracker(cfg: PPOConfig, outputs_dir: str) -> Tracker:
                    OmegaConf.to_container(OmegaConf.structured(cfg)))
 
 
+def validates(cfg: PPOConfig) -> bool:
+    """Whether the run ever validates: trainer.val_freq > 0, val_before_train or val_only."""
+    t = cfg.trainer
+    return t.val_freq > 0 or t.val_before_train or t.val_only
+
+
 def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None):
-    """(train, val or None). `data.override_chat_template` replaces the processor's chat template first."""
+    """(train, val or None). `data.override_chat_template` replaces the processor's chat template first. The
+    validation set is loaded only when the run validates (a base config's hub val set must not need a network
+    for a run that never uses it)."""
     if cfg.data.override_chat_template:
         processor.chat_template = cfg.data.override_chat_template
     kwargs = dict(target_key=target_key, limit_images=cfg.rollout.limit_images)
     train = PromptDataset(cfg.data.train_files, cfg.data, processor, image_dir=cfg.data.train_image_dir, **kwargs)
     val = None
-    if cfg.data.val_files:
+    if cfg.data.val_files and validates(cfg):
         val = PromptDataset(cfg.data.val_files, cfg.data, processor, image_dir=cfg.data.val_image_dir, **kwargs)
     return train, val
 
@@ -131,7 +141,8 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device) -> Rollout:
     tok = get_tokenizer(processor)
     vocab = tok.get_vocab()
     banned = [vocab[t] for t in VISION_PLACEHOLDERS if t in vocab]
-    engine = build_rollout_engine(cfg, tok.pad_token_id, [tok.eos_token_id], banned, device)
+    stop = [] if cfg.rollout.ignore_eos else [tok.eos_token_id]  # ignore_eos: every response runs to the budget
+    engine = build_rollout_engine(cfg, tok.pad_token_id, stop, banned, device)
     if cfg.actor.fsdp.offload_params and engine.shares_train_model:
         log.warning("actor.fsdp.offload_params=true has no effect with rollout.name=%s: that engine samples with "
                     "the training model, whose weights must stay on the device", cfg.rollout.name)
@@ -190,7 +201,9 @@ def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm
     """The train engine for `strategy` around `model`, with AdamW over the trainable parameters and the LR
     schedule (`o` = an optim config); `fsdp` (a FSDPConfig) carries the sharding and CPU-offload switches,
     `deepspeed` (a DeepSpeedConfig) the ZeRO ones."""
-    warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * updates)
+    if o.strategy != "adamw":  # the config check allows only what is built here
+        raise ConfigError(f"{key}.strategy={o.strategy!r} is not supported (supported: adamw)")
+    strategy = resolve_strategy(strategy)
     offload = dict(offload_params=fsdp.offload_params, offload_optimizer=fsdp.offload_optimizer,
                    cpu_optimizer=fsdp.enable_cpu_offload)
     if strategy in ("fsdp", "fsdp2"):
@@ -210,9 +223,24 @@ def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm
         engine = SingleDeviceEngine(device, max_grad_norm, skip_grad_norm, **offload)
     engine.prepare(model, lambda params: torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas),
                                                            weight_decay=o.weight_decay),
-                   lambda opt: transformers.get_scheduler(o.lr_scheduler_type, opt, num_warmup_steps=warmup,
-                                                          num_training_steps=updates))
+                   lambda opt: lr_scheduler(o, opt, updates))
     return engine
+
+
+def lr_scheduler(o, optimizer, updates: int):
+    """The LR schedule of an optim config over `updates` optimizer steps: warmup (lr_warmup_steps, else
+    lr_warmup_ratio of the run; with every schedule, constant included), then lr_scheduler_type; cosine reads
+    num_cycles and min_lr_ratio (its floor)."""
+    warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * updates)
+    name, extra = o.lr_scheduler_type, {}
+    if name == "constant" and warmup > 0:  # transformers' "constant" ignores warmup; RLLaVA/verl warm up (constant)
+        name = "constant_with_warmup"
+    if name == "cosine":
+        extra["num_cycles"] = o.num_cycles
+        if o.min_lr_ratio is not None:
+            name, extra["min_lr_rate"] = "cosine_with_min_lr", o.min_lr_ratio
+    return transformers.get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=updates,
+                                      scheduler_specific_kwargs=extra or None)
 
 
 def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, sft: bool = False) -> Actor:
@@ -303,10 +331,16 @@ def build_critic(cfg: PPOConfig, device: torch.device, num_steps: int, algorithm
     c = cfg.critic
     lm = load_model(c.model.model_path or cfg.actor.model.model_path, dtype=resolve_dtype(c.model.torch_dtype, device),
                     attn_implementation=c.model.attn_implementation, trust_remote_code=c.model.trust_remote_code,
-                    key="critic.model")
+                    override_config=c.model.override_config, key="critic.model")
+    for part in ("vision_tower", "connector", "llm"):  # as the actor's (rllava.model.loader.build_policy)
+        if getattr(c.model, f"freeze_{part}"):
+            freeze(lm, part)
     if c.model.use_peft:  # adapters on the backbone; the value head (built next) trains fully
         lm = apply_lora(lm, c.model, key="critic.model")
     mini = c.ppo_mini_batch_size * cfg.rollout.n // D.world_size()
+    if c.model.enable_gradient_checkpointing:  # as the actor's; on a CPU there is no device memory to offload from
+        lm.activation_checkpointing_enable({"use_reentrant": False},
+                                           offload=c.model.enable_activation_offload and device.type != "cpu")
     engine = _engine(ValueModel(lm), c.optim, device, c.max_grad_norm, None, key="critic.optim",
                      updates=_num_updates(cfg, num_steps, c.ppo_epochs, mini, cfg.rollout.n),
                      strategy=c.strategy, fsdp=c.fsdp, deepspeed=c.deepspeed)

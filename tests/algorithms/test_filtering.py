@@ -32,7 +32,8 @@ def test_fill_batch_keeps_sampling_until_full_and_renumbers_groups():
                                            max_tries=5)
     assert [t.group_id for t in trajs] == [0, 0, 1, 1]
     assert scores.tolist() == [0, 1, 1, 0]  # round 1 group 1, then round 2 group 1 (the first informative ones)
-    assert m == {"batch/sampling_rounds": 2.0, "batch/groups_kept": 2.0, "batch/groups_sampled": 5.0}
+    assert m == {"batch/sampling_rounds": 2.0, "batch/groups_kept": 2.0, "batch/groups_sampled": 5.0,
+                 "batch/filter_exhausted": 0.0}
 
 
 def test_fill_batch_stops_at_max_tries():
@@ -47,3 +48,14 @@ def test_fill_batch_stops_at_max_tries():
     assert scores.tolist() == [1, 1, 0, 0]
     with pytest.raises(ConfigError, match="algorithm.filter_key='acc' is not a score"):
         fill_batch(draw, 2, filter_key="acc", low=0.01, high=0.99, max_tries=3)
+
+
+def test_fill_batch_running_out_of_rounds_warns_and_counts(caplog):
+    """DAPO trains on when trainer.max_try_make_batch runs out, but never silently: a warning and a metric."""
+    rounds = iter([_round([[1, 1], [0, 1]]), _round([[0, 0], [1, 1]])])  # one informative group of the two wanted
+    with caplog.at_level("WARNING", logger="rllava.algorithms.filtering"):
+        trajs, _, _, m = fill_batch(lambda: next(rounds), 2, filter_key="accuracy", low=0.01, high=0.99,
+                                    max_tries=2)
+    assert m["batch/filter_exhausted"] == 1.0 and m["batch/groups_kept"] == 1.0 and len(trajs) == 2
+    (record,) = caplog.records
+    assert "1 of 2 groups carry a learning signal after trainer.max_try_make_batch=2 rounds" in record.getMessage()

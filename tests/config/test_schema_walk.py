@@ -1,7 +1,15 @@
-"""Every key of the schema, walked: a non-default value either raises at start-up (one line naming the key) or
-changes something a test observes. The table below names that test for every key that does not raise; a new key
-that is neither fails here until it is classified."""
+"""Every key of the schema, walked: setting it to a value other than its default either changes something a
+test observes (COVERED names that test) or is refused or flagged at start-up (a ConfigError or a one-line
+warning naming the key). A key added to the schema and not classified fails here.
 
+COVERED maps a key to the test that checks its effect, as "path::test" (that test's source, decorators included,
+names the full dotted key) or ("path::test", "word") where the test exercises the code the key feeds under
+another name (e.g. a loss's keyword argument). critic.* keys share actor.*'s dataclasses; where the critic reads
+one through the same function as the actor (apply_lora, freeze, _engine), the actor's test is named.
+"""
+
+import ast
+import functools
 import os
 import typing
 import warnings
@@ -10,257 +18,260 @@ import pytest
 
 from rllava.config import ConfigError, load_config
 from rllava.config.loader import LEAVES, _strip_optional
-from rllava.config.schema import PPOConfig, get_key
+from rllava.config.schema import DERIVED_KEYS, CriticConfig, PPOConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+OWNED_ELSEWHERE: set[str] = set()  # keys built on a branch not merged yet (none now)
 
-def candidates(key: str, default) -> list[str]:
-    """Command-line values of the key's type that differ from `default`, most ordinary first."""
-    tp = _strip_optional(LEAVES[key])
-    if tp is bool:
-        return ["false" if default else "true"]
-    if tp is int:
-        return [str(v) for v in (2, 3, 0, 16) if v != default]
-    if tp is float:
-        return [str(v) for v in (0.5, 2.0, 0.0) if v != default]
-    if typing.get_origin(tp) is list:
-        return ["[x]"]
-    if typing.get_origin(tp) is dict or tp is dict:
-        return ["{a:1}"]
-    return ["x", "full", "auto"]
-
-
-# The keys whose non-default value is accepted, each with a test that sets it (file::test; found by the key's
-# name in the test's source, so the entries want a review pass: issue 15 is open on it).
 COVERED = {
+    "reward.num_cpus": ("tests/reward/test_function.py::test_worker_pool_scores_kills_hung_workers_and_replaces_dead_ones", "num_cpus"),
     "reward.timeout": "tests/reward/test_function.py::test_a_sleeping_reward_times_out_in_process",
     "reward.on_error": "tests/reward/test_function.py::test_on_error_zero_scores_the_sample_0_and_counts_it",
-    "reward.num_cpus": "tests/reward/test_function.py::test_worker_pool_scores_kills_hung_workers_and_replaces_dead_ones",
     "trainer.overwrite": "tests/train/test_runtime.py::test_outputs_dir_belongs_to_one_run",
-    "actor.clip_ratio_c": "tests/algorithms/test_losses.py::test_vanilla_ppo_hand_computed",
-    "actor.clip_ratio_high": "tests/algorithms/test_losses.py::test_vanilla_ppo_hand_computed",
-    "actor.clip_ratio_low": "tests/algorithms/test_losses.py::test_vanilla_ppo_hand_computed",
-    "actor.deepspeed.zero_stage": "tests/config/test_config.py::test_fsdp_keys_warn_under_single_strategy",
-    "actor.fsdp.offload_optimizer": "tests/engine/test_single.py::test_parameter_offload_between_phases_changes_nothing",
-    "actor.fsdp.offload_params": "tests/config/test_config.py::test_fsdp_keys_warn_under_single_strategy",
-    "actor.fsdp.reshard_after_forward": "tests/config/test_config.py::test_fsdp_keys_warn_under_single_strategy",
-    "actor.kl_loss_coef": "tests/engine/test_sharded_engines.py::test_rlvr_pipeline_on_two_ranks",
-    "actor.model.attn_implementation": "tests/model/test_video_inputs.py::test_rollout_and_padding_free_log_probs_with_images_and_videos",
-    "actor.model.enable_gradient_checkpointing": "tests/model/test_loader.py::test_gradient_checkpointing_gives_the_same_gradients",
-    "actor.model.freeze_connector": "tests/model/test_modular.py::test_freeze_errors",
-    "actor.model.freeze_llm": "tests/model/test_modular.py::test_freeze_errors",
-    "actor.model.freeze_vision_tower": "tests/model/test_modular.py::test_rlvr_two_steps_train_the_unfrozen_parts",
-    "actor.model.lora_alpha": "tests/train/test_pipelines.py::test_lora_with_kl_to_the_adapter_free_base",
-    "actor.model.lora_r": "tests/engine/test_rollout_engines.py::test_load_pushes_current_weights_and_offload_wraps_rollout",
-    "actor.model.lora_target_modules": "tests/model/test_lora.py::test_bad_lora_settings_name_the_key",
-    "actor.model.lora_weight_path": "tests/model/test_lora.py::test_save_merges_adapters_and_keeps_the_adapter",
-    "actor.model.model_path": "tests/test_examples.py::test_script_parses_with_the_real_loader",
-    "actor.model.override_config": "tests/config/test_config.py::test_dict_fields_accept_any_sub_keys",
-    "actor.model.padding_free": "tests/model/test_modular.py::test_rlvr_two_steps_train_the_unfrozen_parts",
-    "actor.model.use_peft": "tests/engine/test_rollout_engines.py::test_load_pushes_current_weights_and_offload_wraps_rollout",
-    "actor.optim.lr": "tests/config/test_config.py::test_rllava_only_keys_and_their_defaults",
-    "actor.policy_loss.cispo_clip_ratio_high": "tests/algorithms/test_losses.py::test_cispo_clips_the_weight_but_keeps_every_gradient",
-    "actor.policy_loss.cispo_clip_ratio_low": "tests/algorithms/test_losses.py::test_cispo_clips_the_weight_but_keeps_every_gradient",
-    "actor.policy_loss.clip_cov_lb": "tests/algorithms/test_losses.py::test_clip_cov_detaches_the_in_band_token",
-    "actor.policy_loss.clip_cov_ratio": "tests/algorithms/test_losses.py::test_clip_cov_detaches_the_in_band_token",
-    "actor.policy_loss.clip_cov_ub": "tests/algorithms/test_losses.py::test_clip_cov_detaches_the_in_band_token",
-    "actor.policy_loss.kl_cov_ratio": "tests/algorithms/test_losses.py::test_kl_cov_penalises_the_top_covariance_tokens",
-    "actor.policy_loss.loss_mode": "tests/test_learning.py::test_policy_loss_learns",
-    "actor.policy_loss.ppo_kl_coef": "tests/algorithms/test_losses.py::test_kl_cov_penalises_the_top_covariance_tokens",
-    "actor.ppo_epochs": "tests/config/test_config.py::test_bare_key_on_the_command_line_is_the_empty_string_for_string_keys",
-    "actor.ppo_micro_batch_size": "tests/model/test_modular.py::test_rlvr_two_steps_train_the_unfrozen_parts",
-    "actor.ppo_mini_batch_size": "tests/test_learning.py::test_policy_loss_learns",
-    "actor.skip_grad_norm": "tests/engine/test_single.py::test_skip_grad_norm_skips_the_update_but_advances_the_schedule",
-    "actor.strategy": "tests/config/test_config.py::test_unknown_strategy_lists_choices",
-    "algorithm.adv_estimator": "tests/test_learning.py::test_estimator_learns",
-    "algorithm.filter_key": "tests/algorithms/test_filtering.py::test_fill_batch_stops_at_max_tries",
-    "algorithm.gamma": "tests/model/test_forward.py::test_no_grad_passes_match_with_dynamic_packed_micro_batches",
-    "algorithm.kl_ctrl.horizon": "tests/train/test_checkpoint.py::test_stop_and_resume_equals_straight_run_bitwise",
-    "algorithm.kl_ctrl.target_kl": "tests/algorithms/test_kl.py::test_adaptive_controller_shapes_rewards_then_moves_beta",
-    "algorithm.lam": "tests/train/test_pipelines.py::test_ppo_gae_with_critic_and_warmup",
-    "algorithm.norm_adv_by_std_in_grpo": "tests/algorithms/test_advantage.py::test_dr_grpo_drops_std",
-    "algorithm.plugins": "tests/train/test_pipelines.py::test_register_ppo_class_plugin",
-    "algorithm.use_kl_in_reward": "tests/train/test_checkpoint.py::test_stop_and_resume_equals_straight_run_bitwise",
-    "algorithm.use_kl_loss": "tests/engine/test_sharded_engines.py::test_rlvr_pipeline_on_two_ranks",
-    "data.answer_key": "tests/data/test_dataset.py::test_a_record_without_its_prompt_or_answer",
-    "data.dataset_kwargs": "tests/config/test_config.py::test_dict_fields_accept_any_sub_keys",
-    "data.filter_overlong_prompts": "tests/data/test_dataset.py::test_markers_must_match_the_images",
-    "data.format_prompt": "tests/test_examples.py::test_script_parses_with_the_real_loader",
-    "data.image_key": "tests/data/test_dataset.py::test_an_image_key_matching_no_field",
-    "data.max_prompt_length": "tests/data/test_dataset.py::test_overlong_prompts_are_filtered_and_counted",
-    "data.max_samples": "tests/model/test_modular.py::test_rlvr_two_steps_train_the_unfrozen_parts",
-    "data.min_pixels": "tests/data/test_video.py::test_video_keys_are_checked",
-    "data.override_chat_template": "tests/train/test_checkpoint.py::test_hf_export_every_save_and_after_the_fact",
-    "data.prompt_key": "tests/data/test_dataset.py::test_a_record_without_its_prompt_or_answer",
-    "data.seed": "tests/config/test_config.py::test_command_line_overrides_yaml_and_parses_values",
-    "data.shuffle": "tests/data/test_sampler.py::test_each_epoch_is_a_permutation_and_reshuffles",
-    "data.target_key": "tests/train/test_pipelines.py::test_sft_learns_the_format",
-    "data.train_files": "tests/model/test_modular.py::test_rlvr_two_steps_train_the_unfrozen_parts",
-    "data.val_batch_size": "tests/test_examples.py::test_tiny_cpu_twin_runs",
-    "data.val_files": "tests/model/test_modular.py::test_rlvr_two_steps_train_the_unfrozen_parts",
-    "data.video_fps": "tests/train/test_video_pipeline.py::test_rlvr_two_steps_on_videos",
+    "data.train_files": "tests/data/test_records.py::test_empty_after_max_samples_and_empty_spec",
+    "data.val_files": "tests/train/test_video_pipeline.py::test_rlvr_two_steps_on_videos",
+    "data.train_image_dir": ("tests/config/test_key_wiring.py::test_data_field_keys_and_image_dirs_reach_the_dataset", "data.train_image_dir"),
+    "data.val_image_dir": "tests/config/test_key_wiring.py::test_data_field_keys_and_image_dirs_reach_the_dataset",
+    "data.prompt_key": ("tests/data/test_dataset.py::test_bad_records_name_the_record", "prompt_key"),
+    "data.answer_key": "tests/config/test_key_wiring.py::test_data_field_keys_and_image_dirs_reach_the_dataset",
+    "data.image_key": "tests/config/test_key_wiring.py::test_data_field_keys_and_image_dirs_reach_the_dataset",
     "data.video_key": "tests/train/test_video_pipeline.py::test_rlvr_two_steps_on_videos",
-    "data.video_max_frames": "tests/train/test_video_pipeline.py::test_rlvr_two_steps_on_videos",
+    "data.video_fps": "tests/train/test_video_pipeline.py::test_rlvr_two_steps_on_videos",
+    "data.video_max_frames": "tests/data/test_video.py::test_video_keys_are_checked",
     "data.video_min_pixels": "tests/data/test_video.py::test_video_keys_are_checked",
-    "ref.log_prob_micro_batch_size": "tests/config/test_config.py::test_rllava_only_keys_and_their_defaults",
-    "ref.model_path": "tests/config/test_config.py::test_rllava_only_keys_and_their_defaults",
-    "reward.reward_function": "tests/test_examples.py::test_script_parses_with_the_real_loader",
-    "reward.reward_function_kwargs": "tests/test_examples.py::test_script_parses_with_the_real_loader",
-    "reward.reward_type": "tests/reward/test_function.py::test_batch_style_sees_every_field",
-    "rollout.bucket_size": "tests/engine/test_rollout_engines.py::test_load_pushes_current_weights_and_offload_wraps_rollout",
+    "data.max_prompt_length": ("tests/config/test_key_wiring.py::test_lengths_batch_sizes_and_tokenizer_path", "data.max_prompt_length"),
+    "data.max_response_length": ("tests/config/test_key_wiring.py::test_lengths_batch_sizes_and_tokenizer_path", "data.max_response_length"),
+    "data.val_batch_size": "tests/test_examples.py::test_tiny_cpu_twin_runs",
+    "data.format_prompt": ("tests/data/test_dataset.py::test_sample_messages_images_and_template", "format_prompt"),
+    "data.override_chat_template": "tests/train/test_checkpoint.py::test_hf_export_every_save_and_after_the_fact",
+    "data.shuffle": ("tests/data/test_sampler.py::test_each_epoch_is_a_permutation_and_reshuffles", "shuffle"),
+    "data.seed": ("tests/data/test_sampler.py::test_each_epoch_is_a_permutation_and_reshuffles", "seed"),
+    "data.min_pixels": "tests/data/test_video.py::test_video_keys_are_checked",
+    "data.max_pixels": "tests/data/test_video.py::test_video_keys_are_checked",
+    "data.filter_overlong_prompts": ("tests/config/test_key_wiring.py::test_lengths_batch_sizes_and_tokenizer_path", "data.filter_overlong_prompts"),
+    "data.max_samples": "tests/data/test_records.py::test_empty_after_max_samples_and_empty_spec",
+    "data.target_key": "tests/train/test_pipelines.py::test_sft_needs_target_key",
+    "algorithm.gamma": ("tests/algorithms/test_advantage.py::test_gae_by_hand_and_padding_is_skipped", "gamma"),
+    "algorithm.lam": "tests/train/test_pipelines.py::test_ppo_gae_with_critic_and_warmup",
+    "algorithm.adv_estimator": "tests/algorithms/test_advantage.py::test_unknown_estimator_lists_choices",
+    "algorithm.norm_adv_by_std_in_grpo": ("tests/algorithms/test_advantage.py::test_dr_grpo_drops_std", "norm_adv_by_std_in_grpo"),
+    "algorithm.use_kl_loss": "tests/train/test_pipelines.py::test_lora_with_kl_to_the_adapter_free_base",
+    "algorithm.kl_ctrl.kl_coef": "tests/config/test_key_wiring.py::test_kl_controller_and_rollout_is_keys",
+    "algorithm.kl_ctrl.horizon": "tests/train/test_checkpoint.py::test_stop_and_resume_equals_straight_run_bitwise",
+    "algorithm.kl_ctrl.target_kl": ("tests/algorithms/test_kl.py::test_adaptive_controller_shapes_rewards_then_moves_beta", "target_kl"),
+    "algorithm.use_kl_in_reward": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "algorithm.online_filtering": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "algorithm.filter_key": "tests/algorithms/test_filtering.py::test_fill_batch_stops_at_max_tries",
+    "algorithm.filter_low": ("tests/algorithms/test_filtering.py::test_informative_groups", "low="),
+    "algorithm.filter_high": ("tests/algorithms/test_filtering.py::test_informative_groups", "high="),
+    "algorithm.plugins": "tests/train/test_pipelines.py::test_register_ppo_class_plugin",
+    "algorithm.rollout_is_cap": "tests/config/test_key_wiring.py::test_kl_controller_and_rollout_is_keys",
+    "actor.ppo_micro_batch_size": "tests/train/test_video_pipeline.py::test_rlvr_two_steps_on_videos",
+    "actor.log_prob_micro_batch_size": "tests/config/test_key_wiring.py::test_actor_and_ref_batch_sizes_and_trust_remote_code",
+    "actor.ppo_max_token_len_per_gpu": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "actor.log_prob_max_token_len_per_gpu": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "actor.logprob_chunk_size": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "actor.max_grad_norm": ("tests/config/test_key_wiring.py::test_optim_keys_reach_the_engine", "max_grad_norm"),
+    "actor.skip_grad_norm": ("tests/engine/test_single.py::test_skip_grad_norm_skips_the_update_but_advances_the_schedule", "skip_grad_norm"),
+    "actor.clip_ratio": "tests/config/test_startup_checks.py::test_clip_ratio_drives_the_sides_left_at_their_default",
+    "actor.clip_ratio_low": "tests/config/test_startup_checks.py::test_clip_ratio_drives_the_sides_left_at_their_default",
+    "actor.clip_ratio_high": "tests/config/test_startup_checks.py::test_clip_ratio_drives_the_sides_left_at_their_default",
+    "actor.clip_ratio_c": ("tests/algorithms/test_losses.py::test_losses_take_their_hyperparameters_from_the_config_pool", "clip_ratio_c"),
+    "actor.entropy_coeff": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "actor.tis_imp_ratio_cap": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "actor.ppo_epochs": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "actor.model.model_path": "tests/test_examples.py::test_script_parses_with_the_real_loader",
+    "actor.model.tokenizer_path": ("tests/config/test_key_wiring.py::test_lengths_batch_sizes_and_tokenizer_path", "actor.model.tokenizer_path"),
+    "actor.model.attn_implementation": ("tests/model/test_video_inputs.py::test_rollout_and_padding_free_log_probs_with_images_and_videos", "attn_implementation"),
+    "actor.model.override_config": "tests/config/test_config.py::test_dict_fields_accept_any_sub_keys",
+    "actor.model.enable_gradient_checkpointing": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "actor.model.trust_remote_code": "tests/config/test_key_wiring.py::test_actor_and_ref_batch_sizes_and_trust_remote_code",
+    "actor.model.freeze_vision_tower": "tests/model/test_modular.py::test_rlvr_two_steps_train_the_unfrozen_parts",
+    "actor.model.freeze_connector": ("tests/model/test_modular.py::test_freeze_errors", "freeze_connector"),
+    "actor.model.freeze_llm": ("tests/model/test_modular.py::test_freeze_errors", "freeze_llm"),
+    "actor.model.padding_free": "tests/train/test_video_pipeline.py::test_rlvr_two_steps_on_videos",
+    "actor.model.dynamic_batching": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "actor.model.use_peft": "tests/train/test_pipelines.py::test_lora_with_kl_to_the_adapter_free_base",
+    "actor.model.lora_task_type": ("tests/config/test_key_wiring.py::test_lora_keys_reach_the_adapters", "task_type"),
+    "actor.model.lora_r": "tests/train/test_pipelines.py::test_lora_with_kl_to_the_adapter_free_base",
+    "actor.model.lora_target_modules": ("tests/model/test_lora.py::test_bad_lora_settings_name_the_key", "lora_target_modules"),
+    "actor.model.lora_alpha": "tests/train/test_pipelines.py::test_lora_with_kl_to_the_adapter_free_base",
+    "actor.model.lora_dropout": ("tests/config/test_key_wiring.py::test_lora_keys_reach_the_adapters", "lora_dropout"),
+    "actor.model.lora_use_rslora": ("tests/config/test_key_wiring.py::test_lora_keys_reach_the_adapters", "lora_use_rslora"),
+    "actor.model.lora_weight_path": "tests/model/test_lora.py::test_save_merges_adapters_and_keeps_the_adapter",
+    "actor.model.lora_bias": ("tests/config/test_key_wiring.py::test_lora_keys_reach_the_adapters", "bias"),
+    "actor.model.use_rslora": ("tests/config/test_key_wiring.py::test_lora_keys_reach_the_adapters", "use_rslora"),
+    "actor.model.lora_modules_to_save": ("tests/config/test_key_wiring.py::test_lora_keys_reach_the_adapters", "modules_to_save"),
+    "actor.optim.lr": "tests/train/test_pipelines.py::test_sft_learns_the_format",
+    "actor.optim.weight_decay": ("tests/config/test_key_wiring.py::test_optim_keys_reach_the_engine", "weight_decay"),
+    "actor.optim.lr_warmup_ratio": ("tests/config/test_key_wiring.py::test_optim_keys_reach_the_engine", "lr_warmup_ratio"),
+    "actor.optim.lr_warmup_steps": ("tests/config/test_key_wiring.py::test_optim_keys_reach_the_engine", "lr_warmup_steps"),
+    "actor.policy_loss.loss_mode": "tests/test_learning.py::test_policy_loss_learns",
+    "actor.policy_loss.clip_cov_ratio": ("tests/algorithms/test_losses.py::test_losses_take_their_hyperparameters_from_the_config_pool", "clip_cov_ratio"),
+    "actor.policy_loss.clip_cov_lb": ("tests/algorithms/test_losses.py::test_losses_take_their_hyperparameters_from_the_config_pool", "clip_cov_lb"),
+    "actor.policy_loss.clip_cov_ub": ("tests/algorithms/test_losses.py::test_losses_take_their_hyperparameters_from_the_config_pool", "clip_cov_ub"),
+    "actor.policy_loss.kl_cov_ratio": ("tests/algorithms/test_losses.py::test_losses_take_their_hyperparameters_from_the_config_pool", "kl_cov_ratio"),
+    "actor.policy_loss.ppo_kl_coef": ("tests/algorithms/test_losses.py::test_losses_take_their_hyperparameters_from_the_config_pool", "ppo_kl_coef"),
+    "actor.policy_loss.cispo_clip_ratio_low": ("tests/algorithms/test_losses.py::test_cispo_clips_the_weight_but_keeps_every_gradient", "cispo_clip_ratio_low"),
+    "actor.policy_loss.cispo_clip_ratio_high": ("tests/algorithms/test_losses.py::test_cispo_clips_the_weight_but_keeps_every_gradient", "cispo_clip_ratio_high"),
+    "actor.fsdp.enable_cpu_offload": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "actor.fsdp.offload_params": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "actor.fsdp.offload_optimizer": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "actor.kl_loss_coef": "tests/train/test_pipelines.py::test_lora_with_kl_to_the_adapter_free_base",
+    "ref.model_path": ("tests/config/test_key_wiring.py::test_ref_model_path_and_trainer_seed", "ref.model_path"),
+    "ref.log_prob_micro_batch_size": "tests/config/test_key_wiring.py::test_actor_and_ref_batch_sizes_and_trust_remote_code",
+    "ref.log_prob_max_token_len_per_gpu": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "critic.ppo_mini_batch_size": ("tests/config/test_key_wiring.py::test_critic_model_and_engine_keys_reach_the_critic", "critic.ppo_mini_batch_size"),
+    "critic.ppo_micro_batch_size": "tests/test_learning.py::test_ppo_with_gae_critic_learns",
+    "critic.log_prob_micro_batch_size": "tests/config/test_key_wiring.py::test_critic_keys_reach_the_value_model",
+    "critic.ppo_max_token_len_per_gpu": ("tests/config/test_key_wiring.py::test_critic_model_and_engine_keys_reach_the_critic", "critic.ppo_max_token_len_per_gpu"),
+    "critic.forward_max_token_len_per_gpu": "tests/config/test_key_wiring.py::test_critic_keys_reach_the_value_model",
+    "critic.max_grad_norm": "tests/config/test_key_wiring.py::test_critic_keys_reach_the_value_model",
+    "critic.cliprange_value": "tests/config/test_config.py::test_critic_from_the_command_line",
+    "critic.ppo_epochs": ("tests/config/test_key_wiring.py::test_critic_model_and_engine_keys_reach_the_critic", "critic.ppo_epochs"),
+    "critic.model.model_path": "tests/test_learning.py::test_ppo_with_gae_critic_learns",
+    "critic.model.attn_implementation": ("tests/config/test_key_wiring.py::test_critic_model_and_engine_keys_reach_the_critic", "critic.model.attn_implementation"),
+    "critic.model.override_config": ("tests/config/test_key_wiring.py::test_critic_model_and_engine_keys_reach_the_critic", "critic.model.override_config"),
+    "critic.model.enable_gradient_checkpointing": ("tests/config/test_key_wiring.py::test_critic_model_and_engine_keys_reach_the_critic", "critic.model.enable_gradient_checkpointing"),
+    "critic.model.trust_remote_code": "tests/config/test_key_wiring.py::test_critic_keys_reach_the_value_model",
+    "critic.model.freeze_vision_tower": ("tests/config/test_key_wiring.py::test_critic_model_and_engine_keys_reach_the_critic", "critic.model.freeze_vision_tower"),
+    "critic.model.freeze_connector": ("tests/model/test_modular.py::test_freeze_errors", "freeze_connector"),
+    "critic.model.freeze_llm": ("tests/model/test_modular.py::test_freeze_errors", "freeze_llm"),
+    "critic.model.padding_free": ("tests/config/test_key_wiring.py::test_critic_model_and_engine_keys_reach_the_critic", "critic.model.padding_free"),
+    "critic.model.dynamic_batching": ("tests/config/test_key_wiring.py::test_critic_model_and_engine_keys_reach_the_critic", "critic.model.dynamic_batching"),
+    "critic.model.use_peft": ("tests/config/test_key_wiring.py::test_critic_keys_reach_the_value_model", "peft"),
+    "critic.model.lora_task_type": ("tests/config/test_key_wiring.py::test_critic_keys_reach_the_value_model", "task_type"),
+    "critic.model.lora_r": ("tests/config/test_key_wiring.py::test_critic_keys_reach_the_value_model", "LORA"),
+    "critic.model.lora_target_modules": ("tests/model/test_lora.py::test_bad_lora_settings_name_the_key", "lora_target_modules"),
+    "critic.model.lora_alpha": ("tests/config/test_key_wiring.py::test_critic_keys_reach_the_value_model", "LORA"),
+    "critic.model.lora_dropout": ("tests/config/test_key_wiring.py::test_critic_keys_reach_the_value_model", "lora_dropout"),
+    "critic.model.lora_use_rslora": ("tests/config/test_key_wiring.py::test_lora_keys_reach_the_adapters", "lora_use_rslora"),
+    "critic.model.lora_weight_path": ("tests/model/test_lora.py::test_save_merges_adapters_and_keeps_the_adapter", "lora_weight_path"),
+    "critic.model.lora_bias": ("tests/config/test_key_wiring.py::test_critic_keys_reach_the_value_model", "bias"),
+    "critic.model.use_rslora": ("tests/config/test_key_wiring.py::test_critic_keys_reach_the_value_model", "use_rslora"),
+    "critic.model.lora_modules_to_save": ("tests/config/test_key_wiring.py::test_lora_keys_reach_the_adapters", "modules_to_save"),
+    "critic.optim.lr": "tests/test_learning.py::test_ppo_with_gae_critic_learns",
+    "critic.optim.weight_decay": "tests/config/test_key_wiring.py::test_critic_keys_reach_the_value_model",
+    "critic.optim.lr_warmup_ratio": ("tests/config/test_key_wiring.py::test_optim_keys_reach_the_engine", "lr_warmup_ratio"),
+    "critic.optim.lr_warmup_steps": ("tests/config/test_key_wiring.py::test_optim_keys_reach_the_engine", "lr_warmup_steps"),
+    "critic.fsdp.enable_cpu_offload": ("tests/config/test_key_wiring.py::test_critic_model_and_engine_keys_reach_the_critic", "critic.fsdp.enable_cpu_offload"),
+    "critic.fsdp.offload_params": ("tests/config/test_key_wiring.py::test_critic_model_and_engine_keys_reach_the_critic", "critic.fsdp.offload_params"),
+    "critic.fsdp.offload_optimizer": ("tests/config/test_key_wiring.py::test_critic_model_and_engine_keys_reach_the_critic", "critic.fsdp.offload_optimizer"),
+    "rollout.n": ("tests/engine/test_rollout_engines.py::test_generate_sends_unexpanded_prompts_and_maps_outputs", "n=3"),
+    "rollout.temperature": ("tests/engine/test_rollout_engines.py::test_generate_sends_unexpanded_prompts_and_maps_outputs", "temperature"),
+    "rollout.top_p": ("tests/engine/test_rollout_engines.py::test_generate_sends_unexpanded_prompts_and_maps_outputs", "top_p"),
+    "rollout.top_k": ("tests/engine/test_rollout_engines.py::test_generate_sends_unexpanded_prompts_and_maps_outputs", "top_k"),
+    "rollout.seed": "tests/config/test_startup_checks.py::test_seed_none_strings_mean_null",
     "rollout.limit_images": "tests/engine/test_rollout_engines.py::test_engines_are_built_from_rollout_keys",
-    "rollout.micro_batch_size": "tests/model/test_forward.py::test_dynamic_batching_gives_the_same_gradients",
-    "rollout.n": "tests/model/test_modular.py::test_rlvr_two_steps_train_the_unfrozen_parts",
-    "rollout.seed": "tests/model/test_tiny.py::test_tiny_is_deterministic_and_atomic",
-    "rollout.sglang.dtype": "tests/model/test_loader.py::test_export_names_the_standard_processor",
-    "rollout.sglang.mem_fraction_static": "tests/engine/test_rollout_engines.py::test_engines_are_built_from_rollout_keys",
-    "rollout.temperature": "tests/config/test_config.py::test_config_file_forms",
-    "rollout.tensor_parallel_size": "tests/engine/test_rollout_engines.py::test_engines_are_built_from_rollout_keys",
-    "rollout.top_k": "tests/engine/test_rollout_engines.py::test_generate_sends_unexpanded_prompts_and_maps_outputs",
-    "rollout.top_p": "tests/config/test_config.py::test_validation_reports_all_problems_and_is_a_value_error",
-    "rollout.vllm.chat_template": "tests/model/test_modular.py::test_compose_loads_each_part_from_its_own_directory",
-    "rollout.vllm.dtype": "tests/model/test_loader.py::test_export_names_the_standard_processor",
-    "rollout.vllm.gpu_memory_utilization": "tests/engine/test_rollout_engines.py::test_engines_are_built_from_rollout_keys",
-    "rollout.vllm.model": "tests/test_examples.py::test_real_scripts_use_the_seed_command_and_real_models",
-    "rollout.vllm.seed": "tests/model/test_tiny.py::test_tiny_is_deterministic_and_atomic",
-    "rollout.vllm.tokenizer": "tests/model/test_modular.py::test_compose_loads_each_part_from_its_own_directory",
+    "rollout.ignore_eos": "tests/config/test_startup_checks.py::test_ignore_eos_generates_to_the_budget",
+    "rollout.micro_batch_size": ("tests/config/test_key_wiring.py::test_lengths_batch_sizes_and_tokenizer_path", "rollout.micro_batch_size"),
+    "rollout.trust_remote_code": ("tests/config/test_schema_walk.py::test_derived_keys_follow_their_owner", "DERIVED_KEYS"),
+    "reward.reward_function": "tests/reward/test_function.py::test_bad_specs",
+    "reward.reward_function_kwargs": "tests/reward/test_boxes.py::test_frames",
+    "reward.skip_special_tokens": "tests/config/test_key_wiring.py::test_rollout_reads_skip_special_tokens",
+    "reward.overlong_buffer.len": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "reward.overlong_buffer.penalty_factor": ("tests/reward/test_function.py::test_overlong_penalty_by_hand", "overlong_penalty"),
+    "trainer.total_epochs": "tests/config/test_key_wiring.py::test_trainer_keys_for_steps_names_and_checkpoints",
+    "trainer.max_steps": "tests/train/test_pipelines.py::test_torchrun_single_process",
+    "trainer.project_name": "tests/config/test_key_wiring.py::test_trainer_keys_for_steps_names_and_checkpoints",
+    "trainer.experiment_name": "tests/config/test_key_wiring.py::test_trainer_keys_for_steps_names_and_checkpoints",
+    "trainer.max_try_make_batch": "tests/algorithms/test_filtering.py::test_fill_batch_running_out_of_rounds_warns_and_counts",
     "trainer.critic_warmup": "tests/test_learning.py::test_ppo_with_gae_critic_learns",
-    "trainer.device": "tests/config/test_config.py::test_rllava_only_keys_and_their_defaults",
-    "trainer.load_checkpoint_path": "tests/train/test_checkpoint.py::test_save_limit_model_only_and_bad_input",
-    "trainer.max_steps": "tests/model/test_modular.py::test_rlvr_two_steps_train_the_unfrozen_parts",
-    "trainer.outputs_dir": "tests/model/test_modular.py::test_rlvr_two_steps_train_the_unfrozen_parts",
-    "trainer.resume": "tests/train/test_checkpoint.py::test_stop_and_resume_equals_straight_run_bitwise",
-    "trainer.samples_freq": "tests/train/test_observability.py::test_tensorboard_console_samples_and_plots",
-    "trainer.samples_to_log": "tests/train/test_observability.py::test_tensorboard_console_samples_and_plots",
-    "trainer.save_freq": "tests/config/test_config.py::test_example_config_loads_every_key_with_its_value",
+    "trainer.val_freq": "tests/train/test_pipelines.py::test_sft_learns_the_format",
+    "trainer.val_before_train": "tests/train/test_pipelines.py::test_torchrun_single_process",
+    "trainer.val_only": "tests/config/test_key_wiring.py::test_val_only_validates_and_trains_nothing",
+    "trainer.val_generations_to_log": "tests/train/test_pipelines.py::test_rlvr_two_steps_change_parameters_and_write_metrics",
+    "trainer.save_freq": "tests/train/test_checkpoint.py::test_sigkill_mid_save_keeps_the_previous_checkpoint",
     "trainer.save_limit": "tests/train/test_checkpoint.py::test_save_limit_model_only_and_bad_input",
     "trainer.save_model_only": "tests/train/test_checkpoint.py::test_save_limit_model_only_and_bad_input",
-    "trainer.seed": "tests/config/test_config.py::test_rllava_only_keys_and_their_defaults",
-    "trainer.val_before_train": "tests/train/test_pipelines.py::test_torchrun_single_process",
-    "trainer.val_freq": "tests/test_examples.py::test_tiny_cpu_twin_runs",
-    "trainer.val_generations_to_log": "tests/engine/test_sharded_engines.py::test_rlvr_pipeline_on_two_ranks",
-    "trainer.val_greedy": "tests/config/test_config.py::test_rllava_only_keys_and_their_defaults",
-}
-
-# Accepted keys not yet classified (issue 15 open): this set may only shrink; a key moves to COVERED with its test,
-# or becomes a start-up error. A new schema key cannot land here.
-PENDING = {
-    "actor.clip_ratio",
-    "actor.deepspeed.contiguous_gradients",
-    "actor.deepspeed.enable_cpu_offload",
-    "actor.deepspeed.overlap_comm",
-    "actor.deepspeed.reduce_scatter",
-    "actor.deepspeed.stage3_param_persistence_threshold",
-    "actor.deepspeed.stage3_prefetch_bucket_size",
-    "actor.deepspeed.torch_dtype",
-    "actor.entropy_coeff",
-    "actor.fsdp.enable_cpu_offload",
-    "actor.fsdp.forward_prefetch",
-    "actor.fsdp.mixed_precision",
-    "actor.fsdp.ulysses_size",
-    "actor.fsdp.use_orig_params",
-    "actor.log_prob_max_token_len_per_gpu",
-    "actor.log_prob_micro_batch_size",
-    "actor.logprob_chunk_size",
-    "actor.max_grad_norm",
-    "actor.model.dynamic_batching",
-    "actor.model.lora_bias",
-    "actor.model.lora_dropout",
-    "actor.model.lora_modules_to_save",
-    "actor.model.lora_task_type",
-    "actor.model.lora_use_rslora",
-    "actor.model.tie_word_embeddings",
-    "actor.model.tokenizer_path",
-    "actor.model.trust_remote_code",
-    "actor.model.use_rslora",
-    "actor.optim.lr_warmup_ratio",
-    "actor.optim.lr_warmup_steps",
-    "actor.optim.min_lr_ratio",
-    "actor.optim.num_cycles",
-    "actor.optim.training_steps",
-    "actor.optim.weight_decay",
-    "actor.ppo_max_token_len_per_gpu",
-    "actor.tis_imp_ratio_cap",
-    "actor.use_torch_compile",
-    "algorithm.filter_high",
-    "algorithm.filter_low",
-    "algorithm.kl_ctrl.kl_coef",
-    "algorithm.online_filtering",
-    "algorithm.rollout_is_cap",
-    "data.filter_overlong_prompts_workers",
-    "data.max_response_length",
-    "data.num_workers",
-    "data.train_image_dir",
-    "data.val_image_dir",
-    "ref.log_prob_max_token_len_per_gpu",
-    "reward.overlong_buffer.len",
-    "reward.overlong_buffer.penalty_factor",
-    "reward.skip_special_tokens",
-    "rollout.disable_tqdm",
-    "rollout.load_format",
-    "rollout.sglang.skip_server_warmup",
-    "rollout.sglang.tp_size",
-    "rollout.trust_remote_code",
-    "rollout.vllm.disable_log_stats",
-    "rollout.vllm.distributed_executor_backend",
-    "rollout.vllm.enable_chunked_prefill",
-    "rollout.vllm.enforce_eager",
-    "rollout.vllm.load_format",
-    "rollout.vllm.max_model_len",
-    "rollout.vllm.max_num_batched_tokens",
-    "rollout.vllm.pipeline_parallel_size",
-    "rollout.vllm.skip_tokenizer_init",
-    "trainer.experiment_name",
-    "trainer.find_last_checkpoint",
-    "trainer.hf_merge_lora",
-    "trainer.max_try_make_batch",
-    "trainer.n_gpus_per_node",
-    "trainer.nnodes",
-    "trainer.project_name",
-    "trainer.save_checkpoint_path",
-    "trainer.total_epochs",
-    "trainer.val_only",
+    "trainer.outputs_dir": "tests/train/test_observability.py::test_plot_without_metrics_is_one_line",
+    "trainer.save_checkpoint_path": "tests/config/test_key_wiring.py::test_trainer_keys_for_steps_names_and_checkpoints",
+    "trainer.load_checkpoint_path": "tests/train/test_checkpoint.py::test_save_limit_model_only_and_bad_input",
+    "trainer.find_last_checkpoint": "tests/config/test_key_wiring.py::test_trainer_keys_for_steps_names_and_checkpoints",
+    "trainer.resume": "tests/train/test_checkpoint.py::test_sigkill_mid_save_keeps_the_previous_checkpoint",
+    "trainer.hf_merge_lora": "tests/config/test_key_wiring.py::test_hf_merge_lora_false_exports_the_base_weights",
+    "trainer.samples_freq": "tests/train/test_observability.py::test_tensorboard_console_samples_and_plots",
+    "trainer.samples_to_log": "tests/train/test_observability.py::test_tensorboard_console_samples_and_plots",
+    "trainer.seed": ("tests/config/test_key_wiring.py::test_ref_model_path_and_trainer_seed", "trainer.seed"),
+    "trainer.val_greedy": "tests/train/test_pipelines.py::test_rlvr_two_steps_change_parameters_and_write_metrics",
 }
 
 
-def walk():
-    cfg = PPOConfig()
-    for key in sorted(LEAVES):
-        if key.startswith("critic."):
-            continue  # the critic section is walked with critic set, below
-        yield key, get_key(cfg, key)
+def _default(key):
+    obj, parts = PPOConfig(), key.split(".")
+    if parts[0] == "critic":
+        obj, parts = CriticConfig(), parts[1:]
+    for part in parts[:-1]:
+        obj = getattr(obj, part)
+    return getattr(obj, parts[-1])
 
 
-def _outcome(args: list[str]) -> str:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+def _other_value(key) -> list[str]:
+    """Command-line arguments setting `key` to a value of its type other than the default."""
+    tp, d = _strip_optional(LEAVES[key]), _default(key)
+    if tp is bool:
+        return [f"{key}={'false' if d else 'true'}"]
+    if typing.get_origin(tp) is dict or tp is dict:
+        return [f"{key}.k=1"]
+    if typing.get_origin(tp) is list:
+        return [f"{key}=[{','.join(map(str, (d or []) + ['x']))}]"]
+    if tp is int:
+        return [f"{key}={d + 1 if d not in (None, -1, 0) else 3}"]
+    if tp is float:
+        return [f"{key}={d / 2 if d else 0.5}"]
+    return [f"{key}=other_value"]
+
+
+@functools.cache
+def _test_sources() -> dict[str, str]:
+    out = {}
+    for root, _, files in os.walk(os.path.join(REPO, "tests")):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                src = open(path).read()
+                lines = src.splitlines()
+                for node in ast.walk(ast.parse(src)):
+                    if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+                        start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+                        out[f"{os.path.relpath(path, REPO)}::{node.name}"] = "\n".join(lines[start - 1:node.end_lineno])
+    return out
+
+
+@pytest.mark.parametrize("key", sorted(LEAVES))
+def test_every_key_is_covered_or_refused_or_flagged_at_start_up(key):
+    if key in OWNED_ELSEWHERE:
+        pytest.skip(f"{key}: built on another branch of issue 15")
+    if key in COVERED:
+        test, word = COVERED[key] if isinstance(COVERED[key], tuple) else (COVERED[key], key)
+        sources = _test_sources()
+        assert test in sources, f"{key}: COVERED names {test}, which does not exist"
+        assert word in sources[test], f"{key}: {test} does not mention {word!r}"
+        return
+    args = (["critic.cliprange_value=0.5"] if key.startswith("critic.") else []) + _other_value(key)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
         try:
             load_config(args)
-            return "accepted"
         except ConfigError as e:
-            return f"error: {e}"
+            assert key in str(e), f"{args} raised, but not about {key}: {e}"
+            return
+    flagged = [str(w.message) for w in record if key in str(w.message)]
+    assert flagged, (f"{key}: {args} loads silently; give it an effect and name the test in COVERED, or make a "
+                     "changed value a ConfigError / warning at start-up")
+    assert all("\n" not in m for m in flagged)  # one line
 
 
-@pytest.mark.parametrize("key, default", list(walk()), ids=[k for k, _ in walk()])
-def test_every_key_changes_something_or_raises(key, default):
-    outcomes = {v: _outcome([f"{key}={v}"]) for v in candidates(key, default)}
-    accepted = [v for v, o in outcomes.items() if o == "accepted"]
-    if accepted:
-        assert key in COVERED or key in PENDING, (f"{key}={accepted[0]} is accepted: list the test that observes its effect in COVERED, "
-                                "or make a non-default value a start-up error")
-    else:  # every candidate raised: each message names the key
-        assert all(key in o for o in outcomes.values()), outcomes
+def test_covered_keys_are_schema_keys():
+    assert not set(COVERED) - set(LEAVES) and not OWNED_ELSEWHERE - set(LEAVES)
 
 
-def test_pending_keys_are_real_and_not_covered_twice():
-    assert PENDING <= set(LEAVES) and not PENDING & set(COVERED) and len(PENDING) <= 75
-
-
-@pytest.mark.parametrize("key, test", sorted(COVERED.items()))
-def test_the_covering_tests_exist_and_name_the_key(key, test):
-    path, name = test.split("::")
-    source = open(os.path.join(REPO, path)).read()
-    assert f"def {name}(" in source, test
-    leaf = key.split(".")[-1]
-    assert leaf in source, f"{test} does not mention {leaf}"
+def test_derived_keys_follow_their_owner():
+    """RLLaVA copies these into rollout.*; here a value equal to its owner's is accepted, any other refused."""
+    for key, owner in DERIVED_KEYS.items():
+        value = _default(owner)
+        assert load_config([f"{key}={value}"]) is not None
+    with pytest.raises(ConfigError, match="rollout.trust_remote_code=false is read from actor.model.trust_remote_code"):
+        load_config(["actor.model.trust_remote_code=true", "rollout.trust_remote_code=false"])
+    assert load_config(["rollout.trust_remote_code=false"]).rollout.trust_remote_code is False  # = the owner's

@@ -30,5 +30,4 @@ torchrun --nproc_per_node=${NPROC:-4} -m rllava.train.pipeline.rlvr \
   algorithm.adv_estimator=grpo \
   trainer.experiment_name=qwen2_5_vl_3b_ovd_grpo \
   trainer.outputs_dir=${OUTPUT_DIR} \
-  trainer.n_gpus_per_node=${NPROC:-4} \
   "$@"

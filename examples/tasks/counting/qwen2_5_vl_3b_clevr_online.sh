@@ -24,6 +24,5 @@ torchrun --nproc_per_node=${NPROC:-2} -m rllava.train.pipeline.rlvr \
   algorithm.adv_estimator=grpo \
   trainer.experiment_name=qwen2_5_vl_3b_clevr_grpo \
   trainer.outputs_dir=${OUTPUT_DIR} \
-  trainer.n_gpus_per_node=${NPROC:-2} \
   trainer.total_epochs=2 \
   "$@"

@@ -33,5 +33,4 @@ torchrun --nproc_per_node=${NPROC:-2} -m rllava.train.pipeline.rlvr \
   algorithm.adv_estimator=grpo \
   trainer.experiment_name=${EXPERIMENT} \
   trainer.outputs_dir=${OUTPUT_DIR} \
-  trainer.n_gpus_per_node=${NPROC:-2} \
   "$@"

@@ -1,19 +1,17 @@
-"""RLLaVA's multi-turn agent pipeline module (`-m rllava.train.pipeline.agentic`): not available yet.
+"""RLLaVA's multi-turn agent pipeline (tools, environments, rollout.max_turns): not available yet in rllava.
 
-Agents will be rollout drivers beside `rllava/roles/rollout.py` in the shared loop; until they land, an RLLaVA
-agent script gets one line saying so (exit 2) instead of "No module named", and never trains single-turn
-silently (the agent keys `rollout.max_turns`, `tool_config_path`, ... are start-up errors too).
+    python -m rllava.train.pipeline.agentic ...   -> one line naming what to use instead, exit status 2
+
+Until it lands, single-turn tasks run with `rllava.train.pipeline.rlvr`.
 """
 
-from __future__ import annotations
+from rllava.train.pipeline._not_available import not_available
 
-import sys
+INSTEAD = "single-turn tasks run with rllava.train.pipeline.rlvr"
 
 
 def main(argv: list[str] | None = None) -> None:
-    print("rllava: error: multi-turn agents (rllava.train.pipeline.agentic) are not available yet in rllava; "
-          "single-turn RL runs with -m rllava.train.pipeline.rlvr", file=sys.stderr)
-    sys.exit(2)
+    not_available("rllava.train.pipeline.agentic", "multi-turn agent rollouts with tools", INSTEAD)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,19 @@
-"""RLLaVA's hybrid SFT+RL pipeline module (`-m rllava.train.pipeline.sft_rl`): not available yet.
+"""RLLaVA's SFT+RL hybrid pipeline (LUFFY, SRFT, HPT, CHORD, UFT): not available yet in rllava.
 
-CHORD, LUFFY, UFT, HPT and SRFT will run as strategies inside the shared loop (`rllava/train/loop.py`), selected
-by config from `rllava.train.pipeline.rlvr`; until they land, an RLLaVA script that launches this module gets one
-line saying so (exit 2) instead of "No module named".
+    python -m rllava.train.pipeline.sft_rl ...   -> one line naming what to use instead, exit status 2
+
+Until it lands, the two halves run one after the other: `rllava.train.pipeline.sft` (data.target_key) to warm the
+model up, then `rllava.train.pipeline.rlvr` from its outputs_dir/final.
 """
 
-from __future__ import annotations
+from rllava.train.pipeline._not_available import not_available
 
-import sys
+INSTEAD = ("run rllava.train.pipeline.sft (data.target_key=...) then rllava.train.pipeline.rlvr from its "
+           "outputs_dir/final")
 
 
 def main(argv: list[str] | None = None) -> None:
-    print("rllava: error: hybrid SFT+RL (rllava.train.pipeline.sft_rl: CHORD, LUFFY, UFT, HPT, SRFT) is not available "
-          "yet in rllava; run RL with -m rllava.train.pipeline.rlvr or SFT with -m rllava.train.pipeline.sft",
-          file=sys.stderr)
-    sys.exit(2)
+    not_available("rllava.train.pipeline.sft_rl", "SFT+RL hybrids: LUFFY, SRFT, HPT, CHORD, UFT", INSTEAD)
 
 
 if __name__ == "__main__":
