@@ -183,3 +183,63 @@ def test_data_non_string_answers_reach_the_reward_as_written(run, tmp_path):
     code, err = run(f"reward.reward_function={tmp_path}/r.py:compute_score", "data.max_samples=2", data=rows)
     assert code == 0, err[-2000:]
     assert {json.loads(line) for line in open(seen)} == {3, "007"}
+
+
+# ---------------------------------------------------------------- runtime
+def test_runtime_unwritable_dir_and_an_earlier_runs_outputs(run, tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    code, err = run(f"trainer.outputs_dir={tmp_path}/a_file/out")
+    assert code == 2 and "is not writable" in one_line(err)
+    assert run()[0] == 0
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    code, err = run("actor.optim.lr=1e-4")  # another run into the same dir: stopped before writing anything
+    assert code == 2 and "trainer.outputs_dir" in one_line(err)
+    assert (tmp_path / "run" / "config.yaml").read_text() == config
+    assert run("actor.optim.lr=1e-4", "trainer.overwrite=true")[0] == 0
+
+
+@pytest.mark.parametrize("body, expect", [
+    ("raise KeyError('box')", "raised KeyError: 'box'"),
+    ("return float('nan')", "expected a finite number"),
+    ("import sys; sys.exit(0)", "called sys.exit(0)"),
+    ("import time; time.sleep(30)", "did not return within reward.timeout=1"),
+])
+def test_runtime_reward_failures_name_the_function_and_sample(run, tmp_path, body, expect):
+    (tmp_path / "r.py").write_text(f"def compute_score(response, ground_truth):\n    {body}\n")
+    code, err = run(f"reward.reward_function={tmp_path}/r.py:compute_score", "reward.timeout=1")
+    assert code == 2 and "compute_score" in one_line(err) and expect in one_line(err)
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def test_runtime_sigint_mid_step_exits_130(tmp_path, tiny_model_dir, counting_dir):
+    """Ctrl-C during a step (here: the reward interrupts its own process): exit 130, one line, no final/."""
+    import subprocess
+    import sys
+
+    (tmp_path / "r.py").write_text("import os, signal\n"
+                                   "def compute_score(response, ground_truth):\n"
+                                   "    os.kill(os.getpid(), signal.SIGINT)\n    return 0.0\n")
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-m", "rllava.train.pipeline.rlvr", "config=examples/tasks/counting/tiny_cpu.yaml",
+                          f"actor.model.model_path={tiny_model_dir}", f"data.train_files={counting_dir}/train.jsonl",
+                          "data.val_files=", "data.max_samples=8", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2",
+                          "rollout.n=2", "trainer.max_steps=2", "trainer.val_before_train=false", "trainer.logger=[jsonl]",
+                          f"trainer.outputs_dir={out}", f"reward.reward_function={tmp_path}/r.py:compute_score"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 130 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "rllava: interrupted" in res.stderr and not (out / "final").exists()
+
+
+def test_runtime_a_kill_mid_save_then_the_same_command(run, tmp_path):
+    """What a SIGKILL during a save leaves (a half-written final/ and checkpoint beside the complete ones) is
+    removed by the next start of the same command, which resumes from the last complete checkpoint."""
+    assert run("trainer.save_freq=1")[0] == 0
+    out = tmp_path / "run"
+    (out / ".final.tmp-killed").mkdir()
+    (out / ".final.tmp-killed" / "model.safetensors").write_bytes(b"half")
+    (out / "checkpoints" / "global_step_2.tmp").mkdir()
+    code, err = run("trainer.save_freq=1", "trainer.max_steps=2")
+    assert code == 0, err[-2000:]
+    assert not (out / ".final.tmp-killed").exists() and not (out / "checkpoints" / "global_step_2.tmp").exists()
+    steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl") if "reward/mean" in line]
+    assert steps == [1, 2]  # resumed at step 2: every step once
