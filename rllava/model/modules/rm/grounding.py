@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from rllava.reward.boxes import box_iou
+
 _NUM = r"(-?\d+(?:\.\d+)?)"
 # RLLaVA's three box spellings, tried in this order: [a, b, c, d], (a, b, c, d), (a, b), (c, d)
 _PATTERNS = [re.compile(rf"\[\s*{_NUM},\s*{_NUM},\s*{_NUM},\s*{_NUM}\s*\]"),
@@ -35,9 +37,6 @@ def extract_bbox_answer(content: str) -> tuple[list, bool]:
 
 
 def compute_iou(box1, box2) -> float:
-    """Intersection over union of two (x1, y1, x2, y2) boxes; 0 when both are empty (RLLaVA divides by zero)."""
-    x_left, y_top = max(box1[0], box2[0]), max(box1[1], box2[1])
-    x_right, y_bottom = min(box1[2], box2[2]), min(box1[3], box2[3])
-    intersection = max(0, x_right - x_left) * max(0, y_bottom - y_top)
-    union = (box1[2] - box1[0]) * (box1[3] - box1[1]) + (box2[2] - box2[0]) * (box2[3] - box2[1]) - intersection
-    return intersection / union if union > 0 else 0.0
+    """Intersection over union of two (x1, y1, x2, y2) boxes: rllava's `box_iou` (0 when either is not a box,
+    where RLLaVA's own divides by zero or scores a reversed box)."""
+    return box_iou(box1, box2)
