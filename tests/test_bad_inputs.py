@@ -243,3 +243,15 @@ def test_runtime_a_kill_mid_save_then_the_same_command(run, tmp_path):
     assert not (out / ".final.tmp-killed").exists() and not (out / "checkpoints" / "global_step_2.tmp").exists()
     steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl") if "reward/mean" in line]
     assert steps == [1, 2]  # resumed at step 2: every step once
+
+
+def test_model_of_the_wrong_family_for_the_images(run, tmp_path):
+    """A text-only model (or a VLM given a text-only tokenizer_path) with image records would silently train on
+    the text alone: one line naming the key and the processor instead."""
+    from rllava.model.tiny import build_tiny
+
+    text_only = build_tiny("qwen2", str(tmp_path / "qwen2"), size="small")
+    code, err = run(f"actor.model.model_path={text_only}")
+    assert code == 2 and "takes no image input" in one_line(err)
+    code, err = run(f"actor.model.tokenizer_path={text_only}")
+    assert code == 2 and "data.image_key='images'" in one_line(err)

@@ -143,6 +143,11 @@ class PromptDataset:
         check_values(self.records, spec, required)
         self.check_media_keys()
         self.has_images = data_cfg.image_key in self.records.column_names
+        if self.has_images and getattr(processor, "image_processor", None) is None and any(
+                self.records[data_cfg.image_key]):  # a text-only processor would drop every image without a word
+            raise DataError(f"{spec}: records have images in data.image_key={data_cfg.image_key!r} but the model's "
+                            f"processor ({type(processor).__name__}) takes no image input: point "
+                            "actor.model.model_path (and tokenizer_path) at a vision-language model")
         self.limit_images = limit_images  # rollout.limit_images: prompts with more images are filtered (0 = any)
         self.has_videos = data_cfg.video_key in self.records.column_names and any(self.records[data_cfg.video_key])
         self.video_spec = _video_spec(data_cfg, processor, spec) if self.has_videos else None
