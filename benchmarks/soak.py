@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,15 +45,17 @@ def live_objects() -> dict[str, int]:
     gc.collect()
     counts = {"tensors": 0, "images": 0, "trajectories": 0, "samples": 0}
     objects = gc.get_objects()
-    for o in objects:
-        if isinstance(o, torch.Tensor):
-            counts["tensors"] += 1
-        elif isinstance(o, Image.Image):
-            counts["images"] += 1
-        elif isinstance(o, Trajectory):
-            counts["trajectories"] += 1
-        elif isinstance(o, Sample):
-            counts["samples"] += 1
+    with warnings.catch_warnings():  # isinstance on torch's deprecated module attributes warns
+        warnings.simplefilter("ignore", FutureWarning)
+        for o in objects:
+            if isinstance(o, torch.Tensor):
+                counts["tensors"] += 1
+            elif isinstance(o, Image.Image):
+                counts["images"] += 1
+            elif isinstance(o, Trajectory):
+                counts["trajectories"] += 1
+            elif isinstance(o, Sample):
+                counts["samples"] += 1
     counts["gc_objects"] = len(objects)
     return counts
 
