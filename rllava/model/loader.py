@@ -69,11 +69,11 @@ def _in_part(name: str, part: str) -> bool:
     return {"vision_tower": vision, "connector": connector, "llm": not (vision or connector)}[part]
 
 
-def freeze(model, part: str) -> None:
-    """`actor.model.freeze_{part}`: no gradient for the vision tower, the connector or the LLM."""
+def freeze(model, part: str, key: str = "actor.model") -> None:
+    """`{key}.freeze_{part}`: no gradient for the vision tower, the connector or the LLM."""
     frozen = [p for n, p in model.named_parameters() if _in_part(n, part)]
     if not frozen:
-        raise ModelLoadError(f"actor.model.freeze_{part}=true but the model has no {part.replace('_', ' ')}")
+        raise ModelLoadError(f"{key}.freeze_{part}=true but the model has no {part.replace('_', ' ')}")
     for p in frozen:
         p.requires_grad_(False)
 
@@ -88,18 +88,24 @@ def build_policy(model_cfg, device: torch.device):
     except (OSError, ValueError, ImportError) as e:
         raise ModelLoadError(f"actor.model: no processor/tokenizer at "
                              f"{model_cfg.tokenizer_path or model_cfg.model_path!r}: {e}") from e
+    return make_trainable(model, model_cfg, device).to(device), processor
+
+
+def make_trainable(model, model_cfg, device: torch.device, key: str = "actor.model"):
+    """A model config's training switches on a loaded model (the policy's, or the critic's backbone): frozen
+    parts, LoRA adapters, gradient checkpointing."""
     for part in ("vision_tower", "connector", "llm"):
         if getattr(model_cfg, f"freeze_{part}"):
-            freeze(model, part)
+            freeze(model, part, key)
     if model_cfg.use_peft:  # after freezing: LoRA freezes every non-adapter weight anyway
         from rllava.model.lora import apply_lora
 
-        model = apply_lora(model, model_cfg)
+        model = apply_lora(model, model_cfg, key=key)
     if model_cfg.enable_gradient_checkpointing:  # recompute each layer in backward; optionally keep its input on host
         # (on a CPU the activations already live in host memory: there is nothing to offload)
         offload = model_cfg.enable_activation_offload and device.type != "cpu"
         model.activation_checkpointing_enable({"use_reentrant": False}, offload=offload)
-    return model.to(device), processor
+    return model
 
 
 def build_reference(policy, ref_cfg, model_cfg, device: torch.device):

@@ -27,8 +27,7 @@ from rllava.engine.inference.hf import HFRolloutEngine
 from rllava.engine.train.base import TrainEngine
 from rllava.engine.train.single import SingleDeviceEngine
 from rllava.model.forward import LOGPROB_CHUNK
-from rllava.model.loader import build_policy, build_reference, freeze, load_model, resolve_dtype
-from rllava.model.lora import apply_lora
+from rllava.model.loader import build_policy, build_reference, load_model, make_trainable, resolve_dtype
 from rllava.model.value import ValueModel
 from rllava.model.processor import get_tokenizer
 from rllava.roles.actor import Actor, MicroBatching
@@ -332,15 +331,8 @@ def build_critic(cfg: PPOConfig, device: torch.device, num_steps: int, algorithm
     lm = load_model(c.model.model_path or cfg.actor.model.model_path, dtype=resolve_dtype(c.model.torch_dtype, device),
                     attn_implementation=c.model.attn_implementation, trust_remote_code=c.model.trust_remote_code,
                     override_config=c.model.override_config, key="critic.model")
-    for part in ("vision_tower", "connector", "llm"):  # as the actor's (rllava.model.loader.build_policy)
-        if getattr(c.model, f"freeze_{part}"):
-            freeze(lm, part)
-    if c.model.use_peft:  # adapters on the backbone; the value head (built next) trains fully
-        lm = apply_lora(lm, c.model, key="critic.model")
+    lm = make_trainable(lm, c.model, device, key="critic.model")  # the value head (built next) trains fully
     mini = c.ppo_mini_batch_size * cfg.rollout.n // D.world_size()
-    if c.model.enable_gradient_checkpointing:  # as the actor's; on a CPU there is no device memory to offload from
-        lm.activation_checkpointing_enable({"use_reentrant": False},
-                                           offload=c.model.enable_activation_offload and device.type != "cpu")
     engine = _engine(ValueModel(lm), c.optim, device, c.max_grad_norm, None, key="critic.optim",
                      updates=_num_updates(cfg, num_steps, c.ppo_epochs, mini, cfg.rollout.n),
                      strategy=c.strategy, fsdp=c.fsdp, deepspeed=c.deepspeed)
