@@ -15,3 +15,13 @@ class ConfigError(RllavaError):
         else:
             message = f"{len(self.problems)} config problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(message)
+
+
+def first_failure(e: BaseException) -> BaseException:
+    """torch.distributed.checkpoint wraps each rank's failure in a CheckpointException (`failures`: rank ->
+    (exception, traceback)); the first rank's exception is what a user needs to hear. Anything else: `e`."""
+    failures = getattr(e, "failures", None) if type(e).__name__ == "CheckpointException" else None
+    if not failures:
+        return e
+    first = next(iter(failures.values()))
+    return first[0] if isinstance(first, tuple) else first

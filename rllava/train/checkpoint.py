@@ -39,7 +39,7 @@ import torch
 from rllava import distributed as D
 from rllava.config import config_to_yaml
 from rllava.engine.train.checkpoint import load_engine, save_engine
-from rllava.errors import RllavaError
+from rllava.errors import RllavaError, first_failure
 from rllava.model.loader import save_model
 from rllava.utils.fs import replace_directory, write_text_atomic
 
@@ -235,8 +235,7 @@ def _load_engine_or_explain(engine, path: str, parts) -> list[str]:
     except BaseException as e:  # noqa: BLE001  DCP wraps a rank's failure in CheckpointException (a BaseException)
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
-        failures = getattr(e, "failures", None)
-        cause = next(iter(failures.values()))[0] if failures else e
+        cause = first_failure(e)
         raise RllavaError(f"{path}: the checkpoint cannot be read ({type(cause).__name__}: "
                           f"{str(cause).splitlines()[0][:200] if str(cause) else ''}): a corrupt checkpoint; "
                           f"delete {os.path.dirname(path)} to resume from an earlier one") from e

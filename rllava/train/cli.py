@@ -19,7 +19,7 @@ from typing import Callable
 
 from rllava import distributed as D
 from rllava.config import load_config
-from rllava.errors import RllavaError
+from rllava.errors import RllavaError, first_failure
 
 # OSErrors that are the machine's state, not a bug: reported as one line naming the path.
 ENVIRONMENT_ERRNOS = {errno.ENOSPC: "free some space there or point trainer.outputs_dir elsewhere",
@@ -34,9 +34,9 @@ def user_message(e: BaseException) -> str | None:
     """The one line a user gets for `e`, or None for a bug (which keeps its traceback)."""
     if isinstance(e, RllavaError):
         return str(e)
-    if type(e).__name__ == "CheckpointException" and getattr(e, "failures", None):  # torch DCP wraps each rank's
-        first = next(iter(e.failures.values()))
-        return user_message(first[0] if isinstance(first, tuple) else first)
+    cause = first_failure(e)  # torch DCP wraps each rank's failure
+    if cause is not e:
+        return user_message(cause)
     if isinstance(e, OSError) and e.errno in ENVIRONMENT_ERRNOS:
         where = f": {e.filename}" if e.filename else ""
         return f"{e.strerror or os.strerror(e.errno)}{where} ({ENVIRONMENT_ERRNOS[e.errno]})"
