@@ -143,11 +143,6 @@ class PromptDataset:
         check_values(self.records, spec, required)
         self.check_media_keys()
         self.has_images = data_cfg.image_key in self.records.column_names
-        if self.has_images and getattr(processor, "image_processor", None) is None and any(
-                self.records[data_cfg.image_key]):  # a text-only processor would drop every image without a word
-            raise DataError(f"{spec}: records have images in data.image_key={data_cfg.image_key!r} but the model's "
-                            f"processor ({type(processor).__name__}) takes no image input: point "
-                            "actor.model.model_path (and tokenizer_path) at a vision-language model")
         self.limit_images = limit_images  # rollout.limit_images: prompts with more images are filtered (0 = any)
         self.has_videos = data_cfg.video_key in self.records.column_names and any(self.records[data_cfg.video_key])
         self.video_spec = _video_spec(data_cfg, processor, spec) if self.has_videos else None
@@ -238,6 +233,10 @@ class PromptDataset:
                                  max_pixels=self.cfg.max_pixels)
                 image_sizes.append(stored_size(img))  # as stored, before any draft-scale decode
                 images.append(resize_to_pixel_bounds(img, self.cfg.min_pixels, self.cfg.max_pixels))
+        if images and getattr(self.processor, "image_processor", None) is None:  # it would drop them without a word
+            raise DataError(f"{where}: has images in data.image_key={self.cfg.image_key!r} but the model's processor "
+                            f"({type(self.processor).__name__}) takes no image input: point actor.model.model_path "
+                            "(and tokenizer_path) at a vision-language model")
         videos = []
         if self.has_videos:
             for j, obj in enumerate(normalize_image_list(record[self.cfg.video_key])):
