@@ -120,8 +120,6 @@ def _load_file(path: str) -> datasets.Dataset:
 
 
 def _load_jsonl(path: str) -> datasets.Dataset:
-    if _count_json_lines(path) == 0:
-        raise DataError(f"{path}: no records")
     return _typed_dataset(path, lambda: (record for _, record in _json_lines(path)))
 
 
@@ -139,10 +137,6 @@ def _json_lines(path: str):
             if not isinstance(record, dict):
                 raise DataError(f"{path} line {n}: expected a JSON object, got {type(record).__name__}")
             yield n, record
-
-
-def _count_json_lines(path: str) -> int:
-    return sum(1 for _ in _json_lines(path))
 
 
 def _load_json(path: str) -> datasets.Dataset:
@@ -185,9 +179,12 @@ def _typed_dataset(path: str, records) -> datasets.Dataset:
     """Records from `records()` (called twice: one pass to type each column, one to write) as a memory-mapped
     Dataset whose values read back as written (see above)."""
     kinds: dict[str, set[str]] = {}
-    for record in records():
+    count = 0
+    for count, record in enumerate(records(), 1):
         for key, value in record.items():
             kinds.setdefault(key, set()).update([] if value is None else [_kind(value)])
+    if count == 0:
+        raise DataError(f"{path}: no records")
     native = {k: next(iter(v)) for k, v in kinds.items() if len(v) == 1 and "json" not in v}
     as_json = [k for k in kinds if k not in native]
     features = datasets.Features({k: datasets.Value(native.get(k, "string")) for k in kinds})
