@@ -24,6 +24,7 @@ class LossInputs:
     ref_logprobs: torch.Tensor | None = None  # [B, T] frozen reference policy
     rollout_logprobs: torch.Tensor | None = None  # [B, T] as reported by the rollout engine
     entropy: torch.Tensor | None = None  # [B, T]
+    off_policy: torch.Tensor | None = None  # [B, T] 1 on expert-written tokens (SFT+RL hybrids), else None
 
     def need(self, name: str, loss: str) -> torch.Tensor:
         value = getattr(self, name)

@@ -15,7 +15,9 @@ import sys
 import torch
 
 from rllava.algorithms import advantage as _advantage  # noqa: F401  (registers the built-in estimators)
+from rllava.algorithms import hybrid as _hybrid  # noqa: F401  (registers the SFT+RL hybrid losses)
 from rllava.algorithms import losses as _losses  # noqa: F401  (registers the built-in losses)
+from rllava.algorithms.hybrid import HYBRID_LOSS_KEYS
 from rllava.algorithms.kl import token_rewards_of
 from rllava.algorithms.losses import LossInputs
 from rllava.algorithms.registry import ADV_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, call_with_params, lookup
@@ -41,6 +43,7 @@ class PPO:
         self.loss_params = {
             "clip_ratio_low": actor_cfg.clip_ratio_low, "clip_ratio_high": actor_cfg.clip_ratio_high,
             "clip_ratio_c": actor_cfg.clip_ratio_c,
+            **{k: getattr(actor_cfg, k) for k in HYBRID_LOSS_KEYS},  # read by the SFT+RL hybrid losses
             **{k: v for k, v in vars(actor_cfg.policy_loss).items() if k != "loss_mode"},
         }
 

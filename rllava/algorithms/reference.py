@@ -11,7 +11,9 @@ from __future__ import annotations
 import inspect
 import re
 
+from rllava.algorithms import hybrid as H
 from rllava.algorithms import ppo as _ppo  # noqa: F401  (registers the built-in estimators and losses)
+from rllava.algorithms.hybrid import HYBRID_LOSS_KEYS
 from rllava.algorithms.registry import ADV_ESTIMATORS, POLICY_LOSSES
 
 # Keyword-only parameter -> where its value comes from.
@@ -20,6 +22,7 @@ SOURCES = {
     "lam": "`algorithm.lam`", "clip_ratio_low": "`actor.clip_ratio_low`", "clip_ratio_high": "`actor.clip_ratio_high`",
     "clip_ratio_c": "`actor.clip_ratio_c`", "token_rewards": "token rewards (KL-shaped if `algorithm.use_kl_in_reward`)",
     "values": "critic values", "baseline_scores": "greedy-rollout reward (made by the rollout stage)",
+    **{k: f"`actor.{k}`" for k in HYBRID_LOSS_KEYS},
 }
 
 
@@ -54,6 +57,15 @@ def _rows(table: dict) -> list[str]:
     return rows
 
 
+def _hybrid_section() -> list[str]:
+    """The hybrids: the method table of `rllava.algorithms.hybrid`'s docstring, then its schedules and weights."""
+    doc = H.__doc__.split("\n\n")
+    rows = [f"| `{f.__name__}` | {_formula(f.__doc__)} | {_paper(f.__doc__)} |"
+            for f in (H.mu_schedule, H.phi, H.reshape, H.hint_probability, H.srft_weights)]
+    return ["## SFT+RL hybrids (CHORD, LUFFY, UFT, HPT, SRFT)", "", doc[1], "", "```", doc[2].strip("\n"), "```", "",
+            doc[3], "", "| schedule / weight | formula | paper |", "|---|---|---|", *rows, ""]
+
+
 def render() -> str:
     head = "| name | reads | formula | paper |\n|---|---|---|---|"
     return "\n".join([
@@ -73,6 +85,7 @@ def render() -> str:
         "",
         head, *_rows(POLICY_LOSSES),
         "",
+        *_hybrid_section(),
     ])
 
 

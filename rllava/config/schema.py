@@ -128,6 +128,9 @@ class DataConfig:
     dataset_kwargs: Optional[dict[str, Any]] = None  # keyword arguments for dataset_class
     max_samples: int = -1  # rllava: use only the first N records (quick runs); -1 = all
     target_key: Optional[str] = None  # rllava: record field with a reference response (SFT target, expert)
+    expert_template: Optional[str] = None  # rllava: hybrids without data.target_key: Jinja text over `answer` + fields
+    expert_files: Optional[str] = None  # rllava, CHORD: demonstration records (data.target_key); null = the train set
+    expert_batch_size: int = 0  # rllava, CHORD: demonstration rows per step; 0 = from algorithm.expert_data_ratio
 
     def video_pixels(self) -> tuple[Optional[int], Optional[int]]:
         """(min, max) pixels of one video frame: video_min/max_pixels, each falling back to min/max_pixels."""
@@ -177,17 +180,28 @@ class AlgorithmConfig:
     filter_key: str = "overall"  # reward score used for online filtering
     filter_low: float = 0.01  # keep groups with mean score > filter_low
     filter_high: float = 0.99  # keep groups with mean score < filter_high
-    unify_strategy: str = "none"  # SFT+RL mixing: none | switch | soft
-    switch_gate: int = 0  # "switch": steps before switching
-    success_reward_threshold: float = 1.0  # score counted as a success by SFT+RL strategies
-    prefix_strategy: str = "none"  # expert-prefix strategy: none | random | hint
-    min_prefix_ratio: float = 0.0  # shortest expert prefix, as a fraction of the expert response
-    max_prefix_ratio: float = 1.0  # longest expert prefix, as a fraction of the expert response
-    n_prefix: int = -1  # responses per group that get a prefix; -1 = all
-    prefix_share_across_samples: bool = False  # one prefix length for the whole group
-    hint_steps: int = 0  # UFT: steps over which the hint shrinks to nothing
-    hint_min_ratio: float = 0.0  # RLLaVA marks deprecated: hints use min/max_prefix_ratio
-    hint_max_ratio: float = 1.0  # RLLaVA marks deprecated: hints use min/max_prefix_ratio
+    # SFT+RL hybrids (docs/algorithms.md; actor.policy_loss.loss_mode=luffy|srft|uft|hpt|chord)
+    unify_strategy: str = "none"  # HPT: none | switch (SFT on a demonstration where a prompt is unsolved) | soft (always)
+    switch_gate: int = 0  # HPT switch: a prompt solved this many times or fewer trains on its demonstration
+    success_reward_threshold: float = 1.0  # HPT: a rollout scoring at least this counts as solved
+    prefix_strategy: str = "none"  # LUFFY/SRFT: random (expert prefixes in the group) | UFT: hint | none
+    min_prefix_ratio: float = 0.0  # random: shortest expert prefix (fraction); hint: final chunk probability p
+    max_prefix_ratio: float = 1.0  # random: longest expert prefix (fraction); hint: initial chunk probability p
+    n_prefix: int = -1  # responses per group that start with an expert prefix; -1 = all
+    prefix_share_across_samples: bool = False  # one prefix length per prompt instead of one per response
+    hint_steps: int = 0  # UFT: steps over which p(t) decays (cosine); no hint afterwards
+    hint_chunks: int = 5  # rllava, UFT: the expert solution is split into this many chunks; Binomial(chunks, p(t)) shown
+    hint_min_ratio: float = 0.0  # RLLaVA's deprecated name: hints read algorithm.min_prefix_ratio
+    hint_max_ratio: float = 1.0  # RLLaVA's deprecated name: hints read algorithm.max_prefix_ratio
+    strategy: str = "none"  # RLLaVA's CHORD task: mix_chord = actor.policy_loss.loss_mode=chord | none
+    expert_data_ratio: float = 0.2  # CHORD: share of a step's rows that are demonstrations
+    mu_warmup_steps: int = 200  # CHORD: mu rises linearly from 0 to mu_peak over these steps
+    mu_decay_steps: int = 400  # CHORD: then decays (cosine) to mu_valley over these steps
+    mu_peak: float = 0.5  # CHORD: highest SFT weight mu
+    mu_valley: float = 0.02  # CHORD: final SFT weight mu
+    enable_phi_function: bool = False  # CHORD-phi: weight each SFT token by phi(p) = p (1 - p)
+    use_token_level_loss_in_sft: bool = True  # hybrids' SFT term: mean over tokens (else per sequence, then over them)
+    clip_range: float = 0.2  # RLLaVA's CHORD name of the PPO clip: read from actor.clip_ratio
     plugins: list[str] = field(default_factory=list)  # rllava: user .py files that register estimators/losses
     # rllava: truncated importance sampling for the rollout-engine vs trainer log-prob mismatch, with any loss:
     # none | token | sequence (actor.tis_imp_ratio_cap > 0, RLLaVA's key, means token with that cap)
@@ -205,6 +219,14 @@ class AlgorithmConfig:
         _choice(p, f"{prefix}.rollout_is", self.rollout_is, ["none", "token", "sequence"])
         _positive(p, f"{prefix}.rollout_is_cap", self.rollout_is_cap)
         _choice(p, f"{prefix}.unify_strategy", self.unify_strategy, ["none", "switch", "soft"])
+        _choice(p, f"{prefix}.strategy", self.strategy, ["none", "mix_chord"])
+        _between(p, f"{prefix}.expert_data_ratio", self.expert_data_ratio, 0.0, 0.99)
+        _between(p, f"{prefix}.mu_peak", self.mu_peak, 0.0, 1.0)
+        _between(p, f"{prefix}.mu_valley", self.mu_valley, 0.0, 1.0)
+        for name in ("mu_warmup_steps", "mu_decay_steps", "hint_steps", "switch_gate"):
+            if getattr(self, name) < 0:
+                p.append(f"{prefix}.{name}={getattr(self, name)} must be >= 0")
+        _positive(p, f"{prefix}.hint_chunks", self.hint_chunks)
         _choice(p, f"{prefix}.prefix_strategy", self.prefix_strategy, ["none", "random", "hint"])
         _between(p, f"{prefix}.min_prefix_ratio", self.min_prefix_ratio, 0.0, 1.0)
         _between(p, f"{prefix}.max_prefix_ratio", self.max_prefix_ratio, 0.0, 1.0)
@@ -402,7 +424,7 @@ class ActorConfig:
     clip_ratio_low: float = 0.2  # lower clip epsilon (DAPO clip-higher uses low != high)
     clip_ratio_high: float = 0.2  # upper clip epsilon
     clip_ratio_c: float = 3.0  # dual-clip constant C, applied where advantage < 0
-    clip_upper_bound: float = 1.0  # SRFT's ratio upper bound (SFT+RL hybrid: not available yet)
+    clip_upper_bound: float = 1.0  # SRFT (srft_type=classic_rl): the ratio's upper clamp is max(this, 1 + clip_ratio_high)
     loss_agg_mode: str = "token-mean"  # token-mean|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm
     entropy_coeff: float = 0.0  # entropy bonus coefficient
     tis_imp_ratio_cap: float = -1.0  # truncated importance sampling cap (rollout vs train); -1 = off
@@ -416,22 +438,23 @@ class ActorConfig:
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     kl_loss_coef: float = 0.01  # KL loss coefficient when algorithm.use_kl_loss
     kl_loss_type: str = "low_var_kl"  # KL estimator in the loss: kl|k1|abs|mse|k2|low_var_kl|k3|full
-    # SFT+RL hybrid losses (LUFFY, SRFT, HPT, CHORD): not available yet, a changed value is an error (HYBRID_KEYS).
-    loss_remove_clip: bool = False  # drop PPO clipping
-    off_policy_reshape: str = "no_reshape"  # off-policy ratio shaping (LUFFY)
-    off_policy_reshape_weight: float = 0.1  # shaping weight
-    off_policy_reshape_pow_exp: float = 0.5  # shaping exponent
-    off_policy_cliprange: float = 0.2  # clip range for off-policy tokens
-    off_policy_normalize: bool = False  # normalise off-policy loss separately
-    off_policy_max_clip: float = -1  # upper ratio clip for off-policy tokens; -1 = off
-    off_policy_min_clip: float = -1  # lower ratio clip for off-policy tokens; -1 = off
-    all_max_clip: float = -1  # ratio clip for all tokens; -1 = off
-    on_policy_reshape: str = "no_reshape"  # on-policy ratio shaping
-    on_policy_reshape_weight: float = 0.1  # shaping weight
-    on_policy_reshape_pow_exp: float = 0.5  # shaping exponent
-    srft_type: str = "paper"  # SRFT variant
-    hpt_hint_loss_coef: float = 0.0  # HPT hint-token loss coefficient
-    sft_loss_coef: float = 1.0  # weight of the SFT term in hybrid losses
+    # SFT+RL hybrid losses (loss_mode=luffy|srft|uft|hpt|chord; rllava.algorithms.hybrid, docs/algorithms.md)
+    loss_remove_clip: bool = False  # hybrids: no PPO clip on the policy's own tokens
+    # rllava default null = the loss's own, p_div_p_0.1 (RLLaVA: no_reshape)
+    off_policy_reshape: Optional[str] = None  # LUFFY/SRFT expert-token shaping f(p): no_reshape|logp|p_logp|square_root|pow|p_div_p_<gamma>
+    off_policy_reshape_weight: float = 0.1  # weight of the logp / p_logp shapings
+    off_policy_reshape_pow_exp: float = 0.5  # exponent of the pow shaping
+    off_policy_cliprange: float = 0.2  # declared by RLLaVA, read by none of its losses: not accepted
+    off_policy_normalize: bool = False  # declared by RLLaVA, read by none of its losses: not accepted
+    off_policy_max_clip: float = -1  # LUFFY/SRFT: upper clamp of the shaped expert ratio; -1 = off
+    off_policy_min_clip: float = -1  # LUFFY/SRFT: lower clamp of the shaped expert ratio; -1 = off
+    all_max_clip: float = -1  # LUFFY/SRFT: no loss on tokens with p above this; -1 = off
+    on_policy_reshape: str = "no_reshape"  # LUFFY: shaping of the own tokens' ratio (same choices)
+    on_policy_reshape_weight: float = 0.1  # weight of the logp / p_logp shapings
+    on_policy_reshape_pow_exp: float = 0.5  # exponent of the pow shaping
+    srft_type: str = "paper"  # SRFT's own-token term: paper (log p) | exp (p) | classic_rl (ratio) | minus_old
+    hpt_hint_loss_coef: float = 0.0  # declared by RLLaVA, read by none of its losses: not accepted
+    sft_loss_coef: float = 1.0  # HPT, UFT, SRFT: coefficient of the SFT term (CHORD: mu(t))
 
     def __post_init__(self) -> None:
         # RLLaVA's losses take clip_ratio_low/high, falling back to clip_ratio only when null (never, with its 0.2
@@ -736,10 +759,6 @@ NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("trainer.async_training", lambda v: v, "false"),
     ("actor.checkpoint.async_save", lambda v: v, "false"),  # checkpoints are written synchronously
     ("rollout.async_mode", lambda v: v, "false"),
-    ("actor.loss_remove_clip", lambda v: v, "false"),
-    ("algorithm.unify_strategy", lambda v: v != "none", "none"),
-    ("algorithm.prefix_strategy", lambda v: v != "none", "none"),
-    ("algorithm.hint_steps", lambda v: v > 0, "0"),
     ("data.dataset_class", lambda v: v is not None, "null"),
     ("data.dataset_kwargs", lambda v: v is not None, "null"),  # read only by data.dataset_class
     ("rollout.partial_rollout", lambda v: v, "false"),
@@ -749,15 +768,44 @@ NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
 PLANNED_FEATURES = {
     "multi-turn agent rollouts (RLLaVA's agentic pipeline)": [
         "rollout.max_turns", "rollout.discount", "rollout.tool_config_path", "rollout.env_config_path"],
-    "SFT+RL hybrids (LUFFY, SRFT, HPT, CHORD, UFT: RLLaVA's sft_rl pipeline)": [
-        "actor.off_policy_reshape", "actor.off_policy_reshape_weight", "actor.off_policy_reshape_pow_exp",
-        "actor.off_policy_cliprange", "actor.off_policy_normalize", "actor.off_policy_max_clip",
-        "actor.off_policy_min_clip", "actor.all_max_clip", "actor.on_policy_reshape", "actor.on_policy_reshape_weight",
-        "actor.on_policy_reshape_pow_exp", "actor.srft_type", "actor.hpt_hint_loss_coef", "actor.sft_loss_coef",
-        "actor.clip_upper_bound", "algorithm.switch_gate", "algorithm.success_reward_threshold",
-        "algorithm.min_prefix_ratio", "algorithm.max_prefix_ratio", "algorithm.n_prefix",
-        "algorithm.prefix_share_across_samples", "algorithm.hint_min_ratio", "algorithm.hint_max_ratio"],
 }
+
+def _loss_in(*modes: str) -> Callable[[Any], bool]:
+    return lambda c: c.actor.policy_loss.loss_mode in modes
+
+
+HYBRIDS = ("luffy", "srft", "uft", "hpt", "chord")  # rllava.algorithms.hybrid.HYBRID_LOSSES
+# SFT+RL hybrid keys and when they are read: (keys, is read in this config, who reads them). A key changed from
+# its default in a run that does not read it is an error.
+HYBRID_READERS: list[tuple[list[str], Callable[[Any], bool], str]] = [
+    (["actor.loss_remove_clip", "data.expert_template"], _loss_in(*HYBRIDS),
+     "SFT+RL hybrids (actor.policy_loss.loss_mode=luffy|srft|uft|hpt|chord)"),
+    (["actor.off_policy_reshape", "actor.off_policy_reshape_weight", "actor.off_policy_reshape_pow_exp",
+      "actor.off_policy_max_clip", "actor.off_policy_min_clip", "actor.all_max_clip"], _loss_in("luffy", "srft"),
+     "LUFFY and SRFT (actor.policy_loss.loss_mode=luffy|srft)"),
+    (["actor.on_policy_reshape", "actor.on_policy_reshape_weight", "actor.on_policy_reshape_pow_exp"],
+     _loss_in("luffy"), "LUFFY (actor.policy_loss.loss_mode=luffy)"),
+    (["actor.srft_type", "actor.clip_upper_bound"], _loss_in("srft"), "SRFT (actor.policy_loss.loss_mode=srft)"),
+    (["actor.sft_loss_coef"], _loss_in("hpt", "uft", "srft"),
+     "the SFT term of HPT, UFT and SRFT (actor.policy_loss.loss_mode=hpt|uft|srft; CHORD's is algorithm.mu_*)"),
+    (["algorithm.use_token_level_loss_in_sft"], _loss_in("hpt", "uft", "srft", "chord"),
+     "the SFT term of HPT, UFT, SRFT and CHORD"),
+    (["algorithm.expert_data_ratio", "algorithm.mu_warmup_steps", "algorithm.mu_decay_steps", "algorithm.mu_peak",
+      "algorithm.mu_valley", "algorithm.enable_phi_function", "data.expert_files", "data.expert_batch_size"],
+     _loss_in("chord"), "CHORD (actor.policy_loss.loss_mode=chord or algorithm.strategy=mix_chord)"),
+    (["algorithm.unify_strategy"], _loss_in("hpt"), "HPT (actor.policy_loss.loss_mode=hpt)"),
+    (["algorithm.switch_gate", "algorithm.success_reward_threshold"], lambda c: c.algorithm.unify_strategy != "none",
+     "HPT's algorithm.unify_strategy=switch|soft"),
+    (["algorithm.prefix_strategy"], _loss_in("luffy", "srft", "uft"),
+     "LUFFY, SRFT and UFT (actor.policy_loss.loss_mode=luffy|srft|uft)"),
+    (["algorithm.min_prefix_ratio", "algorithm.max_prefix_ratio", "algorithm.n_prefix",
+      "algorithm.prefix_share_across_samples"], lambda c: c.algorithm.prefix_strategy != "none",
+     "algorithm.prefix_strategy=random|hint"),
+    (["algorithm.hint_steps", "algorithm.hint_chunks"], lambda c: c.algorithm.prefix_strategy == "hint",
+     "UFT's algorithm.prefix_strategy=hint"),
+]
+# Declared in RLLaVA's schema, read by none of its code: a change would do nothing there; here it is an error.
+UNREAD_RLLAVA_KEYS = ["actor.off_policy_cliprange", "actor.off_policy_normalize", "actor.hpt_hint_loss_coef"]
 
 # RLLaVA keys whose value rllava reads from another key: a change is an error naming that key.
 REDIRECTED_KEYS = {
@@ -765,6 +813,9 @@ REDIRECTED_KEYS = {
     "rollout.vllm.seed": "rollout.seed",
     "rollout.vllm.load_format": "rollout.load_format",
     "rollout.vllm.chat_template": "data.override_chat_template",
+    "algorithm.hint_min_ratio": "algorithm.min_prefix_ratio",
+    "algorithm.hint_max_ratio": "algorithm.max_prefix_ratio",
+    "algorithm.clip_range": "actor.clip_ratio",
 }
 
 # Tuning keys with nothing to tune in rllava: accepted, and a change is a one-line warning saying why.
@@ -835,6 +886,8 @@ class PPOConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def __post_init__(self) -> None:
+        if self.algorithm.strategy == "mix_chord" and self.actor.policy_loss.loss_mode == "vanilla":
+            self.actor.policy_loss.loss_mode = "chord"  # RLLaVA's CHORD task selects CHORD this way
         if _DEFAULTS is not None:  # the defaults themselves are built once, unvalidated, to read defaults from
             self.validate()
 
@@ -848,7 +901,8 @@ class PPOConfig:
         if self.actor.ppo_mini_batch_size > 0 and self.data.train_batch_size % self.actor.ppo_mini_batch_size:
             p.append(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")
-        p += self._derived_problems() + self._not_built_problems() + self._planned_problems()
+        p += (self._derived_problems() + self._not_built_problems() + self._planned_problems()
+              + self._hybrid_problems())
         if p:
             raise ConfigError(p)
         for role in ("actor", "critic"):
@@ -871,6 +925,43 @@ class PPOConfig:
             if value != default and value != owner_value:
                 p.append(f"{key}={_show(value)} is read from {owner}={_show(owner_value)} in rllava; "
                          f"set {owner} instead")
+        return p
+
+    def _hybrid_problems(self) -> list[str]:
+        """SFT+RL hybrid keys: each is read only with the loss / strategy it belongs to (HYBRID_READERS), and
+        each hybrid loss needs its source of expert tokens."""
+        a, mode = self.algorithm, self.actor.policy_loss.loss_mode
+        p = []
+        if a.strategy == "mix_chord" and mode != "chord":
+            p.append(f"algorithm.strategy=mix_chord is CHORD: it contradicts actor.policy_loss.loss_mode={mode} "
+                     "(set loss_mode=chord or leave it at vanilla)")
+        for key in UNREAD_RLLAVA_KEYS:
+            if get_key(self, key) != _default_of(key):
+                p.append(f"{key}={_show(get_key(self, key))} is declared by RLLaVA but read by none of its losses "
+                         f"(nor by rllava's); leave it at {_show(_default_of(key))}")
+        for keys, reads, who in HYBRID_READERS:
+            for key in keys:
+                if get_key(self, key) != _default_of(key) and not reads(self):
+                    p.append(f"{key}={_show(get_key(self, key))} is read only by {who} (this run: actor.policy_loss."
+                             f"loss_mode={mode}, algorithm.prefix_strategy={a.prefix_strategy}, "
+                             f"algorithm.unify_strategy={a.unify_strategy}); leave it at {_show(_default_of(key))}")
+        if mode not in HYBRIDS:
+            return p
+        if self.critic is not None:
+            p.append(f"actor.policy_loss.loss_mode={mode} (an SFT+RL hybrid) runs without a critic: set critic=null "
+                     "and a group estimator (algorithm.adv_estimator=grpo)")
+        if mode in ("luffy", "srft", "uft") and a.prefix_strategy == "none":
+            p.append(f"actor.policy_loss.loss_mode={mode} trains on expert prefixes: set algorithm.prefix_strategy="
+                     f"{'hint (UFT' if mode == 'uft' else 'random (LUFFY, SRFT'}: docs/algorithms.md)")
+        if mode == "hpt" and a.unify_strategy == "none":
+            p.append("actor.policy_loss.loss_mode=hpt trains on demonstrations where a prompt is unsolved: set "
+                     "algorithm.unify_strategy=switch (or soft: always)")
+        if a.prefix_strategy == "hint" and a.hint_steps <= 0:
+            p.append("algorithm.prefix_strategy=hint needs algorithm.hint_steps > 0: the steps over which the hint "
+                     "fades (UFT: 300 of 500)")
+        if not self.data.target_key and not self.data.expert_template:
+            p.append(f"actor.policy_loss.loss_mode={mode} (an SFT+RL hybrid) needs expert responses: set "
+                     "data.target_key (the record field holding one) or data.expert_template (Jinja over `answer`)")
         return p
 
     def _planned_problems(self) -> list[str]:

@@ -55,6 +55,8 @@ class Trajectory:
     finish_reason: str = "stop"  # "stop" (EOS) or "length" (hit max_response_length)
     # (width, height) of each image as the model saw it, after the processor's resize (grounding rewards)
     model_image_sizes: list[tuple[int, int]] = field(default_factory=list)
+    # a demonstration added to the batch for a hybrid's SFT term only: in no group, no reward, no advantage
+    sft_only: bool = False
 
     @property
     def num_response_tokens(self) -> int:
@@ -84,6 +86,8 @@ class Batch:
     token_rewards: torch.Tensor | None = None  # [B, T] score at the last token, minus KL when KL is in the reward
     values: torch.Tensor | None = None  # [B, T] critic values V(s_t)
     baseline_scores: torch.Tensor | None = None  # [B] ReMax: reward of the greedy response to the same prompt
+    off_policy_mask: torch.Tensor | None = None  # [B, T] 1 on trained tokens an expert wrote; None when none did
+    sft_only: torch.Tensor | None = None  # [B] bool: Trajectory.sft_only rows (hybrids); None when there are none
     reward_details: list[dict] = field(default_factory=list)  # the reward function's named scores per sample
 
     def __len__(self) -> int:
@@ -139,27 +143,35 @@ def _with_mm(t: Trajectory, device) -> Trajectory:
 
 def collate(trajectories: list[Trajectory], pad_token_id: int) -> Batch:
     """Concatenate each trajectory's segments into one row, right-pad, and derive the masks."""
-    rows, masks, logps = [], [], []
+    rows, masks, logps, offs = [], [], [], []
     for t in trajectories:
-        ids, mask, lp = [], [], []
+        ids, mask, lp, off = [], [], [], []
         for s in t.segments:
             ids += s.token_ids
             mask += [1 if s.trained else 0] * len(s.token_ids)
+            off += [1 if s.trained and s.off_policy else 0] * len(s.token_ids)
             lp += s.logprobs if (s.trained and s.logprobs is not None) else [0.0] * len(s.token_ids)
-        rows.append(ids), masks.append(mask), logps.append(lp)
+        rows.append(ids), masks.append(mask), logps.append(lp), offs.append(off)
     T = max(len(r) for r in rows)
     B = len(rows)
     input_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((B, T), dtype=torch.long)
     loss_mask = torch.zeros((B, T), dtype=torch.float32)
     rollout_logprobs = torch.zeros((B, T), dtype=torch.float32)
-    for i, (ids, mask, lp) in enumerate(zip(rows, masks, logps)):
+    off_policy_mask = torch.zeros((B, T), dtype=torch.float32)
+    for i, (ids, mask, lp, off) in enumerate(zip(rows, masks, logps, offs)):
         n = len(ids)
         input_ids[i, :n] = torch.tensor(ids)
         attention_mask[i, :n] = 1
         loss_mask[i, :n] = torch.tensor(mask, dtype=torch.float32)
         rollout_logprobs[i, :n] = torch.tensor(lp, dtype=torch.float32)
-    have_logprobs = all(s.logprobs is not None for t in trajectories for s in t.segments if s.trained)
+        off_policy_mask[i, :n] = torch.tensor(off, dtype=torch.float32)
+    # expert tokens were not sampled: they carry no rollout log-probs and need none
+    sampled = [s for t in trajectories for s in t.segments if s.trained and not s.off_policy]
+    have_logprobs = bool(sampled) and all(s.logprobs is not None for s in sampled)
+    hybrid = any(s.off_policy for t in trajectories for s in t.segments)
+    sft_only = torch.tensor([t.sft_only for t in trajectories])
     return Batch(trajectories=trajectories, input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
                  group_ids=torch.tensor([t.group_id for t in trajectories]),
-                 rollout_logprobs=rollout_logprobs if have_logprobs else None)
+                 rollout_logprobs=rollout_logprobs if have_logprobs else None,
+                 off_policy_mask=off_policy_mask if hybrid else None, sft_only=sft_only if sft_only.any() else None)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from rllava import distributed as D
+from rllava.algorithms.hybrid import EXPERT_IN_RL, EXPERT_IN_SFT, sft_token_weights
 from rllava.algorithms.losses import LossInputs, aggregate, kl_penalty, masked_mean, rollout_importance_weights
 from rllava.data.protocol import Batch
 from rllava.model.forward import LOGPROB_CHUNK, token_logprobs
@@ -100,19 +101,33 @@ def compute_logprobs(model, batch: Batch, batching: MicroBatching, temperature: 
         model, micro, temperature=temperature, chunk_size=chunk_size, padding_free=batching.padding_free)[0])
 
 
-def mini_batches(batch: Batch, epochs: int, size: int):
+def mini_batches(batch: Batch, epochs: int, size: int, rl_mask: torch.Tensor | None = None,
+                 sft_mask: torch.Tensor | None = None):
     """(row indices, aggregation normalisers) of each mini-batch of each epoch: one optimizer step each. The
     normalisers are the mini-batch's token / sequence counts, so its micro-batches sum to the unsplit loss.
 
     With N ranks (`size` and `batch` are then this rank's share) the gradients are averaged over ranks, so
     each rank divides by 1/N of the *global* counts: the average of the ranks' losses is then the loss of
-    the global mini-batch, however its tokens are spread over the ranks."""
+    the global mini-batch, however its tokens are spread over the ranks.
+
+    Hybrids: the counts are `rl_mask`'s (the tokens of the RL term) instead of loss_mask's; `sft_mask` [B, T] adds its counts as `sft_tokens` / `sft_seqs` (the SFT term is normalised over its
+    own tokens), and `batch.sft_only` rows (demonstrations added beside the groups) are spread evenly over the
+    mini-batches that `size` makes of the other rows, so every optimizer step mixes both."""
+    rows = list(range(len(batch)))
+    extra = [] if batch.sft_only is None else [i for i in rows if batch.sft_only[i]]
+    rows = [i for i in rows if i not in set(extra)]
+    minis = [[rows[j] for j in idx] for idx in chunks(len(rows), size)] or [[]]
+    for k, share in enumerate(chunks(len(extra), -(-len(extra) // len(minis))) if extra else []):
+        minis[k] = sorted(minis[k] + [extra[j] for j in share])
     for _ in range(epochs):
-        for mini in chunks(len(batch), size):
-            mask = batch.loss_mask[mini]
-            tokens, seqs = D.all_sum([float(mask.sum()), float((mask.sum(-1) > 0).sum())])
-            yield mini, {"num_tokens": torch.tensor(max(tokens, 1.0) / D.world_size()),
-                         "num_seqs": torch.tensor(max(seqs, 1.0) / D.world_size())}
+        for mini in minis:
+            masks = [(batch.loss_mask if rl_mask is None else rl_mask)[mini]] + ([] if sft_mask is None else [sft_mask[mini]])
+            counts = D.all_sum([float(c) for m in masks for c in (m.sum(), (m.sum(-1) > 0).sum())])
+            norm = [torch.tensor(max(c, 1.0) / D.world_size()) for c in counts]
+            out = {"num_tokens": norm[0], "num_seqs": norm[1]}
+            if sft_mask is not None:
+                out.update(sft_tokens=norm[2], sft_seqs=norm[3])
+            yield mini, out
 
 
 class MeanMetrics:
@@ -130,6 +145,23 @@ class MeanMetrics:
         return {k: self.sums[k] / self.counts[k] for k in self.sums}
 
 
+@dataclass(frozen=True)
+class ExpertLoss:
+    """How a hybrid's loss trains the expert (off-policy) tokens (`rllava.algorithms.hybrid`): `loss_mode` decides
+    RL (shaped, inside the policy loss) and/or an SFT term; `enable_phi_function` weights CHORD's SFT tokens by
+    phi(p); `token_level_sft` normalises the SFT term over its tokens (else per sequence, then over sequences)."""
+
+    loss_mode: str
+    enable_phi_function: bool = False
+    token_level_sft: bool = True
+
+    def masks(self, loss_mask: torch.Tensor, off_policy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens of the RL term, tokens of the SFT term), each [B, T]."""
+        off = loss_mask * off_policy
+        rl = loss_mask if self.loss_mode in EXPERT_IN_RL else loss_mask - off
+        return rl, off if self.loss_mode in EXPERT_IN_SFT else torch.zeros_like(off)
+
+
 def _device(model) -> torch.device:
     return next(model.parameters()).device
 
@@ -140,7 +172,8 @@ class Actor:
                  temperature: float, use_kl_loss: bool, kl_loss_coef: float, kl_loss_type: str,
                  entropy_coeff: float, rollout_is: str = "none", rollout_is_cap: float = 2.0,
                  padding_free: bool = False, max_token_len: int | None = None,
-                 log_prob_max_token_len: int | None = None, logprob_chunk_size: int = LOGPROB_CHUNK):
+                 log_prob_max_token_len: int | None = None, logprob_chunk_size: int = LOGPROB_CHUNK,
+                 expert: ExpertLoss | None = None):
         """`max_token_len` / `log_prob_max_token_len` set: dynamic batching of the update / the no-grad pass
         by that token budget instead of `micro_batch_size` / `log_prob_micro_batch_size` rows."""
         self.model, self.engine, self.algorithm = model, engine, algorithm
@@ -153,6 +186,7 @@ class Actor:
         self.use_kl_loss, self.kl_loss_coef, self.kl_loss_type = use_kl_loss, kl_loss_coef, kl_loss_type
         self.entropy_coeff = entropy_coeff
         self.rollout_is, self.rollout_is_cap = rollout_is, rollout_is_cap  # truncated IS: none | token | sequence
+        self.expert = expert  # a hybrid's treatment of expert tokens; None: every trained token is RL-trained
 
     def needs_old_logprobs(self, batch_size: int) -> bool:
         """With one epoch over one mini-batch, the policy that sampled is the one being updated, so pi_old is
@@ -163,35 +197,57 @@ class Actor:
         return compute_logprobs(self.model, batch, self.log_prob_batching, self.temperature,
                                 chunk_size=self.logprob_chunk_size)
 
-    def update(self, batch: Batch) -> dict[str, float]:
-        """Stage 4: optimise the policy loss (+ KL, - entropy) over the batch; returns averaged metrics."""
+    def update(self, batch: Batch, *, rl_coef: float = 1.0, sft_coef: float = 1.0) -> dict[str, float]:
+        """Stage 4: optimise the policy loss (+ KL, - entropy) over the batch; returns averaged metrics.
+        A hybrid's batch (expert tokens in `off_policy_mask`, `self.expert` set) optimises
+        rl_coef * L_RL + sft_coef * L_SFT, each term normalised over its own tokens."""
         self.model.train()
         metrics = MeanMetrics()
-        for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size):
+        masks = (None, None)
+        if self.expert is not None and batch.off_policy_mask is not None:
+            masks = self.expert.masks(batch.loss_mask, batch.off_policy_mask)
+        for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, *masks):
             for rows in self.micro_batching.split(batch, mini):
-                metrics.add(self._backward(batch.select(rows).to(self.engine.device), norm))
+                metrics.add(self._backward(batch.select(rows).to(self.engine.device), norm, rl_coef, sft_coef))
             metrics.add({"actor/grad_norm": self.engine.optimizer_step()})
         return metrics.means()
 
-    def _backward(self, micro: Batch, norm: dict) -> dict[str, float]:
+    def _backward(self, micro: Batch, norm: dict, rl_coef: float = 1.0, sft_coef: float = 1.0) -> dict[str, float]:
         logprobs, entropy = token_logprobs(self.model, micro, temperature=self.temperature, with_entropy=True,
                                            entropy_grad=self.entropy_coeff != 0, chunk_size=self.logprob_chunk_size,
                                            padding_free=self.micro_batching.padding_free)
-        mask = micro.loss_mask
+        mask, sft_mask = micro.loss_mask, None
+        if self.expert is not None and micro.off_policy_mask is not None:
+            mask, sft_mask = self.expert.masks(micro.loss_mask, micro.off_policy_mask)
         inputs = LossInputs(
             logprobs=logprobs, mask=mask, advantages=micro.advantages,
             old_logprobs=micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach(),
-            ref_logprobs=micro.ref_logprobs, rollout_logprobs=micro.rollout_logprobs, entropy=entropy)
+            ref_logprobs=micro.ref_logprobs, rollout_logprobs=micro.rollout_logprobs, entropy=entropy,
+            off_policy=micro.off_policy_mask)
         per_token, metrics = self.algorithm.policy_loss(inputs)
         if self.rollout_is != "none":  # reweight by pi_old / pi_rollout: the engine sampled, the trainer scores
+            sampled = mask if micro.off_policy_mask is None else mask * (1 - micro.off_policy_mask)  # not expert
             weights, is_metrics = rollout_importance_weights(inputs.old_logprobs, micro.need("rollout_logprobs"),
-                                                             mask, cap=self.rollout_is_cap, level=self.rollout_is)
+                                                             sampled, cap=self.rollout_is_cap, level=self.rollout_is)
             per_token = per_token * weights
             metrics.update(is_metrics)
-        agg = dict(mode=self.loss_agg_mode, max_len=self.max_response_length, **norm)
+        agg = dict(mode=self.loss_agg_mode, max_len=self.max_response_length, num_tokens=norm["num_tokens"],
+                   num_seqs=norm["num_seqs"])
         pg_loss = aggregate(per_token, mask, **agg)
-        loss = pg_loss
+        loss = rl_coef * pg_loss
         out = {f"actor/{k}": v for k, v in metrics.items()}
+        if sft_mask is not None:  # the hybrid's SFT term on expert tokens: -w_t log p_t over its own tokens
+            trained = micro.loss_mask
+            weights = sft_token_weights(self.expert.loss_mode, logprobs, entropy,
+                                        trained * (1 - micro.off_policy_mask), trained,
+                                        enable_phi_function=self.expert.enable_phi_function)
+            sft_loss = aggregate(-weights * logprobs, sft_mask, "token-mean" if self.expert.token_level_sft
+                                 else "seq-mean-token-mean", max_len=self.max_response_length,
+                                 num_tokens=norm["sft_tokens"], num_seqs=norm["sft_seqs"])
+            loss = loss + sft_coef * sft_loss
+            if sft_mask.sum() > 0:  # averaged over the micro-batches that hold expert tokens
+                out["actor/sft_nll"] = masked_mean(-logprobs.detach(), sft_mask).item()
+                out["actor/sft_weight"] = masked_mean(weights, sft_mask).item()
         if self.use_kl_loss:
             kl = kl_penalty(logprobs, micro.need("ref_logprobs"), self.kl_loss_type)
             kl_loss = aggregate(kl, mask, **agg)

@@ -16,6 +16,7 @@ import torch
 import transformers
 
 from rllava import distributed as D
+from rllava.algorithms.hybrid import HYBRID_LOSSES
 from rllava.algorithms.kl import KLController
 from rllava.algorithms.ppo import build_algorithm, load_plugins
 from rllava.config import ConfigError, PPOConfig
@@ -30,7 +31,7 @@ from rllava.model.forward import LOGPROB_CHUNK
 from rllava.model.loader import build_policy, build_reference, load_model, make_trainable, resolve_dtype
 from rllava.model.value import ValueModel
 from rllava.model.processor import get_tokenizer
-from rllava.roles.actor import Actor, MicroBatching
+from rllava.roles.actor import Actor, ExpertLoss, MicroBatching
 from rllava.roles.critic import Critic
 from rllava.roles.rollout import Rollout
 from rllava.train.tracker import Tracker
@@ -101,11 +102,13 @@ def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None):
     for a run that never uses it)."""
     if cfg.data.override_chat_template:
         processor.chat_template = cfg.data.override_chat_template
-    kwargs = dict(target_key=target_key, limit_images=cfg.rollout.limit_images)
-    train = PromptDataset(cfg.data.train_files, cfg.data, processor, image_dir=cfg.data.train_image_dir, **kwargs)
+    limit = cfg.rollout.limit_images  # the reference responses are read from the training records only
+    train = PromptDataset(cfg.data.train_files, cfg.data, processor, image_dir=cfg.data.train_image_dir,
+                          target_key=target_key, limit_images=limit)
     val = None
     if cfg.data.val_files and validates(cfg):
-        val = PromptDataset(cfg.data.val_files, cfg.data, processor, image_dir=cfg.data.val_image_dir, **kwargs)
+        val = PromptDataset(cfg.data.val_files, cfg.data, processor, image_dir=cfg.data.val_image_dir,
+                            limit_images=limit)
     return train, val
 
 
@@ -261,7 +264,10 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
                  temperature=1.0 if sft else cfg.rollout.temperature,
                  use_kl_loss=not sft and cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0,
                  kl_loss_coef=cfg.actor.kl_loss_coef, kl_loss_type=cfg.actor.kl_loss_type,
-                 entropy_coeff=cfg.actor.entropy_coeff, **_rollout_is(cfg, sft), **_actor_batching(cfg))
+                 entropy_coeff=cfg.actor.entropy_coeff, **_rollout_is(cfg, sft), **_actor_batching(cfg),
+                 expert=None if sft or algorithm.loss_name not in HYBRID_LOSSES else ExpertLoss(
+                     algorithm.loss_name, cfg.algorithm.enable_phi_function,
+                     cfg.algorithm.use_token_level_loss_in_sft))
 
 
 def _actor_batching(cfg: PPOConfig) -> dict:

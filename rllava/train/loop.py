@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from rllava import distributed as D
+from rllava.algorithms.hybrid import HYBRID_LOSSES
 from rllava.data.dataset import PromptDataset
 from rllava.data.protocol import Batch, Sample
 from rllava.data.images import normalize_image_list
@@ -93,7 +94,8 @@ def build_run(cfg, *, sft: bool = False) -> Run:
     reward = build_reward(cfg) if not sft or (cfg.data.val_files and cfg.reward.reward_function) else None
     device, outputs_dir = B.setup_run(cfg)
     model, processor = B.build_policy(cfg.actor.model, device)
-    train_set, val_set = B.build_datasets(cfg, processor, target_key=cfg.data.target_key if sft else None)
+    expert = sft or cfg.actor.policy_loss.loss_mode in HYBRID_LOSSES  # SFT and hybrids read the expert response
+    train_set, val_set = B.build_datasets(cfg, processor, target_key=cfg.data.target_key if expert else None)
     sampler = B.build_sampler(cfg, train_set)
     steps = B.total_steps(cfg, sampler)
     actor = B.build_actor(cfg, model, device, steps, sft=sft)

@@ -40,13 +40,6 @@ def _warnings(args) -> list[str]:
     ("rollout.tool_config_path=tools.yaml", "rollout.tool_config_path=tools.yaml is for multi-turn agent rollouts"),
     ("rollout.env_config_path=env.yaml", "rollout.env_config_path=env.yaml is for multi-turn agent rollouts"),
     ("rollout.discount=0.5", "rollout.discount=0.5 is for multi-turn agent rollouts"),
-    ("actor.sft_loss_coef=0.5", "actor.sft_loss_coef=0.5 is for SFT+RL hybrids (LUFFY, SRFT, HPT, CHORD, UFT"),
-    ("actor.off_policy_reshape=p_div_p_0.1", "actor.off_policy_reshape=p_div_p_0.1 is for SFT+RL hybrids"),
-    ("actor.on_policy_reshape_weight=0.2", "actor.on_policy_reshape_weight=0.2 is for SFT+RL hybrids"),
-    ("actor.srft_type=classic_rl", "actor.srft_type=classic_rl is for SFT+RL hybrids"),
-    ("actor.hpt_hint_loss_coef=1.0", "actor.hpt_hint_loss_coef=1.0 is for SFT+RL hybrids"),
-    ("actor.clip_upper_bound=2.0", "actor.clip_upper_bound=2.0 is for SFT+RL hybrids"),
-    ("algorithm.n_prefix=2", "algorithm.n_prefix=2 is for SFT+RL hybrids"),
     ("reward.model.model_path=rm", "reward.model.model_path=rm: reward models are not available yet in rllava; "
                                    "score with reward.reward_function=path/file.py:fn"),
     ("reward.model.use_peft=true", "reward.model.use_peft=true: reward models are not available yet"),
@@ -218,7 +211,7 @@ def test_ignore_eos_generates_to_the_budget(tiny_model_dir):
 # ------------------------------------------------------------------------- RLLaVA's other pipeline modules
 
 
-@pytest.mark.parametrize("module, names", [("sft_rl", "SFT+RL hybrids"), ("agentic", "multi-turn agent rollouts")])
+@pytest.mark.parametrize("module, names", [("agentic", "multi-turn agent rollouts")])
 def test_rllava_pipeline_modules_say_not_available_yet(module, names):
     r = subprocess.run([sys.executable, "-m", f"rllava.train.pipeline.{module}", "config=examples/config.yaml"],
                        cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -21,23 +21,26 @@ from rllava.roles.rollout import logprob_gap_metrics
 from rllava.train import builders as B
 from rllava.train.cli import run_cli
 from rllava.train.evaluate import accuracy_of
+from rllava.train.hybrid import build_hybrid
 from rllava.train.loop import build_run, train_loop
 from rllava.train.tracker import Timer
 
 
 def batch_metrics(batch: Batch) -> dict[str, float]:
     """What a researcher watches besides the loss: reward, accuracy, lengths, and how many groups carry signal."""
-    scores, trajs = batch.need("scores"), batch.trajectories
+    rows = [i for i, t in enumerate(batch.trajectories) if not t.sft_only]  # a hybrid's demonstrations: no reward
+    scores, trajs = batch.need("scores")[rows], [batch.trajectories[i] for i in rows]
+    details = [batch.reward_details[i] for i in rows]
     lengths = np.array([t.num_response_tokens for t in trajs])
     metrics = {"reward/mean": scores.mean().item(), "reward/std": scores.std().item() if len(scores) > 1 else 0.0,
-               "reward/accuracy_mean": float(np.mean([accuracy_of(d) for d in batch.reward_details])),
+               "reward/accuracy_mean": float(np.mean([accuracy_of(d) for d in details])),
                "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
                "response_length/clip_ratio": float(np.mean([t.finish_reason == "length" for t in trajs])),
-               "prompt_length/mean": float(batch.attention_mask.sum(-1).float().mean() - lengths.mean())}
-    for key in sorted({k for d in batch.reward_details for k in d} - {"overall"}):
-        metrics[f"reward/{key}_mean"] = float(np.mean([d.get(key, 0.0) for d in batch.reward_details]))
+               "prompt_length/mean": float(batch.attention_mask[rows].sum(-1).float().mean() - lengths.mean())}
+    for key in sorted({k for d in details for k in d} - {"overall"}):
+        metrics[f"reward/{key}_mean"] = float(np.mean([d.get(key, 0.0) for d in details]))
     groups = {}
-    for g, s in zip(batch.group_ids.tolist(), scores.tolist()):
+    for g, s in zip(batch.group_ids[rows].tolist(), scores.tolist()):
         groups.setdefault(g, []).append(s)
     metrics["batch/groups_without_signal"] = float(np.mean([max(v) == min(v) for v in groups.values()]))
     return metrics
@@ -56,10 +59,13 @@ def train(cfg) -> str:
         run.stateful["kl_ctrl"] = kl_in_reward
     sampling, pad_id, a = B.sampling_params(cfg), rollout.tokenizer.pad_token_id, cfg.algorithm
     greedy = B.greedy_sampling(cfg)
+    hybrid = build_hybrid(cfg, run)  # SFT+RL (LUFFY, SRFT, UFT, HPT, CHORD): the expert side; None for pure RL
 
     def rollout_and_score(samples: list[Sample], timer: Timer, params=sampling):
+        # a hybrid's responses may start with expert tokens (LUFFY's expert samples, UFT's hints)
+        prefixes = hybrid.prefixes(samples, run.step) if hybrid is not None and params is sampling else None
         with timer("rollout"), generate_context(rollout.engine, actor.engine):
-            trajectories = rollout.generate(samples, params)  # 1. rollout
+            trajectories = rollout.generate(samples, params, prefixes)  # 1. rollout
         with timer("reward"):
             return trajectories, *reward.score(trajectories, train=True)  # 2. reward
 
@@ -72,13 +78,18 @@ def train(cfg) -> str:
                 filter_key=a.filter_key, low=a.filter_low, high=a.filter_high, max_tries=cfg.trainer.max_try_make_batch)
         else:
             trajectories, scores, details = rollout_and_score(samples, timer)
+        dropped = []
+        if hybrid is not None:  # demonstration rows beside the groups (HPT, CHORD)
+            trajectories, scores, details, dropped = hybrid.demonstrations(trajectories, scores, details)
         batch = collate(trajectories, pad_id)
         batch.scores, batch.reward_details = scores, details
+        batch.loss_mask[dropped] = 0  # HPT: the rollouts of a group trained on its demonstration instead
         if actor.algorithm.needs("baseline_scores"):  # ReMax: each group's baseline is its greedy answer's reward
             prompts = {t.group_id: t.sample for t in trajectories}
             _, baseline, _ = rollout_and_score([prompts[g] for g in range(len(prompts))], timer, greedy)
             batch.baseline_scores = baseline[batch.group_ids]
-        if actor.needs_old_logprobs(len(batch)) or kl_in_reward is not None:
+        rl_rows = len(batch) - (int(batch.sft_only.sum()) if batch.sft_only is not None else 0)
+        if actor.needs_old_logprobs(rl_rows) or kl_in_reward is not None:
             with timer("old_logprob"):
                 batch.old_logprobs = actor.compute_logprobs(batch)
             metrics.update(logprob_gap_metrics(batch))  # engine vs trainer on the sampled tokens
@@ -94,11 +105,16 @@ def train(cfg) -> str:
                                                                         batch.old_logprobs, batch.ref_logprobs)
                 metrics.update(kl_metrics)
             batch.advantages = actor.algorithm.compute_advantage(batch)  # 3. advantage
+            if batch.sft_only is not None:  # demonstrations are in no group: no advantage
+                batch.advantages[batch.sft_only] = 0.0
         with timer("update"):
             if critic is not None:
                 metrics.update(critic.update(batch))
             if run.step > cfg.trainer.critic_warmup:  # the actor waits for the critic's warm-up steps
-                metrics.update(actor.update(batch))  # 4. update
+                rl_coef, sft_coef = hybrid.coefficients(run.step) if hybrid is not None else (1.0, 1.0)
+                metrics.update(actor.update(batch, rl_coef=rl_coef, sft_coef=sft_coef))  # 4. update
+        if hybrid is not None:
+            metrics.update(hybrid.metrics(batch, run.step))
         return {**metrics, **batch_metrics(batch)}, batch
 
     return train_loop(run, step, "rlvr")

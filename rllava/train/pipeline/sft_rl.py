@@ -1,20 +1,11 @@
-"""RLLaVA's SFT+RL hybrid pipeline (LUFFY, SRFT, HPT, CHORD, UFT): not available yet in rllava.
+"""RLLaVA's SFT+RL pipeline module (its LUFFY, SRFT, HPT, UFT scripts run it): in rllava the hybrids are a
+strategy inside the RLVR step (`rllava.train.hybrid`), so this is `rllava.train.pipeline.rlvr` under its
+RLLaVA name; the loss and strategy keys pick the method (docs/algorithms.md).
 
-    python -m rllava.train.pipeline.sft_rl ...   -> one line naming what to use instead, exit status 2
-
-Until it lands, the two halves run one after the other: `rllava.train.pipeline.sft` (data.target_key) to warm the
-model up, then `rllava.train.pipeline.rlvr` from its outputs_dir/final.
+    python -m rllava.train.pipeline.sft_rl config=... actor.policy_loss.loss_mode=luffy algorithm.prefix_strategy=random
 """
 
-from rllava.train.pipeline._not_available import not_available
-
-INSTEAD = ("run rllava.train.pipeline.sft (data.target_key=...) then rllava.train.pipeline.rlvr from its "
-           "outputs_dir/final")
-
-
-def main(argv: list[str] | None = None) -> None:
-    not_available("rllava.train.pipeline.sft_rl", "SFT+RL hybrids: LUFFY, SRFT, HPT, CHORD, UFT", INSTEAD)
-
+from rllava.train.pipeline.rlvr import main
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,294 @@
+"""SFT+RL hybrids: their schedules, weights and policy losses, as small pure functions over tensors.
+
+A hybrid trains on two kinds of tokens in one batch: the policy's own (on-policy, RL as usual) and an expert's
+(`Segment.off_policy`: a demonstration, a hint, an expert sample in a group). Each is one config (the scripts
+`examples/algorithms/{chord,chord_phi,luffy,uft,hpt,srft}.sh`); what it does with the expert tokens:
+
+    method  expert tokens                                  from (rllava.train.hybrid)              select with
+    LUFFY   RL in the group, shaped f(p) = p/(p+gamma),    n_prefix of the K responses are the     loss_mode=luffy
+            no clip (arXiv:2504.14945)                     expert's (prefix_strategy=random)
+    SRFT    LUFFY's shaped RL + SFT x 0.5 exp(-H); own     as LUFFY                                loss_mode=srft
+            correct rollouts x 0.1 exp(H) (arXiv:2506.19767)
+    CHORD   SFT x mu(t) (CHORD-phi: x phi(p)), RL x        expert_data_ratio of the rows are       loss_mode=chord
+            (1 - mu(t)) (arXiv:2508.11408)                 demonstrations
+    HPT     SFT x sft_loss_coef where a prompt was solved  a demonstration replaces the group      loss_mode=hpt
+            <= switch_gate times, else RL (arXiv:2509.04419)  (unify_strategy=switch | soft)
+    UFT     SFT x sft_loss_coef on the hint, RL on the     the first k of hint_chunks chunks,      loss_mode=uft
+            continuation (arXiv:2505.16984)                k ~ Binomial(chunks, p(t)) (prefix_strategy=hint)
+
+The RL term is normalised over its tokens and the SFT term over its own (`rllava.roles.actor`); the step loss is
+rl_coef L_RL + sft_coef L_SFT. Keys follow RLLaVA (`actor.off_policy_reshape=p_div_p_0.1`,
+`algorithm.prefix_strategy`, `algorithm.strategy=mix_chord`, ...); every schedule and weight is logged per step
+(`hybrid/*`, `actor/sft_nll`, `actor/sft_weight`, `actor/srft_*`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rllava.algorithms.losses import LossInputs, _clipped_surrogate, masked_mean
+from rllava.algorithms.registry import register_policy_loss
+
+# What each hybrid loss does with the expert (off-policy) tokens: RL (shaped), SFT, or both.
+EXPERT_IN_RL = {"luffy", "srft"}
+EXPERT_IN_SFT = {"srft", "chord", "hpt", "uft"}
+HYBRID_LOSSES = ("luffy", "srft", "chord", "hpt", "uft")
+# The actor.* keys the hybrid losses declare (keyword-only parameters of the same names)
+HYBRID_LOSS_KEYS = ("loss_remove_clip", "off_policy_reshape", "off_policy_reshape_weight", "off_policy_reshape_pow_exp",
+                    "off_policy_max_clip", "off_policy_min_clip", "all_max_clip", "on_policy_reshape",
+                    "on_policy_reshape_weight", "on_policy_reshape_pow_exp", "srft_type", "clip_upper_bound")
+RESHAPES = ("no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_<gamma>")
+
+
+def mu_schedule(step: int, *, warmup: int, decay: int, peak: float, valley: float) -> float:
+    """CHORD's SFT weight mu(t) (Zhang et al. 2025, arXiv:2508.11408): linear warm-up from 0 to `peak` over
+    `warmup` steps, cosine decay from `peak` to `valley` over the next `decay` steps, then `valley`:
+
+        mu(t) = peak * t / warmup                                          t <  warmup
+              = valley + (peak - valley) (1 + cos(pi (t - warmup) / decay)) / 2   warmup <= t < warmup + decay
+              = valley                                                     afterwards
+    warmup = decay = 0 with peak = valley gives a constant mu (CHORD-phi's 0.1)."""
+    if step < warmup:
+        return peak * step / warmup
+    if step < warmup + decay:
+        return valley + (peak - valley) * 0.5 * (1 + math.cos(math.pi * (step - warmup) / decay))
+    return valley
+
+
+def phi(p: torch.Tensor) -> torch.Tensor:
+    """CHORD-phi's token weight (Zhang et al. 2025, arXiv:2508.11408), on the SFT term -sg(phi(p_t)) log p_t:
+
+        phi(p) = p (1 - p)
+
+    largest for uncertain tokens (p = 0.5), ~0 for tokens the policy already predicts (p -> 1) and for ones far
+    from it (p -> 0), so SFT does not overwrite what RL found nor force the improbable."""
+    return p * (1 - p)
+
+
+def reshape(ratio: torch.Tensor, logprobs: torch.Tensor, kind: str, *, weight: float = 0.1,
+            pow_exp: float = 0.5) -> torch.Tensor:
+    """RLLaVA's / LUFFY's ratio shaping (`actor.off_policy_reshape`, `actor.on_policy_reshape`) of a ratio r
+    (for expert tokens r = p = pi(y_t), as pi_old of the expert is taken to be 1):
+
+        no_reshape     r                    logp     weight * log p          p_logp  weight * log p + r
+        square_root    sqrt(r)              pow      r ** pow_exp            p_div_p_<gamma>  r / (r + gamma)
+
+    LUFFY's f(p) = p / (p + gamma), gamma = 0.1 (`p_div_p_0.1`), keeps the gradient of low-probability expert
+    tokens large (grad f = gamma / (p + gamma)^2 grad p), where plain p would vanish."""
+    if kind == "no_reshape":
+        return ratio
+    if kind == "logp":
+        return logprobs * weight
+    if kind == "p_logp":
+        return logprobs * weight + ratio
+    if kind == "square_root":
+        return torch.sqrt(ratio)
+    if kind == "pow":
+        return torch.pow(ratio, pow_exp)
+    if kind.startswith("p_div_p_"):
+        return ratio / (ratio + float(kind[len("p_div_p_"):]))
+    raise ValueError(f"unknown reshape {kind!r} (choose {'|'.join(RESHAPES)})")
+
+
+def check_reshape(kind: str) -> bool:
+    """Is `kind` a shaping `reshape` knows (p_div_p_<gamma> with a positive number)?"""
+    if kind.startswith("p_div_p_"):
+        try:
+            return float(kind[len("p_div_p_"):]) > 0
+        except ValueError:
+            return False
+    return kind in RESHAPES
+
+
+def hint_probability(step: int, *, steps: int, start: float, end: float) -> float:
+    """UFT's hint schedule (Liu et al. 2025, arXiv:2505.16984): the probability p(t) that each chunk of the
+    expert solution is shown, cosine from `start` to `end` over the first `steps` steps, 0 (no hint) after:
+
+        p(t) = end + (start - end) (1 + cos(pi t / steps)) / 2      t < steps;   0 afterwards"""
+    if step >= steps:
+        return 0.0
+    return end + (start - end) * 0.5 * (1 + math.cos(math.pi * step / steps))
+
+
+def chunk_bounds(n_tokens: int, chunks: int) -> list[int]:
+    """Token counts at the end of each of (at most) `chunks` near-equal chunks of an `n_tokens` solution:
+    a hint of k chunks is its first chunk_bounds(...)[k - 1] tokens. chunk_bounds(10, 4) = [3, 6, 8, 10]."""
+    chunks = max(1, min(chunks, n_tokens))
+    base, extra = divmod(n_tokens, chunks)
+    bounds, total = [], 0
+    for i in range(chunks):
+        total += base + (1 if i < extra else 0)
+        bounds.append(total)
+    return bounds
+
+
+def srft_weights(mean_entropy: float) -> tuple[float, float]:
+    """SRFT's entropy-aware weights (Fu et al. 2025, arXiv:2506.19767), from the mean token entropy H (detached):
+
+        w_SFT = 0.5 exp(-H)   on the demonstration's NLL: an uncertain policy learns less from it
+        w_RL  = 0.1 exp(+H)   on the policy's own correct rollouts: an uncertain policy reinforces them more"""
+    return 0.5 * math.exp(-mean_entropy), 0.1 * math.exp(mean_entropy)
+
+
+def _on_policy_loss(inp: LossInputs, on: torch.Tensor, loss_remove_clip: bool, reshape_kind: str,
+                    reshape_weight: float, reshape_pow_exp: float, clip_ratio_low: float, clip_ratio_high: float):
+    """-A r on the policy's tokens (r shaped by actor.on_policy_reshape), PPO-clipped unless loss_remove_clip;
+    returns (per-token loss, clipped mask)."""
+    adv = inp.need("advantages", "hybrid")
+    log_ratio = (inp.logprobs - inp.need("old_logprobs", "hybrid")).clamp(-20.0, 20.0)
+    ratio = reshape(torch.exp(log_ratio), inp.logprobs, reshape_kind, weight=reshape_weight, pow_exp=reshape_pow_exp)
+    if loss_remove_clip:
+        return -adv * ratio, torch.zeros_like(on, dtype=torch.bool)
+    loss, clipped = _clipped_surrogate(adv, ratio, clip_ratio_low, clip_ratio_high)
+    return loss, clipped & (on > 0)
+
+
+def _off_policy_ratio(inp: LossInputs, kind: str, weight: float, pow_exp: float, max_clip: float, min_clip: float):
+    """The shaped off-policy ratio f(p), p = pi(y_t) (pi_old of the expert = 1), optionally clamped."""
+    off_ratio = reshape(torch.exp(inp.logprobs), inp.logprobs, kind, weight=weight, pow_exp=pow_exp)
+    if max_clip != -1:
+        off_ratio = off_ratio.clamp(max=max_clip)
+    if min_clip != -1:
+        off_ratio = off_ratio.clamp(min=min_clip)
+    return off_ratio
+
+
+def _drop_confident(loss: torch.Tensor, logprobs: torch.Tensor, all_max_clip: float) -> torch.Tensor:
+    """RLLaVA's `actor.all_max_clip`: no loss on tokens the policy already gives p > all_max_clip (-1: off)."""
+    if all_max_clip == -1:
+        return loss
+    return loss * (torch.exp(logprobs.detach()) <= all_max_clip)
+
+
+def _hybrid_metrics(inp: LossInputs, on: torch.Tensor, off: torch.Tensor, on_loss, off_loss, clipped) -> dict:
+    return {"on_pg_loss": masked_mean(on_loss.detach(), on).item(), "off_pg_loss": masked_mean(off_loss.detach(), off).item(),
+            "pg_clipfrac": masked_mean(clipped.float(), on).item(),
+            "on_policy_prob": masked_mean(torch.exp(inp.logprobs.detach()), on).item(),
+            "off_policy_prob": masked_mean(torch.exp(inp.logprobs.detach()), off).item(),
+            "ppo_kl": masked_mean((inp.old_logprobs - inp.logprobs).detach(), on).item()
+            if inp.old_logprobs is not None else 0.0}
+
+
+@register_policy_loss("luffy")
+def luffy(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+          loss_remove_clip: bool = False, off_policy_reshape: str = "p_div_p_0.1",
+          off_policy_reshape_weight: float = 0.1, off_policy_reshape_pow_exp: float = 0.5,
+          on_policy_reshape: str = "no_reshape", on_policy_reshape_weight: float = 0.1,
+          on_policy_reshape_pow_exp: float = 0.5, off_policy_max_clip: float = -1, off_policy_min_clip: float = -1,
+          all_max_clip: float = -1):
+    """LUFFY, mixed-policy GRPO (Yan et al. 2025, arXiv:2504.14945): some samples of a group are an expert's,
+    the group's advantages are taken over all of them, and
+
+        expert tokens (inp.off_policy = 1):  L_t = -A_t f(p_t),   p_t = pi(y_t | ...),  f(p) = p / (p + gamma)
+        own tokens:                          L_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high))
+
+    pi_old of the expert is taken as 1 (its probabilities are unknown), so r = p and nothing is clipped there.
+    `actor.off_policy_reshape` picks f (`p_div_p_0.1`: gamma = 0.1, LUFFY's default; see `reshape`);
+    `actor.loss_remove_clip=true` drops the clip on the own tokens too (LUFFY's script, with Dr.GRPO's
+    `actor.loss_agg_mode=seq-mean-token-sum-norm`). `actor.off_policy_max_clip` / `off_policy_min_clip` clamp f
+    (-1: off); `actor.all_max_clip` drops every token with p > it from the loss (RLLaVA also drops it from the
+    aggregation's token count; rllava's normaliser still counts it).
+    Metrics: `on_pg_loss`, `off_pg_loss`, `on_policy_prob`, `off_policy_prob` (mean p on each side),
+    `pg_clipfrac` (own tokens), `ppo_kl`.
+    """
+    off = inp.off_policy if inp.off_policy is not None else torch.zeros_like(inp.mask)
+    off, on = inp.mask * off, inp.mask * (1 - off)
+    on_loss, clipped = _on_policy_loss(inp, on, loss_remove_clip, on_policy_reshape, on_policy_reshape_weight,
+                                       on_policy_reshape_pow_exp, clip_ratio_low, clip_ratio_high)
+    off_loss = -inp.advantages * _off_policy_ratio(inp, off_policy_reshape, off_policy_reshape_weight,
+                                                   off_policy_reshape_pow_exp, off_policy_max_clip, off_policy_min_clip)
+    loss = _drop_confident(torch.where(off > 0, off_loss, on_loss), inp.logprobs, all_max_clip)
+    return loss, _hybrid_metrics(inp, on, off, on_loss, off_loss, clipped)
+
+
+@register_policy_loss("srft")
+def srft(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+         loss_remove_clip: bool = False, off_policy_reshape: str = "p_div_p_0.1",
+         off_policy_reshape_weight: float = 0.1, off_policy_reshape_pow_exp: float = 0.5,
+         off_policy_max_clip: float = -1, off_policy_min_clip: float = -1, srft_type: str = "paper",
+         clip_upper_bound: float = 1.0, all_max_clip: float = -1):
+    """SRFT's RL terms (Fu et al. 2025, arXiv:2506.19767); its SFT term 0.5 exp(-H) NLL on the demonstration is
+    added by the Actor (`sft_token_weights`). With H = the mean token entropy of this micro-batch's own tokens
+    (detached) and w_RL = 0.1 exp(H):
+
+        expert tokens:                    L_t = -A_t f(p_t)                 (LUFFY's shaped off-policy term)
+        own tokens of a correct rollout:  L_t = -w_RL g_t                  (A_t > 0: reinforce, weighted)
+        own tokens of a wrong rollout:    L_t = +g_t                        (push down)
+
+    where g_t = log p_t (`actor.srft_type=paper`), p_t (`exp`), r_t (`classic_rl`) or log p_t - log p_old
+    (`minus_old`). The ratio of `classic_rl` is clamped to [1 - eps_low, max(clip_upper_bound, 1 + eps_high)] on the
+    pessimistic side unless `actor.loss_remove_clip` (RLLaVA clamps log p to that range too, which leaves a wrong
+    rollout's tokens without gradient; rllava does not). A rollout counts as correct when its advantage is > 0.
+    `actor.off_policy_max_clip` / `off_policy_min_clip` / `all_max_clip` as in `luffy`.
+    Metrics: as `luffy`, plus `srft_on_coef` (w_RL) and `srft_entropy` (H).
+    """
+    off = inp.off_policy if inp.off_policy is not None else torch.zeros_like(inp.mask)
+    off, on = inp.mask * off, inp.mask * (1 - off)
+    adv = inp.need("advantages", "srft")
+    entropy = mean_entropy(inp.need("entropy", "srft"), on, inp.mask)
+    _, on_coef = srft_weights(entropy)
+    correct = (adv * on).sum(-1, keepdim=True) > 0
+    on_adv = torch.where(correct, torch.full_like(adv, on_coef), torch.full_like(adv, -1.0))
+    old = inp.old_logprobs if inp.old_logprobs is not None else inp.logprobs.detach()
+    g = {"exp": torch.exp(inp.logprobs), "classic_rl": torch.exp((inp.logprobs - old).clamp(-20.0, 20.0)),
+         "minus_old": inp.logprobs - old}.get(srft_type, inp.logprobs)
+    on_loss = -on_adv * g
+    clipped = torch.zeros_like(on, dtype=torch.bool)
+    if srft_type == "classic_rl" and not loss_remove_clip:  # a ratio: clipped like PPO's
+        bounded = -on_adv * g.clamp(1.0 - clip_ratio_low, max(clip_upper_bound, 1.0 + clip_ratio_high))
+        clipped = (bounded > on_loss) & (on > 0)
+        on_loss = torch.maximum(on_loss, bounded)
+    off_loss = -adv * _off_policy_ratio(inp, off_policy_reshape, off_policy_reshape_weight,
+                                        off_policy_reshape_pow_exp, off_policy_max_clip, off_policy_min_clip)
+    loss = _drop_confident(torch.where(off > 0, off_loss, on_loss), inp.logprobs, all_max_clip)
+    metrics = _hybrid_metrics(inp, on, off, on_loss, off_loss, clipped)
+    metrics.update(srft_on_coef=on_coef, srft_entropy=entropy)
+    return loss, metrics
+
+
+PAPERS = {"chord": "arXiv:2508.11408", "hpt": "arXiv:2509.04419", "uft": "arXiv:2505.16984"}
+
+
+def _ppo_on_own_tokens(name: str):
+    """The RL half of CHORD, HPT and UFT: PPO's clipped surrogate (no clip with actor.loss_remove_clip) on the
+    policy's own tokens; the expert tokens are trained by the SFT term only (`rllava.roles.actor`)."""
+
+    def loss(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+             loss_remove_clip: bool = False):
+        on = inp.mask
+        per_token, clipped = _on_policy_loss(inp, on, loss_remove_clip, "no_reshape", 0.1, 0.5, clip_ratio_low,
+                                             clip_ratio_high)
+        return per_token, {"pg_clipfrac": masked_mean(clipped.float(), on).item(),
+                           "ppo_kl": masked_mean((inp.old_logprobs - inp.logprobs).detach(), on).item()}
+
+    loss.__name__ = name
+    loss.__doc__ = (f"{name.upper()}'s RL term ({PAPERS[name]}), on the policy's own tokens; its expert tokens get "
+                    "the SFT term instead (see the module docstring):\n\n"
+                    "        L_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high))   "
+                    "(-A_t r_t with actor.loss_remove_clip)\n")
+    return register_policy_loss(name)(loss)
+
+
+chord = _ppo_on_own_tokens("chord")
+hpt = _ppo_on_own_tokens("hpt")
+uft = _ppo_on_own_tokens("uft")
+
+
+def mean_entropy(entropy: torch.Tensor, on_mask: torch.Tensor, mask: torch.Tensor) -> float:
+    """SRFT's H: the mean token entropy (detached) of the micro-batch's own tokens, or of all its trained tokens
+    when it holds none of the policy's (a micro-batch of demonstrations)."""
+    use = on_mask if on_mask.sum() > 0 else mask
+    return masked_mean(entropy.detach(), use).item() if use.sum() > 0 else 0.0
+
+
+def sft_token_weights(loss_mode: str, logprobs: torch.Tensor, entropy: torch.Tensor, on_mask: torch.Tensor,
+                      mask: torch.Tensor, *, enable_phi_function: bool = False) -> torch.Tensor:
+    """The per-token weight of the SFT term's -log p on expert tokens (detached), before its coefficient:
+    CHORD-phi: phi(p) (CHORD without phi and HPT, UFT: 1); SRFT: 0.5 exp(-H) (`mean_entropy`)."""
+    if loss_mode == "srft":
+        return torch.full_like(logprobs, srft_weights(mean_entropy(entropy, on_mask, mask))[0])
+    if loss_mode == "chord" and enable_phi_function:
+        return phi(torch.exp(logprobs.detach()))
+    return torch.ones_like(logprobs)
