@@ -21,7 +21,10 @@ TASKS = ("grounding", "OVD", "counting", "math")
 # What an algorithm may change relative to GRPO (and the run's name and place).
 ALGORITHM_KEYS = ("algorithm.", "actor.policy_loss.", "actor.clip_ratio", "actor.loss_agg_mode", "critic.",
                   "trainer.critic_warmup", "reward.overlong_buffer.", "rollout.n=", "rollout.val_override_config.",
-                  "trainer.experiment_name=", "trainer.outputs_dir=")
+                  "trainer.experiment_name=", "trainer.outputs_dir=",
+                  # SFT+RL hybrids: the expert responses and the hybrid losses' keys
+                  "data.target_key", "data.expert_", "actor.loss_remove_clip", "actor.off_policy_", "actor.on_policy_",
+                  "actor.sft_loss_coef", "actor.srft_type")
 
 
 def commands(script: str, tmp_path) -> list[list[str]]:

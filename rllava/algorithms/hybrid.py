@@ -39,7 +39,6 @@ HYBRID_LOSSES = ("luffy", "srft", "chord", "hpt", "uft")
 HYBRID_LOSS_KEYS = ("loss_remove_clip", "off_policy_reshape", "off_policy_reshape_weight", "off_policy_reshape_pow_exp",
                     "off_policy_max_clip", "off_policy_min_clip", "all_max_clip", "on_policy_reshape",
                     "on_policy_reshape_weight", "on_policy_reshape_pow_exp", "srft_type", "clip_upper_bound")
-RESHAPES = ("no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_<gamma>")
 
 
 def mu_schedule(step: int, *, warmup: int, decay: int, peak: float, valley: float) -> float:
@@ -89,17 +88,7 @@ def reshape(ratio: torch.Tensor, logprobs: torch.Tensor, kind: str, *, weight: f
         return torch.pow(ratio, pow_exp)
     if kind.startswith("p_div_p_"):
         return ratio / (ratio + float(kind[len("p_div_p_"):]))
-    raise ValueError(f"unknown reshape {kind!r} (choose {'|'.join(RESHAPES)})")
-
-
-def check_reshape(kind: str) -> bool:
-    """Is `kind` a shaping `reshape` knows (p_div_p_<gamma> with a positive number)?"""
-    if kind.startswith("p_div_p_"):
-        try:
-            return float(kind[len("p_div_p_"):]) > 0
-        except ValueError:
-            return False
-    return kind in RESHAPES
+    raise ValueError(f"unknown reshape {kind!r} (choose no_reshape|logp|p_logp|square_root|pow|p_div_p_<gamma>)")
 
 
 def hint_probability(step: int, *, steps: int, start: float, end: float) -> float:

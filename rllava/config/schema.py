@@ -775,6 +775,17 @@ def _loss_in(*modes: str) -> Callable[[Any], bool]:
 
 
 HYBRIDS = ("luffy", "srft", "uft", "hpt", "chord")  # rllava.algorithms.hybrid.HYBRID_LOSSES
+RESHAPES = ("no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_<gamma>")  # rllava.algorithms.hybrid.reshape
+
+
+def _is_reshape(kind: str) -> bool:
+    """A shaping `rllava.algorithms.hybrid.reshape` knows (p_div_p_<gamma> with gamma a positive number)."""
+    if kind.startswith("p_div_p_"):
+        try:
+            return float(kind[len("p_div_p_"):]) > 0
+        except ValueError:
+            return False
+    return kind in RESHAPES[:-1]
 # SFT+RL hybrid keys and when they are read: (keys, is read in this config, who reads them). A key changed from
 # its default in a run that does not read it is an error.
 HYBRID_READERS: list[tuple[list[str], Callable[[Any], bool], str]] = [
@@ -945,6 +956,10 @@ class PPOConfig:
                     p.append(f"{key}={_show(get_key(self, key))} is read only by {who} (this run: actor.policy_loss."
                              f"loss_mode={mode}, algorithm.prefix_strategy={a.prefix_strategy}, "
                              f"algorithm.unify_strategy={a.unify_strategy}); leave it at {_show(_default_of(key))}")
+        for key in ("actor.off_policy_reshape", "actor.on_policy_reshape"):
+            value = get_key(self, key)
+            if value is not None and not _is_reshape(value):
+                p.append(f"{key}={value} is not a shaping: one of {', '.join(RESHAPES)} (e.g. p_div_p_0.1)")
         if mode not in HYBRIDS:
             return p
         if self.critic is not None:

@@ -99,6 +99,8 @@ def test_actor_update_on_two_ranks_matches_one_process(tmp_path, tiny_model_dir,
 
 @pytest.mark.parametrize("nproc, strategy", [
     (2, ["actor.strategy=fsdp2"]),
+    pytest.param(2, ["actor.strategy=fsdp2", "algorithm.strategy=mix_chord", "data.target_key=solution",
+                     "data.expert_batch_size=2", "algorithm.mu_warmup_steps=0"], id="fsdp2-chord"),
     pytest.param(2, ["actor.strategy=deepspeed", "actor.deepspeed.zero_stage=3", "actor.deepspeed.torch_dtype=fp32"],
                  marks=DEEPSPEED, id="deepspeed"),
     pytest.param(1, ["actor.strategy=deepspeed", "actor.deepspeed.zero_stage=2", "algorithm.adv_estimator=gae",
@@ -124,6 +126,8 @@ def test_rlvr_pipeline_on_two_ranks(tmp_path, tiny_model_dir, counting_dir, dist
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]  # rank 0 alone writes
     assert all(r["actor/kl_loss"] >= 0 and "actor/grad_norm" in r for r in rows if "reward/mean" in r)
+    if "algorithm.strategy=mix_chord" in strategy:  # each rank trained on its share of the demonstrations
+        assert all(r["hybrid/expert_rows"] == 1 and r["actor/sft_nll"] > 0 for r in rows if "reward/mean" in r)
     if "critic.strategy=deepspeed" in strategy:  # the value head (zero at the start) has learnt something
         assert [r["critic/vpred_mean"] != 0 for r in rows if "reward/mean" in r] == [False, True]
     generations = [json.loads(line) for line in open(out / "val_generations.jsonl")]
