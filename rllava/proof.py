@@ -64,35 +64,117 @@ def _run(module: str, args: list[str]) -> float:
     return time.time() - start
 
 
+def prepare(task: Task, out: str, *, seed: int = 0, n_train: int = 4000, n_val: int = 200) -> list[str]:
+    """A tiny random model at out/model and the task's synthetic records at out/data; returns the data keys."""
+    start = time.time()
+    model_dir, data_dir = os.path.join(out, "model"), os.path.join(out, "data")
+    build_tiny(task.arch, model_dir, size="demo", seed=seed)
+    data = make_dataset(task.name, data_dir, n_train=n_train, n_val=n_val, seed=seed)
+    print(f"built a tiny {task.arch} in {model_dir} and {n_train}/{n_val} {task.name} records in {data_dir} "
+          f"({time.time() - start:.0f}s)", flush=True)
+    return [f"data.train_files={data['train']}", f"data.val_files={data['val']}", f"trainer.seed={seed}"]
+
+
+def warm_up(task: Task, out: str, common: list[str], sft_steps: int | None = None) -> float:
+    """SFT of out/model on the records' `solution` targets into out/sft; returns seconds taken."""
+    return _run("rllava.train.pipeline.sft", [
+        f"config={_configs(task)}/tiny_cpu_sft.yaml", f"actor.model.model_path={os.path.join(out, 'model')}",
+        *common, *([f"trainer.max_steps={sft_steps}"] if sft_steps else []), "trainer.val_freq=0",
+        f"trainer.outputs_dir={os.path.join(out, 'sft')}", "trainer.overwrite=true"])  # fresh model and data
+
+
+def train_rl(task: Task, out: str, common: list[str], name: str = "grpo", keys: tuple[str, ...] = (),
+             rl_steps: int | None = None, val_freq: int | None = None) -> float:
+    """RL from out/sft/final into out/<name> (GRPO, or a hybrid with `keys`); returns seconds taken."""
+    return _run("rllava.train.pipeline.rlvr", [
+        f"config={_configs(task)}/tiny_cpu.yaml", f"actor.model.model_path={os.path.join(out, 'sft', 'final')}",
+        *common, *([f"trainer.max_steps={rl_steps}"] if rl_steps else []),
+        *([f"trainer.val_freq={val_freq}"] if val_freq else []), "trainer.val_before_train=true", *keys,
+        f"trainer.outputs_dir={os.path.join(out, name)}", "trainer.overwrite=true"])
+
+
+def _configs(task: Task) -> str:
+    return os.path.join("examples", "tasks", task.folder)
+
+
 def run_task(task: Task, out: str, *, sft_steps: int | None = None, rl_steps: int | None = None,
              val_freq: int | None = None, average: int = 3, seed: int = 0, n_train: int = 4000,
              n_val: int = 200) -> dict:
     """Build, warm up, train one task under `out`; returns its summary (also written to `out/summary.json`)."""
     start = time.time()
     out = os.path.abspath(out)
-    model_dir, data_dir = os.path.join(out, "model"), os.path.join(out, "data")
-    build_tiny(task.arch, model_dir, size="demo", seed=seed)
-    data = make_dataset(task.name, data_dir, n_train=n_train, n_val=n_val, seed=seed)
-    print(f"built a tiny {task.arch} in {model_dir} and {n_train}/{n_val} {task.name} records in {data_dir} "
-          f"({time.time() - start:.0f}s)", flush=True)
-    common = [f"data.train_files={data['train']}", f"data.val_files={data['val']}", f"trainer.seed={seed}"]
-    configs = os.path.join("examples", "tasks", task.folder)
-
-    sft_dir, rl_dir = os.path.join(out, "sft"), os.path.join(out, "grpo")
-    sft_time = _run("rllava.train.pipeline.sft", [
-        f"config={configs}/tiny_cpu_sft.yaml", f"actor.model.model_path={model_dir}", *common,
-        *([f"trainer.max_steps={sft_steps}"] if sft_steps else []), "trainer.val_freq=0",
-        f"trainer.outputs_dir={sft_dir}", "trainer.overwrite=true"])  # a fresh model and data: a new run
-    rl_time = _run("rllava.train.pipeline.rlvr", [
-        f"config={configs}/tiny_cpu.yaml", f"actor.model.model_path={os.path.join(sft_dir, 'final')}", *common,
-        *([f"trainer.max_steps={rl_steps}"] if rl_steps else []),
-        *([f"trainer.val_freq={val_freq}"] if val_freq else []), "trainer.val_before_train=true",
-        f"trainer.outputs_dir={rl_dir}", "trainer.overwrite=true"])
-    summary = summarize(task, read_metrics(rl_dir), average)
+    common = prepare(task, out, seed=seed, n_train=n_train, n_val=n_val)
+    sft_time = warm_up(task, out, common, sft_steps)
+    rl_time = train_rl(task, out, common, rl_steps=rl_steps, val_freq=val_freq)
+    summary = summarize(task, read_metrics(os.path.join(out, "grpo")), average)
     summary.update(sft_seconds=sft_time, rl_seconds=rl_time, total_seconds=time.time() - start, outputs=out)
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
+
+
+def hybrid_keys(method: str, steps: int) -> tuple[str, ...]:
+    """The keys of examples/algorithms/<method>.sh for a tiny run of `steps` RL steps: the records' `solution`
+    is the expert response, and the schedules keep their shape scaled to the run (CHORD: mu warms up over the
+    first 20 %, decays to mu_valley by 60 %; UFT: hints fade over the first 60 %, as 300 of 500)."""
+    return {
+        "grpo": (),
+        "chord": ("actor.policy_loss.loss_mode=chord", f"algorithm.mu_warmup_steps={steps // 5}",
+                  f"algorithm.mu_decay_steps={2 * steps // 5}", "algorithm.mu_peak=0.5", "algorithm.mu_valley=0.02"),
+        "chord_phi": ("actor.policy_loss.loss_mode=chord", "algorithm.mu_warmup_steps=0", "algorithm.mu_decay_steps=0",
+                      "algorithm.mu_peak=0.1", "algorithm.mu_valley=0.1", "algorithm.enable_phi_function=true"),
+        "luffy": ("actor.policy_loss.loss_mode=luffy", "algorithm.prefix_strategy=random",
+                  "algorithm.min_prefix_ratio=1.0", "algorithm.n_prefix=1", "actor.off_policy_reshape=p_div_p_0.1",
+                  "actor.loss_remove_clip=true"),
+        "srft": ("actor.policy_loss.loss_mode=srft", "algorithm.prefix_strategy=random",
+                 "algorithm.min_prefix_ratio=1.0", "algorithm.n_prefix=1"),
+        "uft": ("actor.policy_loss.loss_mode=uft", "algorithm.prefix_strategy=hint",
+                f"algorithm.hint_steps={3 * steps // 5}", "algorithm.max_prefix_ratio=0.95",
+                "algorithm.min_prefix_ratio=0.05", "algorithm.prefix_share_across_samples=true",
+                "actor.sft_loss_coef=0.001"),
+        "hpt": ("actor.policy_loss.loss_mode=hpt", "algorithm.unify_strategy=switch", "algorithm.switch_gate=0",
+                "actor.sft_loss_coef=1.0"),
+    }[method] + (("data.target_key=solution",) if method != "grpo" else ())
+
+
+HYBRID_METHODS = ("grpo", "chord", "chord_phi", "luffy", "uft", "hpt", "srft")
+
+
+def run_hybrids(task: Task, out: str, *, sft_steps: int | None, rl_steps: int, val_freq: int, methods=HYBRID_METHODS,
+                average: int = 3, seed: int = 0) -> list[dict]:
+    """GRPO and each hybrid from one SFT checkpoint (`sft_steps` of warm-up) for the same `rl_steps`; returns
+    one summary per method (also written to out/<method>/summary.json). A method already summarised there is
+    not run again (runs of single methods add up)."""
+    out = os.path.abspath(out)
+    data = os.path.join(out, "data")
+    common = [f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", f"trainer.seed={seed}"]
+    if not os.path.isdir(os.path.join(out, "sft", "final")):  # one warm-up serves every method
+        common = prepare(task, out, seed=seed)
+        warm_up(task, out, common, sft_steps)
+    summaries = []
+    for method in methods:
+        path = os.path.join(out, method, "summary.json")
+        if not os.path.exists(path):
+            seconds = train_rl(task, out, common, method, hybrid_keys(method, rl_steps), rl_steps, val_freq)
+            s = {**summarize(task, read_metrics(os.path.join(out, method)), average), "method": method,
+                 "rl_seconds": seconds, "sft_steps": sft_steps, "rl_steps": rl_steps}
+            with open(path, "w") as f:
+                json.dump(s, f, indent=1)
+        with open(path) as f:
+            summaries.append(json.load(f))
+    return summaries
+
+
+def hybrids_table(summaries: list[dict]) -> str:
+    """One row per method: held-out metric start -> end, its gain, and the gain over GRPO's."""
+    base = next((s["sampled_lift"] for s in summaries if s["method"] == "grpo"), float("nan"))
+    lines = ["| method | held-out (sampled): start -> end | gain | gain - GRPO's | greedy: start -> end | RL s |",
+             "|---|---|---|---|---|---|"]
+    for s in summaries:
+        lines.append(f"| {s['method']} | {s['sampled_before']:.1f} -> {s['sampled_after']:.1f} | "
+                     f"{s['sampled_lift']:+.1f} | {s['sampled_lift'] - base:+.1f} | "
+                     f"{s['greedy_before']:.1f} -> {s['greedy_after']:.1f} | {s['rl_seconds']:.0f} |")
+    return "\n".join(lines)
 
 
 def summarize(task: Task, rows: list[dict], average: int = 3) -> dict:
@@ -167,8 +249,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="outputs/proof")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hybrids", action="store_true", help="GRPO and each SFT+RL hybrid from one warm-up "
+                        "(--sft-steps, --rl-steps) on the first of --tasks; writes OUT/hybrids.md")
+    parser.add_argument("--methods", nargs="+", default=list(HYBRID_METHODS), choices=list(HYBRID_METHODS))
+    parser.add_argument("--sft-steps", type=int, default=None)
+    parser.add_argument("--rl-steps", type=int, default=100)
+    parser.add_argument("--val-freq", type=int, default=25)
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.hybrids:
+        task = TASKS[args.tasks[0]]
+        summaries = run_hybrids(task, args.out, sft_steps=args.sft_steps, rl_steps=args.rl_steps,
+                                val_freq=args.val_freq, methods=args.methods, seed=args.seed)
+        table = hybrids_table(summaries)
+        with open(os.path.join(args.out, "hybrids.md"), "w") as f:
+            f.write(f"# {task.name}: GRPO and the SFT+RL hybrids from one warm-up ({args.sft_steps or 'default'} SFT "
+                    f"steps), {args.rl_steps} RL steps each\n\n{table}\n")
+        print(f"\n{table}", flush=True)
+        return
     for name in args.tasks:
         task = TASKS[name]
         try:

@@ -60,18 +60,19 @@ class MicroBatching:
 
     def split(self, batch: Batch, rows: list[int]) -> list[list[int]]:
         """`rows` (indices into `batch`) as a list of micro-batches of row indices."""
-        if self.max_tokens is None:
-            return [[rows[i] for i in idx] for idx in chunks(len(rows), self.size)]
-        lengths = batch.attention_mask[rows].sum(-1).tolist()
-        groups = [[rows[i] for i in idx] for idx in token_budget_groups(lengths, self.max_tokens,
-                                                                        packed=self.padding_free)]
+        if self.max_tokens is None:  # (a hybrid's demonstration rows may make ranks' row counts differ)
+            groups = [[rows[i] for i in idx] for idx in chunks(len(rows), self.size)]
+        else:
+            lengths = batch.attention_mask[rows].sum(-1).tolist()
+            groups = [[rows[i] for i in idx] for idx in token_budget_groups(lengths, self.max_tokens,
+                                                                            packed=self.padding_free)]
         return equal_count(groups, D.all_max(len(groups)))
 
 
 def equal_count(groups: list[list[int]], n: int) -> list[list[int]]:
     """`groups` split until there are `n` (the largest count over ranks): under FSDP every rank must run the
     same number of forwards, each one a collective. The biggest group is halved first (every rank holds the
-    same number of rows, so `n` never exceeds this rank's rows)."""
+    same number of rollout rows, so `n` never exceeds this rank's rows)."""
     groups = [list(g) for g in groups]
     while len(groups) < n:
         big = max(range(len(groups)), key=lambda i: len(groups[i]))

@@ -196,6 +196,17 @@ def test_two_steps_of_each_hybrid(tmp_path, tiny_model_dir, counting_dir, answer
         assert rows[0]["hybrid/sft_groups"] == 1.0 and rows[0]["hybrid/off_policy_token_share"] == 1.0
 
 
+def test_hpt_micro_batches_of_dropped_rollouts_still_step(tmp_path, tiny_model_dir, counting_dir, answer_reward):
+    """Every group unsolved: all 8 rollouts leave the loss, so micro-batches of 2 rows hold no trained token at
+    all. Each still runs its forward and backward (a zero loss: under FSDP every rank must), the demonstrations
+    train, and the weights move."""
+    out = str(tmp_path / "hpt")
+    rlvr.main(_args(tiny_model_dir, counting_dir, out, answer_reward, "trainer.max_steps=1", *METHODS["hpt"],
+                    "actor.ppo_micro_batch_size=2"))
+    (row,) = _rows(out)
+    assert row["hybrid/sft_groups"] == 1.0 and row["actor/sft_nll"] > 0 and row["actor/grad_norm"] > 0
+
+
 def _straight_and_resumed(tmp_path, monkeypatch, stop_at, args):
     """(outputs of a straight run, outputs of the same run stopped after checkpoint `stop_at` and resumed)."""
     straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
