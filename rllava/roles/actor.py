@@ -189,10 +189,11 @@ class Actor:
         self.rollout_is, self.rollout_is_cap = rollout_is, rollout_is_cap  # truncated IS: none | token | sequence
         self.expert = expert  # a hybrid's treatment of expert tokens; None: every trained token is RL-trained
 
-    def needs_old_logprobs(self, batch_size: int) -> bool:
+    def needs_old_logprobs(self, batch: Batch) -> bool:
         """With one epoch over one mini-batch, the policy that sampled is the one being updated, so pi_old is
         the current forward's detached log-probs and the separate old-log-prob pass can be skipped."""
-        return self.ppo_epochs > 1 or batch_size > self.mini_batch_size
+        rows = len(batch) - (int(batch.sft_only.sum()) if batch.sft_only is not None else 0)  # demonstrations:
+        return self.ppo_epochs > 1 or rows > self.mini_batch_size  # spread over the mini-batches, not one more
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         return compute_logprobs(self.model, batch, self.log_prob_batching, self.temperature,

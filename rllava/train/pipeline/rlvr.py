@@ -88,8 +88,7 @@ def train(cfg) -> str:
             prompts = {t.group_id: t.sample for t in trajectories}
             _, baseline, _ = rollout_and_score([prompts[g] for g in range(len(prompts))], timer, greedy)
             batch.baseline_scores = baseline[batch.group_ids]
-        rl_rows = len(batch) - (int(batch.sft_only.sum()) if batch.sft_only is not None else 0)
-        if actor.needs_old_logprobs(rl_rows) or kl_in_reward is not None:
+        if actor.needs_old_logprobs(batch) or kl_in_reward is not None:
             with timer("old_logprob"):
                 batch.old_logprobs = actor.compute_logprobs(batch)
             metrics.update(logprob_gap_metrics(batch))  # engine vs trainer on the sampled tokens
