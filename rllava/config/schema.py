@@ -1007,8 +1007,16 @@ class PPOConfig:
 
     def _not_built_problems(self) -> list[str]:
         p = []
+        d = self.data
+        if d.dataset_class and d.dataset_class.endswith(":RLHFDatasetWithTarget"):  # RLLaVA's SFT+RL scripts
+            target = (d.dataset_kwargs or {}).get("target_key", "<field>")
+            p.append(f"data.dataset_class={d.dataset_class} is RLLaVA's dataset with an expert response: in rllava "
+                     f"set data.target_key={target} and drop data.dataset_class and data.dataset_kwargs (responses "
+                     "are cut at data.max_response_length)")
         for key, is_on, off in NOT_BUILT_YET:
             value = get_key(self, key)
+            if p and key.startswith("data.dataset_"):
+                continue
             if is_on(value):
                 p.append(f"{key}={_show(value)} is not available yet in rllava; set {key}={off}")
         return p

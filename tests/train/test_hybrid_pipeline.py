@@ -288,3 +288,13 @@ def test_a_record_without_an_expert_response_is_named(tmp_path, tiny_model_dir, 
     err_text = capsys.readouterr().err
     (line,) = [x for x in err_text.splitlines() if x.startswith("rllava: error")]
     assert err.value.code == 2 and "record 3" in line and "solution" in line, line
+
+
+def test_rllava_hybrid_dataset_class_names_the_key_to_set():
+    """RLLaVA's sft-rl scripts read the expert response through a custom dataset class: one line saying which
+    rllava key does that."""
+    with pytest.raises(ConfigError) as err:
+        load_config(["data.dataset_class=examples/algorithms/sft-rl/custom_datasets.py:RLHFDatasetWithTarget",
+                     "data.dataset_kwargs.target_key=target", "data.dataset_kwargs.max_target_length=2048"])
+    (line,) = str(err.value).splitlines()
+    assert "set data.target_key=target and drop data.dataset_class and data.dataset_kwargs" in line
