@@ -116,14 +116,15 @@ def run_task(task: Task, out: str, *, sft_steps: int | None = None, rl_steps: in
 def hybrid_keys(method: str, steps: int) -> tuple[str, ...]:
     """The keys of examples/algorithms/<method>.sh for a tiny run of `steps` RL steps: the records' `solution`
     is the expert response, and the schedules keep their shape scaled to the run (CHORD: mu warms up over the
-    first 20 %, decays to mu_valley by 60 %; UFT: hints fade over the first 60 %, as 300 of 500). UFT's hint
+    first third and decays to mu_valley by the end, as 200 + 400 steps; UFT: hints fade over the first 60 %, as
+    300 of 500). UFT's hint
     SFT coefficient is RLLaVA's script's 1.0, not the paper's 0.001: with 0.001 the tiny model learns to end
     the hinted responses (EOS after the answer) and nothing of how to begin one, so without hints it answers
     nothing (held-out 2 % -> 0 % in 80 steps, docs/proof.md)."""
     return {
         "grpo": (),
-        "chord": ("actor.policy_loss.loss_mode=chord", f"algorithm.mu_warmup_steps={steps // 5}",
-                  f"algorithm.mu_decay_steps={2 * steps // 5}", "algorithm.mu_peak=0.5", "algorithm.mu_valley=0.02"),
+        "chord": ("actor.policy_loss.loss_mode=chord", f"algorithm.mu_warmup_steps={steps // 3}",
+                  f"algorithm.mu_decay_steps={2 * steps // 3}", "algorithm.mu_peak=0.5", "algorithm.mu_valley=0.02"),
         "chord_phi": ("actor.policy_loss.loss_mode=chord", "algorithm.mu_warmup_steps=0", "algorithm.mu_decay_steps=0",
                       "algorithm.mu_peak=0.1", "algorithm.mu_valley=0.1", "algorithm.enable_phi_function=true"),
         "luffy": ("actor.policy_loss.loss_mode=luffy", "algorithm.prefix_strategy=random",

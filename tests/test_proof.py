@@ -74,11 +74,12 @@ def hard_start(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", HYBRID_METHODS)
+@pytest.mark.parametrize("method", ["grpo", "chord", "luffy", "hpt", "uft", "srft"])
 def test_hybrids_help_where_grpo_cannot_start(hard_start, method):
     """`python -m rllava.proof --hybrids --tasks math --sft-steps 20 --rl-steps 120 --val-freq 20`, one method at a
     time from one warm-up (each ~6 minutes on a CPU core): GRPO gains < 5 points; CHORD, LUFFY and HPT at least
-    10 more than GRPO; UFT, SRFT and CHORD-phi more than GRPO."""
+    10 more than GRPO; UFT and SRFT more than GRPO. (CHORD-phi is in the table, docs/proof.md, without a target:
+    phi(p) ~ p gives a model that cannot answer almost no SFT signal, by design.)"""
     (grpo,) = run_hybrids(TASKS["math"], hard_start, sft_steps=20, rl_steps=120, val_freq=20, methods=["grpo"])
     (s,) = run_hybrids(TASKS["math"], hard_start, sft_steps=20, rl_steps=120, val_freq=20, methods=[method])
     print(hybrids_table([grpo, s]))

@@ -796,7 +796,9 @@ HYBRID_READERS: list[tuple[list[str], Callable[[Any], bool], str]] = [
      "LUFFY and SRFT (actor.policy_loss.loss_mode=luffy|srft)"),
     (["actor.on_policy_reshape", "actor.on_policy_reshape_weight", "actor.on_policy_reshape_pow_exp"],
      _loss_in("luffy"), "LUFFY (actor.policy_loss.loss_mode=luffy)"),
-    (["actor.srft_type", "actor.clip_upper_bound"], _loss_in("srft"), "SRFT (actor.policy_loss.loss_mode=srft)"),
+    (["actor.srft_type"], _loss_in("srft"), "SRFT (actor.policy_loss.loss_mode=srft)"),
+    (["actor.clip_upper_bound"], lambda c: _loss_in("srft")(c) and c.actor.srft_type == "classic_rl",
+     "SRFT's ratio term (actor.policy_loss.loss_mode=srft, actor.srft_type=classic_rl)"),
     (["actor.sft_loss_coef"], _loss_in("hpt", "uft", "srft"),
      "the SFT term of HPT, UFT and SRFT (actor.policy_loss.loss_mode=hpt|uft|srft; CHORD's is algorithm.mu_*)"),
     (["algorithm.use_token_level_loss_in_sft"], _loss_in("hpt", "uft", "srft", "chord"),
@@ -960,6 +962,7 @@ class PPOConfig:
             value = get_key(self, key)
             if value is not None and not _is_reshape(value):
                 p.append(f"{key}={value} is not a shaping: one of {', '.join(RESHAPES)} (e.g. p_div_p_0.1)")
+        _choice(p, "actor.srft_type", self.actor.srft_type, ["paper", "exp", "classic_rl", "minus_old"])
         if mode not in HYBRIDS:
             return p
         if self.critic is not None:

@@ -268,6 +268,10 @@ def test_luffy_prefix_draws_resume_exactly(tmp_path, tiny_model_dir, counting_di
     (["algorithm.clip_range=0.3"], "algorithm.clip_range=0.3 is not read in rllava; set actor.clip_ratio instead"),
     (["actor.policy_loss.loss_mode=luffy", "algorithm.prefix_strategy=random", "data.target_key=s",
       "actor.off_policy_reshape=p_div_p_x"], "actor.off_policy_reshape=p_div_p_x is not a shaping"),
+    (["actor.policy_loss.loss_mode=srft", "algorithm.prefix_strategy=random", "data.target_key=s",
+      "actor.srft_type=papr"], "actor.srft_type=papr is not one of: paper, exp, classic_rl, minus_old"),
+    (["actor.policy_loss.loss_mode=srft", "algorithm.prefix_strategy=random", "data.target_key=s",
+      "actor.clip_upper_bound=2"], "actor.clip_upper_bound=2.0 is read only by SRFT's ratio term"),
     (["actor.policy_loss.loss_mode=hpt", "algorithm.unify_strategy=switch", "data.target_key=s", "critic.strategy=auto"],
      "actor.policy_loss.loss_mode=hpt (an SFT+RL hybrid) runs without a critic"),
 ])
