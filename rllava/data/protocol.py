@@ -57,6 +57,10 @@ class Trajectory:
     model_image_sizes: list[tuple[int, int]] = field(default_factory=list)
     # a demonstration added to the batch for a hybrid's SFT term only: in no group, no reward, no advantage
     sft_only: bool = False
+    # agents (rllava.agent): the tool-level reward of each model turn's call, and the episode's state (every
+    # image shown, the calls made, the tools' memory) for reward functions
+    turn_rewards: list[float] = field(default_factory=list)
+    agent: Any = None
 
     @property
     def num_response_tokens(self) -> int:

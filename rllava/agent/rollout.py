@@ -1,0 +1,152 @@
+"""The multi-turn Rollout role: K episodes per prompt, each a conversation of model turns and observations.
+
+    prompt -> turn 1 (model) -> observation 1 (tool text / images) -> turn 2 (model) -> ... -> <answer>
+
+Every round generates the next turn of every unfinished episode at once (one batched call to the rollout
+engine, HF and vLLM/SGLang alike), then the environment (`rllava.agent.tools.ToolEnv`, or one of your own with
+`reset(sample, model_sizes)` and `step(state, text) -> Observation`) reads each new turn. An episode ends on an
+answer, a turn without a tool call, a turn cut by its token budget, `rollout.max_turns` turns, or the context
+budget: the model turns and observations together stay within `data.max_response_length` tokens.
+
+The trajectory is `[prompt, turn 1, observation 1, turn 2, ...]`: turns are trained, observations are given
+(never in the loss). An observation is a user turn of the chat template (its text and `{"type": "image"}`
+parts), tokenised by the processor like any prompt: its images' placeholders are expanded in the token ids and
+their pixels appended to the trajectory's `mm_inputs`, so the training forward sees the same interleaved
+sequence the engine continued (and Qwen-VL's M-RoPE positions are computed over all of it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from rllava.agent.tools import AgentState, Observation
+from rllava.data.dataset import encode_prompt
+from rllava.data.images import resize_to_pixel_bounds, to_rgb
+from rllava.data.protocol import Sample, Segment, Trajectory
+from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams
+from rllava.roles.rollout import Rollout, model_image_sizes, raw_prompt_ids
+
+MM_DROP = ("input_ids", "attention_mask", "mm_token_type_ids")
+
+
+@dataclass
+class Episode:
+    """One trajectory being rolled out: its tokens (expanded and raw), images and segments so far."""
+
+    group: int
+    sample: Sample
+    ids: list[int]  # the conversation so far, image placeholders expanded (HF engine, training)
+    raw: list[int]  # the same with one placeholder per image (vLLM / SGLang)
+    mm: dict[str, torch.Tensor]
+    segments: list[Segment]
+    state: AgentState
+    turn_texts: list[str] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)  # tool-level reward of each turn's call
+    response_tokens: int = 0  # turns + observations so far (the context budget counts both)
+    finish_reason: str = ""  # "" while running; then "stop" or "length"
+
+
+def _concat_mm(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: torch.cat([a[k], b[k]]) if k in a and k in b else a.get(k, b.get(k)) for k in {*a, *b}}
+
+
+def _truncate(c: Completion, budget: int) -> Completion:
+    """The first `budget` tokens of a completion sampled with a larger budget: the same distribution as
+    sampling with `budget`, so one engine call serves episodes with different budgets left."""
+    if len(c.token_ids) <= budget:
+        return c
+    return Completion(c.token_ids[:budget], c.logprobs[:budget], "length")
+
+
+class AgentRollout(Rollout):
+    def __init__(self, engine, processor, env, *, max_turns: int, max_response_length: int,
+                 observation_role: str = "user", min_pixels: int | None = None, max_pixels: int | None = None,
+                 skip_special_tokens: bool = True):
+        super().__init__(engine, processor, skip_special_tokens=skip_special_tokens)
+        self.env, self.max_turns, self.budget = env, max_turns, max_response_length
+        self.observation_role, self.min_pixels, self.max_pixels = observation_role, min_pixels, max_pixels
+
+    def generate(self, samples: list[Sample], sampling: SamplingParams, prefixes=None) -> list[Trajectory]:
+        """`sampling.n` episodes per sample (group id i for sample i), `sampling.max_new_tokens` the most one
+        turn may write (within the context budget)."""
+        if prefixes is not None:
+            raise ValueError("agent rollouts do not start responses with expert prefixes")
+        episodes = []
+        for i, sample in enumerate(samples):
+            ids, mm = encode_prompt(self.processor, sample)
+            raw, sizes = raw_prompt_ids(self.processor, sample, ids), model_image_sizes(self.processor, sample, mm)
+            for _ in range(sampling.n):
+                episodes.append(Episode(i, sample, list(ids), list(raw), dict(mm), [Segment(ids, trained=False)],
+                                        self.env.reset(sample, sizes)))
+        for turn in range(self.max_turns):
+            active = [e for e in episodes if not e.finish_reason]
+            if not active:
+                break
+            budgets = [min(sampling.max_new_tokens, self.budget - e.response_tokens) for e in active]
+            requests = [GenerationRequest(e.ids, e.mm, e.raw, e.state.images, e.sample.videos) for e in active]
+            completions = self.engine.generate(requests, replace(sampling, n=1, max_new_tokens=max(budgets)))
+            for e, (c,), budget in zip(active, completions, budgets):
+                self._add_turn(e, _truncate(c, budget), last=turn == self.max_turns - 1)
+        return [self._trajectory(e) for e in episodes]
+
+    def _add_turn(self, e: Episode, c: Completion, last: bool) -> None:
+        """Append a model turn; unless the episode ends, run the environment on it and append what it shows."""
+        text = self.tokenizer.decode(c.token_ids, skip_special_tokens=self.skip_special_tokens)
+        e.segments.append(Segment(list(c.token_ids), trained=True, logprobs=list(c.logprobs)))
+        e.ids, e.raw, e.response_tokens = e.ids + c.token_ids, e.raw + c.token_ids, e.response_tokens + len(c.token_ids)
+        e.turn_texts.append(text)
+        e.turn_rewards.append(0.0)
+        if c.finish_reason == "length":  # cut mid-turn: no complete call to run
+            e.finish_reason = "length"
+            return
+        if last:  # rollout.max_turns: no turn left to read an observation in, so no tool runs
+            e.finish_reason = "stop"
+            return
+        obs = self.env.step(e.state, text)
+        e.turn_rewards[-1] = obs.reward
+        if obs.done:
+            e.finish_reason = "stop"
+            return
+        ids, raw, mm, sizes, images = self.encode_observation(obs, e.sample)
+        if e.response_tokens + len(ids) >= self.budget:  # no room for the observation and one more token
+            e.finish_reason = "length"
+            return
+        e.segments.append(Segment(ids, trained=False))
+        e.ids, e.raw, e.mm, e.response_tokens = e.ids + ids, e.raw + raw, _concat_mm(e.mm, mm), e.response_tokens + len(ids)
+        e.state.images += images
+        e.state.model_sizes += sizes
+
+    def observation_text(self, obs: Observation) -> str:
+        """The chat-template text between the end of a model turn (its EOS) and the start of the next one: the
+        observation as a `rollout.agent.observation_role` turn, then the assistant's generation prompt."""
+        content = [{"type": "image"} for _ in obs.images] + [{"type": "text", "text": obs.text}]
+        turn = [{"role": "user", "content": [{"type": "text", "text": "q"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "a"}]}]
+        base = self.processor.apply_chat_template(turn, tokenize=False)
+        full = self.processor.apply_chat_template(turn + [{"role": self.observation_role, "content": content}],
+                                                  add_generation_prompt=True, tokenize=False)
+        if not full.startswith(base):
+            raise ValueError("the chat template renders an earlier turn differently once a later one follows; "
+                             "multi-turn rollouts need a template that appends turns")
+        tail = base[base.rindex("a") + 1:]  # what closes an assistant turn, e.g. "<|im_end|>\n"
+        eos = self.tokenizer.eos_token or ""
+        return (tail[len(eos):] if eos and tail.startswith(eos) else tail) + full[len(base):]
+
+    def encode_observation(self, obs: Observation, sample: Sample):
+        """(token ids with image placeholders expanded, raw ids, pixel tensors, model-frame sizes, images)."""
+        text = self.observation_text(obs)
+        raw = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not obs.images:
+            return raw, raw, {}, [], []
+        images = [resize_to_pixel_bounds(to_rgb(im), self.min_pixels, self.max_pixels) for im in obs.images]
+        enc = self.processor(text=[text], images=images, return_tensors="pt")
+        mm = {k: v for k, v in enc.items() if k not in MM_DROP}
+        sizes = model_image_sizes(self.processor, replace(sample, images=images), mm)
+        return enc["input_ids"][0].tolist(), raw, mm, sizes, images
+
+    def _trajectory(self, e: Episode) -> Trajectory:
+        return Trajectory(sample=e.sample, group_id=e.group, segments=e.segments, mm_inputs=e.mm,
+                          response="\n".join(e.turn_texts), finish_reason=e.finish_reason,
+                          model_image_sizes=e.state.model_sizes, turn_rewards=e.turn_rewards, agent=e.state)

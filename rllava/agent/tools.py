@@ -1,0 +1,210 @@
+"""Tools an agent calls between its turns, and the environment that runs them.
+
+    turn text --parse--> (tool name, arguments) --tool(arguments, state)--> Observation(text, images, reward)
+
+A tool is a function or a class registered by name, like an advantage estimator:
+
+    @register_tool("zoom")
+    def zoom(args, state: AgentState) -> Observation: ...      # no options
+
+    @register_tool("search")
+    class Search:                                             # options: rollout.agent.tool_kwargs.search.*
+        def __init__(self, corpus: str, top_k: int = 3): ...
+        def __call__(self, args, state: AgentState) -> Observation: ...
+
+`rollout.agent.tools=[search, zoom]` picks them; a user file that registers its own is listed in
+`rollout.agent.plugins`. A call is written `<name>arguments</name>` (`rollout.agent.tool_format=tags`; the
+arguments are the text between the tags) or `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+(`json`; the arguments are the dict). A tool that rejects its arguments raises `ToolError`; any exception a tool
+raises becomes an error observation the model reads next turn (never a crash of the step), and the turn that
+made the call is credited `rollout.agent.invalid_call_penalty` (negative) as a tool-level reward.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rllava.data.protocol import Sample
+from rllava.errors import ConfigError
+
+TOOLS: dict[str, Callable] = {}
+
+
+def register_tool(name: str):
+    """Register a tool function `fn(args, state) -> Observation`, or a class whose instances are one, as `name`."""
+    def decorator(fn):
+        if name in TOOLS and TOOLS[name] is not fn:
+            raise ValueError(f"tool {name!r} is already registered by {TOOLS[name].__module__}")
+        TOOLS[name] = fn
+        return fn
+
+    return decorator
+
+
+class ToolError(Exception):
+    """A tool call the tool cannot run (bad arguments): its message is what the model reads."""
+
+
+@dataclass
+class Observation:
+    """What the environment shows the model after a turn (a user turn of text and images)."""
+
+    text: str = ""
+    images: list = field(default_factory=list)  # PIL images, appended to the trajectory's images
+    reward: float = 0.0  # tool-level reward, credited to the turn that made the call
+    done: bool = False  # the episode ends here (nothing is shown)
+    error: bool = False  # the call was invalid or the tool failed
+
+
+@dataclass
+class AgentState:
+    """One trajectory's episode as tools see it."""
+
+    sample: Sample
+    images: list = field(default_factory=list)  # every image shown so far: the sample's, then observations'
+    # (width, height) of each image as the model saw it (after the processor's resize): the frame of its boxes
+    model_sizes: list[tuple[int, int]] = field(default_factory=list)
+    calls: list[tuple[str, Any]] = field(default_factory=list)  # (tool, arguments) of every call so far
+    memory: dict = field(default_factory=dict)  # free space for a tool's own state
+
+
+def parse_tags(text: str, names: list[str]) -> tuple[str, Any] | None:
+    """The first `<name>arguments</name>` of a registered tool in `text`, or None."""
+    m = re.search(r"<(%s)>(.*?)</\1>" % "|".join(map(re.escape, names)), text, re.DOTALL) if names else None
+    return (m.group(1), m.group(2).strip()) if m else None
+
+
+def parse_json(text: str, names: list[str]) -> tuple[str, Any] | None:
+    """The first `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in `text`, or None. A call that is not
+    such a JSON object is returned as ("", reason), an invalid call."""
+    m = re.search(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL)
+    if m is None:
+        return None
+    try:
+        call = json.loads(m.group(1))
+    except json.JSONDecodeError as e:
+        return "", f"the tool call is not valid JSON ({e.msg})"
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return "", 'a tool call is {"name": "<tool>", "arguments": {...}}'
+    return call["name"], call.get("arguments", {})
+
+
+PARSERS = {"tags": parse_tags, "json": parse_json}
+
+
+def answer_of(text: str, tag: str = "answer") -> str | None:
+    """The text of the first `<answer>...</answer>`, or None: the turn that ends the episode."""
+    m = re.search(rf"<{tag}>(.*?)</{tag}>", text, re.DOTALL)
+    return m.group(1).strip() if m else None
+
+
+class ToolEnv:
+    """The environment of tool-using agents: `reset(sample) -> state`; `step(state, turn_text) -> Observation`.
+
+    A turn with an answer ends the episode; so does one with neither an answer nor a tool call. A call names a
+    tool of `tools` (else an error observation listing them); the tool's exceptions become error observations."""
+
+    def __init__(self, tools: dict[str, Callable], *, tool_format: str = "tags", answer_tag: str = "answer",
+                 invalid_call_penalty: float = 0.0):
+        self.tools, self.parse, self.answer_tag = tools, PARSERS[tool_format], answer_tag
+        self.invalid_call_penalty = invalid_call_penalty
+
+    def reset(self, sample: Sample, model_sizes: list[tuple[int, int]] | None = None) -> AgentState:
+        return AgentState(sample, images=list(sample.images), model_sizes=list(model_sizes or []))
+
+    def step(self, state: AgentState, text: str) -> Observation:
+        if answer_of(text, self.answer_tag) is not None:
+            return Observation(done=True)
+        call = self.parse(text, list(self.tools))
+        if call is None:
+            return Observation(done=True)
+        name, args = call
+        state.calls.append((name, args))
+        if name not in self.tools:
+            reason = args if name == "" else f"there is no tool {name!r} (tools: {', '.join(self.tools)})"
+            return self._error(reason)
+        try:
+            obs = self.tools[name](args, state)
+        except ToolError as e:
+            return self._error(f"{name}: {e}")
+        except Exception as e:  # a tool's bug or a hostile argument: the model reads it, the step goes on
+            return self._error(f"{name} failed: {type(e).__name__}: {e}")
+        if not isinstance(obs, Observation):
+            return self._error(f"{name} returned {type(obs).__name__}, not an Observation")
+        return obs
+
+    def _error(self, reason: str) -> Observation:
+        return Observation(text=f"Error: {reason}", reward=self.invalid_call_penalty, error=True)
+
+
+def build_tools(names: list[str], kwargs: dict[str, dict]) -> dict[str, Callable]:
+    """Instantiate the tools `rollout.agent.tools` names with their `rollout.agent.tool_kwargs`."""
+    unknown = [n for n in names if n not in TOOLS]
+    if unknown:
+        raise ConfigError(f"rollout.agent.tools: {', '.join(map(repr, unknown))} not registered (registered: "
+                          f"{', '.join(sorted(TOOLS))}); a file of your own registers with @register_tool and is "
+                          "listed in rollout.agent.plugins")
+    extra = sorted(set(kwargs) - set(names))
+    if extra:
+        raise ConfigError(f"rollout.agent.tool_kwargs.{extra[0]}: {extra[0]!r} is not in rollout.agent.tools")
+    tools = {}
+    for name in names:
+        fn, options = TOOLS[name], dict(kwargs.get(name) or {})
+        if isinstance(fn, type):
+            try:
+                tools[name] = fn(**options)
+            except (TypeError, ValueError, OSError) as e:
+                raise ConfigError(f"rollout.agent.tool_kwargs.{name}: {e}") from e
+        elif options:
+            raise ConfigError(f"rollout.agent.tool_kwargs.{name}: the {name} tool takes no options")
+        else:
+            tools[name] = fn
+    return tools
+
+
+# ---------------------------------------------------------------------------------------------------- zoom
+MIN_SIDE = 28  # pixels: Qwen-VL's smallest image (one 2 x 2 block of 14 px patches)
+
+
+def _box(args) -> list[float]:
+    if isinstance(args, dict):
+        args = args.get("bbox_2d", args.get("box"))
+    if isinstance(args, str):
+        nums = re.findall(r"-?\d+(?:\.\d+)?", args)
+        args = [float(v) for v in nums]
+    if not isinstance(args, (list, tuple)) or len(args) != 4 or not all(isinstance(v, (int, float)) for v in args):
+        raise ToolError("zoom takes one box [x1, y1, x2, y2]")
+    return [float(v) for v in args]
+
+
+@register_tool("zoom")
+def zoom(args, state: AgentState) -> Observation:
+    """Crop of the last image shown, returned as a new image (DeepEyes' "thinking with images").
+
+    The box is in pixels of the image *as the model saw it* (`state.model_sizes[-1]`, the processor's resize),
+    scaled to the stored image, clamped to it, and grown around its centre to at least MIN_SIDE pixels a side.
+    A box with x2 <= x1 or y2 <= y1, or outside the image, is an error observation."""
+    if not state.images:
+        raise ToolError("there is no image to zoom into")
+    x1, y1, x2, y2 = _box(args)
+    if x2 <= x1 or y2 <= y1:
+        raise ToolError(f"the box [{x1:g}, {y1:g}, {x2:g}, {y2:g}] is empty (it needs x1 < x2 and y1 < y2)")
+    image = state.images[-1]
+    W, H = image.size
+    w, h = state.model_sizes[-1] if len(state.model_sizes) == len(state.images) else (W, H)
+    x1, x2 = max(0.0, x1 * W / w), min(float(W), x2 * W / w)
+    y1, y2 = max(0.0, y1 * H / h), min(float(H), y2 * H / h)
+    if x2 <= x1 or y2 <= y1:
+        raise ToolError(f"the box is outside the image ({w} x {h})")
+    side = min(MIN_SIDE, W, H)
+    if x2 - x1 < side:
+        cx = min(max((x1 + x2) / 2, side / 2), W - side / 2)
+        x1, x2 = cx - side / 2, cx + side / 2
+    if y2 - y1 < side:
+        cy = min(max((y1 + y2) / 2, side / 2), H - side / 2)
+        y1, y2 = cy - side / 2, cy + side / 2
+    crop = image.crop((round(x1), round(y1), round(x2), round(y2)))
+    return Observation(text="", images=[crop])

@@ -1,0 +1,167 @@
+"""The multi-turn driver: masks, image observations (token counts, pixels, M-RoPE over the whole interleaved
+sequence), episodes ending at different turns, max_turns, the context budget, tools that fail."""
+
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoModelForImageTextToText
+
+from rllava.agent.rollout import AgentRollout
+from rllava.agent.tools import AgentState, Observation, ToolEnv, build_tools, register_tool, zoom
+from rllava.data.protocol import Batch, Sample, Segment, Trajectory, collate
+from rllava.engine.inference.base import Completion, SamplingParams
+from rllava.model.forward import token_logprobs
+from rllava.model.processor import get_tokenizer, load_processor
+
+
+@register_tool("echo")
+def echo(args, state):
+    return Observation(text=f"echo: {args}")
+
+
+@register_tool("boom")
+def boom(args, state):
+    raise RuntimeError("disk on fire")
+
+
+class ScriptedEngine:
+    """Writes the scripted turns of each episode in order (episodes told apart by their first prompt token
+    after the shared prefix: the sample's text); log-probs from `model` by teacher forcing when given."""
+
+    shares_train_model = True
+
+    def __init__(self, tokenizer, scripts: dict[int, list[str]], model=None):
+        self.tok, self.scripts, self.model, self.calls = tokenizer, scripts, model, []
+
+    def generate(self, requests, sampling):
+        self.calls.append((len(requests), sampling.max_new_tokens))
+        out = []
+        for r in requests:
+            text = self.tok.decode(r.prompt_ids)
+            turns = next(v for k, v in self.scripts.items() if f"episode {k}." in text)
+            ids = self.tok.encode(turns[self._turns_done(r)]) + [self.tok.eos_token_id]
+            ids = ids[:sampling.max_new_tokens]
+            stop = len(ids) and ids[-1] == self.tok.eos_token_id
+            out.append([Completion(ids, self._logprobs(r, ids), "stop" if stop else "length")])
+        return out
+
+    def _turns_done(self, r) -> int:  # the prompt opens 3 turns (system, user, assistant), each round 2 more
+        return (r.prompt_ids.count(self.tok.convert_tokens_to_ids("<|im_start|>")) - 3) // 2
+
+    def _logprobs(self, r, ids):
+        if self.model is None:
+            return [-1.0] * len(ids)
+        t = Trajectory(Sample(0, [], [], None), 0, [Segment(r.prompt_ids, False), Segment(ids, True)], r.mm_inputs)
+        lp, _ = token_logprobs(self.model, collate([t], 0))
+        return lp[0, len(r.prompt_ids):].tolist()
+
+
+def _sample(i, images=()):
+    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": f"episode {i}."}]
+    return Sample(i, [{"role": "user", "content": content}], list(images), None)
+
+
+@pytest.fixture(scope="module")
+def proc(tiny_model_dir):
+    return load_processor(tiny_model_dir)
+
+
+def _rollout(proc, scripts, tools=("echo", "boom", "zoom"), model=None, **kw):
+    tok = get_tokenizer(proc)
+    env = ToolEnv(build_tools(list(tools), {}), invalid_call_penalty=-0.1)
+    args = dict(max_turns=4, max_response_length=400) | kw
+    return AgentRollout(ScriptedEngine(tok, scripts, model), proc, env, **args)
+
+
+def test_turns_trained_observations_given(proc):
+    rollout = _rollout(proc, {0: ["<echo>hi</echo>", "<answer>hi</answer>"]})
+    (t,) = rollout.generate([_sample(0)], SamplingParams(n=1, max_new_tokens=50))
+    tok = get_tokenizer(proc)
+    assert [s.trained for s in t.segments] == [False, True, False, True]
+    assert tok.decode(t.segments[2].token_ids) == "\n<|im_start|>user\necho: hi<|im_end|>\n<|im_start|>assistant\n"
+    assert t.response == "<echo>hi</echo>\n<answer>hi</answer>" and t.finish_reason == "stop"
+    batch = collate([t], tok.pad_token_id)
+    n = [len(s.token_ids) for s in t.segments]
+    assert batch.loss_mask[0].tolist() == [0.0] * n[0] + [1.0] * n[1] + [0.0] * n[2] + [1.0] * n[3]
+    assert t.turn_rewards == [0.0, 0.0] and t.agent.calls == [("echo", "hi")]
+    # the whole row is what the chat template makes of the conversation
+    text = proc.apply_chat_template(_sample(0).messages + [
+        {"role": "assistant", "content": "<echo>hi</echo>"}, {"role": "user", "content": "echo: hi"},
+        {"role": "assistant", "content": "<answer>hi</answer>"}], tokenize=False)
+    assert tok.decode(batch.input_ids[0]) == text.rstrip("\n")
+
+
+def test_episodes_end_at_different_turns_and_tools_fail_softly(proc):
+    scripts = {0: ["<answer>1</answer>"], 1: ["<boom>x</boom>", "<echo>b</echo>", "<answer>2</answer>"],
+               2: ["<echo>a</echo>", "no call, no answer"]}
+    rollout = _rollout(proc, scripts)
+    trajs = rollout.generate([_sample(i) for i in range(3)], SamplingParams(n=2, max_new_tokens=50))
+    assert [t.group_id for t in trajs] == [0, 0, 1, 1, 2, 2]
+    assert [len(t.turn_rewards) for t in trajs] == [1, 1, 3, 3, 2, 2]
+    assert trajs[2].turn_rewards == [-0.1, 0.0, 0.0]  # the failing tool's turn is penalised
+    tok = get_tokenizer(proc)
+    obs = tok.decode(trajs[2].segments[2].token_ids)
+    assert "Error: boom failed: RuntimeError: disk on fire" in obs
+    assert [n for n, _ in rollout.engine.calls] == [6, 4, 2]  # each round batches the unfinished episodes
+
+
+def test_json_calls_and_unknown_tools():
+    env = ToolEnv(build_tools(["echo"], {}), tool_format="json", invalid_call_penalty=-1.0)
+    state = AgentState(Sample(0, [], [], None))
+    assert env.step(state, '<tool_call>{"name": "echo", "arguments": {"q": 1}}</tool_call>').text == "echo: {'q': 1}"
+    assert env.step(state, '<tool_call>{"name": "zoom"}</tool_call>').text == \
+        "Error: there is no tool 'zoom' (tools: echo)"
+    bad = env.step(state, "<tool_call>{name: echo}</tool_call>")
+    assert bad.error and bad.reward == -1.0 and "not valid JSON" in bad.text
+    assert env.step(state, "<echo>x</echo>").done  # tags are not calls in the json format
+    assert env.step(state, "<answer>4</answer>").done
+
+
+def test_max_turns_and_context_budget(proc):
+    loop = {0: ["<echo>again</echo>"] * 10}
+    (t,) = _rollout(proc, loop, max_turns=3).generate([_sample(0)], SamplingParams(max_new_tokens=50))
+    assert sum(s.trained for s in t.segments) == 3 and not t.segments[-1].token_ids == []
+    assert t.segments[-1].trained  # the last turn's call is not run: no observation after it
+    (t,) = _rollout(proc, loop, max_response_length=40).generate([_sample(0)], SamplingParams(max_new_tokens=50))
+    assert t.num_response_tokens + sum(len(s.token_ids) for s in t.segments[1:] if not s.trained) <= 40
+    assert t.finish_reason == "length"
+
+
+def test_zoom_crops_the_pixels_the_model_pointed_at():
+    img = Image.new("RGB", (200, 100), (0, 0, 0))
+    img.paste((255, 0, 0), (100, 50, 150, 100))  # red in the stored image's [100, 50, 150, 100]
+    state = AgentState(Sample(0, [], [img], None), images=[img], model_sizes=[(100, 50)])  # seen at half size
+    obs = zoom("[50, 25, 75, 50]", state)
+    assert obs.images[0].size == (50, 50) and obs.images[0].getpixel((25, 25)) == (255, 0, 0)
+    tiny = zoom({"bbox_2d": [0, 0, 2, 2]}, state).images[0]  # grown to 28 px, kept inside the image
+    assert tiny.size == (28, 28)
+    env = ToolEnv({"zoom": zoom}, invalid_call_penalty=-0.05)
+    for bad in ("[5, 5, 1, 1]", "[300, 300, 400, 400]", "left half"):
+        o = env.step(state, f"<zoom>{bad}</zoom>")
+        assert o.error and o.reward == -0.05 and o.text.startswith("Error: zoom: ") and not o.images
+
+
+def test_image_observations_forward_equals_rollout(tiny_model_dir, proc):
+    """Three turns, two returned crops: the training forward over the whole interleaved row (M-RoPE positions
+    over all images) gives the log-probs the engine computed turn by turn, padded and padding-free."""
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, attn_implementation="sdpa",
+                                                        dtype=torch.float32).eval()
+    image = Image.new("RGB", (112, 84), (30, 140, 220))
+    image.paste((250, 200, 0), (20, 10, 70, 50))
+    scripts = {0: ["<zoom>[0, 0, 56, 56]</zoom>", "<zoom>[10, 10, 40, 40]</zoom>", "<answer>yellow</answer>"],
+               1: ["<answer>blue</answer>"]}
+    rollout = _rollout(proc, scripts, model=model)
+    trajs = rollout.generate([_sample(0, [image]), _sample(1, [image])], SamplingParams(max_new_tokens=50))
+    t = trajs[0]
+    assert len(t.agent.images) == 3 and t.mm_inputs["image_grid_thw"].shape[0] == 3
+    tok = get_tokenizer(proc)
+    batch = collate(trajs, tok.pad_token_id)
+    pad = proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    merge = proc.image_processor.merge_size ** 2
+    assert (batch.input_ids[0] == pad).sum() == t.mm_inputs["image_grid_thw"].prod(-1).sum() // merge
+    rollout_lp = torch.tensor([lp for s in t.segments if s.trained for lp in s.logprobs])
+    with torch.no_grad():
+        for padding_free in (False, True):
+            lp, _ = token_logprobs(model, batch, padding_free=padding_free)
+            trained = lp[0][batch.loss_mask[0].bool()]
+            torch.testing.assert_close(trained, rollout_lp, atol=1e-4, rtol=1e-4)
