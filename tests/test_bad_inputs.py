@@ -70,7 +70,7 @@ def records(run, n=8):
     ("actor.optim.lr=inf", "actor.optim.lr=inf must be a finite number"),
     ("rollout.val_override_config.temperature=-1", "rollout.val_override_config.temperature=-1"),
     ("actor.optim.strategy=sgd", "actor.optim.strategy=sgd"),
-    ("rollout.max_turns=4", "rollout.max_turns=4 is for multi-turn agent rollouts"),  # never silently single-turn
+    ("rollout.max_turns=4", "rollout.max_turns=4 is read only by agent rollouts"),  # never silently single-turn
 ])
 def test_config(run, override, expect):
     code, err = run(override)

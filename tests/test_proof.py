@@ -99,9 +99,9 @@ def easy_start(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", HYBRID_METHODS[1:])
 def test_no_hybrid_falls_behind_grpo_on_the_easy_start(easy_start, method):
-    """`python -m rllava.proof --hybrids --tasks counting --sft-steps 50 --rl-steps 120 --val-freq 40`: where GRPO
+    """`python -m rllava.proof --hybrids --tasks counting --sft-steps 50 --rl-steps 120 --val-freq 20`: where GRPO
     learns on its own, no hybrid ends more than 3 points below it."""
-    kw = dict(sft_steps=50, rl_steps=120, val_freq=40)
+    kw = dict(sft_steps=50, rl_steps=120, val_freq=20)
     (grpo,) = run_hybrids(TASKS["counting"], easy_start, methods=["grpo"], **kw)
     (s,) = run_hybrids(TASKS["counting"], easy_start, methods=[method], **kw)
     print(hybrids_table([grpo, s]))

@@ -48,6 +48,20 @@ class Episode:
     finish_reason: str = ""  # "" while running; then "stop" or "length"
 
 
+def agent_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """How the agents behaved: turns per episode, tool calls (and the share that failed), images returned."""
+    eps = [t for t in trajectories if t.agent is not None]
+    if not eps:
+        return {}
+    calls = sum(len(t.agent.calls) for t in eps)
+    failed = sum(t.agent.failed_calls for t in eps)
+    return {"agent/turns_mean": sum(len(t.turn_rewards) for t in eps) / len(eps),
+            "agent/tool_calls_mean": calls / len(eps),
+            "agent/episodes_with_calls": sum(bool(t.agent.calls) for t in eps) / len(eps),
+            "agent/failed_call_ratio": failed / calls if calls else 0.0,
+            "agent/returned_images_mean": sum(len(t.agent.images) - len(t.sample.images) for t in eps) / len(eps)}
+
+
 def _concat_mm(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: torch.cat([a[k], b[k]]) if k in a and k in b else a.get(k, b.get(k)) for k in {*a, *b}}
 

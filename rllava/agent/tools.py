@@ -68,6 +68,7 @@ class AgentState:
     # (width, height) of each image as the model saw it (after the processor's resize): the frame of its boxes
     model_sizes: list[tuple[int, int]] = field(default_factory=list)
     calls: list[tuple[str, Any]] = field(default_factory=list)  # (tool, arguments) of every call so far
+    failed_calls: int = 0  # calls that were invalid or whose tool failed
     memory: dict = field(default_factory=dict)  # free space for a tool's own state
 
 
@@ -124,19 +125,20 @@ class ToolEnv:
         name, args = call
         state.calls.append((name, args))
         if name not in self.tools:
-            reason = args if name == "" else f"there is no tool {name!r} (tools: {', '.join(self.tools)})"
-            return self._error(reason)
+            return self._error(state, args if name == "" else f"there is no tool {name!r} (tools: "
+                                                              f"{', '.join(self.tools)})")
         try:
             obs = self.tools[name](args, state)
         except ToolError as e:
-            return self._error(f"{name}: {e}")
+            return self._error(state, f"{name}: {e}")
         except Exception as e:  # a tool's bug or a hostile argument: the model reads it, the step goes on
-            return self._error(f"{name} failed: {type(e).__name__}: {e}")
+            return self._error(state, f"{name} failed: {type(e).__name__}: {e}")
         if not isinstance(obs, Observation):
-            return self._error(f"{name} returned {type(obs).__name__}, not an Observation")
+            return self._error(state, f"{name} returned {type(obs).__name__}, not an Observation")
         return obs
 
-    def _error(self, reason: str) -> Observation:
+    def _error(self, state: AgentState, reason: str) -> Observation:
+        state.failed_calls += 1
         return Observation(text=f"Error: {reason}", reward=self.invalid_call_penalty, error=True)
 
 

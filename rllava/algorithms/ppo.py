@@ -69,11 +69,12 @@ def build_algorithm(algorithm_cfg, actor_cfg, loss_mode: str | None = None) -> P
     return ALGORITHMS.get(algorithm_cfg.adv_estimator, PPO)(algorithm_cfg, actor_cfg, loss_mode)
 
 
-def load_plugins(paths: list[str]) -> None:
-    """Import user files that register estimators/losses (`algorithm.plugins=[path/to/my_algo.py]`)."""
+def load_plugins(paths: list[str], key: str = "algorithm.plugins") -> None:
+    """Import user files that register estimators/losses (`algorithm.plugins=[path/to/my_algo.py]`) or tools
+    (`rollout.agent.plugins`)."""
     for path in paths:
         if not os.path.isfile(path):
-            raise ConfigError(f"algorithm.plugins: file {path!r} does not exist")
+            raise ConfigError(f"{key}: file {path!r} does not exist")
         name = f"rllava_plugin_{abs(hash(os.path.abspath(path)))}"
         if name in sys.modules:
             continue
@@ -84,4 +85,4 @@ def load_plugins(paths: list[str]) -> None:
             spec.loader.exec_module(module)
         except Exception as e:
             sys.modules.pop(name, None)
-            raise ConfigError(f"algorithm.plugins: importing {path} failed: {type(e).__name__}: {e}") from e
+            raise ConfigError(f"{key}: importing {path} failed: {type(e).__name__}: {e}") from e

@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Optional
@@ -577,6 +578,27 @@ class SGLangConfig:  # used only when rollout.name=sglang (rllava/engine/inferen
 
 
 @dataclass
+class AgentConfig:  # rllava section: multi-turn agent rollouts (rllava.agent), on when `tools` is not empty
+    tools: list[str] = field(default_factory=list)  # registered tools the agent may call, e.g. [search, zoom]
+    tool_kwargs: dict[str, Any] = field(default_factory=dict)  # options per tool: tool_kwargs.search.corpus=...
+    tool_format: str = "tags"  # how a call is written: tags (<zoom>[...]</zoom>) or json (<tool_call>{...}</tool_call>)
+    answer_tag: str = "answer"  # a turn with <answer>...</answer> ends the episode
+    invalid_call_penalty: float = 0.0  # tool-level reward of a turn whose call fails (verl's zoom: -0.05)
+    observation_role: str = "user"  # the chat role observations are shown in (user, or tool where the template has it)
+    plugins: list[str] = field(default_factory=list)  # user .py files that @register_tool their own tools
+
+    def check(self, prefix: str) -> list[str]:
+        p: list[str] = []
+        _choice(p, f"{prefix}.tool_format", self.tool_format, ["tags", "json"])
+        _choice(p, f"{prefix}.observation_role", self.observation_role, ["user", "tool"])
+        if not re.fullmatch(r"[A-Za-z_][\w-]*", self.answer_tag):
+            p.append(f"{prefix}.answer_tag={self.answer_tag!r} must be a tag name (e.g. answer)")
+        if self.invalid_call_penalty > 0:
+            p.append(f"{prefix}.invalid_call_penalty={self.invalid_call_penalty} must be <= 0 (a penalty)")
+        return p
+
+
+@dataclass
 class RolloutConfig:
     # rllava default "hf" (RLLaVA: vllm): HF generate on the training model; vllm/sglang hold their own copy.
     # Alias: rollout.engine.
@@ -598,9 +620,10 @@ class RolloutConfig:
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     load_format: str = "dummy"  # engine weight init before the first sync
-    # Multi-turn agent rollouts (RLLaVA's agentic pipeline): not available yet, a changed value is an error.
+    # Multi-turn agent rollouts (rollout.agent.tools; RLLaVA's agentic pipeline)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     max_turns: int = 10  # agent rollouts: max model turns per episode
-    discount: float = 0.9  # agent rollouts: per-turn discount
+    discount: float = 0.9  # agent rollouts: per-turn discount (per-turn credit: not available yet)
     tool_config_path: Optional[str] = None  # agent rollouts: tool definitions file
     env_config_path: Optional[str] = None  # agent rollouts: environment config file
     # RLLaVA copies the next keys from their owners in post_init; rllava reads the owners instead
@@ -618,6 +641,8 @@ class RolloutConfig:
         _available(p, f"{prefix}.name", self.name, ROLLOUT_ENGINES, ROLLOUT_ENGINES_PLANNED)
         _positive(p, f"{prefix}.n", self.n)
         _positive(p, f"{prefix}.micro_batch_size", self.micro_batch_size)
+        _positive(p, f"{prefix}.max_turns", self.max_turns)
+        p += self.agent.check(f"{prefix}.agent")
         if self.temperature < 0:
             p.append(f"{prefix}.temperature={self.temperature} must be >= 0 (0 = greedy)")
         if not 0 < self.top_p <= 1:
@@ -766,9 +791,21 @@ NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
 
 # Keys of features whose issues have not landed yet: any change from the default is an error naming the feature.
 PLANNED_FEATURES = {
-    "multi-turn agent rollouts (RLLaVA's agentic pipeline)": [
-        "rollout.max_turns", "rollout.discount", "rollout.tool_config_path", "rollout.env_config_path"],
+    "per-turn credit of agent rollouts": ["rollout.discount"],
+    "RLLaVA's tool and environment files (rllava: rollout.agent.tools, rollout.agent.plugins)": [
+        "rollout.tool_config_path", "rollout.env_config_path"],
 }
+
+
+def agent_on(c) -> bool:
+    """Multi-turn agent rollouts (rllava.agent.rollout.AgentRollout) instead of single-turn ones."""
+    return bool(c.rollout.agent.tools)
+
+
+# Agent keys: read only when the agent driver runs; a key changed from its default otherwise is an error.
+AGENT_KEYS = ["rollout.max_turns", "rollout.agent.tool_kwargs", "rollout.agent.tool_format",
+              "rollout.agent.answer_tag", "rollout.agent.invalid_call_penalty", "rollout.agent.observation_role",
+              "rollout.agent.plugins"]
 
 def _loss_in(*modes: str) -> Callable[[Any], bool]:
     return lambda c: c.actor.policy_loss.loss_mode in modes
@@ -915,7 +952,7 @@ class PPOConfig:
             p.append(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")
         p += (self._derived_problems() + self._not_built_problems() + self._planned_problems()
-              + self._hybrid_problems())
+              + self._hybrid_problems() + self._agent_problems())
         if p:
             raise ConfigError(p)
         for role in ("actor", "critic"):
@@ -980,6 +1017,17 @@ class PPOConfig:
         if not self.data.target_key and not self.data.expert_template:
             p.append(f"actor.policy_loss.loss_mode={mode} (an SFT+RL hybrid) needs expert responses: set "
                      "data.target_key (the record field holding one) or data.expert_template (Jinja over `answer`)")
+        return p
+
+    def _agent_problems(self) -> list[str]:
+        if not agent_on(self):
+            return [f"{key}={_show(get_key(self, key))} is read only by agent rollouts (set rollout.agent.tools, "
+                    f"e.g. [search, zoom]); leave it at {_show(_default_of(key))}"
+                    for key in AGENT_KEYS if get_key(self, key) != _default_of(key)]
+        p = []
+        if self.algorithm.prefix_strategy != "none":
+            p.append(f"algorithm.prefix_strategy={self.algorithm.prefix_strategy} (expert prefixes of LUFFY, SRFT, "
+                     "UFT) is for single-turn responses, not agent rollouts (rollout.agent.tools)")
         return p
 
     def _planned_problems(self) -> list[str]:

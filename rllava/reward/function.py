@@ -16,7 +16,10 @@ The form is checked when the reward is built, so a mismatch (a batch reward with
 sequential one annotated `list`, a configured kwarg the function does not take) stops the run at start-up.
 Per-sample fields: `response`, `response_length` (tokens), `ground_truth`, the record's other fields,
 `image_sizes` ((width, height) of each image as stored) and `model_image_sizes` (as the model saw it, after its
-processor's resize: what a Qwen2.5-VL box is measured in).
+processor's resize: what a Qwen2.5-VL box is measured in); for agent rollouts (`rollout.agent.tools`) the
+response is every model turn joined by newlines, plus `tool_calls` ((tool, arguments) of each call), `num_turns`
+and `returned_images` (images the tools showed: count tool use by these, not by tags in the text).
+Agents' tool-level rewards (`rollout.agent.invalid_call_penalty`) are added to `overall` as `tool_reward`.
 A result is a float or a dict of named floats with an `overall` entry (the scalar used for training).
 
 The function is untrusted code (`rllava.reward.sandbox`): each call has `reward.timeout` seconds; raising,
@@ -158,9 +161,13 @@ def _sample_params(fn: Callable, configured: dict) -> list[str]:
 def sample_fields(t: Trajectory) -> dict:
     """What a reward function may read about one trajectory (see the module docstring): RLLaVA's reward_input
     (response, response_length, ground_truth, the record's other fields) plus the image sizes."""
-    return {**t.sample.extra, "response": t.response, "response_length": t.num_response_tokens,
-            "ground_truth": t.sample.ground_truth, "image_sizes": t.sample.image_sizes,
-            "model_image_sizes": t.model_image_sizes}
+    fields = {**t.sample.extra, "response": t.response, "response_length": t.num_response_tokens,
+              "ground_truth": t.sample.ground_truth, "image_sizes": t.sample.image_sizes,
+              "model_image_sizes": t.model_image_sizes}
+    if t.agent is not None:  # agents: the calls made (tool, arguments) and how many images came back
+        fields.update(tool_calls=list(t.agent.calls), num_turns=len(t.turn_rewards),
+                      returned_images=len(t.agent.images) - len(t.sample.images))
+    return fields
 
 
 def _as_scores(result: Any) -> dict[str, float] | str:
@@ -216,6 +223,10 @@ class RewardFunction:
                      else ((sample_fields(t),), {}) for t in trajectories]
             details = [self._checked(o.error or _as_scores(o.value), t)
                        for o, t in zip(self.runner.run(calls), trajectories)]
+        for d, t in zip(details, trajectories):  # agents: each turn's tool-level reward adds to the episode's
+            if t.turn_rewards:
+                d["tool_reward"] = float(sum(t.turn_rewards))
+                d["overall"] += d["tool_reward"]
         if train and self.overlong is not None:
             for d, t in zip(details, trajectories):
                 d["overlong_penalty"] = overlong_penalty(t.num_response_tokens, *self.overlong)

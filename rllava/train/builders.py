@@ -16,11 +16,13 @@ import torch
 import transformers
 
 from rllava import distributed as D
+from rllava.agent.rollout import AgentRollout
+from rllava.agent.tools import ToolEnv, build_tools
 from rllava.algorithms.hybrid import HYBRID_LOSSES
 from rllava.algorithms.kl import KLController
 from rllava.algorithms.ppo import build_algorithm, load_plugins
 from rllava.config import ConfigError, PPOConfig
-from rllava.config.schema import resolve_strategy
+from rllava.config.schema import agent_on, resolve_strategy
 from rllava.data.dataset import PromptDataset
 from rllava.data.sampler import EpochSampler
 from rllava.engine.inference.base import SamplingParams
@@ -148,7 +150,16 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device) -> Rollout:
     if cfg.actor.fsdp.offload_params and engine.shares_train_model:
         log.warning("actor.fsdp.offload_params=true has no effect with rollout.name=%s: that engine samples with "
                     "the training model, whose weights must stay on the device", cfg.rollout.name)
-    return Rollout(engine, processor, skip_special_tokens=cfg.reward.skip_special_tokens)
+    if not agent_on(cfg):
+        return Rollout(engine, processor, skip_special_tokens=cfg.reward.skip_special_tokens)
+    a = cfg.rollout.agent  # multi-turn: the same engine, a driver that runs tools between turns
+    load_plugins(a.plugins, key="rollout.agent.plugins")
+    env = ToolEnv(build_tools(list(a.tools), dict(a.tool_kwargs)), tool_format=a.tool_format,
+                  answer_tag=a.answer_tag, invalid_call_penalty=a.invalid_call_penalty)
+    return AgentRollout(engine, processor, env, max_turns=cfg.rollout.max_turns,
+                        max_response_length=cfg.data.max_response_length, observation_role=a.observation_role,
+                        min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
+                        skip_special_tokens=cfg.reward.skip_special_tokens)
 
 
 def build_rollout_engine(cfg: PPOConfig, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],

@@ -35,11 +35,13 @@ def _warnings(args) -> list[str]:
 
 
 @pytest.mark.parametrize("arg, message", [
-    ("rollout.max_turns=5", "rollout.max_turns=5 is for multi-turn agent rollouts (RLLaVA's agentic pipeline), not "
-                            "available yet in rllava; leave it at 10"),
-    ("rollout.tool_config_path=tools.yaml", "rollout.tool_config_path=tools.yaml is for multi-turn agent rollouts"),
-    ("rollout.env_config_path=env.yaml", "rollout.env_config_path=env.yaml is for multi-turn agent rollouts"),
-    ("rollout.discount=0.5", "rollout.discount=0.5 is for multi-turn agent rollouts"),
+    ("rollout.max_turns=5", "rollout.max_turns=5 is read only by agent rollouts (set rollout.agent.tools, e.g. "
+                            "[search, zoom]); leave it at 10"),
+    ("rollout.agent.tool_format=json", "rollout.agent.tool_format=json is read only by agent rollouts"),
+    ("rollout.tool_config_path=tools.yaml", "rollout.tool_config_path=tools.yaml is for RLLaVA's tool and "
+                                            "environment files (rllava: rollout.agent.tools, rollout.agent.plugins)"),
+    ("rollout.env_config_path=env.yaml", "rollout.env_config_path=env.yaml is for RLLaVA's tool and environment"),
+    ("rollout.discount=0.5", "rollout.discount=0.5 is for per-turn credit of agent rollouts, not available yet"),
     ("reward.model.model_path=rm", "reward.model.model_path=rm: reward models are not available yet in rllava; "
                                    "score with reward.reward_function=path/file.py:fn"),
     ("reward.model.use_peft=true", "reward.model.use_peft=true: reward models are not available yet"),
@@ -211,13 +213,13 @@ def test_ignore_eos_generates_to_the_budget(tiny_model_dir):
 # ------------------------------------------------------------------------- RLLaVA's other pipeline modules
 
 
-@pytest.mark.parametrize("module, names", [("agentic", "multi-turn agent rollouts")])
-def test_rllava_pipeline_modules_say_not_available_yet(module, names):
-    r = subprocess.run([sys.executable, "-m", f"rllava.train.pipeline.{module}", "config=examples/config.yaml"],
+def test_agentic_pipeline_without_tools_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "rllava.train.pipeline.agentic", "config=examples/config.yaml"],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     (line,) = r.stderr.strip().splitlines()
-    assert line.startswith(f"rllava: error: rllava.train.pipeline.{module} ({names}") and "not available yet" in line
+    assert line.startswith("rllava: error: rllava.train.pipeline.agentic runs multi-turn agents: set "
+                           "rollout.agent.tools")
 
 
 def test_fsdp2_on_one_plain_process_runs_as_a_world_of_one(tmp_path, tiny_model_dir, counting_dir):

@@ -1,17 +1,26 @@
-"""RLLaVA's multi-turn agent pipeline (tools, environments, rollout.max_turns): not available yet in rllava.
+"""Multi-turn agent RL (RLLaVA's entry point): the RLVR pipeline with the agent rollout driver.
 
-    python -m rllava.train.pipeline.agentic ...   -> one line naming what to use instead, exit status 2
+    python -m rllava.train.pipeline.agentic config=... rollout.agent.tools=[search,zoom] k=v
 
-Until it lands, single-turn tasks run with `rllava.train.pipeline.rlvr`.
+The same loop and step as `rllava.train.pipeline.rlvr` (which runs agents too when `rollout.agent.tools` is
+set); this module only insists that tools are configured, so an agentic script never silently trains a single
+turn. The driver is `rllava.agent.rollout.AgentRollout`; tools and their keys are in docs/agents.md.
 """
 
-from rllava.train.pipeline._not_available import not_available
+from rllava.config import ConfigError
+from rllava.train.cli import run_cli
+from rllava.train.pipeline.rlvr import train
 
-INSTEAD = "single-turn tasks run with rllava.train.pipeline.rlvr"
+
+def train_agent(cfg) -> str:
+    if not cfg.rollout.agent.tools:
+        raise ConfigError("rllava.train.pipeline.agentic runs multi-turn agents: set rollout.agent.tools (e.g. "
+                          "[search] or [zoom]); single-turn tasks run with rllava.train.pipeline.rlvr")
+    return train(cfg)
 
 
 def main(argv: list[str] | None = None) -> None:
-    not_available("rllava.train.pipeline.agentic", "multi-turn agent rollouts with tools", INSTEAD)
+    run_cli(train_agent, argv)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rllava.agent.rollout import agent_metrics
 from rllava.algorithms.filtering import fill_batch
 from rllava.data.protocol import Batch, Sample, collate
 from rllava.engine.inference.base import generate_context
@@ -43,7 +44,7 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     for g, s in zip(batch.group_ids[rows].tolist(), scores.tolist()):
         groups.setdefault(g, []).append(s)
     metrics["batch/groups_without_signal"] = float(np.mean([max(v) == min(v) for v in groups.values()]))
-    return metrics
+    return {**metrics, **agent_metrics(trajs)}
 
 
 def train(cfg) -> str:

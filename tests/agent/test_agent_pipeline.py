@@ -1,0 +1,152 @@
+"""Agent rollouts inside the RLVR pipeline: a 2-step run with image observations, exact resume, the
+agentic entry point, a user's tool file, and config errors."""
+
+import json
+import os
+from dataclasses import replace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rllava.agent import tools as T
+from rllava.config import ConfigError, load_config
+from rllava.engine.inference.base import Completion
+from rllava.train import builders as B
+from rllava.train import checkpoint as C
+from rllava.train.pipeline import agentic, rlvr
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+class ShortTurns:
+    """The real HF engine, each turn cut at 6 tokens and closed with EOS: a random tiny model rarely ends a turn."""
+
+    def __init__(self, engine, eos: int):
+        self.engine, self.eos, self.shares_train_model = engine, eos, engine.shares_train_model
+
+    def load(self, model):
+        self.engine.load(model)
+
+    def offload(self):
+        self.engine.offload()
+
+    def generate(self, requests, sampling):
+        out = self.engine.generate(requests, replace(sampling, max_new_tokens=min(6, sampling.max_new_tokens)))
+        return [[Completion([t for t in c.token_ids if t != self.eos] + [self.eos], [*c.logprobs[:len(
+            [t for t in c.token_ids if t != self.eos])], 0.0], "stop") for c in cs] for cs in out]
+
+
+@pytest.fixture
+def always_zoom(monkeypatch):
+    """Every turn of the random tiny model a complete one, read as `<zoom>[0, 0, 40, 40]</zoom>`."""
+    monkeypatch.setitem(T.PARSERS, "tags", lambda text, names: ("zoom", "[0, 0, 40, 40]"))
+    build = B.build_rollout_engine
+    monkeypatch.setattr(B, "build_rollout_engine", lambda cfg, pad, stop, *a: ShortTurns(build(cfg, pad, stop, *a),
+                                                                                          stop[0]))
+
+
+def _args(model, data, out, reward, *extra):
+    return ["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={model}",
+            f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", "data.max_samples=16",
+            "data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=2", "data.max_response_length=64",
+            "rollout.agent.tools=[zoom]", "rollout.max_turns=3", f"trainer.outputs_dir={out}",
+            "trainer.logger=[jsonl]", f"reward.reward_function={reward}", "trainer.val_before_train=false",
+            "trainer.val_freq=-1", *extra]
+
+
+def _rows(out):
+    return [r for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "reward/mean" in r]
+
+
+def test_two_agentic_steps_with_image_observations(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
+                                                   always_zoom):
+    out = str(tmp_path / "run")
+    agentic.main(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=2"))
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["agent/turns_mean"] > 1 and r["agent/returned_images_mean"] > 0 and r["agent/tool_calls_mean"] > 0
+    before, after = load_file(f"{tiny_model_dir}/model.safetensors"), load_file(f"{out}/final/model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_agentic_run_resumes_exactly(tmp_path, tiny_model_dir, counting_dir, distinct_reward, always_zoom,
+                                     monkeypatch):
+    args = _args(tiny_model_dir, counting_dir, "unused", distinct_reward, "trainer.max_steps=3", "trainer.save_freq=1")
+    straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
+    rlvr.main([*args, f"trainer.outputs_dir={straight}"])
+    save = C.save_checkpoint
+
+    def save_then_stop(run, step):
+        path = save(run, step)
+        if step == 2:
+            raise KeyboardInterrupt
+        return path
+
+    monkeypatch.setattr(C, "save_checkpoint", save_then_stop)
+    with pytest.raises(SystemExit):
+        rlvr.main([*args, f"trainer.outputs_dir={stopped}"])
+    monkeypatch.setattr(C, "save_checkpoint", save)
+    rlvr.main([*args, f"trainer.outputs_dir={stopped}"])
+    a, b = load_file(f"{straight}/final/model.safetensors"), load_file(f"{stopped}/final/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["agent/turns_mean"] for r in _rows(stopped)] == [r["agent/turns_mean"] for r in _rows(straight)]
+
+
+def test_a_tool_from_a_users_file(tmp_path):
+    path = tmp_path / "my_tools.py"
+    path.write_text("from rllava.agent.tools import Observation, register_tool\n\n"
+                    "@register_tool('shout')\nclass Shout:\n"
+                    "    def __init__(self, times: int = 2):\n        self.times = times\n"
+                    "    def __call__(self, args, state):\n        return Observation(text=args.upper() * self.times)\n")
+    from rllava.algorithms.ppo import load_plugins
+
+    load_plugins([str(path)], key="rollout.agent.plugins")
+    tools = T.build_tools(["shout"], {"shout": {"times": 3}})
+    assert T.ToolEnv(tools).step(T.AgentState(None), "<shout>hi</shout>").text == "HIHIHI"
+    with pytest.raises(ConfigError, match=r"rollout.agent.tool_kwargs.shout: .*loud"):
+        T.build_tools(["shout"], {"shout": {"loud": True}})
+    with pytest.raises(ConfigError, match="rollout.agent.tools: 'shot' not registered"):
+        T.build_tools(["shot"], {})
+    with pytest.raises(ConfigError, match="rollout.agent.tool_kwargs.zoom: the zoom tool takes no options"):
+        T.build_tools(["zoom"], {"zoom": {"x": 1}})
+
+
+@pytest.mark.parametrize("args, message", [
+    (["rollout.agent.tools=[zoom]", "rollout.agent.tool_format=xml"],
+     "rollout.agent.tool_format=xml is not one of: tags, json"),
+    (["rollout.agent.tools=[zoom]", "rollout.agent.invalid_call_penalty=0.5"],
+     "rollout.agent.invalid_call_penalty=0.5 must be <= 0"),
+    (["rollout.agent.tools=[zoom]", "rollout.max_turns=0"], "rollout.max_turns=0 must be > 0"),
+    (["rollout.agent.tools=[zoom]", "actor.policy_loss.loss_mode=luffy", "algorithm.prefix_strategy=random",
+      "data.target_key=solution"], "algorithm.prefix_strategy=random (expert prefixes of LUFFY, SRFT, UFT) is for "
+                                   "single-turn responses"),
+    (["rollout.agent.invalid_call_penalty=-0.1"], "rollout.agent.invalid_call_penalty=-0.1 is read only by agent "
+                                                  "rollouts"),
+])
+def test_agent_config_errors(args, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        load_config(["config=examples/config.yaml", *args])
+
+
+def test_agent_keys_reach_the_driver(tiny_model_dir):
+    from rllava.agent.tools import AgentState, Observation
+    from rllava.model.processor import load_processor
+
+    cfg = load_config(["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={tiny_model_dir}",
+                       "rollout.agent.tools=[zoom]", "rollout.agent.answer_tag=final", "rollout.max_turns=7",
+                       "rollout.agent.observation_role=tool", "rollout.agent.tool_format=json",
+                       "rollout.agent.invalid_call_penalty=-0.25"])
+    rollout = B.build_rollout(cfg, load_processor(tiny_model_dir), torch.device("cpu"))
+    assert rollout.max_turns == 7 and "<|im_start|>tool\nseen" in rollout.observation_text(Observation("seen"))
+    state = AgentState(None)
+    call = '<tool_call>{"name": "zoom", "arguments": [0, 0, 9, 9]}</tool_call>'
+    assert rollout.env.step(state, "<final>3</final>" + call).done  # the answer tag ends the episode
+    assert not rollout.env.step(state, "<answer>3</answer>" + call).done  # another tag does not: the call runs
+    assert rollout.env.step(state, '<tool_call>{"name": "crop"}</tool_call>').reward == -0.25
