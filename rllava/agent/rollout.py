@@ -17,6 +17,7 @@ sequence the engine continued (and Qwen-VL's M-RoPE positions are computed over 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -44,6 +45,10 @@ class Episode:
     state: AgentState
     turn_texts: list[str] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)  # tool-level reward of each turn's call
+    # what each turn was written after: "" (the prompt) or the digest of the observation just shown (GiGPO
+    # groups the turns of a group that saw the same one)
+    anchors: list[str] = field(default_factory=list)
+    last_observation: str = ""
     response_tokens: int = 0  # turns + observations so far (the context budget counts both)
     finish_reason: str = ""  # "" while running; then "stop" or "length"
 
@@ -60,6 +65,14 @@ def agent_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
             "agent/episodes_with_calls": sum(bool(t.agent.calls) for t in eps) / len(eps),
             "agent/failed_call_ratio": failed / calls if calls else 0.0,
             "agent/returned_images_mean": sum(len(t.agent.images) - len(t.sample.images) for t in eps) / len(eps)}
+
+
+def observation_digest(obs: Observation) -> str:
+    """Equal for equal observations (text and pixels): GiGPO's anchor state."""
+    h = hashlib.sha1(obs.text.encode())
+    for im in obs.images:
+        h.update(repr((im.mode, im.size)).encode() + im.tobytes())
+    return h.hexdigest()
 
 
 def _concat_mm(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -112,6 +125,7 @@ class AgentRollout(Rollout):
         e.ids, e.raw, e.response_tokens = e.ids + c.token_ids, e.raw + c.token_ids, e.response_tokens + len(c.token_ids)
         e.turn_texts.append(text)
         e.turn_rewards.append(0.0)
+        e.anchors.append(e.last_observation)
         if c.finish_reason == "length":  # cut mid-turn: no complete call to run
             e.finish_reason = "length"
             return
@@ -131,6 +145,7 @@ class AgentRollout(Rollout):
         e.ids, e.raw, e.mm, e.response_tokens = e.ids + ids, e.raw + raw, _concat_mm(e.mm, mm), e.response_tokens + len(ids)
         e.state.images += images
         e.state.model_sizes += sizes
+        e.last_observation = observation_digest(obs)
 
     def observation_text(self, obs: Observation) -> str:
         """The chat-template text between the end of a model turn (its EOS) and the start of the next one: the
@@ -163,4 +178,5 @@ class AgentRollout(Rollout):
     def _trajectory(self, e: Episode) -> Trajectory:
         return Trajectory(sample=e.sample, group_id=e.group, segments=e.segments, mm_inputs=e.mm,
                           response="\n".join(e.turn_texts), finish_reason=e.finish_reason,
-                          model_image_sizes=e.state.model_sizes, turn_rewards=e.turn_rewards, agent=e.state)
+                          model_image_sizes=e.state.model_sizes, turn_rewards=e.turn_rewards,
+                          turn_anchors=e.anchors, agent=e.state)

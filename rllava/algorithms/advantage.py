@@ -242,3 +242,46 @@ def gpg(scores, group_ids, mask):
     signal = scores.new_zeros(int(gid.max()) + 1 if gid.numel() else 0).index_add(0, gid, (adv != 0).to(adv.dtype))
     alpha = len(scores) / (signal[gid] > 0).sum().clamp(min=1)
     return (alpha * adv)[:, None] * mask
+
+
+@register_adv_estimator("gigpo")
+def gigpo(scores, group_ids, mask, *, turn_index, turn_anchors, turn_rewards, discount: float = 0.95,
+          step_advantage_w: float = 1.0, norm_adv_by_std_in_grpo: bool = True, eps: float = 1e-6):
+    """GiGPO, group-in-group policy optimisation for multi-turn agents (Feng et al. 2025, arXiv:2505.10978):
+    an episode-level group advantage plus a step-level one among the turns of the group that were written
+    after the same observation (the "anchor state": the prompt for every first turn).
+
+        A(i, k)    = A_ep(i) + w * A_step(i, k)                        on the tokens of turn k of episode i
+        A_ep(i)    = GRPO's advantage of the episode score R_i (outcome + every turn's tool reward)
+        G(i, k)    = sum_{j >= k} gamma^(j - k) r(i, j)                 r(i, j): turn j's tool reward, the
+                                                                        outcome added at the episode's last turn
+        A_step(i, k) = (G(i, k) - mean_s G) / (std_s G + eps)           s: the turns of i's group with i's anchor
+
+    gamma = rollout.discount, w = algorithm.step_advantage_w; `norm_adv_by_std_in_grpo=False` drops both
+    divisions (the paper's mean_norm). A turn alone with its anchor has A_step = 0.
+    """
+    B, K = len(scores), int(turn_index.max()) + 1 if turn_index.numel() else 0
+    on = turn_index >= 0
+    rows = torch.arange(B)[:, None].expand_as(turn_index)[on]
+    turns = turn_index[on]
+    valid = torch.zeros(B, K, dtype=torch.bool)
+    valid[rows, turns] = True
+    r = torch.zeros(B, K, dtype=scores.dtype).index_put_((rows, turns), turn_rewards[on].to(scores.dtype),
+                                                         accumulate=True)
+    anchor = torch.full((B, K), -1, dtype=torch.long)
+    anchor[rows, turns] = turn_anchors[on]
+    last = (valid.long() * torch.arange(1, K + 1)).max(-1).values - 1  # [B], -1 for a row without turns
+    has = last >= 0
+    r[has, last[has]] += scores[has] - r[has].sum(-1)  # the outcome, paid at the last turn
+    G, running = torch.zeros_like(r), torch.zeros(B, dtype=r.dtype)
+    for k in reversed(range(K)):
+        running = r[:, k] + discount * running
+        G[:, k] = running
+    _, step_group = torch.unique(torch.stack([group_ids[:, None].expand(B, K)[valid], anchor[valid]], -1), dim=0,
+                                 return_inverse=True)
+    g = G[valid]
+    mean, std, _ = group_stats(g, step_group)
+    a_step = torch.zeros_like(G)
+    a_step[valid] = (g - mean) / (std + eps) if norm_adv_by_std_in_grpo else g - mean
+    a_ep = grpo(scores, group_ids, torch.ones(B, 1), norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, eps=eps)[:, 0]
+    return (a_ep[:, None] + step_advantage_w * a_step.gather(1, turn_index.clamp(min=0))) * mask * on

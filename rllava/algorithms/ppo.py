@@ -29,7 +29,7 @@ class PPO:
     """Stage 3 and the loss of stage 4, as the config picks them. `algorithm.adv_estimator` names a registered
     estimator function, or a PPO subclass registered with `@register_ppo` (which then overrides methods)."""
 
-    def __init__(self, algorithm_cfg, actor_cfg, loss_mode: str | None = None):
+    def __init__(self, algorithm_cfg, actor_cfg, loss_mode: str | None = None, *, discount: float = 0.95):
         self.estimator_name = algorithm_cfg.adv_estimator
         self.loss_name = loss_mode or actor_cfg.policy_loss.loss_mode
         self.estimator = ADV_ESTIMATORS.get(self.estimator_name)
@@ -38,7 +38,8 @@ class PPO:
         self.loss_fn = lookup(POLICY_LOSSES, self.loss_name, "actor.policy_loss.loss_mode")
         # The pool of hyperparameters an estimator may declare (keyword-only, by these names).
         self.adv_params = {"norm_adv_by_std_in_grpo": algorithm_cfg.norm_adv_by_std_in_grpo,
-                           "gamma": algorithm_cfg.gamma, "lam": algorithm_cfg.lam}
+                           "gamma": algorithm_cfg.gamma, "lam": algorithm_cfg.lam,
+                           "discount": discount, "step_advantage_w": algorithm_cfg.step_advantage_w}
         # The pool for policy losses: RLLaVA's actor.* and actor.policy_loss.* names.
         self.loss_params = {
             "clip_ratio_low": actor_cfg.clip_ratio_low, "clip_ratio_high": actor_cfg.clip_ratio_high,
@@ -55,7 +56,8 @@ class PPO:
         """Stage 3: advantages [B, T]. Outcome estimators read `scores` (with KL in the reward: the sum of the
         shaped token rewards); token-level ones declare `token_rewards` (and `values`, `baseline_scores`)."""
         token_rewards = token_rewards_of(batch)
-        tensors = {"token_rewards": token_rewards, "values": batch.values, "baseline_scores": batch.baseline_scores}
+        tensors = {"token_rewards": token_rewards, "values": batch.values, "baseline_scores": batch.baseline_scores,
+                   "turn_index": batch.turn_index, "turn_anchors": batch.turn_anchors, "turn_rewards": batch.turn_rewards}
         return call_with_params(self.estimator, (token_rewards.sum(-1), batch.group_ids, batch.loss_mask),
                                 {**self.adv_params, **tensors}, "algorithm.adv_estimator")
 
@@ -64,9 +66,9 @@ class PPO:
         return call_with_params(self.loss_fn, (inputs,), self.loss_params, "actor.policy_loss.loss_mode")
 
 
-def build_algorithm(algorithm_cfg, actor_cfg, loss_mode: str | None = None) -> PPO:
-    """PPO, or the subclass registered under algorithm.adv_estimator."""
-    return ALGORITHMS.get(algorithm_cfg.adv_estimator, PPO)(algorithm_cfg, actor_cfg, loss_mode)
+def build_algorithm(algorithm_cfg, actor_cfg, loss_mode: str | None = None, **kwargs) -> PPO:
+    """PPO, or the subclass registered under algorithm.adv_estimator (`discount`: rollout.discount)."""
+    return ALGORITHMS.get(algorithm_cfg.adv_estimator, PPO)(algorithm_cfg, actor_cfg, loss_mode, **kwargs)
 
 
 def load_plugins(paths: list[str], key: str = "algorithm.plugins") -> None:

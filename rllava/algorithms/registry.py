@@ -77,4 +77,5 @@ def call_with_params(fn: Callable, args: tuple, params: dict[str, Any], key: str
 
 # Where a batch tensor an algorithm may declare comes from, for the error when it is missing.
 _NEEDS = {"values": " (values come from a critic: set critic.model.model_path)",
-          "baseline_scores": " (the greedy baseline is rolled out only for adv_estimator=remax)"}
+          "baseline_scores": " (the greedy baseline is rolled out only for adv_estimator=remax)",
+          "turn_index": " (turns come from agent rollouts: set rollout.agent.tools)"}

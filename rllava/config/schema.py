@@ -173,6 +173,7 @@ class AlgorithmConfig:
     lam: float = 1.0  # GAE lambda
     adv_estimator: str = "grpo"  # advantage estimator, by registered name (gae, grpo, rloo, ...)
     norm_adv_by_std_in_grpo: bool = True  # False gives Dr.GRPO's advantage
+    step_advantage_w: float = 1.0  # GiGPO (adv_estimator=gigpo): weight of the step-level advantage (verl-agent's name)
     use_kl_loss: bool = True  # add actor.kl_loss_coef * KL(policy || ref) to the actor loss (builds a reference model)
     kl_penalty: str = "kl"  # KL estimator used in the reward: kl|k1|abs|mse|k2|low_var_kl|k3|full
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
@@ -623,7 +624,7 @@ class RolloutConfig:
     # Multi-turn agent rollouts (rollout.agent.tools; RLLaVA's agentic pipeline)
     agent: AgentConfig = field(default_factory=AgentConfig)
     max_turns: int = 10  # agent rollouts: max model turns per episode
-    discount: float = 0.9  # agent rollouts: per-turn discount (per-turn credit: not available yet)
+    discount: float = 0.95  # agent rollouts: per-turn discount of GiGPO's step returns (RLLaVA 0.9, unread there)
     tool_config_path: Optional[str] = None  # agent rollouts: tool definitions file
     env_config_path: Optional[str] = None  # agent rollouts: environment config file
     # RLLaVA copies the next keys from their owners in post_init; rllava reads the owners instead
@@ -791,7 +792,6 @@ NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
 
 # Keys of features whose issues have not landed yet: any change from the default is an error naming the feature.
 PLANNED_FEATURES = {
-    "per-turn credit of agent rollouts": ["rollout.discount"],
     "RLLaVA's tool and environment files (rllava: rollout.agent.tools, rollout.agent.plugins)": [
         "rollout.tool_config_path", "rollout.env_config_path"],
 }
@@ -803,7 +803,7 @@ def agent_on(c) -> bool:
 
 
 # Agent keys: read only when the agent driver runs; a key changed from its default otherwise is an error.
-AGENT_KEYS = ["rollout.max_turns", "rollout.agent.tool_kwargs", "rollout.agent.tool_format",
+AGENT_KEYS = ["rollout.max_turns", "rollout.discount", "algorithm.step_advantage_w", "rollout.agent.tool_kwargs", "rollout.agent.tool_format",
               "rollout.agent.answer_tag", "rollout.agent.invalid_call_penalty", "rollout.agent.observation_role",
               "rollout.agent.plugins"]
 
@@ -1021,10 +1021,14 @@ class PPOConfig:
 
     def _agent_problems(self) -> list[str]:
         if not agent_on(self):
+            if self.algorithm.adv_estimator == "gigpo":
+                return ["algorithm.adv_estimator=gigpo credits the turns of agent rollouts: set rollout.agent.tools"]
             return [f"{key}={_show(get_key(self, key))} is read only by agent rollouts (set rollout.agent.tools, "
                     f"e.g. [search, zoom]); leave it at {_show(_default_of(key))}"
                     for key in AGENT_KEYS if get_key(self, key) != _default_of(key)]
-        p = []
+        p = [f"{key}={_show(get_key(self, key))} is read only by GiGPO's per-turn credit (algorithm.adv_estimator="
+             f"gigpo); leave it at {_show(_default_of(key))}" for key in ("rollout.discount", "algorithm.step_advantage_w")
+             if self.algorithm.adv_estimator != "gigpo" and get_key(self, key) != _default_of(key)]
         if self.algorithm.prefix_strategy != "none":
             p.append(f"algorithm.prefix_strategy={self.algorithm.prefix_strategy} (expert prefixes of LUFFY, SRFT, "
                      "UFT) is for single-turn responses, not agent rollouts (rollout.agent.tools)")

@@ -60,6 +60,7 @@ class Trajectory:
     # agents (rllava.agent): the tool-level reward of each model turn's call, and the episode's state (every
     # image shown, the calls made, the tools' memory) for reward functions
     turn_rewards: list[float] = field(default_factory=list)
+    turn_anchors: list[str] = field(default_factory=list)  # per model turn: a digest of what it was written after
     agent: Any = None
 
     @property
@@ -92,6 +93,12 @@ class Batch:
     baseline_scores: torch.Tensor | None = None  # [B] ReMax: reward of the greedy response to the same prompt
     off_policy_mask: torch.Tensor | None = None  # [B, T] 1 on trained tokens an expert wrote; None when none did
     sft_only: torch.Tensor | None = None  # [B] bool: Trajectory.sft_only rows (hybrids); None when there are none
+    # agents (None otherwise): on the tokens of model turn k, turn_index = k and turn_anchors = the id of what the
+    # turn was written after (equal ids: the same observation); turn_rewards holds each turn's tool-level reward
+    # at its last token
+    turn_index: torch.Tensor | None = None  # [B, T] long, -1 off the model's turns
+    turn_anchors: torch.Tensor | None = None  # [B, T] long, -1 off the model's turns
+    turn_rewards: torch.Tensor | None = None  # [B, T]
     reward_details: list[dict] = field(default_factory=list)  # the reward function's named scores per sample
 
     def __len__(self) -> int:
@@ -175,7 +182,28 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> Batch:
     have_logprobs = bool(sampled) and all(s.logprobs is not None for s in sampled)
     hybrid = any(s.off_policy for t in trajectories for s in t.segments)
     sft_only = torch.tensor([t.sft_only for t in trajectories])
-    return Batch(trajectories=trajectories, input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
-                 group_ids=torch.tensor([t.group_id for t in trajectories]),
-                 rollout_logprobs=rollout_logprobs if have_logprobs else None,
-                 off_policy_mask=off_policy_mask if hybrid else None, sft_only=sft_only if sft_only.any() else None)
+    batch = Batch(trajectories=trajectories, input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
+                  group_ids=torch.tensor([t.group_id for t in trajectories]),
+                  rollout_logprobs=rollout_logprobs if have_logprobs else None,
+                  off_policy_mask=off_policy_mask if hybrid else None, sft_only=sft_only if sft_only.any() else None)
+    if any(t.turn_rewards for t in trajectories):
+        batch.turn_index, batch.turn_anchors, batch.turn_rewards = _turn_tensors(trajectories, T)
+    return batch
+
+
+def _turn_tensors(trajectories: list[Trajectory], T: int):
+    """turn_index, turn_anchors, turn_rewards [B, T] of agent trajectories (see Batch)."""
+    index = torch.full((len(trajectories), T), -1, dtype=torch.long)
+    anchors, rewards, ids = torch.full_like(index, -1), torch.zeros(len(trajectories), T), {}
+    for i, t in enumerate(trajectories):
+        pos, k = 0, 0
+        for s in t.segments:
+            n = len(s.token_ids)
+            if s.trained and not s.off_policy and k < len(t.turn_rewards):
+                index[i, pos:pos + n] = k
+                anchors[i, pos:pos + n] = ids.setdefault(t.turn_anchors[k] if k < len(t.turn_anchors) else "", len(ids))
+                if n:
+                    rewards[i, pos + n - 1] = t.turn_rewards[k]
+                k += 1
+            pos += n
+    return index, anchors, rewards

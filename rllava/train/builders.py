@@ -267,7 +267,8 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
                      strategy=cfg.actor.strategy, fsdp=cfg.actor.fsdp, deepspeed=cfg.actor.deepspeed)
     model = engine.model
     load_plugins(cfg.algorithm.plugins)
-    algorithm = build_algorithm(cfg.algorithm, cfg.actor, loss_mode="sft" if sft else None)
+    algorithm = build_algorithm(cfg.algorithm, cfg.actor, loss_mode="sft" if sft else None,
+                                discount=cfg.rollout.discount)
     return Actor(model, engine, algorithm, ppo_epochs=cfg.actor.ppo_epochs,
                  mini_batch_size=mini, micro_batch_size=cfg.actor.ppo_micro_batch_size,
                  log_prob_micro_batch_size=cfg.actor.log_prob_micro_batch_size,

@@ -64,10 +64,13 @@ def _rows(out):
     return [r for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "reward/mean" in r]
 
 
+@pytest.mark.parametrize("credit", [[], ["algorithm.adv_estimator=gigpo", "rollout.discount=0.9",
+                                         "algorithm.step_advantage_w=0.5", "rollout.agent.invalid_call_penalty=-0.1"]],
+                         ids=["grpo", "gigpo"])
 def test_two_agentic_steps_with_image_observations(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
-                                                   always_zoom):
+                                                   always_zoom, credit):
     out = str(tmp_path / "run")
-    agentic.main(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=2"))
+    agentic.main(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=2", *credit))
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -129,6 +132,10 @@ def test_a_tool_from_a_users_file(tmp_path):
                                    "single-turn responses"),
     (["rollout.agent.invalid_call_penalty=-0.1"], "rollout.agent.invalid_call_penalty=-0.1 is read only by agent "
                                                   "rollouts"),
+    (["algorithm.adv_estimator=gigpo"], "algorithm.adv_estimator=gigpo credits the turns of agent rollouts: set "
+                                        "rollout.agent.tools"),
+    (["rollout.agent.tools=[zoom]", "rollout.discount=0.5"], "rollout.discount=0.5 is read only by GiGPO's per-turn "
+                                                             "credit (algorithm.adv_estimator=gigpo)"),
 ])
 def test_agent_config_errors(args, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):

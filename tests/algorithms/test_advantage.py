@@ -134,8 +134,10 @@ def test_all_masked_rows_give_zeros_not_nan():
 def _pool(scores, mask, **extra):
     """Every tensor and hyperparameter the framework may offer an estimator."""
     B, T = mask.shape
+    turn = torch.where(mask.bool(), 0, -1)  # agents: every row one turn, written after the prompt
     return {"gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True, "token_rewards": torch.zeros(B, T),
-            "values": torch.zeros(B, T), "baseline_scores": torch.zeros(B), **extra}
+            "values": torch.zeros(B, T), "baseline_scores": torch.zeros(B), "discount": 0.95, "step_advantage_w": 1.0,
+            "turn_index": turn, "turn_anchors": turn, "turn_rewards": torch.zeros(B, T), **extra}
 
 
 OUTCOME = ["grpo", "dr_grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline", "remax", "opo", "gpg"]
@@ -231,3 +233,35 @@ def test_an_all_masked_row_among_others():
     assert_close(opo(scores, groups, mask)[:, 0], torch.tensor([0.5, 0.0, -0.5]))
     assert_close(remax(scores, groups, mask, baseline_scores=pool["baseline_scores"])[:, 0],
                  torch.tensor([0.5, 0.0, -0.5]))
+
+
+def test_gigpo_hand_computed():
+    """Two episodes of one group. A: turns 0, 1 (after the prompt P, then observation X), outcome 1.
+    B: turns 0, 1, 2 (after P, X, Y), turn 0's call failed (-0.1), outcome 0: score -0.1. gamma 0.5, w 1.
+
+        A_ep: mean 0.45 -> A +0.55, B -0.55
+        G_A = [0 + 0.5 * 1, 1] = [0.5, 1];  G_B = [-0.1, 0, 0]
+        step groups: P {0.5, -0.1} -> +-0.3;  X {1, 0} -> +-0.5;  Y {0} alone -> 0
+        A: turn 0 0.85, turn 1 1.05;  B: turn 0 -0.85, turn 1 -1.05, turn 2 -0.55"""
+    from rllava.data.protocol import Sample, Segment, Trajectory, collate
+
+    def episode(turn_lengths, rewards, anchors):
+        segments = [Segment([1, 1], trained=False)]
+        for k, n in enumerate(turn_lengths):
+            segments += ([Segment([2], trained=False)] if k else []) + [Segment([3] * n, trained=True)]
+        return Trajectory(Sample(0, [], [], None), 0, segments, {}, turn_rewards=rewards, turn_anchors=anchors)
+
+    batch = collate([episode([2, 2], [0.0, 0.0], ["", "X"]), episode([1, 1, 2], [-0.1, 0.0, 0.0], ["", "X", "Y"])], 0)
+    assert batch.turn_index[1].tolist() == [-1, -1, 0, -1, 1, -1, 2, 2]
+    assert batch.turn_rewards[1].tolist() == pytest.approx([0, 0, -0.1, 0, 0, 0, 0, 0])
+    adv = ADV_ESTIMATORS["gigpo"](torch.tensor([1.0, -0.1]), batch.group_ids, batch.loss_mask,
+                                  turn_index=batch.turn_index, turn_anchors=batch.turn_anchors,
+                                  turn_rewards=batch.turn_rewards, discount=0.5, step_advantage_w=1.0,
+                                  norm_adv_by_std_in_grpo=False)
+    assert adv[0].tolist() == pytest.approx([0, 0, 0.85, 0.85, 0, 1.05, 1.05, 0])
+    assert adv[1].tolist() == pytest.approx([0, 0, -0.85, 0, -1.05, 0, -0.55, -0.55])
+    # with w = 0 it is GRPO's episode advantage on every model token
+    ep = ADV_ESTIMATORS["gigpo"](torch.tensor([1.0, -0.1]), batch.group_ids, batch.loss_mask,
+                                 turn_index=batch.turn_index, turn_anchors=batch.turn_anchors,
+                                 turn_rewards=batch.turn_rewards, step_advantage_w=0.0)
+    assert torch.allclose(ep, grpo(torch.tensor([1.0, -0.1]), batch.group_ids, batch.loss_mask))

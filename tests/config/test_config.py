@@ -143,6 +143,7 @@ RLLAVA_DIFFERENCES = {
     "actor.model.trust_remote_code": False,
     "reward.reward_type": "auto",
     "trainer.logger": ["console", "jsonl"],
+    "rollout.discount": 0.95,  # GiGPO's gamma (RLLaVA declares 0.9 and reads it nowhere)
     "actor.off_policy_reshape": None,  # the loss's own: LUFFY's / SRFT's p_div_p_0.1 (the default)
     # Tuning knobs rllava has nothing to tune with: the honest default, and a change warns (NO_EFFECT_KEYS).
     "data.num_workers": 0,

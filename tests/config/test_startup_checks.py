@@ -41,7 +41,7 @@ def _warnings(args) -> list[str]:
     ("rollout.tool_config_path=tools.yaml", "rollout.tool_config_path=tools.yaml is for RLLaVA's tool and "
                                             "environment files (rllava: rollout.agent.tools, rollout.agent.plugins)"),
     ("rollout.env_config_path=env.yaml", "rollout.env_config_path=env.yaml is for RLLaVA's tool and environment"),
-    ("rollout.discount=0.5", "rollout.discount=0.5 is for per-turn credit of agent rollouts, not available yet"),
+    ("rollout.discount=0.5", "rollout.discount=0.5 is read only by agent rollouts"),
     ("reward.model.model_path=rm", "reward.model.model_path=rm: reward models are not available yet in rllava; "
                                    "score with reward.reward_function=path/file.py:fn"),
     ("reward.model.use_peft=true", "reward.model.use_peft=true: reward models are not available yet"),
