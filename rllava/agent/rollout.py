@@ -26,6 +26,7 @@ from rllava.agent.tools import AgentState, Observation
 from rllava.data.dataset import encode_prompt
 from rllava.data.images import resize_to_pixel_bounds, to_rgb
 from rllava.data.protocol import Sample, Segment, Trajectory
+from rllava.data.records import DataError
 from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams
 from rllava.roles.rollout import Rollout, model_image_sizes, raw_prompt_ids
 
@@ -100,13 +101,7 @@ class AgentRollout(Rollout):
         turn may write (within the context budget)."""
         if prefixes is not None:
             raise ValueError("agent rollouts do not start responses with expert prefixes")
-        episodes = []
-        for i, sample in enumerate(samples):
-            ids, mm = encode_prompt(self.processor, sample)
-            raw, sizes = raw_prompt_ids(self.processor, sample, ids), model_image_sizes(self.processor, sample, mm)
-            for _ in range(sampling.n):
-                episodes.append(Episode(i, sample, list(ids), list(raw), dict(mm), [Segment(ids, trained=False)],
-                                        self.env.reset(sample, sizes)))
+        episodes = self._episodes(samples, sampling.n)
         for turn in range(self.max_turns):
             active = [e for e in episodes if not e.finish_reason]
             if not active:
@@ -117,6 +112,41 @@ class AgentRollout(Rollout):
             for e, (c,), budget in zip(active, completions, budgets):
                 self._add_turn(e, _truncate(c, budget), last=turn == self.max_turns - 1)
         return [self._trajectory(e) for e in episodes]
+
+    def replay(self, samples: list[Sample]) -> list[Trajectory]:
+        """Multi-turn SFT: each sample's expert turns (`sample.target`, a list of turn texts; one string is one
+        turn) written as the model's turns, the tools run on them as in a rollout, so the observations and their
+        images are the ones the policy will see. Turns are trained and off-policy (teacher-forced); an episode
+        the environment ends early drops the expert's remaining turns."""
+        out = []
+        for i, sample in enumerate(samples):
+            turns = sample.target if isinstance(sample.target, (list, tuple)) else [sample.target]
+            if not turns or not all(isinstance(t, str) for t in turns):
+                raise DataError(f"{sample.where}: an agent's expert trajectory (data.target_key) is a list of turn "
+                                f"texts, not {type(sample.target).__name__}")
+            (e,) = self._episodes([sample], 1)
+            for k, text in enumerate(turns):
+                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+                ids = ids[:self.budget - e.response_tokens - 1] + [self.tokenizer.eos_token_id]
+                self._add_turn(e, Completion(ids, [0.0] * len(ids), "stop"), last=k == min(len(turns), self.max_turns) - 1)
+                if e.finish_reason:
+                    break
+            t = self._trajectory(e)
+            for s in t.segments:
+                s.off_policy, s.logprobs = s.trained, None
+            out.append(replace(t, group_id=i))
+        return out
+
+    def _episodes(self, samples: list[Sample], n: int) -> list[Episode]:
+        """`n` fresh episodes per sample (group id i for sample i): the encoded prompt and a reset environment."""
+        episodes = []
+        for i, sample in enumerate(samples):
+            ids, mm = encode_prompt(self.processor, sample)
+            raw, sizes = raw_prompt_ids(self.processor, sample, ids), model_image_sizes(self.processor, sample, mm)
+            for _ in range(n):
+                episodes.append(Episode(i, sample, list(ids), list(raw), dict(mm), [Segment(ids, trained=False)],
+                                        self.env.reset(sample, sizes)))
+        return episodes
 
     def _add_turn(self, e: Episode, c: Completion, last: bool) -> None:
         """Append a model turn; unless the episode ends, run the environment on it and append what it shows."""

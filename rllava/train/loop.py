@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from rllava import distributed as D
 from rllava.algorithms.hybrid import HYBRID_LOSSES
+from rllava.config.schema import agent_on
 from rllava.data.dataset import PromptDataset
 from rllava.data.protocol import Batch, Sample
 from rllava.data.images import normalize_image_list
@@ -102,7 +103,8 @@ def build_run(cfg, *, sft: bool = False) -> Run:
     if sft and val_set is None and reward is not None:  # nothing to validate on
         reward.close()
         reward = None
-    rollout = B.build_rollout(cfg, processor, device) if reward is not None else None
+    # agents' SFT replays the expert's turns through the agent driver (its tools make the observations)
+    rollout = B.build_rollout(cfg, processor, device) if reward is not None or (sft and agent_on(cfg)) else None
     B.seed_sampling(cfg)
     return Run(cfg, device, outputs_dir, model, processor, train_set, val_set, sampler, steps, actor, None,
                rollout, reward, resume_from, engines={"actor": actor.engine})

@@ -157,3 +157,32 @@ def test_agent_keys_reach_the_driver(tiny_model_dir):
     assert rollout.env.step(state, "<final>3</final>" + call).done  # the answer tag ends the episode
     assert not rollout.env.step(state, "<answer>3</answer>" + call).done  # another tag does not: the call runs
     assert rollout.env.step(state, '<tool_call>{"name": "crop"}</tool_call>').reward == -0.25
+
+
+def test_multi_turn_sft_replays_expert_turns(tmp_path, tiny_model_dir, counting_dir, monkeypatch):
+    """`python -m rllava.train.pipeline.sft` with agent tools: the record's list of turns is replayed through the
+    tools; the expert's turns are trained, the crops shown between them are not."""
+    from rllava.agent.rollout import AgentRollout
+    from rllava.train.pipeline import sft
+
+    data = tmp_path / "turns.jsonl"
+    with open(f"{counting_dir}/train.jsonl") as f, open(data, "w") as out:
+        for line in list(f)[:8]:
+            r = json.loads(line)
+            r["turns"] = ["<zoom>[0, 0, 40, 40]</zoom>", f"<answer>{r['answer']}</answer>"]
+            r["images"] = [os.path.join(counting_dir, p) for p in r["images"]]
+            out.write(json.dumps(r) + "\n")
+    replayed, replay = [], AgentRollout.replay
+    monkeypatch.setattr(AgentRollout, "replay", lambda self, samples: replayed.extend(replay(self, samples)) or
+                        replayed[-len(samples):])
+    out = str(tmp_path / "sft")
+    sft.main(["config=examples/tasks/counting/tiny_cpu_sft.yaml", f"actor.model.model_path={tiny_model_dir}",
+              f"data.train_files={data}", "data.val_files=null", "data.target_key=turns", "data.train_batch_size=4",
+              "actor.ppo_mini_batch_size=4",
+              "data.max_response_length=64", "rollout.agent.tools=[zoom]", "trainer.max_steps=2",
+              f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]"])
+    assert len(replayed) == 8 and all(len(t.agent.images) == 2 and t.mm_inputs["image_grid_thw"].shape[0] == 2
+                                      for t in replayed)
+    assert [s.trained for s in replayed[0].segments] == [False, True, False, True]
+    assert all(s.off_policy for t in replayed for s in t.segments if s.trained)
+    assert os.path.isdir(os.path.join(out, "final"))

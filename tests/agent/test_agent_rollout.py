@@ -165,3 +165,19 @@ def test_image_observations_forward_equals_rollout(tiny_model_dir, proc):
             lp, _ = token_logprobs(model, batch, padding_free=padding_free)
             trained = lp[0][batch.loss_mask[0].bool()]
             torch.testing.assert_close(trained, rollout_lp, atol=1e-4, rtol=1e-4)
+
+
+def test_replay_expert_turns_through_the_tools(proc):
+    """Multi-turn SFT: the expert's turns trained (teacher-forced), the tools' answers given in between."""
+    rollout = _rollout(proc, {})
+    sample = _sample(0)
+    sample.target = ["<echo>hi</echo>", "<answer>hi</answer>", "never reached"]
+    (t,) = rollout.replay([sample])
+    tok = get_tokenizer(proc)
+    assert [(s.trained, s.off_policy) for s in t.segments] == [(False, False), (True, True), (False, False),
+                                                                (True, True)]
+    assert "echo: hi" in tok.decode(t.segments[2].token_ids) and t.segments[3].token_ids[-1] == tok.eos_token_id
+    assert t.response == "<echo>hi</echo>\n<answer>hi</answer>"
+    sample.target = {"turns": 2}
+    with pytest.raises(ValueError, match="record 0: an agent's expert trajectory .* is a list of turn texts, not dict"):
+        rollout.replay([sample])

@@ -4,12 +4,15 @@
 
 Each step teacher-forces `data.target_key` (the reference response) after the prompt and minimises its NLL
 (the `sft` policy loss) through `Actor.update`: SFT is the RL update with given instead of sampled responses.
-Used to warm a model up before RL (a random tiny model cannot learn from reward alone).
+Used to warm a model up before RL (a random tiny model cannot learn from reward alone). With agent rollouts
+(`rollout.agent.tools`) the target is a list of turns, replayed through the agent driver (`AgentRollout.replay`):
+the tools answer the expert's calls, and only the expert's turns are trained.
 """
 
 from __future__ import annotations
 
 from rllava.config import ConfigError
+from rllava.config.schema import agent_on
 from rllava.data.dataset import encode_prompt
 from rllava.data.protocol import Batch, Sample, Segment, Trajectory, collate
 from rllava.model.processor import get_tokenizer
@@ -35,8 +38,11 @@ def train(cfg) -> str:
     pad_id = get_tokenizer(run.processor).pad_token_id
 
     def step(samples: list[Sample], timer: Timer) -> tuple[dict[str, float], Batch]:
-        batch = collate([reference_trajectory(run.processor, s, cfg.data.max_response_length) for s in samples],
-                        pad_id)
+        if agent_on(cfg):  # multi-turn: the expert's turns, the tools' observations between them (given)
+            trajectories = run.rollout.replay(samples)
+        else:
+            trajectories = [reference_trajectory(run.processor, s, cfg.data.max_response_length) for s in samples]
+        batch = collate(trajectories, pad_id)
         with timer("update"):
             return run.actor.update(batch), batch
 
