@@ -107,7 +107,7 @@ class AgentRollout(Rollout):
             if not active:
                 break
             budgets = [min(sampling.max_new_tokens, self.budget - e.response_tokens) for e in active]
-            requests = [GenerationRequest(e.ids, e.mm, e.raw, e.state.images, e.sample.videos) for e in active]
+            requests = [GenerationRequest(e.ids, e.mm, e.raw, list(e.state.images), e.sample.videos) for e in active]
             completions = self.engine.generate(requests, replace(sampling, n=1, max_new_tokens=max(budgets)))
             for e, (c,), budget in zip(active, completions, budgets):
                 self._add_turn(e, _truncate(c, budget), last=turn == self.max_turns - 1)

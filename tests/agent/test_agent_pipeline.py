@@ -186,3 +186,34 @@ def test_multi_turn_sft_replays_expert_turns(tmp_path, tiny_model_dir, counting_
     assert [s.trained for s in replayed[0].segments] == [False, True, False, True]
     assert all(s.off_policy for t in replayed for s in t.segments if s.trained)
     assert os.path.isdir(os.path.join(out, "final"))
+
+
+def test_two_agentic_steps_on_a_faked_vllm(tmp_path, tiny_model_dir, counting_dir, distinct_reward, monkeypatch):
+    """rollout.name=vllm (the fake of tests/engine): every later turn is sent unexpanded, one <|image_pad|> per
+    image, with every image shown so far (the sample's, then the crops)."""
+    import sys
+
+    sys.path.insert(0, os.path.join(REPO, "tests", "engine"))
+    import test_rollout_engines as fakes
+
+    # the fake writes tokens 10+i, 20+j: ids of special tokens (image placeholders among them) in the tiny
+    # vocabulary, which a real engine never samples (they are banned); write ordinary ones
+    fake_tokens = fakes._fake_tokens
+    monkeypatch.setattr(fakes, "_fake_tokens", lambda i, j, eos: (lambda ids, lps, f: (
+        [t + 100 if t != eos else t for t in ids], lps, f))(*fake_tokens(i, j, eos)))
+
+    from rllava.model.processor import get_tokenizer, load_processor
+
+    log = []
+    monkeypatch.setitem(sys.modules, "vllm", fakes.fake_vllm(log))
+    monkeypatch.setitem(T.PARSERS, "tags", lambda text, names: ("zoom", "[0, 0, 40, 40]"))
+    out = str(tmp_path / "run")
+    rlvr.main(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=2", "rollout.name=vllm"))
+    assert [r["step"] for r in _rows(out)] == [1, 2] and os.path.isdir(os.path.join(out, "final"))
+    pad = get_tokenizer(load_processor(tiny_model_dir)).convert_tokens_to_ids("<|image_pad|>")
+    rounds = [e[1] for e in log if e[0] == "generate"]
+    assert len(rounds) == 2 * 3  # 2 steps x max_turns rounds (the fake stops at EOS for even requests)
+    for turn, prompts in enumerate(rounds[:3]):
+        for p in prompts:
+            images = p["multi_modal_data"]["image"]
+            assert len(images) == 1 + turn and p["prompt_token_ids"].count(pad) == len(images)
