@@ -83,3 +83,31 @@ def distinct_reward(tmp_path):
     path.write_text("def compute_score(response, ground_truth):\n"
                     "    return {'overall': len(set(response)) / 20, 'accuracy': 0.0}\n")
     return f"{path}:compute_score"
+
+
+@pytest.fixture
+def straight_and_resumed(tmp_path, monkeypatch):
+    """`run(stop_at, args) -> (outputs of a straight rlvr run, outputs of the same run stopped right after
+    checkpoint `stop_at`, as if the job hit its time limit, and resumed with trainer.resume=auto)`."""
+    from rllava.train import checkpoint as C
+    from rllava.train.pipeline import rlvr
+
+    def run(stop_at: int, args: list[str]) -> tuple[str, str]:
+        straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
+        rlvr.main([*args, f"trainer.outputs_dir={straight}"])
+        save = C.save_checkpoint
+
+        def save_then_stop(run_, step):
+            path = save(run_, step)
+            if step == stop_at:
+                raise KeyboardInterrupt
+            return path
+
+        monkeypatch.setattr(C, "save_checkpoint", save_then_stop)
+        with pytest.raises(SystemExit):
+            rlvr.main([*args, f"trainer.outputs_dir={stopped}"])
+        monkeypatch.setattr(C, "save_checkpoint", save)
+        rlvr.main([*args, f"trainer.outputs_dir={stopped}"])
+        return straight, stopped
+
+    return run

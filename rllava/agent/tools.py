@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from rllava.algorithms.registry import _register
 from rllava.data.protocol import Sample
 from rllava.errors import ConfigError
 
@@ -35,13 +36,7 @@ TOOLS: dict[str, Callable] = {}
 
 def register_tool(name: str):
     """Register a tool function `fn(args, state) -> Observation`, or a class whose instances are one, as `name`."""
-    def decorator(fn):
-        if name in TOOLS and TOOLS[name] is not fn:
-            raise ValueError(f"tool {name!r} is already registered by {TOOLS[name].__module__}")
-        TOOLS[name] = fn
-        return fn
-
-    return decorator
+    return _register(TOOLS, "tool", name)
 
 
 class ToolError(Exception):

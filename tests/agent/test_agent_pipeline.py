@@ -13,7 +13,6 @@ from rllava.agent import tools as T
 from rllava.config import ConfigError, load_config
 from rllava.engine.inference.base import Completion
 from rllava.train import builders as B
-from rllava.train import checkpoint as C
 from rllava.train.pipeline import agentic, rlvr
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -79,24 +78,9 @@ def test_two_agentic_steps_with_image_observations(tmp_path, tiny_model_dir, cou
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
-def test_agentic_run_resumes_exactly(tmp_path, tiny_model_dir, counting_dir, distinct_reward, always_zoom,
-                                     monkeypatch):
+def test_agentic_run_resumes_exactly(tiny_model_dir, counting_dir, distinct_reward, always_zoom, straight_and_resumed):
     args = _args(tiny_model_dir, counting_dir, "unused", distinct_reward, "trainer.max_steps=3", "trainer.save_freq=1")
-    straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
-    rlvr.main([*args, f"trainer.outputs_dir={straight}"])
-    save = C.save_checkpoint
-
-    def save_then_stop(run, step):
-        path = save(run, step)
-        if step == 2:
-            raise KeyboardInterrupt
-        return path
-
-    monkeypatch.setattr(C, "save_checkpoint", save_then_stop)
-    with pytest.raises(SystemExit):
-        rlvr.main([*args, f"trainer.outputs_dir={stopped}"])
-    monkeypatch.setattr(C, "save_checkpoint", save)
-    rlvr.main([*args, f"trainer.outputs_dir={stopped}"])
+    straight, stopped = straight_and_resumed(2, args)
     a, b = load_file(f"{straight}/final/model.safetensors"), load_file(f"{stopped}/final/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["agent/turns_mean"] for r in _rows(stopped)] == [r["agent/turns_mean"] for r in _rows(straight)]

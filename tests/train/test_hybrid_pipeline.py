@@ -15,7 +15,6 @@ from rllava.data.protocol import collate
 from rllava.engine.inference.base import Completion, SamplingParams
 from rllava.model.processor import get_tokenizer, load_processor
 from rllava.roles.rollout import Rollout
-from rllava.train import checkpoint as C
 from rllava.train.hybrid import Hybrid, expert_rows_per_step
 from rllava.train.pipeline import rlvr
 
@@ -207,32 +206,12 @@ def test_hpt_micro_batches_of_dropped_rollouts_still_step(tmp_path, tiny_model_d
     assert row["hybrid/sft_groups"] == 1.0 and row["actor/sft_nll"] > 0 and row["actor/grad_norm"] > 0
 
 
-def _straight_and_resumed(tmp_path, monkeypatch, stop_at, args):
-    """(outputs of a straight run, outputs of the same run stopped after checkpoint `stop_at` and resumed)."""
-    straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
-    rlvr.main([*args, f"trainer.outputs_dir={straight}"])
-    save = C.save_checkpoint
-
-    def save_then_stop(run, step):  # as if the job hit its time limit right after this checkpoint
-        path = save(run, step)
-        if step == stop_at:
-            raise KeyboardInterrupt
-        return path
-
-    monkeypatch.setattr(C, "save_checkpoint", save_then_stop)
-    with pytest.raises(SystemExit):
-        rlvr.main([*args, f"trainer.outputs_dir={stopped}"])
-    monkeypatch.setattr(C, "save_checkpoint", save)
-    rlvr.main([*args, f"trainer.outputs_dir={stopped}"])  # trainer.resume=auto
-    return straight, stopped
-
-
-def test_chord_resumes_exactly(tmp_path, tiny_model_dir, counting_dir, answer_reward, monkeypatch):
+def test_chord_resumes_exactly(tiny_model_dir, counting_dir, answer_reward, straight_and_resumed):
     """4 steps straight == 2 steps, stop, resume, 2 steps, bitwise: the demonstration sampler (a separate
     data.expert_files) and mu(t) come back with the checkpoint."""
     args = _args(tiny_model_dir, counting_dir, "unused", answer_reward, "trainer.max_steps=4", "trainer.save_freq=2",
                  *METHODS["chord"], "data.expert_batch_size=2", f"data.expert_files={counting_dir}/val.jsonl")
-    straight, stopped = _straight_and_resumed(tmp_path, monkeypatch, 2, args)
+    straight, stopped = straight_and_resumed(2, args)
     a = load_file(os.path.join(straight, "final", "model.safetensors"))
     b = load_file(os.path.join(stopped, "final", "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -240,11 +219,11 @@ def test_chord_resumes_exactly(tmp_path, tiny_model_dir, counting_dir, answer_re
         assert [r[key] for r in _rows(stopped)] == [r[key] for r in _rows(straight)]
 
 
-def test_luffy_prefix_draws_resume_exactly(tmp_path, tiny_model_dir, counting_dir, answer_reward, monkeypatch):
+def test_luffy_prefix_draws_resume_exactly(tiny_model_dir, counting_dir, answer_reward, straight_and_resumed):
     """Prefix ratios drawn in [0.3, 1] come from (trainer.seed, step, rank): a resumed run draws the same."""
     args = _args(tiny_model_dir, counting_dir, "unused", answer_reward, "trainer.max_steps=3", "trainer.save_freq=1",
                  *METHODS["luffy"], "algorithm.min_prefix_ratio=0.3", "algorithm.n_prefix=2")
-    straight, stopped = _straight_and_resumed(tmp_path, monkeypatch, 1, args)
+    straight, stopped = straight_and_resumed(1, args)
     draws = [r["hybrid/prefix_tokens_mean"] for r in _rows(straight)]
     assert [r["hybrid/prefix_tokens_mean"] for r in _rows(stopped)] == draws and len(set(draws)) > 1
 
