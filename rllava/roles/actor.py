@@ -258,6 +258,8 @@ class Actor:
         if self.entropy_coeff != 0:
             loss = loss - self.entropy_coeff * aggregate(entropy, mask, **agg)
         self.engine.backward(loss)
+        if mask.sum() == 0:  # a micro-batch of demonstrations only (HPT): no RL token to average over
+            return {k: v for k, v in out.items() if k in ("actor/sft_nll", "actor/sft_weight")}
         out["actor/pg_loss"] = pg_loss.item()
         out["actor/entropy"] = masked_mean(entropy.detach(), mask).item()
         return out

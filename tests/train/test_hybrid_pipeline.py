@@ -198,12 +198,13 @@ def test_two_steps_of_each_hybrid(tmp_path, tiny_model_dir, counting_dir, answer
 def test_hpt_micro_batches_of_dropped_rollouts_still_step(tmp_path, tiny_model_dir, counting_dir, answer_reward):
     """Every group unsolved: all 8 rollouts leave the loss, so micro-batches of 2 rows hold no trained token at
     all. Each still runs its forward and backward (a zero loss: under FSDP every rank must), the demonstrations
-    train, and the weights move."""
+    train, and the weights move; the RL metrics (entropy, pg_loss) come from micro-batches with RL tokens only."""
     out = str(tmp_path / "hpt")
     rlvr.main(_args(tiny_model_dir, counting_dir, out, answer_reward, "trainer.max_steps=1", *METHODS["hpt"],
                     "actor.ppo_micro_batch_size=2"))
     (row,) = _rows(out)
     assert row["hybrid/sft_groups"] == 1.0 and row["actor/sft_nll"] > 0 and row["actor/grad_norm"] > 0
+    assert "actor/entropy" not in row  # no RL token this step: not a 0 averaged into the others' metrics
 
 
 def test_chord_resumes_exactly(tiny_model_dir, counting_dir, answer_reward, straight_and_resumed):
