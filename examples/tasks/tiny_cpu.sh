@@ -14,8 +14,13 @@ OUT=${OUT:-outputs/tiny_cpu/${TASK}}
 python -m rllava.model.tiny --arch ${ARCH:-qwen2_vl} --size demo --out ${OUT}/model
 python -m rllava.data.synthetic ${TASK} --out ${OUT}/data --train ${TRAIN:-4000} --val ${VAL:-200}
 
+# tasks with a search corpus (agent_search): the search tool reads it, in the SFT replay and in RL
+AGENT=()
+[ -f ${OUT}/data/corpus.jsonl ] && AGENT=(rollout.agent.tool_kwargs.search.corpus=${OUT}/data/corpus.jsonl)
+
 python -m rllava.train.pipeline.sft \
   config=examples/tasks/${FOLDER}/tiny_cpu_sft.yaml \
+  "${AGENT[@]}" \
   actor.model.model_path=${OUT}/model \
   data.train_files=${OUT}/data/train.jsonl \
   data.val_files=${OUT}/data/val.jsonl \
@@ -29,4 +34,5 @@ torchrun --standalone --nproc_per_node=1 -m rllava.train.pipeline.rlvr \
   data.val_files=${OUT}/data/val.jsonl \
   trainer.outputs_dir=${OUT}/grpo \
   ${RL_STEPS:+trainer.max_steps=${RL_STEPS}} \
+  "${AGENT[@]}" \
   "$@"

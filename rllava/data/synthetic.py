@@ -37,6 +37,15 @@ at chance for 150 SFT steps; with a fixed radius (the area tells the sides apart
 ranges held-out greedy accuracy reaches ~48 % after 200 steps.
     {"images": [...], "problem": "<image>What fraction of a full turn is each exterior angle of the regular
      polygon?", "answer": "\\frac{1}{5}", "solution": "<answer>\\frac{1}{5}</answer>", "kind": "polygon"}
+
+agent_search (MAT-Search-like, for multi-turn agents with the `search` tool): one shape, a colour x kind entity;
+the question asks where it lives, an arbitrary word (PLACES) that only `corpus.jsonl` (written beside the splits, one
+document per entity) says. The val set shows only entities the train set never does (`agent_search_split`), so
+a model answers them by searching and reading, not from memory. `turns` is the expert trajectory (multi-turn SFT
+replays it through the tool); `doc_id` the document that holds the answer.
+    {"images": [...], "problem": "<image>Where does the shape in the image live? Search for it, then answer.",
+     "answer": "cylinder", "entity": "red triangle", "doc_id": "red triangle", "solution": "<answer> cylinder</answer>",
+     "turns": ["<search> red triangle</search>", "<answer> cylinder</answer>"]}
 """
 
 from __future__ import annotations
@@ -219,7 +228,49 @@ def _math(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Image, d
                  "kind": kind}
 
 
-TASKS = {"counting": _counting, "grounding": _grounding, "ovd": _ovd, "math": _math}
+# Where the agent_search entities "live": words that are one token (with their leading space) in the tiny models'
+# vocabulary, so an answer is copied from the search result as one token (made-up names split into 5-7 pieces).
+PLACES = ("angle", "area", "bounding", "confidence", "coordinates", "cube", "cylinder", "degrees", "final", "first",
+          "format", "item", "label", "length", "line", "number", "object", "output", "point", "reason", "sphere",
+          "step", "system", "value")
+AGENT_SEARCH_QUESTION = "<image>Where does the shape in the image live? Search for it, then answer."
+
+
+def agent_search_world(seed: int) -> dict[str, str]:
+    """Each colour x kind entity ("red triangle", 24 of them) -> the place it lives in (all distinct, PLACES): the
+    facts of the agent_search corpus. Depends on the seed only: train and val share one corpus."""
+    rng = random.Random(f"agent_search-world-{seed}")
+    entities = [f"{c} {k}" for c in COLORS for k in KINDS]
+    return dict(zip(entities, rng.sample(PLACES, len(entities))))
+
+
+def agent_search_split(seed: int) -> set[str]:
+    """The entities only the val set shows (a quarter): a model that answers them has searched, not memorised."""
+    return set(random.Random(f"agent_search-heldout-{seed}").sample(sorted(agent_search_world(seed)), 6))
+
+
+def _agent_search(rng: random.Random, i: int, n: int, size: int, *, split: str, seed: int):
+    world, heldout = agent_search_world(seed), agent_search_split(seed)
+    entities = sorted(e for e in world if (e in heldout) == (split == "val"))
+    entity = entities[i % len(entities)]
+    color, kind = entity.split()
+    shapes = _grid_layout(rng, 1, size)
+    image = draw_shapes(size, [(kind, *shapes[0][1:])], [color])
+    place = world[entity]  # the expert's turns put a space before the words, so they are the corpus's tokens
+    return image, {"problem": AGENT_SEARCH_QUESTION, "answer": place, "entity": entity, "doc_id": entity,
+                   "solution": f"<answer> {place}</answer>",
+                   "turns": [f"<search> {entity}</search>", f"<answer> {place}</answer>"]}
+
+
+def _agent_search_corpus(out_dir: str, seed: int) -> None:
+    """corpus.jsonl: one document per entity, "The red triangle lives in cylinder." (id = the entity)."""
+    with open(os.path.join(out_dir, "corpus.jsonl"), "w", encoding="utf-8") as f:
+        for entity, place in agent_search_world(seed).items():
+            f.write(json.dumps({"id": entity, "text": f"The {entity} lives in {place}."}) + "\n")
+
+
+TASKS = {"counting": _counting, "grounding": _grounding, "ovd": _ovd, "math": _math, "agent_search": _agent_search}
+EXTRA_FILES = {"agent_search": _agent_search_corpus}  # files beside the splits (the search corpus)
 
 
 def make_dataset(task: str, out_dir: str, n_train: int = 4000, n_val: int = 200, seed: int = 0,
@@ -242,9 +293,12 @@ def make_dataset(task: str, out_dir: str, n_train: int = 4000, n_val: int = 200,
             with open(os.path.join(tmp, f"{split}.jsonl"), "w", encoding="utf-8") as f:
                 for j, i in enumerate(order):
                     rel = f"images/{split}_{j:05d}.png"
-                    image, fields = TASKS[task](rng, i, n, size)
+                    extra = {"split": split, "seed": seed} if task in EXTRA_FILES else {}
+                    image, fields = TASKS[task](rng, i, n, size, **extra)
                     image.save(os.path.join(tmp, rel), format="PNG")
                     f.write(json.dumps({"images": [rel], **fields}) + "\n")
+        if task in EXTRA_FILES:
+            EXTRA_FILES[task](tmp, seed)
     return {"train": os.path.join(out_dir, "train.jsonl"), "val": os.path.join(out_dir, "val.jsonl"),
             "images": os.path.join(out_dir, "images")}
 

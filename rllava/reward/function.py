@@ -17,8 +17,9 @@ sequential one annotated `list`, a configured kwarg the function does not take) 
 Per-sample fields: `response`, `response_length` (tokens), `ground_truth`, the record's other fields,
 `image_sizes` ((width, height) of each image as stored) and `model_image_sizes` (as the model saw it, after its
 processor's resize: what a Qwen2.5-VL box is measured in); for agent rollouts (`rollout.agent.tools`) the
-response is every model turn joined by newlines, plus `tool_calls` ((tool, arguments) of each call), `num_turns`
-and `returned_images` (images the tools showed: count tool use by these, not by tags in the text).
+response is every model turn joined by newlines, plus `tool_calls` ((tool, arguments) of each call), `num_turns`,
+`returned_images` (images the tools showed: count tool use by these, not by tags in the text) and `tool_memory`
+(what the tools noted, e.g. the ids of the documents each search returned).
 Agents' tool-level rewards (`rollout.agent.invalid_call_penalty`) are added to `overall` as `tool_reward`.
 A result is a float or a dict of named floats with an `overall` entry (the scalar used for training).
 
@@ -166,7 +167,7 @@ def sample_fields(t: Trajectory) -> dict:
               "model_image_sizes": t.model_image_sizes}
     if t.agent is not None:  # agents: the calls made (tool, arguments) and how many images came back
         fields.update(tool_calls=list(t.agent.calls), num_turns=len(t.turn_rewards),
-                      returned_images=len(t.agent.images) - len(t.sample.images))
+                      returned_images=len(t.agent.images) - len(t.sample.images), tool_memory=dict(t.agent.memory))
     return fields
 
 

@@ -16,6 +16,7 @@ import torch
 import transformers
 
 from rllava import distributed as D
+from rllava.agent import search as _search  # noqa: F401  (registers the search tool)
 from rllava.agent.rollout import AgentRollout
 from rllava.agent.tools import ToolEnv, build_tools
 from rllava.algorithms.hybrid import HYBRID_LOSSES

@@ -1,0 +1,55 @@
+"""Agent-search reward (MAT-Search / Visual-ARFT): token-level F1 of the final answer, plus format.
+
+    overall  = 0.9 * f1 + 0.1 * format
+    f1       = SQuAD's token F1 of the last <answer>...</answer> against the ground truth (lower-cased, punctuation
+               and the articles a/an/the removed, whitespace collapsed)
+    format   = 1 if the last turn is one <answer>...</answer> (after an optional <think>...</think>)
+Logged beside them (not in `overall`): `searched` (the episode called search), `found` (a search returned the
+record's `doc_id`, the document holding the answer) and `used` (found, and the answer is right: the agent read
+the result). `query_similarity` scores a query against a gold one with all-MiniLM-L6-v2 (Visual-ARFT's query
+reward: cosine similarity, 0 below 0.5) for rewards that want it.
+"""
+
+import re
+import string
+from collections import Counter
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_FINAL = re.compile(r"\s*(?:<think>.*?</think>\s*)?<answer>[^<]*</answer>\s*", re.DOTALL)
+
+
+def normalize(text: str) -> str:
+    """SQuAD's answer normalisation: lower case, no punctuation, no articles, single spaces."""
+    text = "".join(ch for ch in str(text).lower() if ch not in set(string.punctuation))
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+def f1(prediction: str, truth: str) -> float:
+    """Token-level F1 of two normalised strings (SQuAD): 2 P R / (P + R) over the multiset of common tokens."""
+    pred, gold = normalize(prediction).split(), normalize(truth).split()
+    common = sum((Counter(pred) & Counter(gold)).values())
+    if not pred or not gold or common == 0:
+        return float(pred == gold)
+    precision, recall = common / len(pred), common / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def compute_score(response: str, ground_truth, doc_id=None, tool_calls=(), tool_memory=None) -> dict:
+    answers = _ANSWER.findall(response)
+    score = f1(answers[-1], str(ground_truth)) if answers else 0.0
+    last_turn = response.split("\n")[-1]
+    fmt = 1.0 if _FINAL.fullmatch(last_turn) else 0.0
+    retrieved = [i for ids in (tool_memory or {}).get("search", []) for i in ids]
+    searched = float(any(name == "search" for name, _ in tool_calls))
+    found = float(doc_id is not None and doc_id in retrieved)
+    return {"overall": 0.9 * score + 0.1 * fmt, "f1": score, "format": fmt, "accuracy": float(score == 1.0),
+            "searched": searched, "found": found, "used": found * float(score == 1.0)}
+
+
+def query_similarity(query: str, gold_query: str) -> float:
+    """Visual-ARFT's search-query reward: cosine similarity of all-MiniLM-L6-v2 embeddings, 0 below 0.5."""
+    from rllava.agent.search import embed
+
+    a, b = embed([query, gold_query])
+    sim = float(a @ b)
+    return sim if sim >= 0.5 else 0.0
