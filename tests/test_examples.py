@@ -57,6 +57,7 @@ def test_the_tree_has_the_seeds_layout():
         assert any(s.split("/")[-1].startswith("qwen") for s in scripts), task
     assert "examples/tasks/counting/qwen2_5_vl_3b_clevr_online.sh" in SCRIPTS
     assert "examples/tasks/OVD/qwen2_5_vl_3b_ovd_online.sh" in SCRIPTS
+    assert "examples/tasks/agent_search/qwen2_5_vl_3b_agent_search_online.sh" in SCRIPTS
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +71,7 @@ def test_script_parses_with_the_real_loader(script, tmp_path):
     runs = [r for r in runs if r is not None]
     assert runs, f"{script} runs no rllava pipeline"
     for module, args in runs:
-        assert module in ("rllava.train.pipeline.rlvr", "rllava.train.pipeline.sft"), module
+        assert module in ("rllava.train.pipeline.rlvr", "rllava.train.pipeline.sft", "rllava.train.pipeline.agentic"), module
         cfg = load_config(args)  # raises ConfigError naming any unknown key or bad value
         for path in (cfg.data.format_prompt, cfg.reward.reward_function.rpartition(":")[0]):
             assert os.path.isfile(os.path.join(REPO, path)), f"{script}: {path} does not exist"
