@@ -39,13 +39,14 @@ ranges held-out greedy accuracy reaches ~48 % after 200 steps.
      polygon?", "answer": "\\frac{1}{5}", "solution": "<answer>\\frac{1}{5}</answer>", "kind": "polygon"}
 
 agent_search (MAT-Search-like, for multi-turn agents with the `search` tool): one shape, a colour x kind entity;
-the question asks where it lives, an arbitrary word (PLACES) that only `corpus.jsonl` (written beside the splits, one
-document per entity) says. The val set shows only entities the train set never does (`agent_search_split`), so
-a model answers them by searching and reading, not from memory. `turns` is the expert trajectory (multi-turn SFT
-replays it through the tool); `doc_id` the document that holds the answer.
-    {"images": [...], "problem": "<image>Where does the shape in the image live? Search for it, then answer.",
-     "answer": "cylinder", "entity": "red triangle", "doc_id": "red triangle", "solution": "<answer> cylinder</answer>",
-     "turns": ["<search> red triangle</search>", "<answer> cylinder</answer>"]}
+the question asks where it lives on a given day, an arbitrary word (PLACES) that only `corpus.jsonl` (written
+beside the splits, one document per entity and day) says. The val set asks only about facts the train set never
+does (`agent_search_split`), so a model answers them by searching and reading, not from memory. `turns` is the
+expert trajectory (multi-turn SFT replays it through the tool); `doc_id` the document that holds the answer.
+    {"images": [...], "problem": "<image>Where does the shape in the image live on day 17? Search for it, then
+     answer.", "answer": "cylinder", "entity": "red triangle", "day": 17, "doc_id": "red triangle day 17",
+     "solution": "<answer> cylinder</answer>", "turns": ["<search> red triangle day 17</search>",
+     "<answer> cylinder</answer>"]}
 """
 
 from __future__ import annotations
@@ -233,40 +234,46 @@ def _math(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Image, d
 PLACES = ("angle", "area", "bounding", "confidence", "coordinates", "cube", "cylinder", "degrees", "final", "first",
           "format", "item", "label", "length", "line", "number", "object", "output", "point", "reason", "sphere",
           "step", "system", "value")
-AGENT_SEARCH_QUESTION = "<image>Where does the shape in the image live? Search for it, then answer."
+AGENT_SEARCH_QUESTION = "<image>Where does the shape in the image live on day {day}? Search for it, then answer."
+DAYS = range(10, 30)  # two-digit days: one token each, and words of 2+ characters to BM25's tokenizer
 
 
-def agent_search_world(seed: int) -> dict[str, str]:
-    """Each colour x kind entity ("red triangle", 24 of them) -> the place it lives in (all distinct, PLACES): the
-    facts of the agent_search corpus. Depends on the seed only: train and val share one corpus."""
+def agent_search_world(seed: int) -> dict[tuple[str, int], str]:
+    """(entity, day) -> the place the entity lives that day, for the 24 colour x kind entities ("red triangle") and
+    20 days: the facts of the agent_search corpus. 480 facts a tiny model cannot hold, and a record's image and
+    question do not determine its answer, so it must be read from a search result. Depends on the seed only:
+    train and val share one corpus."""
     rng = random.Random(f"agent_search-world-{seed}")
-    entities = [f"{c} {k}" for c in COLORS for k in KINDS]
-    return dict(zip(entities, rng.sample(PLACES, len(entities))))
+    return {(f"{c} {k}", d): rng.choice(PLACES) for c in COLORS for k in KINDS for d in DAYS}
 
 
-def agent_search_split(seed: int) -> set[str]:
-    """The entities only the val set shows (a quarter): a model that answers them has searched, not memorised."""
-    return set(random.Random(f"agent_search-heldout-{seed}").sample(sorted(agent_search_world(seed)), 6))
+def agent_search_split(seed: int) -> set[tuple[str, int]]:
+    """The (entity, day) facts only the val set asks about (a quarter): answered by searching, not from memory."""
+    facts = sorted(agent_search_world(seed))
+    return set(random.Random(f"agent_search-heldout-{seed}").sample(facts, len(facts) // 4))
 
 
 def _agent_search(rng: random.Random, i: int, n: int, size: int, *, split: str, seed: int):
     world, heldout = agent_search_world(seed), agent_search_split(seed)
-    entities = sorted(e for e in world if (e in heldout) == (split == "val"))
-    entity = entities[i % len(entities)]
+    facts = sorted(f for f in world if (f in heldout) == (split == "val"))
+    entity, day = facts[rng.randrange(len(facts))]
     color, kind = entity.split()
     shapes = _grid_layout(rng, 1, size)
     image = draw_shapes(size, [(kind, *shapes[0][1:])], [color])
-    place = world[entity]  # the expert's turns put a space before the words, so they are the corpus's tokens
-    return image, {"problem": AGENT_SEARCH_QUESTION, "answer": place, "entity": entity, "doc_id": entity,
-                   "solution": f"<answer> {place}</answer>",
-                   "turns": [f"<search> {entity}</search>", f"<answer> {place}</answer>"]}
+    place, doc = world[(entity, day)], f"{entity} day {day}"
+    # the expert writes a space before each word, so its tokens are the corpus's (" cylinder" is one token)
+    return image, {"problem": AGENT_SEARCH_QUESTION.format(day=day), "answer": place, "entity": entity, "day": day,
+                   "doc_id": doc, "solution": f"<answer> {place}</answer>",
+                   "turns": [f"<search> {doc}</search>", f"<answer> {place}</answer>"]}
 
 
 def _agent_search_corpus(out_dir: str, seed: int) -> None:
-    """corpus.jsonl: one document per entity, "The red triangle lives in cylinder." (id = the entity)."""
+    """corpus.jsonl: one document per fact, "On day 17 the red triangle lives in cylinder." (id "red triangle day
+    17", the expert's query)."""
     with open(os.path.join(out_dir, "corpus.jsonl"), "w", encoding="utf-8") as f:
-        for entity, place in agent_search_world(seed).items():
-            f.write(json.dumps({"id": entity, "text": f"The {entity} lives in {place}."}) + "\n")
+        for (entity, day), place in agent_search_world(seed).items():
+            f.write(json.dumps({"id": f"{entity} day {day}", "text": f"On day {day} the {entity} lives in {place}."})
+                    + "\n")
 
 
 TASKS = {"counting": _counting, "grounding": _grounding, "ovd": _ovd, "math": _math, "agent_search": _agent_search}

@@ -80,9 +80,9 @@ def test_agent_search_records_need_the_search(tmp_path):
     corpus = os.path.join(os.path.dirname(paths["train"]), "corpus.jsonl")
     search = Search(corpus, top_k=2)
     rows = {s: [json.loads(line) for line in open(paths[s])] for s in ("train", "val")}
-    heldout = agent_search_split(0)
-    assert {r["entity"] for r in rows["val"]} <= heldout and not {r["entity"] for r in rows["train"]} & heldout
-    assert len(set(agent_search_world(0).values())) == 24
+    heldout, fact = agent_search_split(0), lambda r: (r["entity"], r["day"])
+    assert {fact(r) for r in rows["val"]} <= heldout and not {fact(r) for r in rows["train"]} & heldout
+    assert len(agent_search_world(0)) == 480 and len(heldout) == 120
     for r in rows["train"] + rows["val"]:  # the expert's query finds the document with the answer, first
         state = AgentState(None)
         query = r["turns"][0].removeprefix("<search>").removesuffix("</search>")
