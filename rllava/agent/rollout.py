@@ -31,6 +31,7 @@ from rllava.engine.inference.base import Completion, GenerationRequest, Sampling
 from rllava.roles.rollout import Rollout, model_image_sizes, raw_prompt_ids
 
 MM_DROP = ("input_ids", "attention_mask", "mm_token_type_ids")
+REPLY = "rllava-reply"  # a stand-in model turn, to find where the chat template closes one
 
 
 @dataclass
@@ -107,7 +108,8 @@ class AgentRollout(Rollout):
             if not active:
                 break
             budgets = [min(sampling.max_new_tokens, self.budget - e.response_tokens) for e in active]
-            requests = [GenerationRequest(e.ids, e.mm, e.raw, list(e.state.images), e.sample.videos) for e in active]
+            requests = [GenerationRequest(e.ids, e.mm, e.raw, list(e.state.images), e.sample.videos)
+                        for e in active]
             completions = self.engine.generate(requests, replace(sampling, n=1, max_new_tokens=max(budgets)))
             for e, (c,), budget in zip(active, completions, budgets):
                 self._add_turn(e, _truncate(c, budget), last=turn == self.max_turns - 1)
@@ -128,7 +130,8 @@ class AgentRollout(Rollout):
             for k, text in enumerate(turns):
                 ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
                 ids = ids[:self.budget - e.response_tokens - 1] + [self.tokenizer.eos_token_id]
-                self._add_turn(e, Completion(ids, [0.0] * len(ids), "stop"), last=k == min(len(turns), self.max_turns) - 1)
+                last = k == min(len(turns), self.max_turns) - 1
+                self._add_turn(e, Completion(ids, [0.0] * len(ids), "stop"), last=last)
                 if e.finish_reason:
                     break
             t = self._trajectory(e)
@@ -152,7 +155,8 @@ class AgentRollout(Rollout):
         """Append a model turn; unless the episode ends, run the environment on it and append what it shows."""
         text = self.tokenizer.decode(c.token_ids, skip_special_tokens=self.skip_special_tokens)
         e.segments.append(Segment(list(c.token_ids), trained=True, logprobs=list(c.logprobs)))
-        e.ids, e.raw, e.response_tokens = e.ids + c.token_ids, e.raw + c.token_ids, e.response_tokens + len(c.token_ids)
+        e.ids, e.raw = e.ids + c.token_ids, e.raw + c.token_ids
+        e.response_tokens += len(c.token_ids)
         e.turn_texts.append(text)
         e.turn_rewards.append(0.0)
         e.anchors.append(e.last_observation)
@@ -172,7 +176,8 @@ class AgentRollout(Rollout):
             e.finish_reason = "length"
             return
         e.segments.append(Segment(ids, trained=False))
-        e.ids, e.raw, e.mm, e.response_tokens = e.ids + ids, e.raw + raw, _concat_mm(e.mm, mm), e.response_tokens + len(ids)
+        e.ids, e.raw, e.mm = e.ids + ids, e.raw + raw, _concat_mm(e.mm, mm)
+        e.response_tokens += len(ids)
         e.state.images += images
         e.state.model_sizes += sizes
         e.last_observation = observation_digest(obs)
@@ -181,15 +186,15 @@ class AgentRollout(Rollout):
         """The chat-template text between the end of a model turn (its EOS) and the start of the next one: the
         observation as a `rollout.agent.observation_role` turn, then the assistant's generation prompt."""
         content = [{"type": "image"} for _ in obs.images] + [{"type": "text", "text": obs.text}]
-        turn = [{"role": "user", "content": [{"type": "text", "text": "q"}]},
-                {"role": "assistant", "content": [{"type": "text", "text": "a"}]}]
+        turn = [{"role": "user", "content": [{"type": "text", "text": "question"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": REPLY}]}]
         base = self.processor.apply_chat_template(turn, tokenize=False)
         full = self.processor.apply_chat_template(turn + [{"role": self.observation_role, "content": content}],
                                                   add_generation_prompt=True, tokenize=False)
         if not full.startswith(base):
             raise ValueError("the chat template renders an earlier turn differently once a later one follows; "
                              "multi-turn rollouts need a template that appends turns")
-        tail = base[base.rindex("a") + 1:]  # what closes an assistant turn, e.g. "<|im_end|>\n"
+        tail = base[base.rindex(REPLY) + len(REPLY):]  # what closes an assistant turn, e.g. "<|im_end|>\n"
         eos = self.tokenizer.eos_token or ""
         return (tail[len(eos):] if eos and tail.startswith(eos) else tail) + full[len(base):]
 
