@@ -1,13 +1,13 @@
 """Agent-search reward (MAT-Search / Visual-ARFT): token-level F1 of the final answer, plus format.
 
-    overall  = 0.9 * f1 + 0.1 * format
+    overall  = 0.9 * f1 + 0.1 * format  (+ query_weight * query, with reward.reward_function_kwargs.query_weight)
     f1       = SQuAD's token F1 of the last <answer>...</answer> against the ground truth (lower-cased, punctuation
                and the articles a/an/the removed, whitespace collapsed)
     format   = 1 if the last turn is one <answer>...</answer> (after an optional <think>...</think>)
 Logged beside them (not in `overall`): `searched` (the episode called search), `found` (a search returned the
 record's `doc_id`, the document holding the answer) and `used` (found, and the answer is right: the agent read
-the result). `query_similarity` scores a query against a gold one with all-MiniLM-L6-v2 (Visual-ARFT's query
-reward: cosine similarity, 0 below 0.5) for rewards that want it.
+the result). `query` (Visual-ARFT's search reward, when `query_weight` > 0): all-MiniLM-L6-v2 cosine similarity of
+the first search query to the record's gold `query`, 0 below 0.5.
 """
 
 import re
@@ -34,7 +34,8 @@ def f1(prediction: str, truth: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def compute_score(response: str, ground_truth, doc_id=None, tool_calls=(), tool_memory=None) -> dict:
+def compute_score(response: str, ground_truth, doc_id=None, query=None, tool_calls=(), tool_memory=None,
+                  query_weight: float = 0.0) -> dict:
     answers = _ANSWER.findall(response)
     score = f1(answers[-1], str(ground_truth)) if answers else 0.0
     last_turn = response.split("\n")[-1]
@@ -42,8 +43,13 @@ def compute_score(response: str, ground_truth, doc_id=None, tool_calls=(), tool_
     retrieved = [i for ids in (tool_memory or {}).get("search", []) for i in ids]
     searched = float(any(name == "search" for name, _ in tool_calls))
     found = float(doc_id is not None and doc_id in retrieved)
-    return {"overall": 0.9 * score + 0.1 * fmt, "f1": score, "format": fmt, "accuracy": float(score == 1.0),
-            "searched": searched, "found": found, "used": found * float(score == 1.0)}
+    out = {"overall": 0.9 * score + 0.1 * fmt, "f1": score, "format": fmt, "accuracy": float(score == 1.0),
+           "searched": searched, "found": found, "used": found * float(score == 1.0)}
+    if query_weight:
+        queries = [args for name, args in tool_calls if name == "search"]
+        out["query"] = query_similarity(str(queries[0]), str(query)) if queries and query else 0.0
+        out["overall"] += query_weight * out["query"]
+    return out
 
 
 def query_similarity(query: str, gold_query: str) -> float:

@@ -42,9 +42,11 @@ agent_search (MAT-Search-like, for multi-turn agents with the `search` tool): on
 the question asks where it lives on a given day, an arbitrary word (PLACES) that only `corpus.jsonl` (written
 beside the splits, one document per entity and day) says. The val set asks only about facts the train set never
 does (`agent_search_split`), so a model answers them by searching and reading, not from memory. `turns` is the
-expert trajectory (multi-turn SFT replays it through the tool); `doc_id` the document that holds the answer.
+expert trajectory (multi-turn SFT replays it through the tool); `doc_id` the document that holds the answer and
+`query` the expert's search (Visual-ARFT's query reward compares the agent's to it).
     {"images": [...], "problem": "<image>Where does the shape in the image live on day 17? Search for it, then
      answer.", "answer": "cylinder", "entity": "red triangle", "day": 17, "doc_id": "red triangle day 17",
+     "query": "red triangle day 17",
      "solution": "<answer> cylinder</answer>", "turns": ["<search> red triangle day 17</search>",
      "<answer> cylinder</answer>"]}
 """
@@ -263,7 +265,7 @@ def _agent_search(rng: random.Random, i: int, n: int, size: int, *, split: str, 
     place, doc = world[(entity, day)], f"{entity} day {day}"
     # the expert writes a space before each word, so its tokens are the corpus's (" cylinder" is one token)
     return image, {"problem": AGENT_SEARCH_QUESTION.format(day=day), "answer": place, "entity": entity, "day": day,
-                   "doc_id": doc, "solution": f"<answer> {place}</answer>",
+                   "doc_id": doc, "query": doc, "solution": f"<answer> {place}</answer>",
                    "turns": [f"<search> {doc}</search>", f"<answer> {place}</answer>"]}
 
 

@@ -111,3 +111,8 @@ def test_f1_reward_by_hand():
     guess = r.compute_score("<answer> the big sphere</answer> and more", "sphere")
     assert guess["f1"] == pytest.approx(2 * 0.5 * 1 / 1.5) and guess["format"] == 0.0 and guess["searched"] == 0.0
     assert guess["overall"] == pytest.approx(0.9 * guess["f1"])
+    near = r.compute_score("<search> red circle day 12</search>\n<answer> x</answer>", "y", query="red circle day 12",
+                           tool_calls=[("search", " red circle day 12")], query_weight=0.5)
+    assert near["query"] == pytest.approx(1.0, abs=1e-4) and near["overall"] == pytest.approx(0.1 + 0.5 * near["query"])
+    far = r.compute_score("", "y", query="red circle day 12", tool_calls=[("search", "income tax")], query_weight=0.5)
+    assert far["query"] == 0.0  # below 0.5 similarity counts nothing
