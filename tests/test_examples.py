@@ -112,6 +112,9 @@ def test_algorithm_scripts_differ_from_grpo_only_in_algorithm_keys(tmp_path):
         cfg = load_config(mine)
         estimators.add(cfg.algorithm.adv_estimator)
         losses.add(cfg.actor.policy_loss.loss_mode)
+    for script in glob.glob(os.path.join(REPO, "examples/tasks/agent_search/qwen*.sh")):  # agents' estimators
+        (cmd,) = commands(os.path.relpath(script, REPO), tmp_path)
+        estimators.add(load_config(pipeline_args(cmd)[1]).algorithm.adv_estimator)
     assert set(ADV_ESTIMATORS) <= estimators  # every registered estimator has a script
     assert set(POLICY_LOSSES) - {"sft", "geo_mean"} <= losses  # sft is not RL; geo_mean = gmpo
 
