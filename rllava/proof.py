@@ -14,7 +14,9 @@ evaluations, because one evaluation of a tiny model jumps by whole answer classe
 
 Writes `OUT/results.md` (the table: SFT -> after GRPO, lift, the target lift; every task with a summary in
 OUT, so single-task runs add up) and `OUT/<task>.png` (held-out metric and training reward per step).
-`make demo` is the counting row alone.
+`make demo` is the counting row alone. agent_search is a multi-turn agent with the search tool (`rllava.agent`):
+besides its F1 the table reports how often the held-out episodes search (`searched`), retrieve the document with
+the answer (`found`) and answer right from it (`used`), before and after GRPO.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class Task:
     scale: float  # 100: accuracy in points; 1: IoU or reward as is
     target: float  # the lift asked for, in scaled units
     arch: str = "qwen2_vl"  # rllava.model.tiny arch; localising tasks need Qwen3-VL's absolute position embeddings
+    # held-out rates reported beside the metric, before and after (agents: how often they search and use it)
+    rates: tuple[str, ...] = ()
 
 
 TASKS = {t.name: t for t in [
@@ -52,6 +56,7 @@ TASKS = {t.name: t for t in [
     Task("grounding", "grounding", "iou", 1.0, 0.10, arch="qwen3_vl"),
     Task("math", "math", "accuracy", 100.0, 10.0),
     Task("ovd", "OVD", "reward_mean", 1.0, 0.10, arch="qwen3_vl"),
+    Task("agent_search", "agent_search", "f1", 1.0, 0.10, rates=("searched", "found", "used")),
 ]}
 
 
@@ -72,7 +77,9 @@ def prepare(task: Task, out: str, *, seed: int = 0, n_train: int = 4000, n_val: 
     data = make_dataset(task.name, data_dir, n_train=n_train, n_val=n_val, seed=seed)
     print(f"built a tiny {task.arch} in {model_dir} and {n_train}/{n_val} {task.name} records in {data_dir} "
           f"({time.time() - start:.0f}s)", flush=True)
-    return [f"data.train_files={data['train']}", f"data.val_files={data['val']}", f"trainer.seed={seed}"]
+    corpus = os.path.join(data_dir, "corpus.jsonl")  # agent_search: what its search tool reads
+    return [f"data.train_files={data['train']}", f"data.val_files={data['val']}", f"trainer.seed={seed}",
+            *([f"rollout.agent.tool_kwargs.search.corpus={corpus}"] if os.path.exists(corpus) else [])]
 
 
 def warm_up(task: Task, out: str, common: list[str], sft_steps: int | None = None) -> float:
@@ -201,6 +208,9 @@ def summarize(task: Task, rows: list[dict], average: int = 3) -> dict:
          "train_reward_last": sum(rewards[-20:]) / max(len(rewards[-20:]), 1)}
     s["sampled_lift"] = s["sampled_after"] - s["sampled_before"]
     s["greedy_lift"] = s["greedy_after"] - s["greedy_before"]
+    for rate in task.rates:  # sampled, in [0, 1]
+        s[f"{rate}_before"] = mean(before, f"val/{rate}") / task.scale
+        s[f"{rate}_after"] = mean(after, f"val/{rate}") / task.scale
     return s
 
 
@@ -246,6 +256,10 @@ def results_table(summaries: list[dict]) -> str:
                      f"| {s['sampled_lift']:+.{1 if unit else 3}f}{unit} | >= +{fmt(s['target'])}{unit} ({ok}) "
                      f"| {fmt(s['greedy_before'])} -> {fmt(s['greedy_after'])} "
                      f"| {s['sft_seconds']:.0f} | {s['rl_seconds']:.0f} |")
+    rated = [s for s in summaries if TASKS.get(s["task"]) and TASKS[s["task"]].rates]
+    for s in rated:  # the agents' behaviour beside their metric
+        rates = ", ".join(f"{r} {s[f'{r}_before']:.2f} -> {s[f'{r}_after']:.2f}" for r in TASKS[s["task"]].rates)
+        lines.append(f"\n{s['task']}, share of held-out episodes (sampled) before -> after GRPO: {rates}")
     return "\n".join(lines)
 
 

@@ -38,6 +38,17 @@ def test_table_and_curve(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and os.path.getsize(path) > 5000
 
 
+def test_agents_report_how_they_search():
+    rows = [{"step": 0, "val/f1": 0.2, "val/searched": 0.9, "val/found": 0.4, "val/used": 0.1},
+            {"step": 20, "val/f1": 0.5, "val/searched": 1.0, "val/found": 0.8, "val/used": 0.5}]
+    s = {**summarize(TASKS["agent_search"], rows, average=1), "sft_seconds": 1, "rl_seconds": 2}
+    assert s["sampled_lift"] == pytest.approx(0.3) and (s["found_before"], s["used_after"]) == (0.4, 0.5)
+    table = results_table([s])
+    assert table.splitlines()[2].startswith("| agent_search | f1 (sampled) | 0.200 | 0.500 | +0.300 | >= +0.100 (yes)")
+    assert table.endswith("agent_search, share of held-out episodes (sampled) before -> after GRPO: searched 0.90 -> "
+                          "1.00, found 0.40 -> 0.80, used 0.10 -> 0.50")
+
+
 def test_results_gather_every_task_run_into_the_folder(tmp_path):
     for name in ("math", "counting"):  # two separate single-task runs
         (tmp_path / name).mkdir()

@@ -17,7 +17,6 @@ cut to `max_chars`, with the images of documents that have one. Each call's docu
 
 from __future__ import annotations
 
-import json
 import os
 from functools import lru_cache
 
@@ -26,6 +25,7 @@ from PIL import Image
 
 from rllava.agent.tools import AgentState, Observation, ToolError, register_tool
 from rllava.config import ConfigError
+from rllava.data.records import DataError, json_lines
 
 KEY = "rollout.agent.tool_kwargs.search"
 
@@ -35,15 +35,9 @@ def read_corpus(path: str) -> list[dict]:
     if not os.path.isfile(path):
         raise ConfigError(f"{KEY}.corpus={path!r}: no such file")
     docs, seen = [], set()
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{KEY}.corpus: {path} line {n} is not JSON ({e.msg})") from e
-            if not isinstance(doc, dict) or not isinstance(doc.get("text"), str) or "id" not in doc:
+    try:
+        for n, doc in json_lines(path):
+            if not isinstance(doc.get("text"), str) or "id" not in doc:
                 raise ConfigError(f"{KEY}.corpus: {path} line {n} needs an \"id\" and a \"text\" string")
             if doc["id"] in seen:
                 raise ConfigError(f"{KEY}.corpus: {path} line {n}: id {doc['id']!r} appears twice")
@@ -53,6 +47,8 @@ def read_corpus(path: str) -> list[dict]:
                     raise ConfigError(f"{KEY}.corpus: {path} line {n}: image {doc['image']} does not exist")
             seen.add(doc["id"])
             docs.append(doc)
+    except DataError as e:  # a line that is not one JSON object
+        raise ConfigError(f"{KEY}.corpus: {e}") from e
     if not docs:
         raise ConfigError(f"{KEY}.corpus: {path} holds no document")
     return docs

@@ -120,10 +120,10 @@ def _load_file(path: str) -> datasets.Dataset:
 
 
 def _load_jsonl(path: str) -> datasets.Dataset:
-    return _typed_dataset(path, lambda: (record for _, record in _json_lines(path)))
+    return _typed_dataset(path, lambda: (record for _, record in json_lines(path)))
 
 
-def _json_lines(path: str):
+def json_lines(path: str):
     """(line number, record) for every non-blank line; the first line that is not one JSON object is an error
     naming it (datasets' own reader says only "an error occurred")."""
     with open(path, encoding="utf-8") as f:

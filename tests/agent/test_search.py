@@ -59,7 +59,7 @@ def test_minilm_embeddings_are_real(minilm):
 
 @pytest.mark.parametrize("lines, message", [
     (None, "no such file"),
-    (['{"id": 1, "text": "x"}', "{oops"], "line 2 is not JSON"),
+    (['{"id": 1, "text": "x"}', "{oops"], "line 2: not valid JSON"),
     (['{"id": 1}'], 'line 1 needs an "id" and a "text" string'),
     (['{"id": 1, "text": "x"}', '{"id": 1, "text": "y"}'], "line 2: id 1 appears twice"),
     (['{"id": 1, "text": "x", "image": "gone.png"}'], "gone.png does not exist"),
