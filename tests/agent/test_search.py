@@ -82,7 +82,7 @@ def test_agent_search_records_need_the_search(tmp_path):
     rows = {s: [json.loads(line) for line in open(paths[s])] for s in ("train", "val")}
     heldout, fact = agent_search_split(0), lambda r: (r["entity"], r["day"])
     assert {fact(r) for r in rows["val"]} <= heldout and not {fact(r) for r in rows["train"]} & heldout
-    assert len(agent_search_world(0)) == 480 and len(heldout) == 120
+    assert len(agent_search_world(0)) == 2160 and len(heldout) == 540
     for r in rows["train"] + rows["val"]:  # the expert's query finds the document with the answer, first
         state = AgentState(None)
         query = r["turns"][0].removeprefix("<search>").removesuffix("</search>")
