@@ -127,7 +127,9 @@ def hybrid_keys(method: str, steps: int) -> tuple[str, ...]:
     300 of 500). UFT's hint
     SFT coefficient is RLLaVA's script's 1.0, not the paper's 0.001: with 0.001 the tiny model learns to end
     the hinted responses (EOS after the answer) and nothing of how to begin one, so without hints it answers
-    nothing (held-out 2 % -> 0 % in 80 steps, docs/proof.md)."""
+    nothing (held-out 2 % -> 0 % in 80 steps, docs/proof.md). HPT's SFT coefficient is 0.3, the HPT authors'
+    value for their smaller model (exp_scripts/train.sh; 1.0 for 7B, RLLaVA's script 0.05): at 1.0 the tiny
+    model's sampled accuracy ended 3-9 points below GRPO's where GRPO can start (docs/proof.md)."""
     return {
         "grpo": (),
         "chord": ("actor.policy_loss.loss_mode=chord", f"algorithm.mu_warmup_steps={steps // 3}",
@@ -145,7 +147,7 @@ def hybrid_keys(method: str, steps: int) -> tuple[str, ...]:
                 "algorithm.min_prefix_ratio=0.05", "algorithm.prefix_share_across_samples=true",
                 "actor.sft_loss_coef=1.0"),
         "hpt": ("actor.policy_loss.loss_mode=hpt", "algorithm.unify_strategy=switch", "algorithm.switch_gate=0",
-                "actor.sft_loss_coef=1.0"),
+                "actor.sft_loss_coef=0.3"),
     }[method] + (("data.target_key=solution",) if method != "grpo" else ())
 
 

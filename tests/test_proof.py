@@ -107,14 +107,8 @@ def easy_start(tmp_path_factory):
     return str(tmp_path_factory.mktemp("hybrids") / "counting")
 
 
-# HPT misses this target (docs/proof.md): its SFT on unsolved prompts sharpens the greedy answer (+7 to +10 over
-# GRPO) but the sampled accuracy ends 3-9 points below GRPO's over three seeds. strict: passing would be news.
-HPT_BEHIND = pytest.mark.xfail(strict=True, reason="HPT ends 3-9 points below GRPO (sampled) at the easy start")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("method", [pytest.param(m, marks=HPT_BEHIND) if m == "hpt" else m
-                                    for m in HYBRID_METHODS[1:]])
+@pytest.mark.parametrize("method", HYBRID_METHODS[1:])
 def test_no_hybrid_falls_behind_grpo_on_the_easy_start(easy_start, method):
     """`python -m rllava.proof --hybrids --tasks counting --sft-steps 50 --rl-steps 120 --val-freq 20`: where GRPO
     learns on its own, no hybrid ends more than 3 points below it."""
