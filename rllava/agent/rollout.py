@@ -3,8 +3,9 @@
     prompt -> turn 1 (model) -> observation 1 (tool text / images) -> turn 2 (model) -> ... -> <answer>
 
 Every round generates the next turn of every unfinished episode at once (one batched call to the rollout
-engine, HF and vLLM/SGLang alike), then the environment (`rllava.agent.tools.ToolEnv`, or one of your own with
-`reset(sample, model_sizes)` and `step(state, text) -> Observation`) reads each new turn. An episode ends on an
+engine, HF and vLLM/SGLang alike), then the environment (`rllava.agent.tools.ToolEnv`, the classes of
+`rllava.agent.classes`, or one of your own with `reset(sample, model_sizes)`, `step(state, text) -> Observation`
+and optionally `close(state)` at the episode's end) reads each new turn. An episode ends on an
 answer, a turn without a tool call, a turn cut by its token budget, `rollout.max_turns` turns, or the context
 budget: the model turns and observations together stay within `data.max_response_length` tokens.
 
@@ -211,6 +212,8 @@ class AgentRollout(Rollout):
         return enc["input_ids"][0].tolist(), raw, mm, sizes, images
 
     def _trajectory(self, e: Episode) -> Trajectory:
+        if hasattr(self.env, "close"):  # the episode is over: an environment of its own releases what it holds
+            self.env.close(e.state)
         return Trajectory(sample=e.sample, group_id=e.group, segments=e.segments, mm_inputs=e.mm,
                           response="\n".join(e.turn_texts), finish_reason=e.finish_reason,
                           model_image_sizes=e.state.model_sizes, turn_rewards=e.turn_rewards,

@@ -625,8 +625,8 @@ class RolloutConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     max_turns: int = 10  # agent rollouts: max model turns per episode
     discount: float = 0.95  # agent rollouts: per-turn discount of GiGPO's step returns (RLLaVA 0.9, unread there)
-    tool_config_path: Optional[str] = None  # agent rollouts: tool definitions file
-    env_config_path: Optional[str] = None  # agent rollouts: environment config file
+    tool_config_path: Optional[str] = None  # agent: YAML of tool classes (RLLaVA's files; docs/agents.md)
+    env_config_path: Optional[str] = None  # agent: YAML of an environment class, one per episode (RLLaVA's)
     # RLLaVA copies the next keys from their owners in post_init; rllava reads the owners instead
     # (see DERIVED_KEYS). They are accepted when left alone or equal to the owner's value.
     prompt_length: int = -1  # = data.max_prompt_length
@@ -791,15 +791,13 @@ NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
 ]
 
 # Keys of features whose issues have not landed yet: any change from the default is an error naming the feature.
-PLANNED_FEATURES = {
-    "RLLaVA's tool and environment files (rllava: rollout.agent.tools, rollout.agent.plugins)": [
-        "rollout.tool_config_path", "rollout.env_config_path"],
-}
+PLANNED_FEATURES: dict[str, list[str]] = {}
 
 
 def agent_on(c) -> bool:
-    """Multi-turn agent rollouts (rllava.agent.rollout.AgentRollout) instead of single-turn ones."""
-    return bool(c.rollout.agent.tools)
+    """Multi-turn agent rollouts (rllava.agent.rollout.AgentRollout) instead of single-turn ones: registered
+    tools, or RLLaVA's tool / environment class files."""
+    return bool(c.rollout.agent.tools or c.rollout.tool_config_path or c.rollout.env_config_path)
 
 
 # Agent keys: read only when the agent driver runs; a key changed from its default otherwise is an error.
@@ -1029,6 +1027,15 @@ class PPOConfig:
         p = [f"{key}={_show(get_key(self, key))} is read only by GiGPO's per-turn credit (algorithm.adv_estimator="
              f"gigpo); leave it at {_show(_default_of(key))}" for key in ("rollout.discount", "algorithm.step_advantage_w")
              if self.algorithm.adv_estimator != "gigpo" and get_key(self, key) != _default_of(key)]
+        given = [k for k in ("rollout.agent.tools", "rollout.tool_config_path", "rollout.env_config_path")
+                 if get_key(self, k)]
+        if len(given) > 1:
+            p.append(f"{given[0]} and {given[1]} both pick the agent's tools: set one")
+        elif not self.rollout.agent.tools:  # class files: the tools parse their own calls and take their own config
+            p += [f"{key}={_show(get_key(self, key))} is read only by registered tools (rollout.agent.tools), not by "
+                  f"{given[0]}'s classes; leave it at {_show(_default_of(key))}"
+                  for key in ("rollout.agent.tool_kwargs", "rollout.agent.tool_format")
+                  if get_key(self, key) != _default_of(key)]
         if self.algorithm.prefix_strategy != "none":
             p.append(f"algorithm.prefix_strategy={self.algorithm.prefix_strategy} (expert prefixes of LUFFY, SRFT, "
                      "UFT) is for single-turn responses, not agent rollouts (rollout.agent.tools)")

@@ -17,6 +17,7 @@ import transformers
 
 from rllava import distributed as D
 from rllava.agent import search as _search  # noqa: F401  (registers the search tool)
+from rllava.agent.classes import ClassEnv, ClassToolsEnv
 from rllava.agent.rollout import AgentRollout
 from rllava.agent.tools import ToolEnv, build_tools
 from rllava.algorithms.hybrid import HYBRID_LOSSES
@@ -155,8 +156,13 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device) -> Rollout:
         return Rollout(engine, processor, skip_special_tokens=cfg.reward.skip_special_tokens)
     a = cfg.rollout.agent  # multi-turn: the same engine, a driver that runs tools between turns
     load_plugins(a.plugins, key="rollout.agent.plugins")
-    env = ToolEnv(build_tools(list(a.tools), dict(a.tool_kwargs)), tool_format=a.tool_format,
-                  answer_tag=a.answer_tag, invalid_call_penalty=a.invalid_call_penalty)
+    kw = dict(answer_tag=a.answer_tag, invalid_call_penalty=a.invalid_call_penalty)
+    if cfg.rollout.env_config_path:  # RLLaVA's files: classes of the user's
+        env = ClassEnv(cfg.rollout.env_config_path, **kw)
+    elif cfg.rollout.tool_config_path:
+        env = ClassToolsEnv(cfg.rollout.tool_config_path, **kw)
+    else:
+        env = ToolEnv(build_tools(list(a.tools), dict(a.tool_kwargs)), tool_format=a.tool_format, **kw)
     return AgentRollout(engine, processor, env, max_turns=cfg.rollout.max_turns,
                         max_response_length=cfg.data.max_response_length, observation_role=a.observation_role,
                         min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,

@@ -42,12 +42,17 @@ class ShortTurns:
 
 
 @pytest.fixture
-def always_zoom(monkeypatch):
-    """Every turn of the random tiny model a complete one, read as `<zoom>[0, 0, 40, 40]</zoom>`."""
-    monkeypatch.setitem(T.PARSERS, "tags", lambda text, names: ("zoom", "[0, 0, 40, 40]"))
+def short_turns(monkeypatch):
+    """Every turn of the random tiny model a complete one (6 tokens and EOS)."""
     build = B.build_rollout_engine
     monkeypatch.setattr(B, "build_rollout_engine", lambda cfg, pad, stop, *a: ShortTurns(build(cfg, pad, stop, *a),
                                                                                           stop[0]))
+
+
+@pytest.fixture
+def always_zoom(monkeypatch, short_turns):
+    """... each read as `<zoom>[0, 0, 40, 40]</zoom>`."""
+    monkeypatch.setitem(T.PARSERS, "tags", lambda text, names: ("zoom", "[0, 0, 40, 40]"))
 
 
 def _args(model, data, out, reward, *extra):
@@ -84,6 +89,26 @@ def test_agentic_run_resumes_exactly(tiny_model_dir, counting_dir, distinct_rewa
     a, b = load_file(f"{straight}/final/model.safetensors"), load_file(f"{stopped}/final/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["agent/turns_mean"] for r in _rows(stopped)] == [r["agent/turns_mean"] for r in _rows(straight)]
+
+
+def test_two_agentic_steps_with_rllavas_environment_file(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
+                                                         short_turns):
+    """A user's RLLaVA script: `rollout.env_config_path` naming an environment class that acts on every turn and
+    shows a crop of the image, ending the episode at its second step."""
+    (tmp_path / "crop_env.py").write_text(
+        "class CropEnv:\n    def __init__(self, config):\n        self.side, self.steps = config['side'], 0\n"
+        "    def reset(self, data):\n        self.image = data.images[0]\n"
+        "    def extract_action(self, content):\n        return content\n"
+        "    def step(self, action):\n        self.steps += 1\n"
+        "        return {'image': self.image.crop((0, 0, self.side, self.side))}, 0.0, self.steps == 2, {}\n")
+    (tmp_path / "env.yaml").write_text(f"env:\n  class_name: {tmp_path}/crop_env.py:CropEnv\n  config:\n    side: 40\n")
+    out = str(tmp_path / "run")
+    agentic.main(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=2",
+                       "rollout.agent.tools=[]", f"rollout.env_config_path={tmp_path}/env.yaml"))
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:  # 2 turns (of max_turns 3: the environment's second step is done), its first image between them
+        assert r["agent/turns_mean"] == 2 and r["agent/returned_images_mean"] == 1 and r["agent/tool_calls_mean"] == 2
 
 
 def test_a_tool_from_a_users_file(tmp_path):

@@ -166,6 +166,8 @@ COVERED = {
     "rollout.agent.observation_role": "tests/agent/test_agent_pipeline.py::test_agent_keys_reach_the_driver",
     "rollout.agent.invalid_call_penalty": "tests/agent/test_agent_pipeline.py::test_agent_keys_reach_the_driver",
     "rollout.max_turns": "tests/agent/test_agent_pipeline.py::test_agent_keys_reach_the_driver",
+    "rollout.tool_config_path": "tests/agent/test_classes.py::test_class_files_reach_the_driver",
+    "rollout.env_config_path": "tests/agent/test_classes.py::test_class_files_reach_the_driver",
     "rollout.discount": "tests/agent/test_agent_pipeline.py::test_two_agentic_steps_with_image_observations",
     "algorithm.step_advantage_w": "tests/agent/test_agent_pipeline.py::test_two_agentic_steps_with_image_observations",
     "rollout.n": ("tests/engine/test_rollout_engines.py::test_generate_sends_unexpanded_prompts_and_maps_outputs", "n=3"),

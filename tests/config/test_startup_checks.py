@@ -38,9 +38,6 @@ def _warnings(args) -> list[str]:
     ("rollout.max_turns=5", "rollout.max_turns=5 is read only by agent rollouts (set rollout.agent.tools, e.g. "
                             "[search, zoom]); leave it at 10"),
     ("rollout.agent.tool_format=json", "rollout.agent.tool_format=json is read only by agent rollouts"),
-    ("rollout.tool_config_path=tools.yaml", "rollout.tool_config_path=tools.yaml is for RLLaVA's tool and "
-                                            "environment files (rllava: rollout.agent.tools, rollout.agent.plugins)"),
-    ("rollout.env_config_path=env.yaml", "rollout.env_config_path=env.yaml is for RLLaVA's tool and environment"),
     ("rollout.discount=0.5", "rollout.discount=0.5 is read only by agent rollouts"),
     ("reward.model.model_path=rm", "reward.model.model_path=rm: reward models are not available yet in rllava; "
                                    "score with reward.reward_function=path/file.py:fn"),
