@@ -42,8 +42,9 @@ agent_search (MAT-Search-like, for multi-turn agents with the `search` tool): on
 the question asks where it lives on a given day, an arbitrary word (PLACES) that only `corpus.jsonl` (written
 beside the splits, one document per entity and day) says. The val set asks only about facts the train set never
 does (`agent_search_split`), so a model answers them by searching and reading, not from memory. `turns` is the
-expert trajectory (multi-turn SFT replays it through the tool); `doc_id` the document that holds the answer and
-`query` the expert's search (Visual-ARFT's query reward compares the agent's to it).
+expert trajectory (multi-turn SFT replays it through the tool): a search, then the answer it found, or in a third
+of the train records (GUESS_RATE) a guessed answer without a search; `doc_id` the document that holds the answer
+and `query` the expert's search (Visual-ARFT's query reward compares the agent's to it).
     {"images": [...], "problem": "<image>Where does the shape in the image live on day 17? Search for it, then
      answer.", "answer": "cylinder", "entity": "red triangle", "day": 17, "doc_id": "red triangle day 17",
      "query": "red triangle day 17",
@@ -238,6 +239,10 @@ PLACES = ("angle", "area", "bounding", "confidence", "coordinates", "cube", "cyl
           "step", "system", "value")
 AGENT_SEARCH_QUESTION = "<image>Where does the shape in the image live on day {day}? Search for it, then answer."
 DAYS = range(10, 100)  # two-digit days: one token each, and words of 2+ characters to BM25's tokenizer
+# The share of train records whose expert trajectory (`turns`) answers at once with a guess instead of searching:
+# the warm-up leaves a model that sometimes answers from "memory", as pretrained VLMs do before agent RL (RLLaVA's
+# MAT-Search baseline), and RL has to find out that searching pays.
+GUESS_RATE = 1 / 3
 
 
 def agent_search_world(seed: int) -> dict[tuple[str, int], str]:
@@ -265,9 +270,11 @@ def _agent_search(rng: random.Random, i: int, n: int, size: int, *, split: str, 
     image = draw_shapes(size, [(kind, *shapes[0][1:])], [color])
     place, doc = world[(entity, day)], f"{entity} day {day}"
     # the expert writes a space before each word, so its tokens are the corpus's (" cylinder" is one token)
+    turns = [f"<search> {doc}</search>", f"<answer> {place}</answer>"]
+    if split == "train" and rng.random() < GUESS_RATE:  # a model that answers from memory: a guess, no search
+        turns = [f"<answer> {rng.choice(PLACES)}</answer>"]
     return image, {"problem": AGENT_SEARCH_QUESTION.format(day=day), "answer": place, "entity": entity, "day": day,
-                   "doc_id": doc, "query": doc, "solution": f"<answer> {place}</answer>",
-                   "turns": [f"<search> {doc}</search>", f"<answer> {place}</answer>"]}
+                   "doc_id": doc, "query": doc, "solution": f"<answer> {place}</answer>", "turns": turns}
 
 
 def _agent_search_corpus(out_dir: str, seed: int) -> None:
