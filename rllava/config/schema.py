@@ -238,6 +238,9 @@ class AlgorithmConfig:
         return p
 
 
+MASKABLE_ATTENTION = ("sdpa", "eager", None)  # attention that takes a 4-D mask (model.shared_prefix); None: sdpa
+
+
 @dataclass
 class ModelConfig:
     model_path: Optional[str] = None  # HF hub id or local directory
@@ -253,6 +256,9 @@ class ModelConfig:
     freeze_connector: bool = False  # rllava: do not train the vision-to-LLM connector (modular VLM; Qwen-VL: merger)
     freeze_llm: bool = False  # rllava: do not train the language model (decoder, embeddings, LM head)
     padding_free: bool = False  # rllava default (RLLaVA: True): run each micro-batch packed, without pad tokens
+    # rllava: the training forward runs each group's prompt once, its K responses attending to it (exact);
+    # None = on where the attention takes a custom mask (sdpa, eager), off under flash_attention_2
+    shared_prefix: Optional[bool] = None
     dynamic_batching: bool = False  # rllava default (RLLaVA: True): micro-batches by *_max_token_len_per_gpu tokens
     ulysses_size: int = 1  # sequence-parallel degree
     use_peft: bool = False  # train LoRA adapters instead of all weights
@@ -267,6 +273,11 @@ class ModelConfig:
     use_rslora: bool = False  # RLLaVA keeps this twin of lora_use_rslora
     lora_modules_to_save: Optional[list[str]] = None  # modules trained fully next to the adapters
 
+    @property
+    def use_shared_prefix(self) -> bool:
+        """shared_prefix as set, or by default wherever the attention can take its mask."""
+        return self.shared_prefix if self.shared_prefix is not None else self.attn_implementation in MASKABLE_ATTENTION
+
     def check(self, prefix: str) -> list[str]:
         p: list[str] = []
         if self.torch_dtype is not None:
@@ -278,6 +289,9 @@ class ModelConfig:
         if self.enable_activation_offload and not self.enable_gradient_checkpointing:
             p.append(f"{prefix}.enable_activation_offload=true offloads the activations that gradient checkpointing "
                      f"saves: set {prefix}.enable_gradient_checkpointing=true too")
+        if self.shared_prefix and self.attn_implementation not in MASKABLE_ATTENTION:
+            p.append(f"{prefix}.shared_prefix=true needs attention that takes a custom mask ({prefix}.attn_implementation "
+                     f"sdpa or eager, not {self.attn_implementation}); set {prefix}.shared_prefix=false")
         if self.use_peft:
             _positive(p, f"{prefix}.lora_r", self.lora_r)
             _choice(p, f"{prefix}.lora_bias", self.lora_bias, ["none", "all", "lora_only"])

@@ -8,6 +8,9 @@ Two memory switches live here, both exact (they change memory and speed, never t
   accumulates the LM head's gradient in place.
 - `padding_free`: the micro-batch's rows run as one packed row [1, sum(len_i)] with no pad tokens, positions
   restarting at 0 in each row and attention confined to each row (`packed_inputs`).
+
+and one that changes the work, exact too: `shared_prefix` runs each group's prompt once, its K responses
+attending to that one copy (`rllava.model.shared_prefix`).
 """
 
 from __future__ import annotations
@@ -18,21 +21,31 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rllava.data.protocol import Batch
+from rllava.model.shared_prefix import layout_inputs, prefix_layout
 
 
 def model_inputs(model, batch: Batch) -> dict[str, torch.Tensor]:
     """Forward kwargs for `batch`: ids, mask, pixel tensors, and for Qwen-VL the per-token modality types
     (`mm_token_type_ids`: 0 text, 1 image, 2 video) its M-RoPE position ids are computed from."""
     inputs = batch.model_inputs()
+    types = _modality_types(model, inputs["input_ids"])
+    return inputs if types is None else {**inputs, "mm_token_type_ids": types}
+
+
+def _media_token_ids(model) -> list[int]:
+    """The image and video placeholder ids of a VLM (none for a text-only LM)."""
+    ids = [getattr(model.config, k, None) for k in ("image_token_id", "video_token_id")]
+    return [i for i in ids if i is not None]
+
+
+def _modality_types(model, ids: torch.Tensor) -> torch.Tensor | None:
+    """Qwen-VL's `mm_token_type_ids` of `ids` (0 text, 1 image, 2 video); None for a model without images."""
     image_id = getattr(model.config, "image_token_id", None)
-    if image_id is not None:
-        ids = inputs["input_ids"]
-        types = (ids == image_id).int()
-        video_id = getattr(model.config, "video_token_id", None)
-        if video_id is not None:
-            types = types + 2 * (ids == video_id).int()
-        inputs["mm_token_type_ids"] = types
-    return inputs
+    if image_id is None:
+        return None
+    types = (ids == image_id).int()
+    video_id = getattr(model.config, "video_token_id", None)
+    return types if video_id is None else types + 2 * (ids == video_id).int()
 
 
 def _backbone_and_head(model):
@@ -59,29 +72,55 @@ def packed_inputs(model, batch: Batch) -> dict[str, torch.Tensor]:
     positions = (mask.cumsum(-1) - 1)[mask][None]  # [1, L]: 0..len_i-1 for each row i
     backbone, _ = _backbone_and_head(model)
     if hasattr(backbone, "get_rope_index"):
-        positions = torch.cat([positions[None], _mrope_positions(backbone, inputs, mask)])  # [4, 1, L]
+        positions = torch.cat([positions[None], _mrope_rows(backbone, inputs, mask)[:, mask][:, None]])  # [4, 1, L]
     for name in ("input_ids", "mm_token_type_ids"):
         if name in inputs:
             inputs[name] = inputs[name][mask][None]
     return {**inputs, "position_ids": positions}
 
 
-def _mrope_positions(backbone, inputs: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
-    """[3, 1, L] M-RoPE (t, h, w) positions of the real tokens: the model's own `get_rope_index` over the
-    padded rows (each row from its own images), with the padding dropped. Text-only rows count 0, 1, ..."""
+def _mrope_rows(backbone, inputs: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    """[3, B, T] M-RoPE (t, h, w) positions of the padded rows: the model's own `get_rope_index` (each row
+    from its own images). Text-only rows count 0, 1, ..."""
     grids = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in inputs}
     if not grids:
-        return ((mask.cumsum(-1) - 1)[mask])[None, None].expand(3, 1, -1)
+        return (mask.long().cumsum(-1) - 1).clamp(min=0)[None].expand(3, -1, -1)
     rope, _ = backbone.get_rope_index(inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
-                                      attention_mask=mask.long(), **grids)  # [3, B, T]
-    return rope[:, mask][:, None]
+                                      attention_mask=mask.long(), **grids)
+    return rope
 
 
-def trained_hidden(model, batch: Batch, *, padding_free: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def shared_prefix_inputs(model, batch: Batch, packed: bool):
+    """(forward kwargs, layout) running `batch` with each group's prompt once (`rllava.model.shared_prefix`), or
+    None when no two of its rows share a prompt. Every token keeps its own row's position ids."""
+    layout = prefix_layout(batch, _media_token_ids(model), packed=packed)
+    if layout is None:
+        return None
+    mask = batch.attention_mask
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)[None]  # [1, B, T]
+    backbone, _ = _backbone_and_head(model)
+    if hasattr(backbone, "get_rope_index"):
+        keys = {k for t in batch.trajectories for k in t.mm_inputs if k.endswith("grid_thw") or k == "second_per_grid_ts"}
+        grids = {k: torch.cat([t.mm_inputs[k] for t in batch.trajectories if k in t.mm_inputs]) for k in keys}
+        rope = _mrope_rows(backbone, {"input_ids": batch.input_ids, **grids,
+                                      "mm_token_type_ids": _modality_types(model, batch.input_ids)}, mask)
+        positions = torch.cat([positions, rope])  # [4, B, T]: text row, then (t, h, w)
+    inputs = layout_inputs(batch, layout, positions, next(model.parameters()).dtype)
+    types = _modality_types(model, inputs["input_ids"])
+    return (inputs if types is None else {**inputs, "mm_token_type_ids": types}), layout
+
+
+def trained_hidden(model, batch: Batch, *, padding_free: bool = False,
+                   shared_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(h [N, H], target [B, T-1]): the backbone's last hidden state at every position t whose next token is
     trained (target[b, t] = loss_mask[b, t+1]), in row-major order. Shared by the LM head and the critic."""
     backbone, _ = _backbone_and_head(model)
     target = batch.loss_mask[:, 1:] > 0
+    shared = shared_prefix_inputs(model, batch, padding_free) if shared_prefix else None
+    if shared is not None:
+        inputs, layout = shared
+        hidden = backbone(**inputs, use_cache=False).last_hidden_state  # [R, L, H]
+        return hidden.flatten(0, 1)[layout.index.to(hidden.device)[:, :-1][target]], target
     if not padding_free:
         hidden = backbone(**model_inputs(model, batch), use_cache=False).last_hidden_state  # [B, T, H]
         return hidden[:, :-1][target], target
@@ -214,17 +253,18 @@ def token_logprobs(model, batch: Batch, **kwargs) -> tuple[torch.Tensor, torch.T
 
 
 def _token_logprobs(model, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
-                    entropy_grad: bool = False, chunk_size: int = LOGPROB_CHUNK,
-                    padding_free: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    entropy_grad: bool = False, chunk_size: int = LOGPROB_CHUNK, padding_free: bool = False,
+                    shared_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(x_t | x_<t) and the policy's entropy at t, for every t with loss_mask[t] = 1.
 
     Returns logprobs [B, T] (and entropy [B, T] or None), zero at untrained positions. Logits are divided by
     the sampling `temperature`, so the log-probs are those of the distribution the rollout sampled from. The
     LM head runs over `chunk_size` trained tokens at a time (see `logprobs_from_hidden`); `padding_free`
-    packs the rows (see `packed_inputs`). The entropy carries grad only if `entropy_grad` (an entropy bonus);
+    packs the rows (see `packed_inputs`); `shared_prefix` runs each group's prompt once (see
+    `shared_prefix_inputs`). The entropy carries grad only if `entropy_grad` (an entropy bonus);
     otherwise it is a detached metric.
     """
-    h, target = trained_hidden(model, batch, padding_free=padding_free)
+    h, target = trained_hidden(model, batch, padding_free=padding_free, shared_prefix=shared_prefix)
     _, head = _backbone_and_head(model)
     labels = batch.input_ids[:, 1:][target]  # [N]
     lp, ent = logprobs_from_hidden(head, h, labels, temperature=temperature, with_entropy=with_entropy,

@@ -23,9 +23,11 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.weight)  # start from V = 0 everywhere: no spurious advantages on step 1
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, batch: Batch, padding_free: bool = False) -> torch.Tensor:
-        """Values [B, T], zero where loss_mask is 0; `padding_free` runs the rows packed, as the policy does."""
-        h, target = trained_hidden(self.lm, batch, padding_free=padding_free)  # [N, H] at t-1 for trained t
+    def forward(self, batch: Batch, padding_free: bool = False, shared_prefix: bool = False) -> torch.Tensor:
+        """Values [B, T], zero where loss_mask is 0; `padding_free` / `shared_prefix` lay the rows out as the
+        policy's forward does."""
+        h, target = trained_hidden(self.lm, batch, padding_free=padding_free,  # [N, H] at t-1 for trained t
+                                   shared_prefix=shared_prefix)
         v = self.value_head(h).squeeze(-1).float()
         out = v.new_zeros(batch.input_ids.shape)
         out[:, 1:][target] = v

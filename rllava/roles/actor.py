@@ -57,6 +57,12 @@ class MicroBatching:
     size: int
     max_tokens: int | None = None
     padding_free: bool = False
+    shared_prefix: bool = False  # each forward runs a group's prompt once (rllava.model.shared_prefix)
+
+    @property
+    def layout(self) -> dict[str, bool]:
+        """The forward's layout switches (`token_logprobs` / `ValueModel` keywords)."""
+        return {"padding_free": self.padding_free, "shared_prefix": self.shared_prefix}
 
     def split(self, batch: Batch, rows: list[int]) -> list[list[int]]:
         """`rows` (indices into `batch`) as a list of micro-batches of row indices."""
@@ -99,7 +105,7 @@ def compute_logprobs(model, batch: Batch, batching: MicroBatching, temperature: 
                      chunk_size: int = LOGPROB_CHUNK) -> torch.Tensor:
     """log pi(x_t | x_<t) [B, T] at every trained position, without grad (old-policy / reference pass)."""
     return forward_in_chunks(model, batch, batching, lambda micro: token_logprobs(
-        model, micro, temperature=temperature, chunk_size=chunk_size, padding_free=batching.padding_free)[0])
+        model, micro, temperature=temperature, chunk_size=chunk_size, **batching.layout)[0])
 
 
 def mini_batches(batch: Batch, epochs: int, size: int, rl_mask: torch.Tensor | None = None,
@@ -172,15 +178,16 @@ class Actor:
                  log_prob_micro_batch_size: int, loss_agg_mode: str, max_response_length: int,
                  temperature: float, use_kl_loss: bool, kl_loss_coef: float, kl_loss_type: str,
                  entropy_coeff: float, rollout_is: str = "none", rollout_is_cap: float = 2.0,
-                 padding_free: bool = False, max_token_len: int | None = None,
+                 padding_free: bool = False, shared_prefix: bool = False, max_token_len: int | None = None,
                  log_prob_max_token_len: int | None = None, logprob_chunk_size: int = LOGPROB_CHUNK,
                  expert: ExpertLoss | None = None):
         """`max_token_len` / `log_prob_max_token_len` set: dynamic batching of the update / the no-grad pass
         by that token budget instead of `micro_batch_size` / `log_prob_micro_batch_size` rows."""
         self.model, self.engine, self.algorithm = model, engine, algorithm
         self.ppo_epochs, self.mini_batch_size = ppo_epochs, mini_batch_size
-        self.micro_batching = MicroBatching(micro_batch_size, max_token_len, padding_free)
-        self.log_prob_batching = MicroBatching(log_prob_micro_batch_size, log_prob_max_token_len, padding_free)
+        self.micro_batching = MicroBatching(micro_batch_size, max_token_len, padding_free, shared_prefix)
+        self.log_prob_batching = MicroBatching(log_prob_micro_batch_size, log_prob_max_token_len, padding_free,
+                                               shared_prefix)
         self.logprob_chunk_size = logprob_chunk_size  # trained tokens per LM-head chunk (<= 0: all at once)
         self.loss_agg_mode, self.max_response_length = loss_agg_mode, max_response_length
         self.temperature = temperature
@@ -217,7 +224,7 @@ class Actor:
     def _backward(self, micro: Batch, norm: dict, rl_coef: float = 1.0, sft_coef: float = 1.0) -> dict[str, float]:
         logprobs, entropy = token_logprobs(self.model, micro, temperature=self.temperature, with_entropy=True,
                                            entropy_grad=self.entropy_coeff != 0, chunk_size=self.logprob_chunk_size,
-                                           padding_free=self.micro_batching.padding_free)
+                                           **self.micro_batching.layout)
         mask, sft_mask = micro.loss_mask, None
         if self.expert is not None and micro.off_policy_mask is not None:
             mask, sft_mask = self.expert.masks(micro.loss_mask, micro.off_policy_mask)

@@ -19,20 +19,20 @@ from rllava.roles.actor import MeanMetrics, MicroBatching, forward_in_chunks, mi
 class Critic:
     def __init__(self, model, engine, *, ppo_epochs: int, mini_batch_size: int, micro_batch_size: int,
                  values_micro_batch_size: int, cliprange_value: float, loss_avg_mode: str, gamma: float, lam: float,
-                 padding_free: bool = False, max_token_len: int | None = None,
+                 padding_free: bool = False, shared_prefix: bool = False, max_token_len: int | None = None,
                  values_max_token_len: int | None = None):
         """Micro-batching as the Actor's: a token budget set means dynamic batching by it."""
         self.model, self.engine = model, engine
         self.ppo_epochs, self.mini_batch_size = ppo_epochs, mini_batch_size
-        self.micro_batching = MicroBatching(micro_batch_size, max_token_len, padding_free)
-        self.values_batching = MicroBatching(values_micro_batch_size, values_max_token_len, padding_free)
+        self.micro_batching = MicroBatching(micro_batch_size, max_token_len, padding_free, shared_prefix)
+        self.values_batching = MicroBatching(values_micro_batch_size, values_max_token_len, padding_free, shared_prefix)
         self.cliprange_value, self.gamma, self.lam = cliprange_value, gamma, lam
         self.agg_mode = {"token": "token-mean", "seq": "seq-mean-token-mean"}[loss_avg_mode]
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """V(s_t) [B, T] under the current critic (the "old" values of this step)."""
         return forward_in_chunks(self.model, batch, self.values_batching,
-                                 lambda micro: self.model(micro, padding_free=self.values_batching.padding_free))
+                                 lambda micro: self.model(micro, **self.values_batching.layout))
 
     def update(self, batch: Batch) -> dict[str, float]:
         """Fit V to the returns of this batch; returns averaged `critic/*` metrics."""
@@ -44,7 +44,7 @@ class Critic:
             for rows in self.micro_batching.split(batch, mini):
                 micro = batch.select(rows).to(self.engine.device)
                 T = micro.input_ids.shape[1]
-                vpred = self.model(micro, padding_free=self.micro_batching.padding_free)
+                vpred = self.model(micro, **self.micro_batching.layout)
                 per_token, clipfrac = value_loss(vpred, old_values[rows, :T].to(vpred.device),
                                                  returns[rows, :T].to(vpred.device), micro.loss_mask,
                                                  cliprange=self.cliprange_value)

@@ -290,9 +290,11 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
 
 
 def _actor_batching(cfg: PPOConfig) -> dict:
-    """actor.model.padding_free / dynamic_batching (with the actor's token budgets) and the LM-head chunk."""
+    """actor.model.padding_free / shared_prefix / dynamic_batching (with the actor's token budgets) and the
+    LM-head chunk."""
     m, a = cfg.actor.model, cfg.actor
-    return {"padding_free": m.padding_free, "logprob_chunk_size": a.logprob_chunk_size,
+    return {"padding_free": m.padding_free, "shared_prefix": m.use_shared_prefix,
+            "logprob_chunk_size": a.logprob_chunk_size,
             "max_token_len": a.ppo_max_token_len_per_gpu if m.dynamic_batching else None,
             "log_prob_max_token_len": a.log_prob_max_token_len_per_gpu if m.dynamic_batching else None}
 
@@ -311,7 +313,7 @@ class Reference:
     switched off (`lora_base`): the base weights never train, so no copy is needed."""
 
     model: torch.nn.Module
-    batching: MicroBatching  # the actor's padding_free / dynamic_batching, with ref.* sizes
+    batching: MicroBatching  # the actor's padding_free / shared_prefix / dynamic_batching, with ref.* sizes
     temperature: float
     lora_base: bool = False
     chunk_size: int = LOGPROB_CHUNK  # actor.logprob_chunk_size
@@ -333,7 +335,8 @@ def build_reference_role(cfg: PPOConfig, policy, device: torch.device, engine=No
         return None
     m = cfg.actor.model
     batching = MicroBatching(cfg.ref.log_prob_micro_batch_size,
-                             cfg.ref.log_prob_max_token_len_per_gpu if m.dynamic_batching else None, m.padding_free)
+                             cfg.ref.log_prob_max_token_len_per_gpu if m.dynamic_batching else None, m.padding_free,
+                             m.use_shared_prefix)
     kw = dict(temperature=cfg.rollout.temperature, chunk_size=cfg.actor.logprob_chunk_size)
     if m.use_peft and not cfg.ref.model_path:
         return Reference(policy, batching, lora_base=True, **kw)
@@ -365,6 +368,7 @@ def build_critic(cfg: PPOConfig, device: torch.device, num_steps: int, algorithm
                   micro_batch_size=c.ppo_micro_batch_size, values_micro_batch_size=c.log_prob_micro_batch_size,
                   cliprange_value=c.cliprange_value, loss_avg_mode=c.loss_avg_mode, gamma=cfg.algorithm.gamma,
                   lam=cfg.algorithm.lam, padding_free=c.model.padding_free,
+                  shared_prefix=c.model.use_shared_prefix,
                   max_token_len=c.ppo_max_token_len_per_gpu if c.model.dynamic_batching else None,
                   values_max_token_len=c.forward_max_token_len_per_gpu if c.model.dynamic_batching else None)
 

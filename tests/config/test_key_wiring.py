@@ -149,6 +149,28 @@ def test_actor_and_ref_batch_sizes_and_trust_remote_code(tiny_model_dir, monkeyp
     assert B.build_reference_role(cfg, model, CPU).batching.size == 7
 
 
+def test_shared_prefix_reaches_actor_reference_and_critic(tiny_model_dir):
+    """actor.model.shared_prefix: on by default under sdpa, off when false or (by default) under
+    flash_attention_2, where asking for it is a start-up error; critic.model.shared_prefix likewise."""
+    from rllava.algorithms.ppo import build_algorithm
+    from rllava.config import ConfigError
+    from rllava.model.loader import build_policy
+
+    base = [f"actor.model.model_path={tiny_model_dir}", "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1"]
+    for keys, on in (([], True), (["actor.model.shared_prefix=false"], False)):
+        cfg = _quiet(base + keys)
+        model, _ = build_policy(cfg.actor.model, CPU)
+        actor = B.build_actor(cfg, model, CPU, 2)
+        assert actor.micro_batching.shared_prefix is on and actor.log_prob_batching.shared_prefix is on
+        assert B.build_reference_role(cfg, model, CPU).batching.shared_prefix is on
+    assert not _quiet(["actor.model.attn_implementation=flash_attention_2"]).actor.model.use_shared_prefix
+    with pytest.raises(ConfigError, match="actor.model.shared_prefix=true needs"):
+        load_config(["actor.model.attn_implementation=flash_attention_2", "actor.model.shared_prefix=true"])
+    cfg = _quiet([f"actor.model.model_path={tiny_model_dir}", "algorithm.adv_estimator=gae",
+                  "critic.model.shared_prefix=false"])
+    assert not B.build_critic(cfg, CPU, 2, build_algorithm(cfg.algorithm, cfg.actor)).micro_batching.shared_prefix
+
+
 def test_rollout_reads_skip_special_tokens(tiny_model_dir):
     from rllava.model.processor import load_processor
 

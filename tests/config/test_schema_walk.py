@@ -91,6 +91,8 @@ COVERED = {
     "actor.model.freeze_connector": ("tests/model/test_modular.py::test_freeze_errors", "freeze_connector"),
     "actor.model.freeze_llm": ("tests/model/test_modular.py::test_freeze_errors", "freeze_llm"),
     "actor.model.padding_free": "tests/train/test_video_pipeline.py::test_rlvr_two_steps_on_videos",
+    "actor.model.shared_prefix": "tests/config/test_key_wiring.py::test_shared_prefix_reaches_actor_reference_and_critic",
+    "critic.model.shared_prefix": "tests/config/test_key_wiring.py::test_shared_prefix_reaches_actor_reference_and_critic",
     "actor.model.dynamic_batching": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
     "actor.model.use_peft": "tests/train/test_pipelines.py::test_lora_with_kl_to_the_adapter_free_base",
     "actor.model.lora_task_type": ("tests/config/test_key_wiring.py::test_lora_keys_reach_the_adapters", "task_type"),
