@@ -1,6 +1,6 @@
 """`make proof`: on each task, GRPO visibly improves an SFT-warmed tiny model on held-out data, on a CPU.
 
-    python -m rllava.proof --out outputs/proof [--tasks counting grounding math ovd] [--seed 0]
+    python -m rllava.proof --out outputs/proof [--tasks counting grounding math ovd agent_search] [--seed 0]
 
 For each task: build a tiny random VLM (`rllava.model.tiny`, `Task.arch`) and its synthetic set
 (`rllava.data.synthetic TASK`, 4000 train / 200 held out), warm the model up with SFT on the records'
@@ -14,9 +14,10 @@ evaluations, because one evaluation of a tiny model jumps by whole answer classe
 
 Writes `OUT/results.md` (the table: SFT -> after GRPO, lift, the target lift; every task with a summary in
 OUT, so single-task runs add up) and `OUT/<task>.png` (held-out metric and training reward per step).
-`make demo` is the counting row alone. `--tasks agent_search` runs a multi-turn agent with the search tool
-(`rllava.agent`; not yet a default row): besides its F1 the table reports how often the held-out episodes search
-(`searched`), retrieve the document with the answer (`found`) and answer right from it (`used`).
+`make demo` is the counting row alone. `agent_search` is a multi-turn agent with the search tool (`rllava.agent`),
+warmed up on expert trajectories with the tool's outputs replayed: besides its F1 the table reports how often the
+held-out episodes search (`searched`), retrieve the document with the answer (`found`) and answer right from it
+(`used`).
 """
 
 from __future__ import annotations
@@ -56,11 +57,8 @@ TASKS = {t.name: t for t in [
     Task("grounding", "grounding", "iou", 1.0, 0.10, arch="qwen3_vl"),
     Task("math", "math", "accuracy", 100.0, 10.0),
     Task("ovd", "OVD", "reward_mean", 1.0, 0.10, arch="qwen3_vl"),
+    Task("agent_search", "agent_search", "f1", 1.0, 0.10, rates=("searched", "found", "used")),
 ]}
-# Multi-turn search agent (issue 17): not a `make proof` row until its warm-up budget is measured (docs/agents.md);
-# `python -m rllava.proof --tasks agent_search` runs it.
-AGENT_SEARCH = Task("agent_search", "agent_search", "f1", 1.0, 0.10, rates=("searched", "found", "used"))
-ALL_TASKS = {**TASKS, AGENT_SEARCH.name: AGENT_SEARCH}
 
 
 def _run(module: str, args: list[str]) -> float:
@@ -262,7 +260,7 @@ def results_table(summaries: list[dict]) -> str:
                      f"| {fmt(s['greedy_before'])} -> {fmt(s['greedy_after'])} "
                      f"| {s['sft_seconds']:.0f} | {s['rl_seconds']:.0f} |")
     for s in summaries:  # the agents' behaviour beside their metric
-        names = ALL_TASKS[s["task"]].rates if s["task"] in ALL_TASKS else ()
+        names = TASKS[s["task"]].rates if s["task"] in TASKS else ()
         if not names:
             continue
         rates = ", ".join(f"{r} {s[f'{r}_before']:.2f} -> {s[f'{r}_after']:.2f}" for r in names)
@@ -273,7 +271,7 @@ def results_table(summaries: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rllava.proof", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="outputs/proof")
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(ALL_TASKS))
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hybrids", action="store_true", help="GRPO and each SFT+RL hybrid from one warm-up "
                         "(--sft-steps, --rl-steps) on the first of --tasks; writes OUT/hybrids.md")
@@ -284,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.hybrids:
-        task = ALL_TASKS[args.tasks[0]]
+        task = TASKS[args.tasks[0]]
         summaries = run_hybrids(task, args.out, sft_steps=args.sft_steps, rl_steps=args.rl_steps,
                                 val_freq=args.val_freq, methods=args.methods, seed=args.seed)
         table = hybrids_table(summaries)
@@ -294,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{table}", flush=True)
         return
     for name in args.tasks:
-        task = ALL_TASKS[name]
+        task = TASKS[name]
         try:
             s = run_task(task, os.path.join(args.out, name), seed=args.seed)
         except subprocess.CalledProcessError as e:
@@ -307,7 +305,7 @@ def write_results(out: str) -> str:
     """`out/results.md` from every task's `out/<task>/summary.json` there (runs of single tasks add up);
     returns the table."""
     summaries = []
-    for name in ALL_TASKS:
+    for name in TASKS:
         path = os.path.join(out, name, "summary.json")
         if os.path.exists(path):
             with open(path) as f:
