@@ -23,17 +23,22 @@ from its config.
 
 from __future__ import annotations
 
+import inspect
 from typing import Literal
 
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import (AutoConfig, AutoImageProcessor, AutoModel, AutoModelForCausalLM,
-                          AutoModelForImageTextToText, AutoTokenizer, GenerationMixin, LlavaProcessor,
+                          AutoModelForImageTextToText, AutoTokenizer, GenerationMixin, LlamaForCausalLM, LlavaProcessor,
                           PretrainedConfig, PreTrainedModel)
 from transformers.configuration_utils import SubConfigSpec
 from transformers.modeling_outputs import BaseModelOutputWithPast, BaseModelOutputWithPooling, CausalLMOutputWithPast
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+# the KV cache's keyword (models' forward, `generate`, model outputs): `cache` in recent transformers 5.x, where
+# `past_key_values` is a deprecated alias
+CACHE_KWARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
 
 CONNECTORS = ("linear", "mlp2x_gelu")
 
@@ -96,7 +101,7 @@ class ModularVLMModel(ModularVLMPreTrainedModel):
         return BaseModelOutputWithPooling(last_hidden_state=out.last_hidden_state, pooler_output=list(features))
 
     def forward(self, input_ids=None, pixel_values=None, attention_mask=None, position_ids=None,
-                past_key_values=None, inputs_embeds=None, mm_encoder_outputs=None, mm_token_type_ids=None,
+                cache=None, inputs_embeds=None, mm_encoder_outputs=None, mm_token_type_ids=None,
                 **kwargs) -> BaseModelOutputWithPast:
         """`mm_encoder_outputs` ({"image": get_image_features(...)}) is what `generate` passes instead of
         pixel_values; `mm_token_type_ids` (rllava's forward sends it to every VLM) is not needed here."""
@@ -112,8 +117,9 @@ class ModularVLMModel(ModularVLMPreTrainedModel):
                 raise ValueError(f"Image features and image tokens do not match: {int(is_image.sum())} image tokens "
                                  f"(id {self.config.image_token_id}), {len(features)} features")
             inputs_embeds = inputs_embeds.masked_scatter(is_image[..., None], features)
+        cache = kwargs.pop("past_key_values", cache)  # the language model's keyword (`cache` in transformers 5.2x)
         return self.language_model(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                   position_ids=position_ids, past_key_values=past_key_values, **kwargs)
+                                   position_ids=position_ids, **{CACHE_KWARG: cache}, **kwargs)
 
 
 class ModularVLMForConditionalGeneration(ModularVLMPreTrainedModel, GenerationMixin):
@@ -136,15 +142,15 @@ class ModularVLMForConditionalGeneration(ModularVLMPreTrainedModel, GenerationMi
         return self.model.get_image_features(pixel_values)
 
     def forward(self, input_ids=None, pixel_values=None, attention_mask=None, position_ids=None,
-                past_key_values=None, inputs_embeds=None, labels=None, logits_to_keep: int = 0,
+                cache=None, inputs_embeds=None, labels=None, logits_to_keep: int = 0,
                 mm_encoder_outputs=None, **kwargs) -> CausalLMOutputWithPast:
         out = self.model(input_ids=input_ids, pixel_values=pixel_values, attention_mask=attention_mask,
-                         position_ids=position_ids, past_key_values=past_key_values, inputs_embeds=inputs_embeds,
-                         mm_encoder_outputs=mm_encoder_outputs, **kwargs)
+                         position_ids=position_ids, cache=kwargs.pop("past_key_values", cache),
+                         inputs_embeds=inputs_embeds, mm_encoder_outputs=mm_encoder_outputs, **kwargs)
         logits = self.lm_head(out.last_hidden_state[:, -logits_to_keep:])  # 0: every position
         loss = None if labels is None else self.loss_function(logits=logits, labels=labels,
                                                               vocab_size=self.config.text_config.vocab_size)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KWARG: getattr(out, CACHE_KWARG)},
                                       hidden_states=out.hidden_states, attentions=out.attentions)
 
 

@@ -10,7 +10,7 @@ special tokens, so chat templates and image placeholders behave as in the real m
 
 Sizes (see docs/cpu_learning.md): `demo` = 4 text layers, hidden 256, vision depth 4,
 embed 128 (~4.5 M parameters; learns the synthetic counting task on CPU); `small` = 2 layers, hidden 128
-(~1 M; for fast tests only).
+(~1 M; for fast tests only); `wide` = the demo's depths at 4x its widths (benchmarks).
 
 The vision tower's weight matrices are drawn with std VISION_INIT_STD = 0.2 instead of the config's 0.02: at
 widths of 64-128 the 0.02 init makes every image look alike to the language model, and SFT on the counting task
@@ -61,6 +61,8 @@ SIZES = {
     #        text layers, hidden, heads, kv heads, ffn, vision depth, vision embed, vision heads
     "small": dict(layers=2, hidden=128, heads=4, kv_heads=2, ffn=256, v_depth=2, v_embed=64, v_heads=4),
     "demo": dict(layers=4, hidden=256, heads=4, kv_heads=2, ffn=512, v_depth=4, v_embed=128, v_heads=4),
+    # 4x the demo widths (benchmarks/vs_trl.py --size wide: does a speed-up hold as the matmuls grow?)
+    "wide": dict(layers=4, hidden=1024, heads=16, kv_heads=8, ffn=2048, v_depth=4, v_embed=512, v_heads=8),
 }
 
 

@@ -159,6 +159,31 @@ def test_generate_with_an_image_prompt(tinyllava_dir):
     assert greedy[2][0].token_ids == alone[0][0].token_ids  # the batch's padding and other images change nothing
 
 
+@pytest.mark.parametrize("arch", ["tinyllava", "qwen2"])
+def test_samples_share_one_prefill_at_left_padded_positions(tmp_path, tinyllava_dir, arch):
+    """The HF engine prefills each prompt once for its n samples (a modular VLM and a text-only LM, neither with
+    M-RoPE): on left-padded rows of different lengths every sample's rollout log-probs are the training
+    forward's, so the copied cache holds each prompt at the positions the training forward gives it."""
+    from rllava.roles.rollout import Rollout
+
+    path = tinyllava_dir if arch == "tinyllava" else build_tiny("qwen2", str(tmp_path / "qwen2"), size="small")
+    model, processor = _load(path)
+    torch.manual_seed(0)
+    tok = get_tokenizer(processor)
+    size = (112, 112) if arch == "tinyllava" else None
+    samples = [_sample(i, size if i % 2 == 0 else None, words) for i, words in enumerate([3, 0, 6])]
+    engine = HFRolloutEngine(pad_token_id=tok.pad_token_id, stop_token_ids=[tok.eos_token_id], banned_token_ids=[],
+                             micro_batch_size=4, device=torch.device("cpu"))
+    engine.load(model)
+    trajectories = Rollout(engine, processor).generate(samples, SamplingParams(n=3, max_new_tokens=6))
+    engine.offload()
+    batch = collate(trajectories, tok.pad_token_id)
+    model.eval()
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, batch)
+    torch.testing.assert_close(lp * batch.loss_mask, batch.rollout_logprobs * batch.loss_mask, atol=2e-4, rtol=1e-4)
+
+
 def _part(name):
     return "vision_tower" if name.startswith("model.vision_tower.") else \
         "connector" if name.startswith("model.connector.") else "llm"

@@ -191,3 +191,39 @@ def test_rollout_and_padding_free_log_probs_with_images_and_videos(arch_dirs, ar
     with torch.no_grad():
         lp_part, _ = token_logprobs(model, part, padding_free=True)
     torch.testing.assert_close(lp_part, padded[0][[4, 3], :lp_part.shape[1]], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_samples_of_a_prompt_share_one_prefill(arch_dirs, arch):
+    """n = 3 samples of left-padded prompts with images and videos: the prompts are prefilled once (4 rows, not
+    12) and the vision tower sees each prompt's pixels once, the samples differ, and every sample's rollout log-probs are the training forward's
+    (the copied KV cache and M-RoPE offsets are those of its own prompt)."""
+    torch.manual_seed(0)
+    processor = load_processor(arch_dirs[arch])
+    model = AutoModelForImageTextToText.from_pretrained(arch_dirs[arch], attn_implementation="sdpa",
+                                                        dtype=torch.float32)
+    tok = get_tokenizer(processor)
+    samples = [_sample(processor, i, n_images, n_videos, "How many" + " red" * i)
+               for i, (n_images, n_videos) in enumerate([(1, 0), (0, 0), (2, 0), (1, 1)])]
+    patches, visual = [], model.model.visual
+    original = visual.forward
+    visual.forward = lambda pixels, *a, **kw: (patches.append(pixels.shape[0]), original(pixels, *a, **kw))[1]
+    shapes = []  # [rows, tokens] of each language-model forward
+    model.model.language_model.register_forward_pre_hook(
+        lambda _, args, kw: shapes.append(tuple(kw["inputs_embeds"].shape[:2])), with_kwargs=True)
+    engine = HFRolloutEngine(pad_token_id=tok.pad_token_id, stop_token_ids=[tok.eos_token_id], banned_token_ids=[],
+                             micro_batch_size=8, device=torch.device("cpu"))
+    engine.load(model)
+    trajectories = Rollout(engine, processor).generate(samples, SamplingParams(n=3, max_new_tokens=6))
+    engine.offload()
+    assert len(trajectories) == 12
+    given = sum(int(t.mm_inputs[k].shape[0]) for t in trajectories[::3] for k in ("pixel_values", "pixel_values_videos")
+                if k in t.mm_inputs)
+    assert sum(patches) == given  # each prompt's images and videos encoded once
+    assert shapes[0][0] == 4 and shapes[0][1] > 1 and all(tokens == 1 for _, tokens in shapes[1:])  # one prefill
+    assert len({t.response for t in trajectories}) > 4  # the copies sample apart
+    batch = collate(trajectories, tok.pad_token_id)
+    model.eval()
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, batch)
+    torch.testing.assert_close(lp * batch.loss_mask, batch.rollout_logprobs * batch.loss_mask, atol=2e-4, rtol=1e-4)

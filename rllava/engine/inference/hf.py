@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
+from transformers import DynamicCache
+
+from rllava.model.modular import CACHE_KWARG
 
 from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams
 
@@ -12,7 +17,11 @@ class HFRolloutEngine:
 
     `stop_token_ids` end a completion (the tokenizer's EOS); `banned_token_ids` (image/video placeholders) are
     never sampled, since a placeholder inside a response would break the image-token count of the training
-    forward ("image features and image tokens do not match")."""
+    forward ("image features and image tokens do not match").
+
+    The n samples of a prompt share it: the prompts (images included) are prefilled once and their KV cache is
+    copied n times for the sampling, instead of `generate`'s n full copies (`num_return_sequences`), so the vision
+    tower and the prompt's layers run once per prompt, not n times (benchmarks/vs_trl.py)."""
 
     shares_train_model = True
 
@@ -60,8 +69,11 @@ class HFRolloutEngine:
             inputs["mm_token_type_ids"] = (input_ids == image_id).int() + 2 * (input_ids == video_id).int()
         inputs = {k: v.to(self.device) for k, v in inputs.items()}
         greedy = sampling.temperature == 0
+        n = 1 if greedy else sampling.n
+        if n > 1:
+            inputs = self._prefill_once(inputs, n)
         gen = self.model.generate(
-            **inputs, do_sample=not greedy, num_return_sequences=1 if greedy else sampling.n,
+            **inputs, do_sample=not greedy, num_return_sequences=1,
             temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
             top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k,
             max_new_tokens=sampling.max_new_tokens, eos_token_id=self.stop_token_ids, pad_token_id=self.pad_token_id,
@@ -71,7 +83,6 @@ class HFRolloutEngine:
         # step by step so a large vocabulary never makes an [N * n, L, V] tensor
         token_logps = torch.stack([torch.log_softmax(s.float(), -1).gather(-1, gen.sequences[:, P + j, None])[:, 0]
                                    for j, s in enumerate(gen.scores)], 1).cpu()  # [N * n, L]
-        n = 1 if greedy else sampling.n
         completions = []
         for row in range(new_tokens.shape[0]):
             ids = new_tokens[row].tolist()
@@ -83,3 +94,20 @@ class HFRolloutEngine:
         if greedy and sampling.n > 1:  # greedy samples are identical: copy instead of recomputing
             grouped = [g * sampling.n for g in grouped]
         return grouped
+
+    def _prefill_once(self, inputs: dict, n: int) -> dict:
+        """Run every prompt but its last token through the model once, then copy the KV cache n times: `generate`
+        goes on from the copies with the last token, so each of the n samples starts from its prompt's one
+        prefill. Qwen-VL's M-RoPE offsets (`rope_deltas`, set by the prefill) are copied with the rows."""
+        cache, params = DynamicCache(), inspect.signature(self.model.forward).parameters
+        prefix = {k: v[:, :-1] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v
+                  for k, v in inputs.items()}
+        if "position_ids" in params:  # as `generate` makes them: over the left padding (and M-RoPE's 3-D ones)
+            prefix["position_ids"] = self.model._prepare_position_ids_for_generation(prefix["input_ids"], dict(prefix))
+        self.model(**prefix, **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(n)
+        inner = getattr(self.model, "model", None)
+        if getattr(inner, "rope_deltas", None) is not None:
+            inner.rope_deltas = inner.rope_deltas.repeat_interleave(n, dim=0)
+        return {"input_ids": inputs["input_ids"].repeat_interleave(n, dim=0),
+                "attention_mask": inputs["attention_mask"].repeat_interleave(n, dim=0), CACHE_KWARG: cache}
