@@ -164,24 +164,15 @@ def test_samples_share_one_prefill_at_left_padded_positions(tmp_path, tinyllava_
     """The HF engine prefills each prompt once for its n samples (a modular VLM and a text-only LM, neither with
     M-RoPE): on left-padded rows of different lengths every sample's rollout log-probs are the training
     forward's, so the copied cache holds each prompt at the positions the training forward gives it."""
-    from rllava.roles.rollout import Rollout
+    from tests.model.test_video_inputs import assert_rollout_logprobs_are_the_forwards, roll_out
 
     path = tinyllava_dir if arch == "tinyllava" else build_tiny("qwen2", str(tmp_path / "qwen2"), size="small")
     model, processor = _load(path)
     torch.manual_seed(0)
-    tok = get_tokenizer(processor)
     size = (112, 112) if arch == "tinyllava" else None
     samples = [_sample(i, size if i % 2 == 0 else None, words) for i, words in enumerate([3, 0, 6])]
-    engine = HFRolloutEngine(pad_token_id=tok.pad_token_id, stop_token_ids=[tok.eos_token_id], banned_token_ids=[],
-                             micro_batch_size=4, device=torch.device("cpu"))
-    engine.load(model)
-    trajectories = Rollout(engine, processor).generate(samples, SamplingParams(n=3, max_new_tokens=6))
-    engine.offload()
-    batch = collate(trajectories, tok.pad_token_id)
-    model.eval()
-    with torch.no_grad():
-        lp, _ = token_logprobs(model, batch)
-    torch.testing.assert_close(lp * batch.loss_mask, batch.rollout_logprobs * batch.loss_mask, atol=2e-4, rtol=1e-4)
+    _, batch = roll_out(model, processor, samples, n=3, max_new_tokens=6)
+    assert_rollout_logprobs_are_the_forwards(model, batch)
 
 
 def _part(name):

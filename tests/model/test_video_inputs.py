@@ -154,29 +154,42 @@ def _values_and_grads(model, batch, padding_free):
     return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def _load(path):
+    processor = load_processor(path)
+    return AutoModelForImageTextToText.from_pretrained(path, attn_implementation="sdpa", dtype=torch.float32), processor
+
+
+def roll_out(model, processor, samples, n: int, max_new_tokens: int):
+    """Trajectories of the HF engine (left-padded micro-batch of 8 prompts) and their collated batch."""
+    tok = get_tokenizer(processor)
+    engine = HFRolloutEngine(pad_token_id=tok.pad_token_id, stop_token_ids=[tok.eos_token_id], banned_token_ids=[],
+                             micro_batch_size=8, device=torch.device("cpu"))
+    engine.load(model)
+    trajectories = Rollout(engine, processor).generate(samples, SamplingParams(n=n, max_new_tokens=max_new_tokens))
+    engine.offload()
+    return trajectories, collate(trajectories, tok.pad_token_id)
+
+
+def assert_rollout_logprobs_are_the_forwards(model, batch):
+    """The rollout's sampling log-probs are those of the training forward (eval mode), on every trained token."""
+    model.eval()
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, batch)
+    torch.testing.assert_close(lp * batch.loss_mask, batch.rollout_logprobs * batch.loss_mask, atol=2e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_rollout_and_padding_free_log_probs_with_images_and_videos(arch_dirs, arch):
     """Rows with 0, 1, 2 images, a video, and an image + a video: rollout samples them (left-padded M-RoPE), the
     padded and the packed training forward give the same log-probs, entropy and gradients, and a selection of
     rows carries its own videos."""
     torch.manual_seed(0)
-    processor = load_processor(arch_dirs[arch])
-    model = AutoModelForImageTextToText.from_pretrained(arch_dirs[arch], attn_implementation="sdpa",
-                                                        dtype=torch.float32)
-    tok = get_tokenizer(processor)
+    model, processor = _load(arch_dirs[arch])
     samples = [_sample(processor, i, n_images, n_videos, "How many" + " red" * i)
                for i, (n_images, n_videos) in enumerate([(0, 0), (1, 0), (2, 0), (0, 1), (1, 1)])]
-    engine = HFRolloutEngine(pad_token_id=tok.pad_token_id, stop_token_ids=[tok.eos_token_id], banned_token_ids=[],
-                             micro_batch_size=8, device=torch.device("cpu"))
-    engine.load(model)
-    trajectories = Rollout(engine, processor).generate(samples, SamplingParams(n=1, max_new_tokens=4))
-    engine.offload()
-    batch = collate(trajectories, tok.pad_token_id)
+    _, batch = roll_out(model, processor, samples, n=1, max_new_tokens=4)
     assert batch.model_inputs()["video_grid_thw"].shape[0] == 2 and batch.model_inputs()["image_grid_thw"].shape[0] == 4
-    model.eval()  # the rollout's sampling log-probs are those of the training forward
-    with torch.no_grad():
-        lp, _ = token_logprobs(model, batch)
-    torch.testing.assert_close(lp * batch.loss_mask, batch.rollout_logprobs * batch.loss_mask, atol=2e-4, rtol=1e-4)
+    assert_rollout_logprobs_are_the_forwards(model, batch)
 
     padded, packed = _values_and_grads(model, batch, False), _values_and_grads(model, batch, True)
     for a, b in zip(padded[:2], packed[:2]):
@@ -196,13 +209,10 @@ def test_rollout_and_padding_free_log_probs_with_images_and_videos(arch_dirs, ar
 @pytest.mark.parametrize("arch", ARCHS)
 def test_samples_of_a_prompt_share_one_prefill(arch_dirs, arch):
     """n = 3 samples of left-padded prompts with images and videos: the prompts are prefilled once (4 rows, not
-    12) and the vision tower sees each prompt's pixels once, the samples differ, and every sample's rollout log-probs are the training forward's
-    (the copied KV cache and M-RoPE offsets are those of its own prompt)."""
+    12) and the vision tower sees each prompt's pixels once, the samples differ, and every sample's rollout
+    log-probs are the training forward's (the copied KV cache and M-RoPE offsets are those of its own prompt)."""
     torch.manual_seed(0)
-    processor = load_processor(arch_dirs[arch])
-    model = AutoModelForImageTextToText.from_pretrained(arch_dirs[arch], attn_implementation="sdpa",
-                                                        dtype=torch.float32)
-    tok = get_tokenizer(processor)
+    model, processor = _load(arch_dirs[arch])
     samples = [_sample(processor, i, n_images, n_videos, "How many" + " red" * i)
                for i, (n_images, n_videos) in enumerate([(1, 0), (0, 0), (2, 0), (1, 1)])]
     patches, visual = [], model.model.visual
@@ -211,19 +221,11 @@ def test_samples_of_a_prompt_share_one_prefill(arch_dirs, arch):
     shapes = []  # [rows, tokens] of each language-model forward
     model.model.language_model.register_forward_pre_hook(
         lambda _, args, kw: shapes.append(tuple(kw["inputs_embeds"].shape[:2])), with_kwargs=True)
-    engine = HFRolloutEngine(pad_token_id=tok.pad_token_id, stop_token_ids=[tok.eos_token_id], banned_token_ids=[],
-                             micro_batch_size=8, device=torch.device("cpu"))
-    engine.load(model)
-    trajectories = Rollout(engine, processor).generate(samples, SamplingParams(n=3, max_new_tokens=6))
-    engine.offload()
+    trajectories, batch = roll_out(model, processor, samples, n=3, max_new_tokens=6)
     assert len(trajectories) == 12
     given = sum(int(t.mm_inputs[k].shape[0]) for t in trajectories[::3] for k in ("pixel_values", "pixel_values_videos")
                 if k in t.mm_inputs)
     assert sum(patches) == given  # each prompt's images and videos encoded once
     assert shapes[0][0] == 4 and shapes[0][1] > 1 and all(tokens == 1 for _, tokens in shapes[1:])  # one prefill
     assert len({t.response for t in trajectories}) > 4  # the copies sample apart
-    batch = collate(trajectories, tok.pad_token_id)
-    model.eval()
-    with torch.no_grad():
-        lp, _ = token_logprobs(model, batch)
-    torch.testing.assert_close(lp * batch.loss_mask, batch.rollout_logprobs * batch.loss_mask, atol=2e-4, rtol=1e-4)
+    assert_rollout_logprobs_are_the_forwards(model, batch)

@@ -1,0 +1,49 @@
+"""benchmarks/: the rllava runs they launch are valid configs, and their reports read the runs right (fast; the
+benchmarks themselves are run by hand, docs/performance.md)."""
+
+import os
+import sys
+
+from rllava.config import load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+import learning_vs_trl  # noqa: E402
+import vs_trl  # noqa: E402
+
+
+def _config(cmd: list[str]):
+    module = cmd.index("-m")
+    return load_config(cmd[module + 2:])  # after `python -m rllava.train.pipeline.rlvr`
+
+
+def test_benchmark_runs_are_valid_configs(monkeypatch):
+    monkeypatch.chdir(REPO)  # the configs' relative paths
+    cfg = _config(vs_trl.rllava_command("MODEL", "DATA", "RUN", 6, ["actor.model.shared_prefix=false"]))
+    assert (cfg.rollout.n, cfg.data.train_batch_size, cfg.data.max_response_length) == (vs_trl.K, vs_trl.PROMPTS,
+                                                                                       vs_trl.NEW_TOKENS)
+    assert cfg.actor.optim.lr == vs_trl.LR and cfg.actor.model.shared_prefix is False
+    common = ["data.train_files=D/train.jsonl", "data.val_files=D/val.jsonl"]
+    cfg = load_config(learning_vs_trl.rl_keys(common) + ["actor.model.model_path=M", "trainer.val_only=true"])
+    assert cfg.actor.optim.lr == learning_vs_trl.LR and cfg.actor.optim.lr_scheduler_type == "constant"
+
+
+def test_vs_trl_summary_drops_the_first_step_and_counts_completions():
+    rows = [{"seconds": 9.0, "length": 16}] + [{"seconds": 0.5, "length": 16, "rollout": 0.2, "update": 0.3}] * 4
+    out = vs_trl.summarize(rows)
+    assert out["step_s"] == 0.5 and out["completions_per_s"] == vs_trl.K * vs_trl.PROMPTS / 0.5
+    assert out["tokens_per_s"] == 16 * vs_trl.K * vs_trl.PROMPTS / 0.5 and out["update"] == 0.3
+
+
+def test_learning_report_names_when_rllava_reaches_trl():
+    at = lambda sampled: {"sampled": sampled, "greedy": sampled}  # noqa: E731
+    results = {"budget": 90, "steps": {"trl": 30, "rllava": 150},
+               "curves": {"trl": [(0, at(0.2)), (30, at(0.3)), (60, at(0.4)), (90, at(0.35))],
+                          "rllava": [(0, at(0.2)), (30, at(0.36)), (60, at(0.45)), (90, at(0.5))]}}
+    text = learning_vs_trl.report(results)
+    assert "TRL's final sampled accuracy 35.0 % (at 90 s): rllava first reaches it at 30 s = 0.33" in text
+    assert "TRL's best sampled accuracy 40.0 % (at 60 s): rllava first reaches it at 60 s = 0.67" in text
+    assert "trivially" not in text
+    results["curves"]["trl"][-1] = (90, at(0.1))
+    assert "met trivially" in learning_vs_trl.report(results)
