@@ -1,12 +1,12 @@
 """Learning per second: rllava and TRL's GRPOTrainer train the same SFT-warmed model for the same wall-clock budget;
 one evaluator scores both at fixed marks. Slow (about 15 minutes at the defaults on 2 CPU cores).
 
-    python benchmarks/learning_vs_trl.py [--budget 240] [--marks 8] [--out outputs/bench/learning_vs_trl]
+    python benchmarks/learning_vs_trl.py [--budget 240] [--marks 8] [--lr 3e-4] [--out outputs/bench/learning_vs_trl]
 
 The task is the proof's counting (`rllava.proof`): a tiny random Qwen2-VL (demo size) warmed up by rllava's SFT
 (examples/tasks/counting/tiny_cpu_sft.yaml), 4000 synthetic training records, 200 held-out. Both trainers then
 run the counting recipe (examples/tasks/counting/tiny_cpu.yaml): K=8 samples of 8 prompts per step, at most 10 new
-tokens at temperature 1, lr 3e-4 constant (a decaying schedule would depend on each side's step count), no KL,
+tokens at temperature 1, lr 3e-4 (`--lr`) constant (a decaying schedule would depend on each side's step count), no KL,
 token-mean loss, one optimizer step per step, the counting reward (examples/reward_function/counting.py).
 
 The clock is each side's own training time: the sum of its steps' seconds (rollout, reward, update), without
@@ -42,17 +42,18 @@ def counting_score(response: str, ground_truth) -> dict:
     return _counting().compute_score(response, ground_truth)
 
 
-def rl_keys(common: list[str]) -> list[str]:
-    return [f"config={CONFIG}", *common, f"actor.optim.lr={LR}", "actor.optim.lr_scheduler_type=constant",
+def rl_keys(common: list[str], lr: float = LR) -> list[str]:
+    return [f"config={CONFIG}", *common, f"actor.optim.lr={lr}", "actor.optim.lr_scheduler_type=constant",
             f"data.max_response_length={NEW_TOKENS}", "trainer.logger=[jsonl]", "trainer.overwrite=true"]
 
 
 # ---- rllava's side: train, keeping the checkpoint that was newest at each mark ----------------------------------
 
-def run_rllava(sft: str, common: list[str], run_dir: str, budget: float, marks: list[float], env: dict) -> int:
+def run_rllava(sft: str, common: list[str], run_dir: str, budget: float, marks: list[float], env: dict,
+               lr: float = LR) -> int:
     """Train from `sft` until its steps have taken `budget` seconds; run_dir/marks/<mark>/ = the weights at each
     mark. Returns the steps taken."""
-    cmd = [sys.executable, "-m", "rllava.train.pipeline.rlvr", *rl_keys(common), f"actor.model.model_path={sft}",
+    cmd = [sys.executable, "-m", "rllava.train.pipeline.rlvr", *rl_keys(common, lr), f"actor.model.model_path={sft}",
            "trainer.max_steps=100000", "trainer.val_before_train=false", "trainer.val_freq=-1",
            "trainer.save_freq=1", "trainer.save_limit=3", "actor.checkpoint.save_contents=[hf_model]",
            f"trainer.outputs_dir={run_dir}"]
@@ -100,13 +101,14 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget", type=float, default=240.0, help="seconds of training for each side")
     p.add_argument("--marks", type=int, default=8, help="evaluations over the budget (besides the start)")
+    p.add_argument("--lr", type=float, default=LR, help="both sides' constant learning rate")
     p.add_argument("--out", default="outputs/bench/learning_vs_trl")
     p.add_argument("--side", choices=["trl"], help="TRL's side alone (used by the orchestration)")
     p.add_argument("--model"), p.add_argument("--data"), p.add_argument("--run")
     a = p.parse_args(argv)
     marks = [round(a.budget * i / a.marks, 3) for i in range(1, a.marks + 1)]
     if a.side == "trl":
-        return run_trl(a.model, a.data, a.run, 100000, lr=LR, new_tokens=NEW_TOKENS, score=counting_score,
+        return run_trl(a.model, a.data, a.run, 100000, lr=a.lr, new_tokens=NEW_TOKENS, score=counting_score,
                        budget_s=a.budget, marks=tuple(marks))
 
     from rllava.proof import TASKS, prepare, warm_up
@@ -127,10 +129,11 @@ def main(argv=None) -> None:
     with open(os.path.join(out, "trl", "log.txt"), "w") as log:
         subprocess.run([trl_python, os.path.abspath(__file__), "--side", "trl", "--model", sft, "--data",
                         os.path.join(out, "data"), "--run", os.path.join(out, "trl"), "--budget", str(a.budget),
-                        "--marks", str(a.marks)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+                        "--marks", str(a.marks), "--lr", str(a.lr)],
+                       cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
     steps = {"trl": len(json.load(open(os.path.join(out, "trl", "steps.json"))))}
     print(f"rllava: {a.budget:g} s of training ...", flush=True)
-    steps["rllava"] = run_rllava(sft, common, os.path.join(out, "rllava"), a.budget, marks, env)
+    steps["rllava"] = run_rllava(sft, common, os.path.join(out, "rllava"), a.budget, marks, env, a.lr)
 
     start = evaluate(sft, common, os.path.join(out, "eval_start"), env)
     curves = {side: [(0.0, start)] for side in ("trl", "rllava")}
@@ -139,7 +142,7 @@ def main(argv=None) -> None:
             print(f"evaluating {side} at {mark:g} s ...", flush=True)
             curves[side].append((mark, evaluate(os.path.join(out, side, "marks", f"{mark:g}"), common,
                                                 os.path.join(out, f"eval_{side}_{mark:g}"), env)))
-    results = {"budget": a.budget, "steps": steps, "curves": curves}
+    results = {"budget": a.budget, "lr": a.lr, "steps": steps, "curves": curves}
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(report(results))
@@ -149,7 +152,8 @@ def main(argv=None) -> None:
 def report(results: dict) -> str:
     curves, budget, steps = results["curves"], results["budget"], results["steps"]
     lines = [f"Held-out counting accuracy (200 records) after s seconds of training, from one SFT-warmed tiny "
-             f"Qwen2-VL; TRL took {steps['trl']} steps in {budget:g} s, rllava {steps['rllava']}", "",
+             f"Qwen2-VL, lr {results.get('lr', LR):g}; TRL took {steps['trl']} steps in {budget:g} s, rllava "
+             f"{steps['rllava']}", "",
              "| s | TRL sampled | rllava sampled | TRL greedy | rllava greedy |", "|---|---|---|---|---|"]
     for (s, t), (_, r) in zip(curves["trl"], curves["rllava"]):
         lines.append(f"| {s:g} | {100 * t['sampled']:.1f} % | {100 * r['sampled']:.1f} % | "

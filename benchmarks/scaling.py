@@ -51,7 +51,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--out", default="outputs/bench/scaling")
-    p.add_argument("--keys", nargs="*", default=[], help="rllava keys for every point (e.g. actor.model.shared_prefix=false)")
+    p.add_argument("--keys", nargs="*", default=[],
+                   help="rllava keys for every point (e.g. actor.model.shared_prefix=false)")
     a = p.parse_args(argv)
     from rllava.data.synthetic import make_dataset
     from rllava.model.tiny import build_tiny
