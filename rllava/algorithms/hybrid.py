@@ -152,11 +152,11 @@ def _drop_confident(loss: torch.Tensor, logprobs: torch.Tensor, all_max_clip: fl
 
 
 def _hybrid_metrics(inp: LossInputs, on: torch.Tensor, off: torch.Tensor, on_loss, off_loss, clipped) -> dict:
-    return {"on_pg_loss": masked_mean(on_loss.detach(), on).item(), "off_pg_loss": masked_mean(off_loss.detach(), off).item(),
-            "pg_clipfrac": masked_mean(clipped.float(), on).item(),
-            "on_policy_prob": masked_mean(torch.exp(inp.logprobs.detach()), on).item(),
-            "off_policy_prob": masked_mean(torch.exp(inp.logprobs.detach()), off).item(),
-            "ppo_kl": masked_mean((inp.old_logprobs - inp.logprobs).detach(), on).item()
+    return {"on_pg_loss": masked_mean(on_loss.detach(), on), "off_pg_loss": masked_mean(off_loss.detach(), off),
+            "pg_clipfrac": masked_mean(clipped.float(), on),
+            "on_policy_prob": masked_mean(torch.exp(inp.logprobs.detach()), on),
+            "off_policy_prob": masked_mean(torch.exp(inp.logprobs.detach()), off),
+            "ppo_kl": masked_mean((inp.old_logprobs - inp.logprobs).detach(), on)
             if inp.old_logprobs is not None else 0.0}
 
 
@@ -249,8 +249,8 @@ def _ppo_on_own_tokens(name: str):
         on = inp.mask
         per_token, clipped = _on_policy_loss(inp, on, loss_remove_clip, "no_reshape", 0.1, 0.5, clip_ratio_low,
                                              clip_ratio_high)
-        return per_token, {"pg_clipfrac": masked_mean(clipped.float(), on).item(),
-                           "ppo_kl": masked_mean((inp.old_logprobs - inp.logprobs).detach(), on).item()}
+        return per_token, {"pg_clipfrac": masked_mean(clipped.float(), on),
+                           "ppo_kl": masked_mean((inp.old_logprobs - inp.logprobs).detach(), on)}
 
     loss.__name__ = name
     loss.__doc__ = (f"{name.upper()}'s RL term ({PAPERS[name]}), on the policy's own tokens; its expert tokens get "

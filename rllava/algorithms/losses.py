@@ -1,7 +1,8 @@
 """Policy losses, KL penalties and loss aggregation: small pure functions over [B, T] tensors.
 
 A policy loss takes one typed `LossInputs` and its hyperparameters (keyword-only) and returns the per-token
-loss [B, T] and a dict of scalar metrics; `aggregate` reduces it (`actor.loss_agg_mode`) separately, so any loss
+loss [B, T] and a dict of scalar metrics (detached 0-d tensors: the trainer reads them once per update, so no
+micro-batch waits on the device to report them); `aggregate` reduces it (`actor.loss_agg_mode`) separately, so any loss
 works with any aggregation. Names follow RLLaVA (`actor.policy_loss.loss_mode`).
 """
 
@@ -56,10 +57,10 @@ def _clipped_surrogate(adv: torch.Tensor, ratio: torch.Tensor, low: float, high:
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
-def _ppo_metrics(clipped: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def _ppo_metrics(clipped: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """`pg_clipfrac` (fraction of tokens clipped) and `ppo_kl` = mean(logp_old - logp), k1 of KL(old || new)."""
-    return {"pg_clipfrac": masked_mean(clipped.float(), mask).item(),
-            "ppo_kl": masked_mean(-log_ratio.detach(), mask).item()}
+    return {"pg_clipfrac": masked_mean(clipped.float(), mask),
+            "ppo_kl": masked_mean(-log_ratio.detach(), mask)}
 
 
 def _centered_cov(adv: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -90,7 +91,7 @@ def vanilla(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: fl
     capped = (loss_clip > loss_cap) & (adv < 0)
     loss = torch.where(capped, loss_cap, loss_clip)
     metrics = _ppo_metrics(clipped, log_ratio, inp.mask)
-    metrics["pg_clipfrac_lower"] = masked_mean(capped.float(), inp.mask).item()
+    metrics["pg_clipfrac_lower"] = masked_mean(capped.float(), inp.mask)
     return loss, metrics
 
 
@@ -200,7 +201,7 @@ def clip_cov(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: f
     selected = selected.view_as(cov)
     loss = torch.where(selected, loss.detach(), loss)
     metrics = _ppo_metrics(clipped, log_ratio, inp.mask)
-    metrics["clip_cov_frac"] = masked_mean(selected.float(), inp.mask).item()
+    metrics["clip_cov_frac"] = masked_mean(selected.float(), inp.mask)
     return loss, metrics
 
 
@@ -222,9 +223,9 @@ def kl_cov(inp: LossInputs, *, kl_cov_ratio: float = 0.0002, ppo_kl_coef: float 
     selected[torch.topk(cov, k).indices] = True
     selected = selected.view_as(inp.logprobs)
     loss = -adv * torch.exp(log_ratio) + ppo_kl_coef * log_ratio.abs() * selected
-    return loss, {"kl_cov_frac": masked_mean(selected.float(), inp.mask).item(),
-                  "ppo_kl": masked_mean(-log_ratio.detach(), inp.mask).item(),
-                  "ppo_kl_abs": masked_mean(log_ratio.detach().abs(), inp.mask).item()}
+    return loss, {"kl_cov_frac": masked_mean(selected.float(), inp.mask),
+                  "ppo_kl": masked_mean(-log_ratio.detach(), inp.mask),
+                  "ppo_kl_abs": masked_mean(log_ratio.detach().abs(), inp.mask)}
 
 
 @register_policy_loss("cispo")
@@ -248,7 +249,7 @@ def cispo(inp: LossInputs, *, cispo_clip_ratio_low: float = 1.0, cispo_clip_rati
 
 
 def rollout_importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, *,
-                               cap: float, level: str = "token") -> tuple[torch.Tensor, dict[str, float]]:
+                               cap: float, level: str = "token") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Truncated importance sampling (TIS) for the rollout/trainer mismatch: the rollout engine (vLLM, SGLang)
     samples from pi_rollout, which differs numerically from the trainer's pi_old, so each token is reweighted
     (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training",
@@ -272,9 +273,9 @@ def rollout_importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: tor
             raise ValueError(f"unknown importance-sampling level {level!r} (choose token|sequence)")
         truncated = log_w > math.log(cap)
         weights = torch.where(valid, torch.exp(log_w.clamp(max=math.log(cap))), torch.ones_like(log_w))
-    return weights, {"rollout_is_mean": masked_mean(weights, mask).item(),
-                     "rollout_is_truncated_frac": masked_mean(truncated.float(), mask).item(),
-                     "rollout_log_ratio_abs": masked_mean(log_ratio.abs(), mask).item()}
+    return weights, {"rollout_is_mean": masked_mean(weights, mask),
+                     "rollout_is_truncated_frac": masked_mean(truncated.float(), mask),
+                     "rollout_log_ratio_abs": masked_mean(log_ratio.abs(), mask)}
 
 
 @register_policy_loss("sft")
@@ -336,7 +337,7 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, *, max_len: int
 
 
 def value_loss(vpreds: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
-               cliprange: float) -> tuple[torch.Tensor, float]:
+               cliprange: float) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped value loss (Schulman et al. 2017, arXiv:1707.06347; as in OpenAI baselines):
 
         V_clip = V_old + clip(V - V_old, -c, c)
@@ -346,4 +347,4 @@ def value_loss(vpreds: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     the clipped branch is the larger one (its gradient is then zero)."""
     clipped = old_values + (vpreds - old_values).clamp(-cliprange, cliprange)
     unclipped_sq, clipped_sq = (vpreds - returns).square(), (clipped - returns).square()
-    return 0.5 * torch.maximum(unclipped_sq, clipped_sq), masked_mean((clipped_sq > unclipped_sq).float(), mask).item()
+    return 0.5 * torch.maximum(unclipped_sq, clipped_sq), masked_mean((clipped_sq > unclipped_sq).float(), mask)

@@ -93,12 +93,12 @@ def forward_in_chunks(model, batch: Batch, batching: MicroBatching, fn) -> torch
     each micro-batch's trimmed length). The old-log-prob, reference and critic-value passes all run this way."""
     was_training = model.training
     model.eval()
-    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=_device(model))  # to the host once
     for idx in batching.split(batch, list(range(len(batch)))):
-        v = fn(batch.select(idx).to(_device(model))).cpu()
+        v = fn(batch.select(idx).to(out.device))
         out[idx, :v.shape[1]] = v
     model.train(was_training)
-    return out
+    return out.cpu()
 
 
 def compute_logprobs(model, batch: Batch, batching: MicroBatching, temperature: float, *,
@@ -138,18 +138,19 @@ def mini_batches(batch: Batch, epochs: int, size: int, rl_mask: torch.Tensor | N
 
 
 class MeanMetrics:
-    """Averages named scalars over the micro-/mini-batches of one update."""
+    """Averages named scalars over the micro-/mini-batches of one update. Tensor values stay on the device until
+    `means()`: reading one (`.item()`) would make the host wait for the device after every micro-batch."""
 
     def __init__(self):
         self.sums, self.counts = defaultdict(float), defaultdict(int)
 
-    def add(self, metrics: dict[str, float]) -> None:
+    def add(self, metrics: dict[str, float | torch.Tensor]) -> None:
         for name, value in metrics.items():
-            self.sums[name] += float(value)
+            self.sums[name] = self.sums[name] + (value.detach() if torch.is_tensor(value) else float(value))
             self.counts[name] += 1
 
     def means(self) -> dict[str, float]:
-        return {k: self.sums[k] / self.counts[k] for k in self.sums}
+        return {k: float(self.sums[k]) / self.counts[k] for k in self.sums}
 
 
 @dataclass(frozen=True)
@@ -217,17 +218,25 @@ class Actor:
             masks = self.expert.masks(batch.loss_mask, batch.off_policy_mask)
         for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, *masks):
             for rows in self.micro_batching.split(batch, mini):
-                metrics.add(self._backward(batch.select(rows).to(self.engine.device), norm, rl_coef, sft_coef))
+                micro = batch.select(rows)
+                rl_tokens = bool(self._masks(micro)[0].any())  # on the host: no wait on the device
+                metrics.add(self._backward(micro.to(self.engine.device), norm, rl_coef, sft_coef, rl_tokens))
             metrics.add({"actor/grad_norm": self.engine.optimizer_step()})
         return metrics.means()
 
-    def _backward(self, micro: Batch, norm: dict, rl_coef: float = 1.0, sft_coef: float = 1.0) -> dict[str, float]:
+    def _masks(self, micro: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(tokens of the RL term, tokens of a hybrid's SFT term or None), each [b, t]."""
+        if self.expert is not None and micro.off_policy_mask is not None:
+            return self.expert.masks(micro.loss_mask, micro.off_policy_mask)
+        return micro.loss_mask, None
+
+    def _backward(self, micro: Batch, norm: dict, rl_coef: float = 1.0, sft_coef: float = 1.0,
+                  rl_tokens: bool = True) -> dict[str, float | torch.Tensor]:
+        """One micro-batch's loss, backward; its metrics (`rl_tokens`: whether it holds any RL-trained token)."""
         logprobs, entropy = token_logprobs(self.model, micro, temperature=self.temperature, with_entropy=True,
                                            entropy_grad=self.entropy_coeff != 0, chunk_size=self.logprob_chunk_size,
                                            **self.micro_batching.layout)
-        mask, sft_mask = micro.loss_mask, None
-        if self.expert is not None and micro.off_policy_mask is not None:
-            mask, sft_mask = self.expert.masks(micro.loss_mask, micro.off_policy_mask)
+        mask, sft_mask = self._masks(micro)
         inputs = LossInputs(
             logprobs=logprobs, mask=mask, advantages=micro.advantages,
             old_logprobs=micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach(),
@@ -255,18 +264,18 @@ class Actor:
                                  num_tokens=norm["sft_tokens"], num_seqs=norm["sft_seqs"])
             loss = loss + sft_coef * sft_loss
             if sft_mask.sum() > 0:  # averaged over the micro-batches that hold expert tokens
-                out["actor/sft_nll"] = masked_mean(-logprobs.detach(), sft_mask).item()
-                out["actor/sft_weight"] = masked_mean(weights, sft_mask).item()
+                out["actor/sft_nll"] = masked_mean(-logprobs.detach(), sft_mask)
+                out["actor/sft_weight"] = masked_mean(weights, sft_mask)
         if self.use_kl_loss:
             kl = kl_penalty(logprobs, micro.need("ref_logprobs"), self.kl_loss_type)
             kl_loss = aggregate(kl, mask, **agg)
             loss = loss + self.kl_loss_coef * kl_loss
-            out["actor/kl_loss"] = masked_mean(kl.detach(), mask).item()
+            out["actor/kl_loss"] = masked_mean(kl.detach(), mask)
         if self.entropy_coeff != 0:
             loss = loss - self.entropy_coeff * aggregate(entropy, mask, **agg)
         self.engine.backward(loss)
-        if mask.sum() == 0:  # a micro-batch of demonstrations only (HPT): no RL token to average over
+        if not rl_tokens:  # a micro-batch of demonstrations only (HPT): no RL token to average over
             return {k: v for k, v in out.items() if k in ("actor/sft_nll", "actor/sft_weight")}
-        out["actor/pg_loss"] = pg_loss.item()
-        out["actor/entropy"] = masked_mean(entropy.detach(), mask).item()
+        out["actor/pg_loss"] = pg_loss.detach()
+        out["actor/entropy"] = masked_mean(entropy.detach(), mask)
         return out
