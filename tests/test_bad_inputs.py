@@ -213,6 +213,7 @@ def test_runtime_reward_failures_name_the_function_and_sample(run, tmp_path, bod
 
 def test_runtime_sigint_mid_step_exits_130(tmp_path, tiny_model_dir, counting_dir):
     """Ctrl-C during a step (here: the reward interrupts its own process): exit 130, one line, no final/."""
+    import signal
     import subprocess
     import sys
 
@@ -225,7 +226,9 @@ def test_runtime_sigint_mid_step_exits_130(tmp_path, tiny_model_dir, counting_di
                           "data.val_files=", "data.max_samples=8", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2",
                           "rollout.n=2", "trainer.max_steps=2", "trainer.val_before_train=false", "trainer.logger=[jsonl]",
                           f"trainer.outputs_dir={out}", f"reward.reward_function={tmp_path}/r.py:compute_score"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal (a
+    # suite started with `&` from a script hands its children SIGINT ignored, and Python then keeps it ignored)
     assert res.returncode == 130 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert "rllava: interrupted" in res.stderr and not (out / "final").exists()
 

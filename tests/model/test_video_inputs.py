@@ -154,9 +154,10 @@ def _values_and_grads(model, batch, padding_free):
     return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _load(path):
-    processor = load_processor(path)
-    return AutoModelForImageTextToText.from_pretrained(path, attn_implementation="sdpa", dtype=torch.float32), processor
+def _load(path, attn_implementation: str = "sdpa"):
+    model = AutoModelForImageTextToText.from_pretrained(path, attn_implementation=attn_implementation,
+                                                        dtype=torch.float32)
+    return model, load_processor(path)
 
 
 def roll_out(model, processor, samples, n: int, max_new_tokens: int):
@@ -184,7 +185,7 @@ def test_rollout_and_padding_free_log_probs_with_images_and_videos(arch_dirs, ar
     padded and the packed training forward give the same log-probs, entropy and gradients, and a selection of
     rows carries its own videos."""
     torch.manual_seed(0)
-    model, processor = _load(arch_dirs[arch])
+    model, processor = _load(arch_dirs[arch], attn_implementation="sdpa")  # the packed rows' varlen masks
     samples = [_sample(processor, i, n_images, n_videos, "How many" + " red" * i)
                for i, (n_images, n_videos) in enumerate([(0, 0), (1, 0), (2, 0), (0, 1), (1, 1)])]
     _, batch = roll_out(model, processor, samples, n=1, max_new_tokens=4)

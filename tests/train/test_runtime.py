@@ -154,7 +154,9 @@ def test_exit_codes_mean_something(tmp_path, tiny_model_dir, counting_dir, body,
     out = str(tmp_path / "run")
     res = subprocess.run([sys.executable, "-m", "rllava.train.pipeline.rlvr",
                           *_args(tiny_model_dir, counting_dir, out, f"{reward}:compute_score", "trainer.max_steps=3")],
-                         capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                         capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal (a
+    # suite started with `&` from a script hands its children SIGINT ignored, and Python then keeps it ignored)
     assert res.returncode == code, res.stderr[-2000:]
     assert message in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert code == 130 or f"r.py:compute_score, sample " in res.stderr  # names the function and the sample
