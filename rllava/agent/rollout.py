@@ -19,6 +19,7 @@ sequence the engine continued (and Qwen-VL's M-RoPE positions are computed over 
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -93,9 +94,10 @@ def _truncate(c: Completion, budget: int) -> Completion:
 class AgentRollout(Rollout):
     def __init__(self, engine, processor, env, *, max_turns: int, max_response_length: int,
                  observation_role: str = "user", min_pixels: int | None = None, max_pixels: int | None = None,
-                 skip_special_tokens: bool = True):
+                 skip_special_tokens: bool = True, tool_workers: int = 1):
         super().__init__(engine, processor, skip_special_tokens=skip_special_tokens)
         self.env, self.max_turns, self.budget = env, max_turns, max_response_length
+        self.tool_workers = tool_workers  # environment steps of one round run at once, at most this many
         self.observation_role, self.min_pixels, self.max_pixels = observation_role, min_pixels, max_pixels
 
     def generate(self, samples: list[Sample], sampling: SamplingParams, prefixes=None) -> list[Trajectory]:
@@ -112,9 +114,20 @@ class AgentRollout(Rollout):
             requests = [GenerationRequest(e.ids, e.mm, e.raw, list(e.state.images), e.sample.videos)
                         for e in active]
             completions = self.engine.generate(requests, replace(sampling, n=1, max_new_tokens=max(budgets)))
-            for e, (c,), budget in zip(active, completions, budgets):
-                self._add_turn(e, _truncate(c, budget), last=turn == self.max_turns - 1)
+            stepping = [e for e, (c,), budget in zip(active, completions, budgets)
+                        if self._add_turn(e, _truncate(c, budget), last=turn == self.max_turns - 1)]
+            for e, obs in zip(stepping, self._step_all(stepping)):
+                self._observe(e, obs)
         return [self._trajectory(e) for e in episodes]
+
+    def _step_all(self, episodes: list[Episode]) -> list[Observation]:
+        """The environment on each episode's last turn: at most `tool_workers` at once (threads: a tool that
+        waits, like the code tool's sandbox, waits alone; each call keeps its own time limit)."""
+        step = lambda e: self.env.step(e.state, e.turn_texts[-1])  # noqa: E731
+        if self.tool_workers <= 1 or len(episodes) <= 1:
+            return [step(e) for e in episodes]
+        with ThreadPoolExecutor(min(self.tool_workers, len(episodes))) as pool:
+            return list(pool.map(step, episodes))
 
     def replay(self, samples: list[Sample]) -> list[Trajectory]:
         """Multi-turn SFT: each sample's expert turns (`sample.target`, a list of turn texts; one string is one
@@ -132,7 +145,8 @@ class AgentRollout(Rollout):
                 ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
                 ids = ids[:self.budget - e.response_tokens - 1] + [self.tokenizer.eos_token_id]
                 last = k == min(len(turns), self.max_turns) - 1
-                self._add_turn(e, Completion(ids, [0.0] * len(ids), "stop"), last=last)
+                if self._add_turn(e, Completion(ids, [0.0] * len(ids), "stop"), last=last):
+                    self._observe(e, self.env.step(e.state, e.turn_texts[-1]))
                 if e.finish_reason:
                     break
             t = self._trajectory(e)
@@ -152,8 +166,8 @@ class AgentRollout(Rollout):
                                         self.env.reset(sample, sizes)))
         return episodes
 
-    def _add_turn(self, e: Episode, c: Completion, last: bool) -> None:
-        """Append a model turn; unless the episode ends, run the environment on it and append what it shows."""
+    def _add_turn(self, e: Episode, c: Completion, last: bool) -> bool:
+        """Append a model turn; True when the episode goes on and the environment is to read the turn."""
         text = self.tokenizer.decode(c.token_ids, skip_special_tokens=self.skip_special_tokens)
         e.segments.append(Segment(list(c.token_ids), trained=True, logprobs=list(c.logprobs)))
         e.ids, e.raw = e.ids + c.token_ids, e.raw + c.token_ids
@@ -163,11 +177,14 @@ class AgentRollout(Rollout):
         e.anchors.append(e.last_observation)
         if c.finish_reason == "length":  # cut mid-turn: no complete call to run
             e.finish_reason = "length"
-            return
+            return False
         if last:  # rollout.max_turns: no turn left to read an observation in, so no tool runs
             e.finish_reason = "stop"
-            return
-        obs = self.env.step(e.state, text)
+            return False
+        return True
+
+    def _observe(self, e: Episode, obs: Observation) -> None:
+        """The environment's answer to the last turn: its reward, and (unless the episode ends) what it shows."""
         e.turn_rewards[-1] = obs.reward
         if obs.done:
             e.finish_reason = "stop"

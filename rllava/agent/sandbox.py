@@ -18,7 +18,8 @@ can be tried by hand. Model output is hostile input; each call runs in a fresh c
 The parent kills the child's process group at the wall-clock limit, keeps at most `output_chars` of its stdout
 and stderr, takes back the images the snippet saved in its directory (PNG/JPEG/BMP/GIF/WEBP, at most
 `max_images`, each checked against `max_pixels` before it is decoded: no decompression bomb), and deletes the
-directory. Where neither a chroot nor a user namespace is possible, files outside the directory are refused by
+directory (and any process still jailed in it, found by its root directory, even one that left the group).
+Where neither a chroot nor a user namespace is possible, files outside the directory are refused by
 a Python audit hook (weaker: C code is not stopped); the fallback is logged once.
 
 Not a VM: it does not protect against kernel exploits, or against using the CPU and memory it is allowed.
@@ -118,6 +119,7 @@ def _run(workdir: str, given: set, limits: Limits) -> Result:
             timed_out = True
         _kill_group(proc.pid)
         proc.wait()
+        _kill_jailed(workdir)
         stdout, stderr = (_read(f, limits.output_chars) for f in (out, err))
     result = Result(stdout, stderr, returncode=proc.returncode)
     result.guards = _guards(workdir)
@@ -137,6 +139,24 @@ def _kill_group(pgid: int) -> None:
             return
         time.sleep(0.005)
     log.warning("sandbox: process group %d still alive after SIGKILL (its CPU limit will end it)", pgid)
+
+
+def _kill_jailed(workdir: str) -> None:
+    """SIGKILL every process whose root directory is the sandbox's (one that left the process group with
+    setsid): what the chroot put there is found by /proc/<pid>/root."""
+    real = os.path.realpath(workdir)
+    for _ in range(100):
+        found = False
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.readlink(f"/proc/{pid}/root") == real:
+                    os.kill(int(pid), signal.SIGKILL)
+                    found = True
+            except OSError:
+                continue
+        if not found:
+            return
+        time.sleep(0.01)
 
 
 def _read(f, limit: int) -> str:

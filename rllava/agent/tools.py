@@ -15,7 +15,7 @@ A tool is a function or a class registered by name, like an advantage estimator:
 `rollout.agent.tools=[search, zoom]` picks them; a user file that registers its own is listed in
 `rollout.agent.plugins`. A call is written `<name>arguments</name>` (`rollout.agent.tool_format=tags`; the
 arguments are the text between the tags) or `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-(`json`; the arguments are the dict). A tool that rejects its arguments raises `ToolError`; any exception a tool
+(`json`; the arguments are the dict); `fenced` also takes a ```python block as a call of the `code` tool. A tool that rejects its arguments raises `ToolError`; any exception a tool
 raises becomes an error observation the model reads next turn (never a crash of the step), and the turn that
 made the call is credited `rollout.agent.invalid_call_penalty` (negative) as a tool-level reward.
 """
@@ -88,7 +88,13 @@ def parse_json(text: str, names: list[str]) -> tuple[str, Any] | None:
     return call["name"], call.get("arguments", {})
 
 
-PARSERS = {"tags": parse_tags, "json": parse_json}
+def parse_fenced(text: str, names: list[str]) -> tuple[str, Any] | None:
+    """A fenced ```python block as a call of the `code` tool (the first block), else `<name>...</name>` tags."""
+    m = re.search(r"```(?:python|py)[ \t]*\n(.*?)```", text, re.DOTALL) if "code" in names else None
+    return ("code", m.group(1)) if m else parse_tags(text, names)
+
+
+PARSERS = {"tags": parse_tags, "json": parse_json, "fenced": parse_fenced}
 
 
 def answer_of(text: str, tag: str = "answer") -> str | None:

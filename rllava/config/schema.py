@@ -596,7 +596,8 @@ class SGLangConfig:  # used only when rollout.name=sglang (rllava/engine/inferen
 class AgentConfig:  # rllava section: multi-turn agent rollouts (rllava.agent), on when `tools` is not empty
     tools: list[str] = field(default_factory=list)  # registered tools the agent may call, e.g. [search, zoom]
     tool_kwargs: dict[str, Any] = field(default_factory=dict)  # options per tool: tool_kwargs.search.corpus=...
-    tool_format: str = "tags"  # how a call is written: tags (<zoom>[...]</zoom>) or json (<tool_call>{...}</tool_call>)
+    tool_format: str = "tags"  # how a call is written: tags (<zoom>[...]</zoom>), json (<tool_call>{...}</tool_call>), or fenced (tags, and a ```python block calls `code`)
+    tool_workers: int = 8  # tool calls of one round run at once, at most this many (the code tool's sandboxes); 1 = one by one
     answer_tag: str = "answer"  # a turn with <answer>...</answer> ends the episode
     invalid_call_penalty: float = 0.0  # tool-level reward of a turn whose call fails (verl's zoom: -0.05)
     observation_role: str = "user"  # the chat role observations are shown in (user, or tool where the template has it)
@@ -604,7 +605,8 @@ class AgentConfig:  # rllava section: multi-turn agent rollouts (rllava.agent), 
 
     def check(self, prefix: str) -> list[str]:
         p: list[str] = []
-        _choice(p, f"{prefix}.tool_format", self.tool_format, ["tags", "json"])
+        _choice(p, f"{prefix}.tool_format", self.tool_format, ["tags", "json", "fenced"])
+        _positive(p, f"{prefix}.tool_workers", self.tool_workers)
         _choice(p, f"{prefix}.observation_role", self.observation_role, ["user", "tool"])
         if not re.fullmatch(r"[A-Za-z_][\w-]*", self.answer_tag):
             p.append(f"{prefix}.answer_tag={self.answer_tag!r} must be a tag name (e.g. answer)")
@@ -817,7 +819,7 @@ def agent_on(c) -> bool:
 # Agent keys: read only when the agent driver runs; a key changed from its default otherwise is an error.
 AGENT_KEYS = ["rollout.max_turns", "rollout.discount", "algorithm.step_advantage_w", "rollout.agent.tool_kwargs", "rollout.agent.tool_format",
               "rollout.agent.answer_tag", "rollout.agent.invalid_call_penalty", "rollout.agent.observation_role",
-              "rollout.agent.plugins"]
+              "rollout.agent.plugins", "rollout.agent.tool_workers"]
 
 def _loss_in(*modes: str) -> Callable[[Any], bool]:
     return lambda c: c.actor.policy_loss.loss_mode in modes

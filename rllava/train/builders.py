@@ -16,6 +16,7 @@ import torch
 import transformers
 
 from rllava import distributed as D
+from rllava.agent import code as _code  # noqa: F401  (registers the code tool)
 from rllava.agent import search as _search  # noqa: F401  (registers the search tool)
 from rllava.agent.classes import ClassEnv, ClassToolsEnv
 from rllava.agent.rollout import AgentRollout
@@ -166,7 +167,7 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device) -> Rollout:
     return AgentRollout(engine, processor, env, max_turns=cfg.rollout.max_turns,
                         max_response_length=cfg.data.max_response_length, observation_role=a.observation_role,
                         min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
-                        skip_special_tokens=cfg.reward.skip_special_tokens)
+                        skip_special_tokens=cfg.reward.skip_special_tokens, tool_workers=a.tool_workers)
 
 
 def build_rollout_engine(cfg: PPOConfig, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],

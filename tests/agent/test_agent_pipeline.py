@@ -132,7 +132,8 @@ def test_a_tool_from_a_users_file(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["rollout.agent.tools=[zoom]", "rollout.agent.tool_format=xml"],
-     "rollout.agent.tool_format=xml is not one of: tags, json"),
+     "rollout.agent.tool_format=xml is not one of: tags, json, fenced"),
+    (["rollout.agent.tools=[code]", "rollout.agent.tool_workers=0"], "rollout.agent.tool_workers=0 must be > 0"),
     (["rollout.agent.tools=[zoom]", "rollout.agent.invalid_call_penalty=0.5"],
      "rollout.agent.invalid_call_penalty=0.5 must be <= 0"),
     (["rollout.agent.tools=[zoom]", "rollout.max_turns=0"], "rollout.max_turns=0 must be > 0"),
@@ -158,8 +159,9 @@ def test_agent_keys_reach_the_driver(tiny_model_dir):
     cfg = load_config(["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={tiny_model_dir}",
                        "rollout.agent.tools=[zoom]", "rollout.agent.answer_tag=final", "rollout.max_turns=7",
                        "rollout.agent.observation_role=tool", "rollout.agent.tool_format=json",
-                       "rollout.agent.invalid_call_penalty=-0.25"])
+                       "rollout.agent.invalid_call_penalty=-0.25", "rollout.agent.tool_workers=3"])
     rollout = B.build_rollout(cfg, load_processor(tiny_model_dir), torch.device("cpu"))
+    assert rollout.tool_workers == 3  # what it does: tests/agent/test_agent_rollout.py (tool_workers)
     assert rollout.max_turns == 7 and "<|im_start|>tool\nseen" in rollout.observation_text(Observation("seen"))
     state = AgentState(None)
     call = '<tool_call>{"name": "zoom", "arguments": [0, 0, 9, 9]}</tool_call>'

@@ -181,3 +181,31 @@ def test_replay_expert_turns_through_the_tools(proc):
     sample.target = {"turns": 2}
     with pytest.raises(ValueError, match="record 0: an agent's expert trajectory .* is a list of turn texts, not dict"):
         rollout.replay([sample])
+
+
+def test_a_rounds_tool_calls_run_at_once_up_to_tool_workers(proc):
+    """Four episodes call a slow tool in the same round: with tool_workers=2 two calls run at a time (never
+    more), with 1 they run one by one; the observations go back to their own episodes either way."""
+    import threading
+    import time
+
+    active, peak, lock = [0], [0], threading.Lock()
+
+    @register_tool("slow")
+    def slow(args, state):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.2)
+        with lock:
+            active[0] -= 1
+        return Observation(text=f"slow: {args}")
+
+    scripts = {i: [f"<slow>{i}</slow>", "<answer>1</answer>"] for i in range(4)}
+    for workers, expected in ((2, 2), (1, 1)):
+        peak[0] = 0
+        trajs = _rollout(proc, scripts, tools=("slow",), tool_workers=workers).generate(
+            [_sample(i) for i in range(4)], SamplingParams(max_new_tokens=50))
+        assert peak[0] == expected
+        assert [t.agent.calls for t in trajs] == [[("slow", str(i))] for i in range(4)]
+        assert all(f"slow: {i}" in proc.tokenizer.decode(t.segments[2].token_ids) for i, t in enumerate(trajs))

@@ -94,6 +94,14 @@ def test_each_limit_stops_its_bomb(snippet, limit, outside):
     assert leftover == ""  # the whole process group was killed
 
 
+def test_a_process_that_leaves_the_group_is_killed_too():
+    snippet = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')\n")
+    result = run_code(snippet, [], FAST)
+    assert result.ok and "parent done" in result.stdout
+    leftover = subprocess.run(["pgrep", "-u", "65534", "-f", "sandbox_child"], capture_output=True, text=True).stdout
+    assert leftover == ""
+
+
 def test_the_trainer_survives_kill_exit_and_crash():
     for target in (os.getpid(), 1):  # this (the trainer's) process, init: not nobody's to signal
         result = run_code(f"import os, signal\nos.kill({target}, signal.SIGKILL)\n", [], FAST)

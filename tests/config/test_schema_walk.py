@@ -167,6 +167,7 @@ COVERED = {
     "rollout.agent.answer_tag": "tests/agent/test_agent_pipeline.py::test_agent_keys_reach_the_driver",
     "rollout.agent.observation_role": "tests/agent/test_agent_pipeline.py::test_agent_keys_reach_the_driver",
     "rollout.agent.invalid_call_penalty": "tests/agent/test_agent_pipeline.py::test_agent_keys_reach_the_driver",
+    "rollout.agent.tool_workers": "tests/agent/test_agent_pipeline.py::test_agent_keys_reach_the_driver",
     "rollout.max_turns": "tests/agent/test_agent_pipeline.py::test_agent_keys_reach_the_driver",
     "rollout.tool_config_path": "tests/agent/test_classes.py::test_class_files_reach_the_driver",
     "rollout.env_config_path": "tests/agent/test_classes.py::test_class_files_reach_the_driver",
