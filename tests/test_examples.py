@@ -58,6 +58,7 @@ def test_the_tree_has_the_seeds_layout():
     assert "examples/tasks/counting/qwen2_5_vl_3b_clevr_online.sh" in SCRIPTS
     assert "examples/tasks/OVD/qwen2_5_vl_3b_ovd_online.sh" in SCRIPTS
     assert "examples/tasks/agent_search/qwen2_5_vl_3b_agent_search_online.sh" in SCRIPTS
+    assert "examples/tasks/agent_code/qwen2_5_vl_3b_agent_code_online.sh" in SCRIPTS
 
 
 @pytest.fixture(autouse=True)

@@ -50,6 +50,15 @@ and `query` the expert's search (Visual-ARFT's query reward compares the agent's
      "query": "red triangle day 17",
      "solution": "<answer> cylinder</answer>", "turns": ["<search> red triangle day 17</search>",
      "<answer> cylinder</answer>"]}
+agent_code (MAT-Coding-like, for agents with the sandboxed `code` tool): an upright image (a black bar along its
+top, one shape in the upper half, one in the lower, two colours) turned 90/180/270 degrees, flipped top to bottom,
+or darkened to a fifth (`op`); the question asks the upper shape's colour once upright. `turns` is the expert
+trajectory: a snippet that undoes `op` (AGENT_CODE_FIXES; it saves fixed.png, which comes back as an image), then
+the answer; in a third of the train records (GUESS_RATE) an answer without code.
+    {"images": [...], "problem": "<image>The black bar marks the top. Upright, what colour is the upper shape?",
+     "answer": "red", "op": "rotate90", "solution": "<answer> red</answer>",
+     "turns": ["<code>from PIL import Image, ImageEnhance\\nImage.open('image.png').rotate(-90,
+     expand=True).save('fixed.png')</code>", "<answer> red</answer>"]}
 """
 
 from __future__ import annotations
@@ -61,7 +70,7 @@ import os
 import random
 from fractions import Fraction
 
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageEnhance
 
 from rllava.data.records import DataError
 from rllava.utils.fs import atomic_directory
@@ -286,8 +295,48 @@ def _agent_search_corpus(out_dir: str, seed: int) -> None:
                     + "\n")
 
 
-TASKS = {"counting": _counting, "grounding": _grounding, "ovd": _ovd, "math": _math, "agent_search": _agent_search}
+# agent_code: how each degradation is undone by the expert's snippet (PIL's rotate turns counter-clockwise)
+AGENT_CODE_FIXES = {
+    "rotate90": "Image.open('image.png').rotate(-90, expand=True).save('fixed.png')",
+    "rotate180": "Image.open('image.png').rotate(180).save('fixed.png')",
+    "rotate270": "Image.open('image.png').rotate(90, expand=True).save('fixed.png')",
+    "flip": "Image.open('image.png').rotate(180).save('fixed.png')",  # the upper shape comes back to the top
+    "dark": "ImageEnhance.Brightness(Image.open('image.png')).enhance(5).save('fixed.png')",
+}
+AGENT_CODE_QUESTION = "<image>The black bar marks the top. Upright, what colour is the upper shape?"
+DARKEN = 0.2  # the dark images' brightness (the fix brightens 5x)
+
+
+def degrade(image: Image.Image, op: str) -> Image.Image:
+    """The upright `image` after agent_code's degradation `op` (a key of AGENT_CODE_FIXES)."""
+    if op.startswith("rotate"):
+        return image.rotate(int(op[6:]), expand=True)
+    if op == "flip":
+        return image.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
+    return ImageEnhance.Brightness(image).enhance(DARKEN)
+
+
+def _agent_code(rng: random.Random, i: int, n: int, size: int, *, split: str, seed: int):
+    upper, lower = rng.sample(sorted(COLORS), 2)
+    bar = max(2, size // 10)
+    r = round(rng.uniform(11, 14) * size / 112)
+    shapes = [(rng.choice(KINDS), rng.randint(r + 2, size - r - 3), rng.randint(bar + r + 2, size // 2 - r - 1)),
+              (rng.choice(KINDS), rng.randint(r + 2, size - r - 3), rng.randint(size // 2 + r + 1, size - r - 3))]
+    image = draw_shapes(size, [(k, x, y, r) for k, x, y in shapes], [upper, lower])
+    ImageDraw.Draw(image).rectangle([0, 0, size - 1, bar - 1], fill=(0, 0, 0))
+    op = rng.choice(sorted(AGENT_CODE_FIXES))
+    code = "from PIL import Image, ImageEnhance\n" + AGENT_CODE_FIXES[op]
+    turns = [f"<code>{code}</code>", f"<answer> {upper}</answer>"]
+    if split == "train" and rng.random() < GUESS_RATE:  # answers from the degraded image, no code
+        turns = [f"<answer> {rng.choice(sorted(COLORS))}</answer>"]
+    return degrade(image, op), {"problem": AGENT_CODE_QUESTION, "answer": upper, "op": op,
+                                "solution": f"<answer> {upper}</answer>", "turns": turns}
+
+
+TASKS = {"counting": _counting, "grounding": _grounding, "ovd": _ovd, "math": _math, "agent_search": _agent_search,
+         "agent_code": _agent_code}
 EXTRA_FILES = {"agent_search": _agent_search_corpus}  # files beside the splits (the search corpus)
+SPLIT_AWARE = {"agent_search", "agent_code"}  # generators told the split (the val set differs) and the seed
 
 
 def make_dataset(task: str, out_dir: str, n_train: int = 4000, n_val: int = 200, seed: int = 0,
@@ -310,7 +359,7 @@ def make_dataset(task: str, out_dir: str, n_train: int = 4000, n_val: int = 200,
             with open(os.path.join(tmp, f"{split}.jsonl"), "w", encoding="utf-8") as f:
                 for j, i in enumerate(order):
                     rel = f"images/{split}_{j:05d}.png"
-                    extra = {"split": split, "seed": seed} if task in EXTRA_FILES else {}
+                    extra = {"split": split, "seed": seed} if task in SPLIT_AWARE else {}
                     image, fields = TASKS[task](rng, i, n, size, **extra)
                     image.save(os.path.join(tmp, rel), format="PNG")
                     f.write(json.dumps({"images": [rel], **fields}) + "\n")

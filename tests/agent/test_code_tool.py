@@ -56,3 +56,57 @@ def test_fenced_blocks_call_code_and_tags_still_work():
 def test_bad_limits_are_config_errors(options, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         Code(**options)
+
+
+def _agent_code_reward():
+    import importlib.util
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location("agent_code", os.path.join(repo, "examples", "reward_function",
+                                                                             "agent_code.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_agent_code_records_are_restored_by_the_experts_snippet(tmp_path):
+    """Every degradation of the synthetic agent_code set is undone by its expert's snippet run through the code
+    tool: the black bar comes back to the top and the upper half holds the answer's colour."""
+    import json
+    import re
+
+    import numpy as np
+
+    from rllava.data.synthetic import COLORS, make_dataset
+
+    paths = make_dataset("agent_code", str(tmp_path / "d"), n_train=30, n_val=10)
+    rows = {s: [json.loads(line) for line in open(paths[s])] for s in ("train", "val")}
+    assert {r["op"] for r in rows["train"] + rows["val"]} == {"rotate90", "rotate180", "rotate270", "flip", "dark"}
+    guesses = [r for r in rows["train"] if len(r["turns"]) == 1]
+    assert 0 < len(guesses) < 15 and all(len(r["turns"]) == 2 for r in rows["val"])
+    env = ToolEnv(build_tools(["code"], {}))
+    root = os.path.dirname(paths["train"])
+    for r in [r for r in rows["train"] + rows["val"] if r not in guesses]:
+        state = _state(Image.open(os.path.join(root, r["images"][0])).convert("RGB"))
+        assert r["turns"][1] == f"<answer> {r['answer']}</answer>"
+        obs = env.step(state, r["turns"][0])
+        assert not obs.error and len(obs.images) == 1, obs.text
+        fixed = np.asarray(obs.images[0]).astype(int)
+        size = fixed.shape[0]
+        assert fixed[:size // 20].max() < 60, r["op"]  # the bar is at the top again
+        upper = fixed[size // 10:size // 2].reshape(-1, 3)
+        near = np.abs(upper - np.array(COLORS[r["answer"]])).sum(-1) < 40  # brightened 5x: within rounding
+        assert near.sum() > 50, (r["op"], r["answer"])
+    assert all(re.fullmatch(r"<answer> \w+</answer>", r["turns"][0]) for r in guesses)
+
+
+def test_agent_code_reward_by_hand():
+    r = _agent_code_reward()
+    s = r.compute_score("<code>x</code>\n<answer> red</answer>", "red", tool_calls=[("code", "x")],
+                        tool_memory={"code": {"calls": 1, "ran": 1}})
+    assert s == {"overall": pytest.approx(1.0), "f1": 1.0, "format": 1.0, "ran": 1.0, "coded": 1.0, "accuracy": 1.0}
+    failed = r.compute_score("<code>x</code>\n<code>y</code>\n<answer> blue</answer>", "red",
+                             tool_calls=[("code", "x"), ("code", "y")], tool_memory={"code": {"calls": 2, "ran": 1}})
+    assert failed["overall"] == pytest.approx(0.1 + 0.05) and failed["ran"] == 0.5 and failed["accuracy"] == 0.0
+    guess = r.compute_score("<answer> red</answer>", "red")
+    assert guess["overall"] == pytest.approx(0.9) and guess["coded"] == 0.0 and guess["ran"] == 0.0
