@@ -1,8 +1,11 @@
-"""The sandbox's child process (see rllava/agent/sandbox.py): `python -I sandbox_child.py WORKDIR LIMITS_JSON`.
+"""The sandbox's fork server (see rllava/agent/sandbox.py): `python -I sandbox_child.py`.
 
-Trusted code up to `_run`: it loads what snippets may import, leaves the network, shuts itself into WORKDIR,
-sets its limits, drops its privileges, records which guards hold in WORKDIR/.guards.json, then runs
-WORKDIR/snippet.py. It imports nothing of rllava (nor torch): it must start fast and hold nothing of the trainer.
+It loads what snippets may import once, then reads one request a line on stdin ({"id", "workdir", "limits",
+"out", "err"}) and forks a child per request, answering {"id", "pid"} at once and {"id", "status"} when the child
+ends. The child (trusted code up to `_run`) leaves the network, shuts itself into its workdir, sets its limits,
+drops its privileges, records which guards hold in .guards.json, then runs snippet.py. A fork of a warmed-up
+interpreter costs milliseconds where a fresh one importing numpy and PIL costs ~0.17 s. It imports nothing of
+rllava (nor torch): it holds nothing of the trainer.
 """
 
 import json
@@ -140,10 +143,63 @@ def _run(here: str) -> None:
     exec(compile(code, "snippet.py", "exec"), {"__name__": "__main__"})
 
 
+def _child(req: dict) -> None:
+    """In the forked child: its own session, its output files, the jail, the snippet; never returns."""
+    code = 1
+    try:
+        os.setsid()
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(os.open(req["out"], os.O_WRONLY), 1)
+        os.dup2(os.open(req["err"], os.O_WRONLY), 2)
+        os.closerange(3, 1 << 16)  # the server's pipes and anything else it held
+        # fresh file objects: the server's may have been locked by its writer thread at the fork
+        sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8", errors="backslashreplace")
+        sys.stderr = open(2, "w", buffering=1, closefd=False, encoding="utf-8", errors="backslashreplace")
+        workdir = req["workdir"]
+        guards = _jail(workdir, req["limits"])
+        here = "/" if guards["files"].startswith("chroot") else workdir
+        with open(os.path.join(here, ".guards.json"), "w") as f:
+            json.dump(guards, f)
+        _run(here)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve() -> None:
+    import threading
+
+    lock = threading.Lock()
+
+    def say(message: dict) -> None:
+        with lock:
+            sys.stdout.write(json.dumps(message) + "\n")
+            sys.stdout.flush()
+
+    def reap(request_id: int, pid: int) -> None:
+        _, status = os.waitpid(pid, 0)
+        say({"id": request_id, "status": os.waitstatus_to_exitcode(status)})
+
+    for line in sys.stdin:
+        req = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _child(req)
+        say({"id": req["id"], "pid": pid})
+        threading.Thread(target=reap, args=(req["id"], pid), daemon=True).start()
+
+
 if __name__ == "__main__":
-    workdir, limits = sys.argv[1], json.loads(sys.argv[2])
-    guards = _jail(workdir, limits)
-    here = "/" if guards["files"].startswith("chroot") else workdir
-    with open(os.path.join(here, ".guards.json"), "w") as f:
-        json.dump(guards, f)
-    _run(here)
+    serve()

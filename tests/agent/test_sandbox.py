@@ -131,3 +131,17 @@ def test_output_is_cut_and_the_cli_prints_the_observation(tmp_path):
     out = subprocess.run([sys.executable, "-m", "rllava.agent.sandbox", str(snippet), "--wall-s", "5"],
                          capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and "hello" in out.stdout and "Error (exit status 2)" in out.stdout
+
+
+def test_concurrent_snippets_keep_their_own_output_and_images():
+    """The code tool's pool calls the fork server from several threads at once: each call gets its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i):
+        return run_code(f"from PIL import Image\nprint({i})\nImage.new('RGB', ({i + 1}, 3)).save('o.png')\n", [],
+                        FAST)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(16)))
+    assert [r.stdout.strip() for r in results] == [str(i) for i in range(16)]
+    assert [r.images[0].size for r in results] == [(i + 1, 3) for i in range(16)]
