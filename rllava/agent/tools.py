@@ -15,9 +15,10 @@ A tool is a function or a class registered by name, like an advantage estimator:
 `rollout.agent.tools=[search, zoom]` picks them; a user file that registers its own is listed in
 `rollout.agent.plugins`. A call is written `<name>arguments</name>` (`rollout.agent.tool_format=tags`; the
 arguments are the text between the tags) or `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-(`json`; the arguments are the dict); `fenced` also takes a ```python block as a call of the `code` tool. A tool that rejects its arguments raises `ToolError`; any exception a tool
-raises becomes an error observation the model reads next turn (never a crash of the step), and the turn that
-made the call is credited `rollout.agent.invalid_call_penalty` (negative) as a tool-level reward.
+(`json`; the arguments are the dict); `fenced` also takes a ```python block as a call of the `code` tool. A
+tool that rejects its arguments raises `ToolError`; any exception a tool raises becomes an error observation the
+model reads next turn (never a crash of the step), and the turn that made the call is credited
+`rollout.agent.invalid_call_penalty` (negative) as a tool-level reward.
 """
 
 from __future__ import annotations
