@@ -17,7 +17,8 @@ OUT, so single-task runs add up) and `OUT/<task>.png` (held-out metric and train
 `make demo` is the counting row alone. `agent_search` is a multi-turn agent with the search tool (`rllava.agent`),
 warmed up on expert trajectories with the tool's outputs replayed: besides its F1 the table reports how often the
 held-out episodes search (`searched`), retrieve the document with the answer (`found`) and answer right from it
-(`used`).
+(`used`). `agent_code` runs Python in the sandbox (`rllava.agent.code`) to restore a turned, flipped or
+darkened image: the table reports how often held-out episodes call it (`coded`) and how much of it ran (`ran`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ TASKS = {t.name: t for t in [
     Task("math", "math", "accuracy", 100.0, 10.0),
     Task("ovd", "OVD", "reward_mean", 1.0, 0.10, arch="qwen3_vl"),
     Task("agent_search", "agent_search", "f1", 1.0, 0.10, rates=("searched", "found", "used")),
+    Task("agent_code", "agent_code", "accuracy", 100.0, 10.0, rates=("coded", "ran")),
 ]}
 
 
