@@ -32,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vs_trl import REPO, _counting, ensure_trl_venv, run_trl  # noqa: E402
+from vs_trl import REPO, _counting, bench_env, ensure_trl_venv, run_trl  # noqa: E402
 
 CONFIG = "examples/tasks/counting/tiny_cpu.yaml"
 LR, NEW_TOKENS = 1e-4, 10  # at the proof's 3e-4 TRL collapses within 40 steps (docs/performance.md)
@@ -114,8 +114,7 @@ def main(argv=None) -> None:
     from rllava.proof import TASKS, prepare, warm_up
 
     out = os.path.abspath(a.out)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count())),
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    env = bench_env()
     sft = os.path.join(out, "sft", "final")
     common = prepare(TASKS["counting"], out) if not os.path.isdir(sft) else [
         f"data.train_files={out}/data/train.jsonl", f"data.val_files={out}/data/val.jsonl", "trainer.seed=0"]

@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vs_trl import K, NEW_TOKENS, PROMPTS, REPO, rllava_command, rllava_steps  # noqa: E402
+from vs_trl import K, NEW_TOKENS, PROMPTS, REPO, bench_env, rllava_command, rllava_steps  # noqa: E402
 
 IMAGE = 112
 SWEEPS = {  # quantity -> (values, keys of one point)
@@ -36,7 +36,7 @@ def run_point(model_dir: str, data_dir: str, run_dir: str, steps: int, keys: lis
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "log.txt"), "w") as log:
         proc = subprocess.Popen(rllava_command(model_dir, data_dir, run_dir, steps, keys), cwd=REPO, stdout=log,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, env=bench_env())
         _, status, usage = os.wait4(proc.pid, 0)
     if status != 0:
         raise SystemExit(f"run failed ({run_dir}/log.txt)")

@@ -33,6 +33,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRL_VENV = os.path.join(REPO, ".venv-trl")
 K, PROMPTS, NEW_TOKENS, LR = 8, 8, 16, 1e-5
 TEMPLATE = os.path.join(REPO, "examples", "format_prompt", "counting.jinja")
+STAGES = ("rollout", "reward", "old_logprob", "advantage", "update")  # rllava's timing/<stage> of a step
 
 
 def compute_score(response: str, ground_truth) -> dict:
@@ -150,6 +151,12 @@ def rllava_steps(run_dir: str) -> list[dict]:
 
 # ---- orchestration ---------------------------------------------------------------------------------------------
 
+def bench_env() -> dict:
+    """The runs' environment: every core unless OMP_NUM_THREADS says otherwise, output unbuffered."""
+    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count())),
+            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+
+
 def ensure_trl_venv() -> str:
     python = os.path.join(TRL_VENV, "bin", "python")
     if not os.path.exists(python):
@@ -198,7 +205,7 @@ def summarize(rows: list[dict]) -> dict:
            "step_s": seconds / len(rows), "length": tokens / (len(rows) * K * PROMPTS)}
     if all("prompt" in r for r in rows):
         out["prompt"] = sum(r["prompt"] for r in rows) / len(rows)
-    for stage in ("rollout", "reward", "old_logprob", "advantage", "update"):
+    for stage in STAGES:
         if all(stage in r for r in rows):
             out[stage] = sum(r[stage] for r in rows) / len(rows)
     return out
@@ -231,8 +238,7 @@ def main(argv=None) -> None:
     if not os.path.isdir(data_dir):
         make_dataset("counting", data_dir, n_train=256, n_val=8, seed=0)
     trl_python = None if a.report_only else ensure_trl_venv()
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count())),
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    env = bench_env()
     results = {"trl": [], "rllava": []}
     for pair in range(a.pairs):
         for side in ("trl", "rllava"):
@@ -261,7 +267,7 @@ def report(results: dict, model_dir: str, size: str, keys: list[str]) -> str:
         lines.append(f"| {i} | {t['completions_per_s']:.2f} | {r['completions_per_s']:.2f} | {ratios[i]:.2f}x | "
                      f"{t['tokens_per_s']:.1f} | {r['tokens_per_s']:.1f} |")
     lines.append(f"\nmedian ratio: {statistics.median(ratios):.2f}x")
-    stages = [s for s in ("rollout", "reward", "old_logprob", "advantage", "update") if s in results["rllava"][0]]
+    stages = [s for s in STAGES if s in results["rllava"][0]]
     split = {s: statistics.mean(r[s] for r in results["rllava"]) for s in stages}
     step = statistics.mean(r["step_s"] for r in results["rllava"])
     lines.append("rllava step split: " + ", ".join(f"{s} {v:.2f}s ({100 * v / step:.0f} %)" for s, v in split.items())

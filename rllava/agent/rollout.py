@@ -27,7 +27,7 @@ import torch
 from rllava.agent.tools import AgentState, Observation
 from rllava.data.dataset import encode_prompt
 from rllava.data.images import resize_to_pixel_bounds, to_rgb
-from rllava.data.protocol import Sample, Segment, Trajectory
+from rllava.data.protocol import Sample, Segment, Trajectory, concat_mm
 from rllava.data.records import DataError
 from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams
 from rllava.roles.rollout import Rollout, model_image_sizes, raw_prompt_ids
@@ -77,10 +77,6 @@ def observation_digest(obs: Observation) -> str:
     for im in obs.images:
         h.update(repr((im.mode, im.size)).encode() + im.tobytes())
     return h.hexdigest()
-
-
-def _concat_mm(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: torch.cat([a[k], b[k]]) if k in a and k in b else a.get(k, b.get(k)) for k in {*a, *b}}
 
 
 def _truncate(c: Completion, budget: int) -> Completion:
@@ -194,7 +190,7 @@ class AgentRollout(Rollout):
             e.finish_reason = "length"
             return
         e.segments.append(Segment(ids, trained=False))
-        e.ids, e.raw, e.mm = e.ids + ids, e.raw + raw, _concat_mm(e.mm, mm)
+        e.ids, e.raw, e.mm = e.ids + ids, e.raw + raw, concat_mm([e.mm, mm])
         e.response_tokens += len(ids)
         e.state.images += images
         e.state.model_sizes += sizes

@@ -139,11 +139,15 @@ class Batch:
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """Keyword arguments for the model's forward: ids, mask and the images and videos of every row, in row
         order (each pixel/grid tensor concatenated along dim 0 over the rows that have it)."""
-        inputs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
-        keys = sorted({k for t in self.trajectories for k in t.mm_inputs})
-        for k in keys:
-            inputs[k] = torch.cat([t.mm_inputs[k] for t in self.trajectories if k in t.mm_inputs], dim=0)
-        return inputs
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
+                **concat_mm([t.mm_inputs for t in self.trajectories])}
+
+
+def concat_mm(mm_inputs: list[dict[str, torch.Tensor]], keys=None) -> dict[str, torch.Tensor]:
+    """Each pixel / grid tensor of several rows' `mm_inputs` concatenated along dim 0 over the rows that have it,
+    in row order (only the names in `keys`, when given)."""
+    names = sorted({k for m in mm_inputs for k in m if keys is None or k in keys})
+    return {k: torch.cat([m[k] for m in mm_inputs if k in m], dim=0) for k in names}
 
 
 def _with_mm(t: Trajectory, device) -> Trajectory:

@@ -20,7 +20,7 @@ import functools
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from rllava.data.protocol import Batch
+from rllava.data.protocol import Batch, concat_mm
 from rllava.model.shared_prefix import layout_inputs, prefix_layout
 
 
@@ -28,8 +28,12 @@ def model_inputs(model, batch: Batch) -> dict[str, torch.Tensor]:
     """Forward kwargs for `batch`: ids, mask, pixel tensors, and for Qwen-VL the per-token modality types
     (`mm_token_type_ids`: 0 text, 1 image, 2 video) its M-RoPE position ids are computed from."""
     inputs = batch.model_inputs()
-    types = _modality_types(model, inputs["input_ids"])
+    types = modality_types(model, inputs["input_ids"])
     return inputs if types is None else {**inputs, "mm_token_type_ids": types}
+
+
+# what Qwen-VL's `get_rope_index` reads besides the ids: the images' and videos' grids (and video timing)
+MROPE_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
 
 def _media_token_ids(model) -> list[int]:
@@ -38,7 +42,7 @@ def _media_token_ids(model) -> list[int]:
     return [i for i in ids if i is not None]
 
 
-def _modality_types(model, ids: torch.Tensor) -> torch.Tensor | None:
+def modality_types(model, ids: torch.Tensor) -> torch.Tensor | None:
     """Qwen-VL's `mm_token_type_ids` of `ids` (0 text, 1 image, 2 video); None for a model without images."""
     image_id = getattr(model.config, "image_token_id", None)
     if image_id is None:
@@ -82,7 +86,7 @@ def packed_inputs(model, batch: Batch) -> dict[str, torch.Tensor]:
 def _mrope_rows(backbone, inputs: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
     """[3, B, T] M-RoPE (t, h, w) positions of the padded rows: the model's own `get_rope_index` (each row
     from its own images). Text-only rows count 0, 1, ..."""
-    grids = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in inputs}
+    grids = {k: inputs[k] for k in MROPE_KEYS if k in inputs}
     if not grids:
         return (mask.long().cumsum(-1) - 1).clamp(min=0)[None].expand(3, -1, -1)
     rope, _ = backbone.get_rope_index(inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
@@ -100,13 +104,12 @@ def shared_prefix_inputs(model, batch: Batch, packed: bool):
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)[None]  # [1, B, T]
     backbone, _ = _backbone_and_head(model)
     if hasattr(backbone, "get_rope_index"):
-        keys = {k for t in batch.trajectories for k in t.mm_inputs if k.endswith("grid_thw") or k == "second_per_grid_ts"}
-        grids = {k: torch.cat([t.mm_inputs[k] for t in batch.trajectories if k in t.mm_inputs]) for k in keys}
+        grids = concat_mm([t.mm_inputs for t in batch.trajectories], keys=MROPE_KEYS)
         rope = _mrope_rows(backbone, {"input_ids": batch.input_ids, **grids,
-                                      "mm_token_type_ids": _modality_types(model, batch.input_ids)}, mask)
+                                      "mm_token_type_ids": modality_types(model, batch.input_ids)}, mask)
         positions = torch.cat([positions, rope])  # [4, B, T]: text row, then (t, h, w)
     inputs = layout_inputs(batch, layout, positions, next(model.parameters()).dtype)
-    types = _modality_types(model, inputs["input_ids"])
+    types = modality_types(model, inputs["input_ids"])
     return (inputs if types is None else {**inputs, "mm_token_type_ids": types}), layout
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rllava.data.protocol import Batch, Trajectory
+from rllava.data.protocol import Batch, Trajectory, concat_mm
 
 
 @dataclass
@@ -112,7 +112,4 @@ def layout_inputs(batch: Batch, layout: PrefixLayout, positions: torch.Tensor, d
     mask.masked_fill_(~layout.allowed.to(device), torch.finfo(dtype).min)
     inputs = {"input_ids": ids, "attention_mask": mask[:, None],
               "position_ids": torch.where(valid, positions[:, row, pos], 0).squeeze(0)}
-    media = [batch.trajectories[i].mm_inputs for i in layout.media_rows]
-    for k in sorted({k for m in media for k in m}):
-        inputs[k] = torch.cat([m[k] for m in media if k in m], dim=0)
-    return inputs
+    return {**inputs, **concat_mm([batch.trajectories[i].mm_inputs for i in layout.media_rows])}

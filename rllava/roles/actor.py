@@ -219,8 +219,9 @@ class Actor:
         for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, *masks):
             for rows in self.micro_batching.split(batch, mini):
                 micro = batch.select(rows)
-                rl_tokens = bool(self._masks(micro)[0].any())  # on the host: no wait on the device
-                metrics.add(self._backward(micro.to(self.engine.device), norm, rl_coef, sft_coef, rl_tokens))
+                rl, sft = self._masks(micro)  # which terms have tokens, read on the host: no wait on the device
+                has = (bool(rl.any()), sft is not None and bool(sft.any()))
+                metrics.add(self._backward(micro.to(self.engine.device), norm, rl_coef, sft_coef, has))
             metrics.add({"actor/grad_norm": self.engine.optimizer_step()})
         return metrics.means()
 
@@ -231,8 +232,9 @@ class Actor:
         return micro.loss_mask, None
 
     def _backward(self, micro: Batch, norm: dict, rl_coef: float = 1.0, sft_coef: float = 1.0,
-                  rl_tokens: bool = True) -> dict[str, float | torch.Tensor]:
-        """One micro-batch's loss, backward; its metrics (`rl_tokens`: whether it holds any RL-trained token)."""
+                  has: tuple[bool, bool] = (True, True)) -> dict[str, float | torch.Tensor]:
+        """One micro-batch's loss, backward; its metrics (`has`: whether it holds any token of the RL term, of
+        the SFT term)."""
         logprobs, entropy = token_logprobs(self.model, micro, temperature=self.temperature, with_entropy=True,
                                            entropy_grad=self.entropy_coeff != 0, chunk_size=self.logprob_chunk_size,
                                            **self.micro_batching.layout)
@@ -263,7 +265,7 @@ class Actor:
                                  else "seq-mean-token-mean", max_len=self.max_response_length,
                                  num_tokens=norm["sft_tokens"], num_seqs=norm["sft_seqs"])
             loss = loss + sft_coef * sft_loss
-            if sft_mask.sum() > 0:  # averaged over the micro-batches that hold expert tokens
+            if has[1]:  # averaged over the micro-batches that hold expert tokens
                 out["actor/sft_nll"] = masked_mean(-logprobs.detach(), sft_mask)
                 out["actor/sft_weight"] = masked_mean(weights, sft_mask)
         if self.use_kl_loss:
@@ -274,7 +276,7 @@ class Actor:
         if self.entropy_coeff != 0:
             loss = loss - self.entropy_coeff * aggregate(entropy, mask, **agg)
         self.engine.backward(loss)
-        if not rl_tokens:  # a micro-batch of demonstrations only (HPT): no RL token to average over
+        if not has[0]:  # a micro-batch of demonstrations only (HPT): no RL token to average over
             return {k: v for k, v in out.items() if k in ("actor/sft_nll", "actor/sft_weight")}
         out["actor/pg_loss"] = pg_loss.detach()
         out["actor/entropy"] = masked_mean(entropy.detach(), mask)

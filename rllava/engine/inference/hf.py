@@ -7,9 +7,10 @@ import inspect
 import torch
 from transformers import DynamicCache
 
-from rllava.model.modular import CACHE_KWARG
-
+from rllava.data.protocol import concat_mm
 from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams
+from rllava.model.forward import modality_types
+from rllava.model.modular import CACHE_KWARG
 
 
 class HFRolloutEngine:
@@ -60,13 +61,11 @@ class HFRolloutEngine:
         for i, r in enumerate(requests):  # left padding: every prompt ends at column P
             input_ids[i, P - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
             attention_mask[i, P - len(r.prompt_ids):] = 1
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        for k in sorted({k for r in requests for k in r.mm_inputs}):
-            inputs[k] = torch.cat([r.mm_inputs[k] for r in requests if k in r.mm_inputs])
-        image_id = getattr(self.model.config, "image_token_id", None)
-        if image_id is not None and ("image_grid_thw" in inputs or "video_grid_thw" in inputs):
-            video_id = getattr(self.model.config, "video_token_id", None)
-            inputs["mm_token_type_ids"] = (input_ids == image_id).int() + 2 * (input_ids == video_id).int()
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask,
+                  **concat_mm([r.mm_inputs for r in requests])}
+        types = modality_types(self.model, input_ids)
+        if types is not None and ("image_grid_thw" in inputs or "video_grid_thw" in inputs):
+            inputs["mm_token_type_ids"] = types
         inputs = {k: v.to(self.device) for k, v in inputs.items()}
         greedy = sampling.temperature == 0
         n = 1 if greedy else sampling.n
