@@ -1,4 +1,14 @@
-"""Validation: roll out the held-out prompts, score them, and average. Shared by every pipeline."""
+"""Validation: roll out the held-out prompts, score them, and average. Shared by every pipeline.
+
+Also what a run logs of a reward and of a generation, the same in training and validation:
+
+- `headline(details)`: a reward's headline, by one rule. A reward that returns an `accuracy` part is logged as
+  that accuracy (`reward/accuracy_mean`, `val/accuracy`; a sample without the part, e.g. one scored 0 after an
+  error, counts 0). A reward without one is logged as its score (`reward/score`, `val/score`: the mean of what
+  it returned, before the overlong penalty and tool rewards the trainer adds), and, where every score of the
+  batch is 0 or 1 (a pass/fail reward), as an accuracy too: a float reward is not an accuracy.
+- `generation_row(trajectory, parts, dataset)`: one line of samples.jsonl / val_generations.jsonl.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +19,48 @@ import numpy as np
 
 from rllava import distributed as D
 from rllava.data.dataset import PromptDataset
+from rllava.data.images import normalize_image_list
+from rllava.data.protocol import Sample, Trajectory
 from rllava.engine.inference.base import SamplingParams, generate_context
 from rllava.reward.function import RewardFunction
 from rllava.roles.rollout import Rollout
 
+ADDED = ("overlong_penalty", "tool_reward")  # parts the trainer adds to the function's `overall`
 
-def accuracy_of(details: dict[str, float]) -> float:
-    """A trajectory's accuracy: the reward's `accuracy` entry if it reports one, else its `overall` score."""
-    return details.get("accuracy", details["overall"])
+
+def headline(details: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Per-sample values of the reward's headline metrics (module docstring): {"accuracy": [...]} for a reward
+    with an accuracy part; {"score": [...]} for one without, plus "accuracy" when every score is 0 or 1."""
+    if any("accuracy" in d for d in details):
+        return {"accuracy": [d.get("accuracy", 0.0) for d in details]}
+    score = [d["overall"] - sum(d.get(k, 0.0) for k in ADDED) for d in details]
+    binary = [float(round(s)) for s in score]
+    if all(b in (0.0, 1.0) and abs(s - b) < 1e-6 for s, b in zip(score, binary)):
+        return {"score": binary, "accuracy": binary}
+    return {"score": score}
+
+
+def prompt_text(sample: Sample) -> str:
+    """The prompt's last message as text, images and videos as <image> / <video>."""
+    content = sample.messages[-1]["content"]
+    return content if isinstance(content, str) else "".join(p.get("text", f"<{p['type']}>") for p in content)
+
+
+def generation_row(t: Trajectory, reward: float | None, parts: dict[str, float] | None, dataset: PromptDataset) -> dict:
+    """A generation as a researcher reads it: the record's index, prompt text, image files, ground truth,
+    response, reward and the reward's named parts (None without a reward, as in SFT)."""
+    images = normalize_image_list(dataset.records[t.sample.index][dataset.cfg.image_key]) if dataset.has_images else []
+    images = [os.path.join(dataset.image_dir or "", x) if isinstance(x, str) else f"<{type(x).__name__}>"
+              for x in images]
+    return {"index": t.sample.index, "prompt": prompt_text(t.sample), "images": images,
+            "ground_truth": t.sample.ground_truth, "response": t.response,
+            "reward": reward, "reward_parts": parts or None}
 
 
 def evaluate(train_engine, rollout: Rollout, reward: RewardFunction, dataset: PromptDataset, sampling: SamplingParams,
              batch_size: int, prefix: str = "val") -> tuple[dict[str, float], list[dict]]:
-    """Metrics `{prefix}/reward_mean, {prefix}/accuracy, ...` over every sample x sampling.n completions, and
-    the generations (prompt index, response, scores)."""
+    """Metrics `{prefix}/reward_mean`, `{prefix}/accuracy` and/or `{prefix}/score` (`headline`), every part
+    the reward returns, ... over every sample x sampling.n completions; and the generations (`generation_row`)."""
     mine = list(range(D.rank(), len(dataset), D.world_size()))  # under torchrun each rank scores a share
     size = len(mine) if batch_size <= 0 else max(batch_size // D.world_size(), 1)
     details, lengths, generations = [], [], []
@@ -32,15 +70,16 @@ def evaluate(train_engine, rollout: Rollout, reward: RewardFunction, dataset: Pr
             _, scored = reward.score(trajectories)
             details += scored
             lengths += [t.num_response_tokens for t in trajectories]
-            generations += [{"index": t.sample.index, "response": t.response, **d} for t, d in zip(trajectories, scored)]
+            generations += [generation_row(t, d["overall"], d, dataset) for t, d in zip(trajectories, scored)]
     details, lengths, generations = D.gather(details), D.gather(lengths), D.gather(generations)
+    heads = headline(details)
     metrics = {f"{prefix}/reward_mean": float(np.mean([d["overall"] for d in details])),
-               f"{prefix}/accuracy": float(np.mean([accuracy_of(d) for d in details])),
+               **{f"{prefix}/{k}": float(np.mean(v)) for k, v in heads.items()},
                f"{prefix}/response_length": float(np.mean(lengths))}
-    if sampling.n > 1:  # pass@n: a prompt counts if any of its n samples is fully right
+    if sampling.n > 1:  # pass@n: a prompt counts if any of its n samples is fully right (accuracy, else score, 1)
         solved = {}
-        for g, d in zip(generations, details):
-            solved[g["index"]] = solved.get(g["index"], False) or accuracy_of(d) >= 1.0
+        for g, v in zip(generations, heads.get("accuracy", heads.get("score"))):
+            solved[g["index"]] = solved.get(g["index"], False) or v >= 1.0
         metrics[f"{prefix}/pass@{sampling.n}"] = float(np.mean(list(solved.values())))
     for key in sorted({k for d in details for k in d} - {"overall"}):
         metrics[f"{prefix}/{key}"] = float(np.mean([d.get(key, 0.0) for d in details]))
@@ -60,7 +99,7 @@ def validate(cfg, train_engine, rollout: Rollout, reward: RewardFunction, datase
                                     cfg.data.val_batch_size)
     if cfg.trainer.val_generations_to_log > 0 and D.is_main():
         with open(os.path.join(outputs_dir, "val_generations.jsonl"), "a") as f:
-            f.writelines(json.dumps({"step": step, **g}) + "\n"
+            f.writelines(json.dumps({"step": step, **g}, default=str) + "\n"
                          for g in generations[:cfg.trainer.val_generations_to_log])
     if cfg.trainer.val_greedy:
         metrics.update(evaluate(train_engine, rollout, reward, dataset, greedy_sampling(cfg), cfg.data.val_batch_size,

@@ -30,7 +30,6 @@ from rllava.algorithms.hybrid import HYBRID_LOSSES
 from rllava.config.schema import agent_on
 from rllava.data.dataset import PromptDataset
 from rllava.data.protocol import Batch, Sample
-from rllava.data.images import normalize_image_list
 from rllava.data.sampler import EpochSampler
 from rllava.errors import RllavaError
 from rllava.model.loader import save_model
@@ -111,24 +110,16 @@ def build_run(cfg, *, sft: bool = False) -> Run:
 
 
 def sample_rows(batch: Batch, dataset: PromptDataset, k: int) -> list[dict]:
-    """`k` generations of a batch, from as many prompts as possible, as a researcher reads them: prompt text,
-    image files, response, reward (None in SFT)."""
-    rows, key, seen, nth = [], dataset.cfg.image_key, {}, []  # nth[j]: row j is the nth of its group
+    """`k` generations of a batch, from as many prompts as possible (`evaluate.generation_row`: prompt, image
+    files, ground truth, response, reward and its parts; None in SFT)."""
+    nth, seen = [], {}  # nth[j]: row j is the nth of its group
     for g in batch.group_ids.tolist():
         seen[g] = seen.get(g, 0) + 1
         nth.append(seen[g])
     scores = batch.scores.tolist() if batch.scores is not None else [None] * len(batch)
-    for j in sorted(range(len(batch)), key=lambda j: nth[j])[:k]:
-        t, score = batch.trajectories[j], scores[j]
-        content = t.sample.messages[-1]["content"]
-        prompt = content if isinstance(content, str) else "".join(
-            p.get("text", f"<{p['type']}>") for p in content)
-        images = normalize_image_list(dataset.records[t.sample.index][key]) if dataset.has_images else []
-        images = [os.path.join(dataset.image_dir or "", x) if isinstance(x, str) else f"<{type(x).__name__}>"
-                  for x in images]
-        rows.append({"index": t.sample.index, "prompt": prompt, "images": images, "response": t.response,
-                     "reward": score})
-    return rows
+    parts = batch.reward_details or [None] * len(batch)
+    return [E.generation_row(batch.trajectories[j], scores[j], parts[j], dataset)
+            for j in sorted(range(len(batch)), key=lambda j: nth[j])[:k]]
 
 
 # A NaN in the probabilities sampled from: the weights went non-finite (torch's multinomial says so, deep down)

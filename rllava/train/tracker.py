@@ -12,9 +12,9 @@ from contextlib import contextmanager
 from rllava.utils.fs import write_text_atomic
 
 # What the console line shows, in order, when present (everything goes to the other sinks), then the timings.
-CONSOLE_KEYS = ["reward/mean", "reward/accuracy_mean", "val/accuracy", "val/reward_mean", "val_greedy/accuracy",
-                "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm",
-                "response_length/mean", "timing/step", "perf/tokens_per_s"]
+CONSOLE_KEYS = ["reward/mean", "reward/accuracy_mean", "reward/score", "val/accuracy", "val/score", "val/reward_mean",
+                "val_greedy/accuracy", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac",
+                "actor/grad_norm", "response_length/mean", "timing/step", "perf/tokens_per_s"]
 # Files holding one row per step, rewound to the checkpoint's step on resume.
 STEP_FILES = ("metrics.jsonl", "samples.jsonl", "val_generations.jsonl")
 
@@ -74,11 +74,12 @@ class Tracker:
             print(f"[step {step}] " + " | ".join(part for part in (shown, stages) if part), flush=True)
 
     def log_samples(self, rows: list[dict], step: int) -> None:
-        """Generations to read beside the curves: one json line each in outputs_dir/samples.jsonl."""
+        """Generations to read beside the curves: one json line each in outputs_dir/samples.jsonl (a ground
+        truth that is not JSON, e.g. from a Python data set, is written as its str)."""
         if not self.enabled:
             return
         with open(os.path.join(self.outputs_dir, "samples.jsonl"), "a") as f:
-            f.writelines(json.dumps({"step": step, **r}) + "\n" for r in rows)
+            f.writelines(json.dumps({"step": step, **r}, default=str) + "\n" for r in rows)
 
     def close(self) -> None:
         if not self.enabled:

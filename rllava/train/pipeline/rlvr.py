@@ -21,23 +21,25 @@ from rllava.engine.inference.base import generate_context
 from rllava.roles.rollout import logprob_gap_metrics
 from rllava.train import builders as B
 from rllava.train.cli import run_cli
-from rllava.train.evaluate import accuracy_of
+from rllava.train.evaluate import headline
 from rllava.train.hybrid import build_hybrid
 from rllava.train.loop import build_run, train_loop
 from rllava.train.tracker import Timer
 
 
 def batch_metrics(batch: Batch) -> dict[str, float]:
-    """What a researcher watches besides the loss: reward, accuracy, lengths, and how many groups carry signal."""
+    """What a researcher watches besides the loss: reward, its accuracy or score (`evaluate.headline`) and
+    parts, lengths, and how many groups carry signal."""
     rows = [i for i, t in enumerate(batch.trajectories) if not t.sft_only]  # a hybrid's demonstrations: no reward
     scores, trajs = batch.need("scores")[rows], [batch.trajectories[i] for i in rows]
     details = [batch.reward_details[i] for i in rows]
     lengths = np.array([t.num_response_tokens for t in trajs])
     metrics = {"reward/mean": scores.mean().item(), "reward/std": scores.std().item() if len(scores) > 1 else 0.0,
-               "reward/accuracy_mean": float(np.mean([accuracy_of(d) for d in details])),
                "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
                "response_length/clip_ratio": float(np.mean([t.finish_reason == "length" for t in trajs])),
                "prompt_length/mean": float(batch.attention_mask[rows].sum(-1).float().mean() - lengths.mean())}
+    names = {"accuracy": "reward/accuracy_mean", "score": "reward/score"}
+    metrics.update({names[k]: float(np.mean(v)) for k, v in headline(details).items()})
     for key in sorted({k for d in details for k in d} - {"overall"}):
         metrics[f"reward/{key}_mean"] = float(np.mean([d.get(key, 0.0) for d in details]))
     groups = {}
