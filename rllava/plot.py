@@ -2,7 +2,7 @@
 
     python -m rllava.plot OUTPUTS_DIR [--smoothing 0.6]   -> OUTPUTS_DIR/plots/{reward,accuracy,kl,...}.png
 
-One figure per quantity a researcher checks first (reward, accuracy or score, the reward's own parts, KL, entropy,
+One figure per quantity a researcher checks first (reward or score, accuracy, the reward's own parts, KL, entropy,
 response length, losses) and one per validation metric (sampled and greedy on one axis, as measured). Training
 curves are drawn raw (thin) and smoothed (bold) by `ema`; titles carry the run's name (`run_name`). Quantities
 the run did not log are skipped, and so are KL series that stay 0 (a run without a KL term: no KL panel).
@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from rllava.errors import RllavaError
 
 PANELS = {
-    "reward": ["reward/mean"],
+    "reward": ["reward/mean", "reward/score"],  # score: a reward that is not an accuracy (evaluate.headline)
     "accuracy": ["reward/accuracy_mean"],
-    "score": ["reward/score"],  # a reward that is not an accuracy (rllava.train.evaluate.headline)
     "kl": ["actor/kl_loss", "actor/reward_kl", "actor/ppo_kl"],
     "entropy": ["actor/entropy"],
     "response_length": ["response_length/mean", "response_length/max"],
@@ -125,6 +124,7 @@ def draw(panel: Panel, rows: list[dict], smoothing: float = SMOOTHING):
         else:
             ax.plot(steps, values, label=k)
     ax.set(xlabel="step", title=panel.title)
+    ax.xaxis.set_major_locator(pyplot().MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -749,7 +749,7 @@ class TrainerConfig:
     val_freq: int = -1  # validate every N steps; -1 = never (except val_before_train)
     val_before_train: bool = True  # validate once before the first step
     val_only: bool = False  # validate, then exit
-    val_generations_to_log: int = 0  # validation samples written to the logger
+    val_generations_to_log: int = 0  # validation generations per validation to <outputs_dir>/val_generations.jsonl
     save_freq: int = -1  # checkpoint every N steps and at the last step (<dir>/global_step_N); -1 or 0 = never
     save_limit: int = -1  # checkpoints kept, the newest; -1 = all
     save_model_only: bool = False  # save weights only (no optimizer, LR schedule, RNG): resume is then not exact
@@ -761,7 +761,7 @@ class TrainerConfig:
     overwrite: bool = False  # rllava: a new run into an outputs_dir holding another run's outputs deletes them first
     hf_merge_lora: bool = True  # rllava: LoRA in an HF export: merged into the weights (false: base + adapter/)
     samples_freq: int = 10  # rllava: write sample generations to <outputs_dir>/samples.jsonl every N steps; -1 = never
-    samples_to_log: int = 4  # rllava: generations per write (prompt, images, response, reward)
+    samples_to_log: int = 4  # rllava: generations per write (prompt, images, ground truth, response, reward, parts)
     async_training: bool = False  # overlap rollout and training
     seed: int = 1  # rllava: model-init and sampling RNG seed
     val_greedy: bool = False  # rllava: also validate greedily, logged under val_greedy/

@@ -4,10 +4,10 @@ Also what a run logs of a reward and of a generation, the same in training and v
 
 - `headline(details)`: a reward's headline, by one rule. A reward that returns an `accuracy` part is logged as
   that accuracy (`reward/accuracy_mean`, `val/accuracy`; a sample without the part, e.g. one scored 0 after an
-  error, counts 0). A reward without one is logged as its score (`reward/score`, `val/score`: the mean of what
-  it returned, before the overlong penalty and tool rewards the trainer adds), and, where every score of the
-  batch is 0 or 1 (a pass/fail reward), as an accuracy too: a float reward is not an accuracy.
-- `generation_row(trajectory, parts, dataset)`: one line of samples.jsonl / val_generations.jsonl.
+  error, counts 0). A reward without one is logged as an accuracy where every score of the batch is 0 or 1 (a
+  pass/fail reward), else as a score (`reward/score`, `val/score`): a float reward is not an accuracy. Scores
+  are what the function returned, before the overlong penalty and tool rewards the trainer adds to `overall`.
+- `generation_row(trajectory, reward, parts, dataset)`: one line of samples.jsonl / val_generations.jsonl.
 """
 
 from __future__ import annotations
@@ -28,16 +28,15 @@ from rllava.roles.rollout import Rollout
 ADDED = ("overlong_penalty", "tool_reward")  # parts the trainer adds to the function's `overall`
 
 
-def headline(details: list[dict[str, float]]) -> dict[str, list[float]]:
-    """Per-sample values of the reward's headline metrics (module docstring): {"accuracy": [...]} for a reward
-    with an accuracy part; {"score": [...]} for one without, plus "accuracy" when every score is 0 or 1."""
+def headline(details: list[dict[str, float]]) -> tuple[str, list[float]]:
+    """The reward's headline (module docstring): ("accuracy" or "score", its value per sample)."""
     if any("accuracy" in d for d in details):
-        return {"accuracy": [d.get("accuracy", 0.0) for d in details]}
+        return "accuracy", [d.get("accuracy", 0.0) for d in details]
     score = [d["overall"] - sum(d.get(k, 0.0) for k in ADDED) for d in details]
     binary = [float(round(s)) for s in score]
     if all(b in (0.0, 1.0) and abs(s - b) < 1e-6 for s, b in zip(score, binary)):
-        return {"score": binary, "accuracy": binary}
-    return {"score": score}
+        return "accuracy", binary
+    return "score", score
 
 
 def prompt_text(sample: Sample) -> str:
@@ -59,7 +58,7 @@ def generation_row(t: Trajectory, reward: float | None, parts: dict[str, float] 
 
 def evaluate(train_engine, rollout: Rollout, reward: RewardFunction, dataset: PromptDataset, sampling: SamplingParams,
              batch_size: int, prefix: str = "val") -> tuple[dict[str, float], list[dict]]:
-    """Metrics `{prefix}/reward_mean`, `{prefix}/accuracy` and/or `{prefix}/score` (`headline`), every part
+    """Metrics `{prefix}/reward_mean`, `{prefix}/accuracy` or `{prefix}/score` (`headline`), every part
     the reward returns, ... over every sample x sampling.n completions; and the generations (`generation_row`)."""
     mine = list(range(D.rank(), len(dataset), D.world_size()))  # under torchrun each rank scores a share
     size = len(mine) if batch_size <= 0 else max(batch_size // D.world_size(), 1)
@@ -72,13 +71,13 @@ def evaluate(train_engine, rollout: Rollout, reward: RewardFunction, dataset: Pr
             lengths += [t.num_response_tokens for t in trajectories]
             generations += [generation_row(t, d["overall"], d, dataset) for t, d in zip(trajectories, scored)]
     details, lengths, generations = D.gather(details), D.gather(lengths), D.gather(generations)
-    heads = headline(details)
+    name, values = headline(details)
     metrics = {f"{prefix}/reward_mean": float(np.mean([d["overall"] for d in details])),
-               **{f"{prefix}/{k}": float(np.mean(v)) for k, v in heads.items()},
+               f"{prefix}/{name}": float(np.mean(values)),
                f"{prefix}/response_length": float(np.mean(lengths))}
-    if sampling.n > 1:  # pass@n: a prompt counts if any of its n samples is fully right (accuracy, else score, 1)
+    if sampling.n > 1:  # pass@n: a prompt counts if any of its n samples is fully right (accuracy or score 1)
         solved = {}
-        for g, v in zip(generations, heads.get("accuracy", heads.get("score"))):
+        for g, v in zip(generations, values):
             solved[g["index"]] = solved.get(g["index"], False) or v >= 1.0
         metrics[f"{prefix}/pass@{sampling.n}"] = float(np.mean(list(solved.values())))
     for key in sorted({k for d in details for k in d} - {"overall"}):

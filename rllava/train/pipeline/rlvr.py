@@ -38,8 +38,8 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
                "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
                "response_length/clip_ratio": float(np.mean([t.finish_reason == "length" for t in trajs])),
                "prompt_length/mean": float(batch.attention_mask[rows].sum(-1).float().mean() - lengths.mean())}
-    names = {"accuracy": "reward/accuracy_mean", "score": "reward/score"}
-    metrics.update({names[k]: float(np.mean(v)) for k, v in headline(details).items()})
+    name, values = headline(details)
+    metrics[{"accuracy": "reward/accuracy_mean", "score": "reward/score"}[name]] = float(np.mean(values))
     for key in sorted({k for d in details for k in d} - {"overall"}):
         metrics[f"reward/{key}_mean"] = float(np.mean([d.get(key, 0.0) for d in details]))
     groups = {}
