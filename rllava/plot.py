@@ -56,8 +56,11 @@ def run_name(outputs_dir: str) -> str:
 
     path, name = os.path.join(outputs_dir, "config.yaml"), None
     if os.path.isfile(path):
-        with open(path) as f:
-            name = ((yaml.safe_load(f) or {}).get("trainer") or {}).get("experiment_name")
+        try:
+            with open(path) as f:
+                name = ((yaml.safe_load(f) or {}).get("trainer") or {}).get("experiment_name")
+        except (yaml.YAMLError, AttributeError) as e:
+            raise RllavaError(f"{path} is not a run's config.yaml: {str(e).splitlines()[0]}") from e
     default = name in (None, "", TrainerConfig.experiment_name)
     return os.path.basename(os.path.normpath(os.path.abspath(outputs_dir))) if default else str(name)
 
@@ -87,12 +90,11 @@ def panels(rows: list[dict], run: str) -> list[Panel]:
     """What `plot` draws for these metrics rows: the PANELS the run logged, the reward's parts (every
     `reward/<part>_mean` but accuracy), and one panel per validation metric (`val/<m>` beside `val_greedy/<m>`)."""
     keys = {k for r in rows for k in r}
-    zero = {k for k in keys if all(v == 0 for v in series(rows, k)[1])}
     specs = {**PANELS, "reward_parts": sorted(k for k in keys if re.fullmatch(r"reward/.+_mean", k)
                                               and k != "reward/accuracy_mean")}
     out = []
     for name, want in specs.items():
-        present = [k for k in want if k in keys and not (name == "kl" and k in zero)]
+        present = [k for k in want if k in keys and (name != "kl" or any(series(rows, k)[1]))]  # KL: not all 0
         if present:
             out.append(Panel(name, f"{name.replace('_', ' ')} · {run}", present, smooth=True))
     for metric in sorted({k.split("/", 1)[1] for k in keys if k.startswith(("val/", "val_greedy/"))}):

@@ -85,3 +85,9 @@ def test_cli_writes_one_png_per_panel_and_rejects_a_bad_weight(tmp_path):
                          text=True, cwd=REPO)
     assert res.returncode == 2 and res.stderr.strip() == (
         "rllava: error: smoothing=1.5: expected a weight in [0, 1) (0 = no smoothing)")
+
+
+def test_a_broken_config_yaml_is_one_line(tmp_path):
+    (tmp_path / "config.yaml").write_text("trainer: [unclosed\n")
+    with pytest.raises(RllavaError, match=r"config.yaml is not a run's config.yaml: "):
+        plot.run_name(str(tmp_path))
