@@ -1,6 +1,6 @@
 """A grid of runs, one normal run per point, then `rllava.compare` over them.
 
-    python -m rllava.sweep config=examples/x.yaml algorithm.adv_estimator=grpo,rloo trainer.seed=1,2,3 \\
+    python -m rllava.sweep config=examples/config.yaml algorithm.adv_estimator=grpo,rloo trainer.seed=1,2,3 \\
         trainer.max_steps=100 [--parallel] [--out DIR] [--pipeline rlvr]
 
 - An override whose value has a comma outside brackets and quotes is an axis, one value per comma; any other is
@@ -114,34 +114,42 @@ def plan(fixed: list[str], axes: dict[str, list[str]], out: str | None) -> tuple
     from rllava.train import checkpoint as C  # torch: only once the grid parses
     from rllava.train import outputs as O
 
+    def checked(args: list[str], name: str):
+        try:
+            return load_config(args)
+        except RllavaError as e:
+            raise RllavaError(f"point {name}: {e}") from e
+
     combos = [dict(zip(axes, vs)) for vs in itertools.product(*axes.values())]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # said again in each run's log
         if out is None:  # named after the first point's experiment_name
-            first = load_config([*fixed, *fixed_of(combos[0])])
+            first = checked([*fixed, *fixed_of(combos[0])], point_name(combos[0]))
             out = os.path.join("outputs", f"sweep_{first.trainer.experiment_name}")
         points, names = [], {}
         for values in combos:
-            name = point_name(values) if values else "run"
+            name = point_name(values)
             if name in names:
                 raise RllavaError(f"two points of the grid get the name {name} ({names[name]} and {values}): "
                                   "make their values differ in letters, digits or . _ - @ +")
             names[name] = values
             run_dir = os.path.join(out, name)
             args = [*fixed, *fixed_of(values), f"trainer.outputs_dir={run_dir}"]
-            try:
-                cfg = load_config(args)
-            except RllavaError as e:
-                raise RllavaError(f"point {name}: {e}") from e
+            cfg = checked(args, name)
             args.append(f"trainer.experiment_name={cfg.trainer.experiment_name}/{name}")
             point = Point(name, args, run_dir)
             if os.path.isdir(os.path.join(run_dir, "final")):
-                with open(os.path.join(run_dir, "config.yaml")) as f:
+                saved = os.path.join(run_dir, "config.yaml")
+                if not os.path.isfile(saved):
+                    raise RllavaError(f"{run_dir} holds final/ but no config.yaml, not a run of this sweep: delete "
+                                      "it, or choose another --out")
+                with open(saved) as f:
                     changes = config_changes(flat_config(f.read()), flat_config(config_to_yaml(cfg)))
                 if changes:
+                    more = f"; {len(changes) - 5} more" if len(changes) > 5 else ""
                     raise RllavaError(f"{run_dir} holds a finished run whose config differs from this point's "
-                                      f"({'; '.join(changes[:5])}{f'; {len(changes) - 5} more' if len(changes) > 5 else ''}): delete that dir to run the point again, or choose "
-                                      "another --out")
+                                      f"({'; '.join(changes[:5])}{more}): delete that dir to run the point again, "
+                                      "or choose another --out")
                 point.action = "skip"
             elif C.list_checkpoints(C.checkpoint_root(cfg, run_dir)):
                 point.action, point.overrides = "resume", [*args, "trainer.resume=auto"]

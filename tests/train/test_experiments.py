@@ -2,6 +2,7 @@
 `python -m rllava.sweep` (a grid of normal runs, skipped / resumed / restarted on re-launch, one per GPU with
 --parallel), and the wall-clock field `time/elapsed_s` they plot against."""
 
+import importlib.util
 import json
 import os
 import statistics
@@ -162,6 +163,8 @@ def test_sweep_grid_parsing():
     assert S.point_name({"algorithm.adv_estimator": "grpo", "trainer.seed": "1"}) == "adv_estimator=grpo+seed=1"
     assert S.point_name({"actor.model.model_path": "/m/Qwen2-VL-2B/", "data.train_files": "[a,b]"}) == \
         "model_path=Qwen2-VL-2B+train_files=-a-b-"
+    assert S.command("sft_rl", ["k=v"]) == [sys.executable, "-m", "rllava.train.pipeline.sft_rl", "k=v"]
+    assert all(importlib.util.find_spec(f"rllava.train.pipeline.{p}") for p in S.PIPELINES)
     for args, message in ((["trainer.outputs_dir=a,b"], "trainer.outputs_dir is set by the sweep"),
                           (["trainer.seed=1,2", "trainer.seed=3"], "trainer.seed is given twice"),
                           (["trainer.seed=1,"], "an empty value between commas"),
@@ -195,10 +198,13 @@ os.makedirs(os.path.join(out, "final"))
 @pytest.fixture
 def fake_pipeline(monkeypatch):
     monkeypatch.chdir(REPO)
-    monkeypatch.setattr(S, "command", lambda pipeline, overrides: [sys.executable, "-c", FAKE, *overrides])
+    pipelines = []
+    monkeypatch.setattr(S, "command", lambda pipeline, overrides: pipelines.append(pipeline) or
+                        [sys.executable, "-c", FAKE, *overrides])
 
     def calls(out):
         return sorted((json.loads(line) for line in open(os.path.join(out, "calls.jsonl"))), key=lambda c: c["seed"])
+    calls.pipelines = pipelines
     return calls
 
 
@@ -214,6 +220,7 @@ def test_sweep_reports_failures_resumes_and_restarts(tmp_path, fake_pipeline, ca
     printed = capsys.readouterr()
     calls = fake_pipeline(out)
     assert [c["seed"] for c in calls] == ["1", "2", "3", "4"] and all(c["gpu"] is None for c in calls)
+    assert set(fake_pipeline.pipelines) == {"rlvr"}
     assert calls[0]["args"] == ["config=examples/tasks/counting/tiny_cpu.yaml", "trainer.max_steps=2",
                                 "trainer.seed=1", f"trainer.outputs_dir={out}/seed=1",
                                 "trainer.experiment_name=counting_tiny_cpu/seed=1"]
@@ -231,13 +238,20 @@ def test_sweep_reports_failures_resumes_and_restarts(tmp_path, fake_pipeline, ca
     assert [c["seed"] for c in fake_pipeline(out)] == ["2"]
     assert capsys.readouterr().out.count(": finished, skipped") == 3
 
+    args[2] = "trainer.max_steps=3"  # a finished run is not silently kept under a changed grid
+    assert _exit(S.main, args) == 2
+    assert capsys.readouterr().err == (f"rllava: error: {out}/seed=1 holds a finished run whose config differs from "
+                                       "this point's (trainer.max_steps: 2 -> 3): delete that dir to run the point "
+                                       "again, or choose another --out\n")
+
 
 def test_sweep_parallel_gives_each_run_its_own_gpu(tmp_path, fake_pipeline, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     monkeypatch.setenv("FAKE_SLEEP", "1")
     out = str(tmp_path / "sweep")
     assert _exit(S.main, ["config=examples/tasks/counting/tiny_cpu.yaml", "trainer.seed=1,3", "--parallel",
-                          "--out", out]) == 0
+                          "--out", out, "--pipeline", "sft_rl"]) == 0
+    assert fake_pipeline.pipelines == ["sft_rl", "sft_rl"]
     a, b = fake_pipeline(out)
     assert {a["gpu"], b["gpu"]} == {"3", "5"}
     assert a["start"] < b["end"] and b["start"] < a["end"]  # at the same time
@@ -299,7 +313,8 @@ def test_sweep_two_by_two_grid_then_relaunch_skips_it(tmp_path, tiny_model_dir, 
             finals = [[r[key] for r in _rows(run) if key in r][-1] for run in runs]
             bests = [max(r[key] for r in _rows(run) if key in r) for run in runs]
             mean_std = lambda v: f"{statistics.fmean(v):.4g} ± {statistics.stdev(v):.4g}"  # noqa: E731
-            assert _cells(printed, key, f"adv_estimator={est}") == [key, f"adv_estimator={est}", "2", mean_std(finals), mean_std(bests)]
+            assert _cells(printed, key, f"adv_estimator={est}") == [key, f"adv_estimator={est}", "2",
+                                                                     mean_std(finals), mean_std(bests)]
     assert open(os.path.join(out, "compare", "compare.md")).read().startswith(
         "validation: final = last value logged, best = highest\n| metric ")
     for png in ("reward_mean.png", "val_accuracy.png", "actor_entropy.png", "response_length_mean.png"):
