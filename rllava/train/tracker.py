@@ -1,5 +1,10 @@
 """Metric sinks selected by `trainer.logger`: console, jsonl (`outputs_dir/metrics.jsonl`), tensorboard, wandb;
-plus `outputs_dir/samples.jsonl`, a few training generations every trainer.samples_freq steps."""
+plus `outputs_dir/samples.jsonl`, a few training generations every trainer.samples_freq steps.
+
+Each metrics.jsonl row also carries `time/elapsed_s`: wall-clock seconds the run has spent since its tracker
+started (model loaded, checkpoint restored), summed over resumes: a resumed run goes on from the value logged at
+its checkpoint's step, so the time a stopped run spent past its last checkpoint (redone after the resume) and the
+restart itself are not counted. `python -m rllava.compare` plots curves against it."""
 
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ class Tracker:
         self.enabled = loggers is not None
         self.outputs_dir = outputs_dir
         self.jsonl = self.tb = self.wandb = None
+        self.started, self.elapsed_before = time.monotonic(), 0.0  # time/elapsed_s = elapsed_before + since started
         self.console = self.enabled and "console" in loggers
         if not self.enabled:
             return
@@ -51,6 +57,9 @@ class Tracker:
         self.jsonl.close()
         for name in STEP_FILES:
             truncate_jsonl(os.path.join(self.outputs_dir, name), step)
+        with open(os.path.join(self.outputs_dir, "metrics.jsonl")) as f:
+            times = [r["time/elapsed_s"] for r in map(json.loads, filter(str.strip, f)) if "time/elapsed_s" in r]
+        self.started, self.elapsed_before = time.monotonic(), times[-1] if times else 0.0
         self.jsonl = open(os.path.join(self.outputs_dir, "metrics.jsonl"), "a")
         if self.tb is not None:
             self.tb.close()
@@ -59,7 +68,8 @@ class Tracker:
     def log(self, metrics: dict[str, float], step: int) -> None:
         if not self.enabled:
             return
-        self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+        elapsed = self.elapsed_before + time.monotonic() - self.started
+        self.jsonl.write(json.dumps({"step": step, **metrics, "time/elapsed_s": round(elapsed, 3)}) + "\n")
         self.jsonl.flush()
         if self.tb is not None:
             for k, v in metrics.items():

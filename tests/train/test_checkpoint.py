@@ -86,6 +86,8 @@ def test_stop_and_resume_equals_straight_run_bitwise(tmp_path, tiny_model_dir, c
     assert any(not torch.equal(a[k], before[k]) for k in a)  # it did train
     for x, y in zip(_step_rows(straight), _step_rows(stopped)):
         assert x["actor/reward_kl_coef"] == y["actor/reward_kl_coef"] and x["actor/lr"] == y["actor/lr"]
+    elapsed = [r["time/elapsed_s"] for r in map(json.loads, open(os.path.join(stopped, "metrics.jsonl")))]
+    assert len(elapsed) > 6 and elapsed == sorted(elapsed)  # the wall-clock goes on from step 3's after the resume
 
 
 KILLER = """
