@@ -10,16 +10,20 @@ import numpy as np
 from rllava import distributed as D
 from rllava.data.dataset import PromptDataset
 from rllava.engine.inference.base import SamplingParams, generate_context
-from rllava.reward.function import RewardFunction
+from rllava.reward.scoring import Scoring
 from rllava.roles.rollout import Rollout
 
 
 def accuracy_of(details: dict[str, float]) -> float:
-    """A trajectory's accuracy: the reward's `accuracy` entry if it reports one, else its `overall` score."""
-    return details.get("accuracy", details["overall"])
+    """A trajectory's accuracy: the reward's `accuracy` entry if it reports one (with reward.reward_functions: the
+    source named `accuracy`, else the one source's `<name>/accuracy` part), else its `overall` score."""
+    if "accuracy" in details:
+        return details["accuracy"]
+    parts = [v for k, v in details.items() if k.endswith("/accuracy")]
+    return parts[0] if len(parts) == 1 else details["overall"]
 
 
-def evaluate(train_engine, rollout: Rollout, reward: RewardFunction, dataset: PromptDataset, sampling: SamplingParams,
+def evaluate(train_engine, rollout: Rollout, reward: Scoring, dataset: PromptDataset, sampling: SamplingParams,
              batch_size: int, prefix: str = "val") -> tuple[dict[str, float], list[dict]]:
     """Metrics `{prefix}/reward_mean, {prefix}/accuracy, ...` over every sample x sampling.n completions, and
     the generations (prompt index, response, scores)."""
@@ -47,7 +51,7 @@ def evaluate(train_engine, rollout: Rollout, reward: RewardFunction, dataset: Pr
     return metrics, generations
 
 
-def validate(cfg, train_engine, rollout: Rollout, reward: RewardFunction, dataset: PromptDataset | None, step: int,
+def validate(cfg, train_engine, rollout: Rollout, reward: Scoring, dataset: PromptDataset | None, step: int,
              outputs_dir: str) -> dict[str, float]:
     """Held-out metrics at `step`: sampled as `rollout.val_override_config` says (`val/...`), greedy too if
     `trainer.val_greedy` (`val_greedy/...`); the first `trainer.val_generations_to_log` generations go to
