@@ -708,15 +708,11 @@ class RewardConfig:
     reward_type: str = "auto"  # rllava default (RLLaVA: batch): auto|batch|sequential; auto = from the function
     reward_function: Optional[str] = None  # "path/file.py:fn"
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments for fn
-    # rllava: several rewards, r = sum of weight * score: [{function: a.py:fn, weight: 0.2}, ...]; an entry may add
-    # kwargs, reward_type (default reward.reward_type) and name (default the function's; logged reward/<name>_mean)
-    reward_functions: list[dict[str, Any]] = field(default_factory=list)
+    reward_functions: list[dict[str, Any]] = field(default_factory=list)  # rllava: several, r = sum of weight * score: [{function: a.py:fn, weight: 0.2, name, kwargs, reward_type}, ...]; logged as reward/<name>_mean
     skip_special_tokens: bool = True  # decode responses without special tokens before scoring
     num_cpus: int = 1  # 1 = score in this process; N > 1 = a pool of N worker processes (hung workers are killed)
     timeout: Optional[float] = 60.0  # rllava: seconds per reward call (a batch reward: per batch); null = no limit
-    # rllava: true = a reward call that raises / times out / returns a non-finite number stops the run; null or
-    # false = that sample scores fallback_score, counted in reward/errors (a call failing on every sample still stops)
-    strict: Optional[bool] = None
+    strict: Optional[bool] = None  # rllava: true = a failing reward call (raise, timeout, non-finite) stops the run; null/false = the sample scores fallback_score, counted in reward/errors
     fallback_score: float = 0.0  # rllava: the score of a failed sample when not strict
     on_error: Optional[str] = None  # rllava, older spelling: raise = strict=true, zero = strict=false, fallback 0
     reward_function_name: Optional[str] = None  # RLLaVA fills it from reward_function; must stay null
