@@ -99,7 +99,7 @@ class Scoring:
         message = None
         for i in bad.nonzero().flatten().tolist():
             message = (f"{what}, sample {trajectories[i].sample.index}: {scores[i].item()!r} is not a finite "
-                       "number")
+                       + ("float32" if float32 else "number"))
             if self.strict:
                 raise RewardError(message + " (reward.strict=false scores such samples reward.fallback_score)")
             log.warning("%s: scored %g (reward.strict=false)", message, self.fallback_score)

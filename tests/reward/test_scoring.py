@@ -71,7 +71,8 @@ def test_single_function_form_is_unchanged(files):
     reward = build_reward(load_config([f"reward.reward_function={files}/format.py:format"]))
     alone = RewardFunction(f"{files}/format.py:format")
     trajs = [_traj("<a>"), _traj("b", 1)]
-    assert reward.score(trajs)[1] == alone.score(trajs)[1] == [{"overall": 1.0, "tag": 0.5}, {"overall": 0.0, "tag": 0.5}]
+    expected = [{"overall": 1.0, "tag": 0.5}, {"overall": 0.0, "tag": 0.5}]
+    assert reward.score(trajs)[1] == alone.score(trajs)[1] == expected
 
 
 @pytest.mark.parametrize("args, message", [
@@ -80,7 +81,8 @@ def test_single_function_form_is_unchanged(files):
     (["reward.reward_functions=[{function: a.py:score}, {function: b.py:score}]"],
      r"reward.reward_functions\[1\]: the name 'score' is taken by reward_functions\[0\]: give one of them a name"),
     (["reward.reward_functions=[{function: a.py:overall}]"], r"reward_functions\[0\].name=overall: choose another"),
-    (["reward.reward_functions=[{function: a.py:f, weight: .nan}]"], r"reward_functions\[0\].weight=nan must be a finite number"),
+    (["reward.reward_functions=[{function: a.py:f, weight: .nan}]"],
+     r"reward_functions\[0\].weight=nan must be a finite number"),
     (["reward.reward_functions=[{function: a.py:f, wieght: 1}]"], r"reward_functions\[0\].wieght: unknown key"),
     (["reward.reward_functions=[{weight: 1}]"], r"reward_functions\[0\].function is not set"),
     (["reward.reward_functions=[{function: a.py:f, reward_type: batched}]"],
@@ -125,11 +127,13 @@ def test_prompt_images_videos_and_fields_reach_every_form(tmp_path, num_cpus):
         "            'kind': float(kind == 'count')}\n"
         "def sequential(reward_input: dict, images=()):\n"
         "    assert 'images' not in reward_input and 'videos' not in reward_input\n"
-        "    return {'overall': images[0].getpixel((3, 1))[1], 'prompt': float(reward_input['prompt'].endswith('#0'))}\n"
+        "    return {'overall': images[0].getpixel((3, 1))[1],\n"
+        "            'prompt': float(reward_input['prompt'].endswith('#0'))}\n"
         "def batch(reward_inputs, images=None):\n"
         "    assert all('images' not in r for r in reward_inputs) and len(images) == len(reward_inputs)\n"
         "    return [{'overall': ims[1].size[0] + r['response_length'], 'kind': float(r['kind'] == 'count'),\n"
-        "             'prompt': float(r['prompt'] == '<image><image>How many? #0')} for r, ims in zip(reward_inputs, images)]\n"
+        "             'prompt': float(r['prompt'] == '<image><image>How many? #0')}\n"
+        "            for r, ims in zip(reward_inputs, images)]\n"
         "def plain(reward_inputs):\n"
         "    assert all('images' not in r and 'prompt' in r for r in reward_inputs)\n"
         "    return [1.0 for _ in reward_inputs]\n")
