@@ -38,6 +38,7 @@ KL_TYPES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]  # "full
 KL_CTRL_TYPES = ["fixed", "adaptive"]
 LOGGERS = ["console", "jsonl", "tensorboard", "wandb"]
 REWARD_TYPES = ["auto", "batch", "sequential"]
+REWARD_ENTRY_KEYS = ["function", "weight", "name", "kwargs", "reward_type"]  # an entry of reward.reward_functions
 LR_SCHEDULERS = ["constant", "linear", "cosine", "constant_with_warmup"]  # transformers.get_scheduler names
 TORCH_DTYPES = ["float32", "bfloat16", "float16"]
 CHECKPOINT_CONTENTS = ["model", "optimizer", "extra", "hf_model"]
@@ -705,12 +706,15 @@ class OverlongBufferConfig:  # verl's names
 @dataclass
 class RewardConfig:
     reward_type: str = "auto"  # rllava default (RLLaVA: batch): auto|batch|sequential; auto = from the function
-    reward_function: Optional[str] = None  # "path/file.py:fn" (":fn" omitted = main)
+    reward_function: Optional[str] = None  # "path/file.py:fn"
     reward_function_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments for fn
+    reward_functions: list[dict[str, Any]] = field(default_factory=list)  # rllava: several, r = sum of weight * score: [{function: a.py:fn, weight: 0.2, name, kwargs, reward_type}, ...]; logged as reward/<name>_mean
     skip_special_tokens: bool = True  # decode responses without special tokens before scoring
     num_cpus: int = 1  # 1 = score in this process; N > 1 = a pool of N worker processes (hung workers are killed)
     timeout: Optional[float] = 60.0  # rllava: seconds per reward call (a batch reward: per batch); null = no limit
-    on_error: str = "raise"  # rllava: a call that raises/times out/returns a non-number: raise | zero (score 0, counted)
+    strict: Optional[bool] = None  # rllava: true = a failing reward call (raise, timeout, non-finite) stops the run; null/false = the sample scores fallback_score, counted in reward/errors
+    fallback_score: float = 0.0  # rllava: the score of a failed sample when not strict
+    on_error: Optional[str] = None  # rllava, older spelling: raise = strict=true, zero = strict=false, fallback 0
     reward_function_name: Optional[str] = None  # RLLaVA fills it from reward_function; must stay null
     model: ModelConfig = field(default_factory=ModelConfig)  # reward model: not available yet, any change is an error
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # rllava (verl's keys)
@@ -720,7 +724,19 @@ class RewardConfig:
         _choice(p, f"{prefix}.reward_type", self.reward_type, REWARD_TYPES)
         _positive(p, f"{prefix}.num_cpus", self.num_cpus)
         _positive(p, f"{prefix}.timeout", self.timeout, None)
-        _choice(p, f"{prefix}.on_error", self.on_error, ["raise", "zero"])
+        if self.on_error is not None:
+            _choice(p, f"{prefix}.on_error", self.on_error, ["raise", "zero"])
+        said = {"raise": True, "zero": False}.get(self.on_error)
+        if said is not None and self.strict is not None and self.strict != said:
+            p.append(f"{prefix}.on_error={self.on_error} contradicts {prefix}.strict={_show(self.strict)}: keep "
+                     f"{prefix}.strict")
+        if not math.isfinite(self.fallback_score):
+            p.append(f"{prefix}.fallback_score={self.fallback_score} must be a finite number")
+        elif self.fallback_score != 0 and (self.on_error is not None or self.strict):
+            p.append(f"{prefix}.fallback_score={self.fallback_score} is never used with " + (
+                f"on_error={self.on_error} (the older key: it stops the run or scores 0): use {prefix}.strict=false"
+                if self.on_error else "strict=true (a failure stops the run): set strict=false or drop it"))
+        self._check_sources(p, prefix)
         if self.overlong_buffer.enable and self.overlong_buffer.len <= 0:
             p.append(f"{prefix}.overlong_buffer.len={self.overlong_buffer.len} must be > 0 when "
                      f"{prefix}.overlong_buffer.enable=true")
@@ -732,6 +748,59 @@ class RewardConfig:
             p.append(f"{prefix}.model.{name}={_show(getattr(self.model, name))}: reward models are not available yet "
                      f"in rllava; score with {prefix}.reward_function=path/file.py:fn")
         return p
+
+    def error_policy(self) -> tuple[bool, float]:
+        """(strict, fallback score) from reward.strict / fallback_score, or the older reward.on_error."""
+        if self.on_error is not None:
+            return self.on_error == "raise", 0.0
+        return bool(self.strict), self.fallback_score
+
+    def sources(self) -> list[dict[str, Any]]:
+        """Every reward function as {function, weight, kwargs, reward_type, name, key, kwargs_key} (the last two
+        name its keys in errors): reward.reward_functions' entries, or reward.reward_function, weight 1."""
+        if not self.reward_functions:
+            return [{"function": self.reward_function, "weight": 1.0, "kwargs": dict(self.reward_function_kwargs),
+                     "reward_type": self.reward_type, "name": str(self.reward_function or "").rpartition(":")[2],
+                     "key": "reward.reward_function", "kwargs_key": "reward.reward_function_kwargs"}]
+        return [{"function": e.get("function"), "weight": e.get("weight", 1.0), "kwargs": dict(e.get("kwargs") or {}),
+                 "reward_type": e.get("reward_type", self.reward_type),
+                 "name": e.get("name") or str(e.get("function") or "").rpartition(":")[2],
+                 "key": f"reward.reward_functions[{i}].function", "kwargs_key": f"reward.reward_functions[{i}].kwargs"}
+                for i, e in enumerate(self.reward_functions)]
+
+    def _check_sources(self, p: list[str], prefix: str) -> None:
+        if not self.reward_functions:
+            return
+        if self.reward_function:
+            p.append(f"{prefix}.reward_function and {prefix}.reward_functions are both set: keep one "
+                     f"({prefix}.reward_function=null drops a config file's; {{function: {self.reward_function}, "
+                     "weight: 1.0}} in reward_functions is the same reward)")
+        if self.reward_function_kwargs:
+            p.append(f"{prefix}.reward_function_kwargs is for {prefix}.reward_function: give each entry of "
+                     f"{prefix}.reward_functions its own kwargs: {{function: ..., kwargs: {{...}}}}")
+        for i, e in enumerate(self.reward_functions):
+            key = f"{prefix}.reward_functions[{i}]"
+            unknown = sorted(set(e) - set(REWARD_ENTRY_KEYS))
+            if unknown:
+                p.append(f"{key}.{unknown[0]}: unknown key; an entry takes {', '.join(REWARD_ENTRY_KEYS)}")
+            if not isinstance(e.get("function"), str) or not e["function"]:
+                p.append(f"{key}.function is not set (expected path/to/file.py:function_name)")
+            w = e.get("weight", 1.0)
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+                p.append(f"{key}.weight={_show(w)} must be a finite number")
+            if not isinstance(e.get("kwargs") or {}, dict):
+                p.append(f"{key}.kwargs={_show(e['kwargs'])} must be a mapping of keyword arguments")
+            _choice(p, f"{key}.reward_type", e.get("reward_type", self.reward_type), REWARD_TYPES)
+        names: dict[str, int] = {}
+        for i, source in enumerate(self.sources()):
+            name, key = source["name"], f"{prefix}.reward_functions[{i}]"
+            if not isinstance(name, str) or name in ("overall", "tool_reward", "overlong_penalty") or "/" in name:
+                p.append(f"{key}.name={_show(name)}: choose another name (not overall, tool_reward, "
+                         "overlong_penalty; no '/')")
+            elif name in names:
+                p.append(f"{key}: the name {name!r} is taken by reward_functions[{names[name]}]: give one of them "
+                         "a name: {function: ..., name: ...}")
+            names.setdefault(name, i)
 
 
 @dataclass

@@ -30,6 +30,13 @@ class Sample:
     source: str = ""  # the data spec the record came from (data.train_files / val_files), for error messages
 
     @property
+    def prompt(self) -> str:
+        """The prompt text as the model saw it: the last user message's text, `<image>` / `<video>` where those
+        parts sit (what samples.jsonl shows and what a reward function's `prompt` field holds)."""
+        content = next((m["content"] for m in reversed(self.messages) if m.get("role") == "user"), "")
+        return content if isinstance(content, str) else "".join(p.get("text", f"<{p['type']}>") for p in content)
+
+    @property
     def where(self) -> str:
         """"train.jsonl record 7": how errors about this sample name it."""
         return f"{self.source} record {self.index}" if self.source else f"record {self.index}"

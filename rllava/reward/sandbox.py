@@ -3,7 +3,7 @@
 A reward file is code the run did not write. It may loop, sleep, raise, call `sys.exit` or `os._exit`, or return
 garbage. Every call therefore ends in an `Outcome`: the value, or one line saying what went wrong (raised,
 timed out, exited). The caller (`rllava.reward.function`) decides whether that stops the run
-(`reward.on_error=raise`) or scores the sample 0 (`zero`).
+(`reward.strict=true`) or scores the sample `reward.fallback_score`.
 
 Two runners, picked by `reward.num_cpus`:
 

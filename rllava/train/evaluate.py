@@ -20,9 +20,9 @@ import numpy as np
 from rllava import distributed as D
 from rllava.data.dataset import PromptDataset
 from rllava.data.images import normalize_image_list
-from rllava.data.protocol import Sample, Trajectory
+from rllava.data.protocol import Trajectory
 from rllava.engine.inference.base import SamplingParams, generate_context
-from rllava.reward.function import RewardFunction
+from rllava.reward.scoring import Scoring
 from rllava.roles.rollout import Rollout
 
 ADDED = ("overlong_penalty", "tool_reward")  # parts the trainer adds to the function's `overall`
@@ -32,17 +32,14 @@ def headline(details: list[dict[str, float]]) -> tuple[str, list[float]]:
     """The reward's headline (module docstring): ("accuracy" or "score", its value per sample)."""
     if any("accuracy" in d for d in details):
         return "accuracy", [d.get("accuracy", 0.0) for d in details]
+    named = {k for d in details for k in d if k.endswith("/accuracy")}  # reward.reward_functions: one source's part
+    if len(named) == 1:
+        return "accuracy", [d.get(next(iter(named)), 0.0) for d in details]
     score = [d["overall"] - sum(d.get(k, 0.0) for k in ADDED) for d in details]
     binary = [float(round(s)) for s in score]
     if all(b in (0.0, 1.0) and abs(s - b) < 1e-6 for s, b in zip(score, binary)):
         return "accuracy", binary
     return "score", score
-
-
-def prompt_text(sample: Sample) -> str:
-    """The prompt's last message as text, images and videos as <image> / <video>."""
-    content = sample.messages[-1]["content"]
-    return content if isinstance(content, str) else "".join(p.get("text", f"<{p['type']}>") for p in content)
 
 
 def generation_row(t: Trajectory, reward: float | None, parts: dict[str, float] | None, dataset: PromptDataset) -> dict:
@@ -51,12 +48,14 @@ def generation_row(t: Trajectory, reward: float | None, parts: dict[str, float] 
     images = normalize_image_list(dataset.records[t.sample.index][dataset.cfg.image_key]) if dataset.has_images else []
     images = [os.path.join(dataset.image_dir or "", x) if isinstance(x, str) else f"<{type(x).__name__}>"
               for x in images]
-    return {"index": t.sample.index, "prompt": prompt_text(t.sample), "images": images,
+    return {"index": t.sample.index, "prompt": t.sample.prompt, "images": images,
             "ground_truth": t.sample.ground_truth, "response": t.response,
             "reward": reward, "reward_parts": parts or None}
 
 
-def evaluate(train_engine, rollout: Rollout, reward: RewardFunction, dataset: PromptDataset, sampling: SamplingParams,
+
+
+def evaluate(train_engine, rollout: Rollout, reward: Scoring, dataset: PromptDataset, sampling: SamplingParams,
              batch_size: int, prefix: str = "val") -> tuple[dict[str, float], list[dict]]:
     """Metrics `{prefix}/reward_mean`, `{prefix}/accuracy` or `{prefix}/score` (`headline`), every part
     the reward returns, ... over every sample x sampling.n completions; and the generations (`generation_row`)."""
@@ -85,7 +84,7 @@ def evaluate(train_engine, rollout: Rollout, reward: RewardFunction, dataset: Pr
     return metrics, generations
 
 
-def validate(cfg, train_engine, rollout: Rollout, reward: RewardFunction, dataset: PromptDataset | None, step: int,
+def validate(cfg, train_engine, rollout: Rollout, reward: Scoring, dataset: PromptDataset | None, step: int,
              outputs_dir: str) -> dict[str, float]:
     """Held-out metrics at `step`: sampled as `rollout.val_override_config` says (`val/...`), greedy too if
     `trainer.val_greedy` (`val_greedy/...`); the first `trainer.val_generations_to_log` generations go to

@@ -34,6 +34,7 @@ from rllava.data.sampler import EpochSampler
 from rllava.errors import RllavaError
 from rllava.model.loader import save_model
 from rllava.reward.function import RewardFunction
+from rllava.reward.scoring import Scoring
 from rllava.roles.actor import Actor
 from rllava.roles.rollout import Rollout
 from rllava.train import builders as B
@@ -61,7 +62,7 @@ class Run:
     actor: Actor
     tracker: Tracker | None  # created by train_loop once the run owns outputs_dir
     rollout: Rollout | None  # None only for SFT without a reward to validate with
-    reward: RewardFunction | None
+    reward: Scoring | None
     resume_from: str | None = None  # the checkpoint train_loop starts from (trainer.resume)
     step: int = 0  # the step running now (1-based); the checkpoint's step after a resume
     # What a checkpoint holds besides sampler and RNG: train engines by name ("actor", "critic") and objects
@@ -75,13 +76,24 @@ class Run:
         return [self.train_set[j] for j in D.shard(self.sampler.next_batch(), "prompts")]
 
 
-def build_reward(cfg) -> RewardFunction:
-    """The Reward role from `reward.*`: the user's function, its call form checked now (one line at start-up,
-    not at the first reward call), run under reward.timeout / on_error / num_cpus."""
+def build_reward(cfg) -> Scoring:
+    """The Reward role from `reward.*`: each reward function (reward.reward_function, or every entry of
+    reward.reward_functions with its weight) as a source of the Scoring stage, its call form checked now (one
+    line at start-up, not at the first reward call), run under reward.timeout / strict / num_cpus."""
     r, ob = cfg.reward, cfg.reward.overlong_buffer
-    return RewardFunction(r.reward_function, r.reward_type, r.reward_function_kwargs, timeout=r.timeout,
-                          on_error=r.on_error, num_cpus=r.num_cpus,
-                          overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None)
+    strict, fallback = r.error_policy()
+    sources = []
+    try:
+        for s in r.sources():
+            sources.append((s["name"], float(s["weight"]), RewardFunction(
+                s["function"], s["reward_type"], s["kwargs"], timeout=r.timeout, strict=strict, fallback_score=fallback,
+                num_cpus=r.num_cpus, key=s["key"], kwargs_key=s["kwargs_key"])))
+    except BaseException:
+        for _, _, source in sources:  # the workers of the functions built before the one that failed
+            source.close()
+        raise
+    return Scoring(sources, named=bool(r.reward_functions), strict=strict, fallback_score=fallback,
+                   overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None)
 
 
 def build_run(cfg, *, sft: bool = False) -> Run:
@@ -91,7 +103,8 @@ def build_run(cfg, *, sft: bool = False) -> Run:
     resume_from = C.find_resume(cfg, outputs_dir)  # a bad path fails here, before anything is written
     O.check_outputs(cfg, outputs_dir, resume_from)  # another run's outputs there, or not writable: one line
     # the reward file first: a typo in it fails in a second, not after loading the model
-    reward = build_reward(cfg) if not sft or (cfg.data.val_files and cfg.reward.reward_function) else None
+    scores = cfg.reward.reward_function or cfg.reward.reward_functions
+    reward = build_reward(cfg) if not sft or (cfg.data.val_files and scores) else None
     device, outputs_dir = B.setup_run(cfg)
     model, processor = B.build_policy(cfg.actor.model, device)
     expert = sft or cfg.actor.policy_loss.loss_mode in HYBRID_LOSSES  # SFT and hybrids read the expert response
@@ -181,7 +194,7 @@ def _train_loop(run: Run, step: StepFn, name: str) -> str:
                 raise RllavaError(f"step {i}: sampling met non-finite probabilities: the policy's weights are no "
                                   "longer finite (is actor.optim.lr too high?)") from e
         metrics.update(timer.pop(), **{"actor/lr": run.actor.engine.scheduler.get_last_lr()[0]})
-        if run.reward is not None and run.reward.on_error == "zero":
+        if run.reward is not None and not run.reward.strict:
             metrics["reward/errors"] = float(run.reward.errors - errors)
         world = D.world_size()  # throughput of all ranks together
         metrics["perf/tokens_per_s"] = world * batch.attention_mask.sum().item() / metrics["timing/step"]

@@ -31,8 +31,8 @@ from rllava.utils.fs import write_text_atomic
 RUN_FILES = ("config.yaml", *STEP_FILES, "final", "tensorboard", "wandb")
 # What makes two configs the same run: resuming across a change of any of these would mix two runs' work.
 IDENTITY = ("actor.model.model_path", "data.train_files", "data.prompt_key", "data.answer_key", "data.image_key",
-            "data.seed", "data.train_batch_size", "rollout.n", "reward.reward_function", "algorithm.adv_estimator",
-            "trainer.seed")
+            "data.seed", "data.train_batch_size", "rollout.n", "reward.reward_function", "reward.reward_functions",
+            "algorithm.adv_estimator", "trainer.seed")
 STALE_PREFIXES = (".final.tmp-",)  # what a kill during the final save leaves (rllava.utils.fs.atomic_directory)
 
 
@@ -68,6 +68,7 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 def identity_changes(old_yaml: str, new_yaml: str) -> list[str]:
     """`key: old -> new` for each IDENTITY key that differs between two resolved configs."""
     old, new = _flat(yaml.safe_load(old_yaml)), _flat(yaml.safe_load(new_yaml))
+    old.setdefault("reward.reward_functions", [])  # a config.yaml written before that key existed
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in IDENTITY if old.get(k) != new.get(k)]
 
 

@@ -27,7 +27,10 @@ OWNED_ELSEWHERE: set[str] = set()  # keys built on a branch not merged yet (none
 COVERED = {
     "reward.num_cpus": ("tests/reward/test_function.py::test_worker_pool_scores_kills_hung_workers_and_replaces_dead_ones", "num_cpus"),
     "reward.timeout": "tests/reward/test_function.py::test_a_sleeping_reward_times_out_in_process",
-    "reward.on_error": "tests/reward/test_function.py::test_on_error_zero_scores_the_sample_0_and_counts_it",
+    "reward.on_error": "tests/reward/test_scoring.py::test_error_policy_of_strict_fallback_and_on_error",
+    "reward.strict": "tests/reward/test_scoring.py::test_timeout_names_the_function_and_the_sample",
+    "reward.fallback_score": "tests/train/test_pipelines.py::test_weighted_rewards_log_each_source_and_survive_a_nan",
+    "reward.reward_functions": "tests/train/test_pipelines.py::test_weighted_rewards_log_each_source_and_survive_a_nan",
     "trainer.overwrite": "tests/train/test_runtime.py::test_outputs_dir_belongs_to_one_run",
     "data.train_files": "tests/data/test_records.py::test_empty_after_max_samples_and_empty_spec",
     "data.val_files": "tests/train/test_video_pipeline.py::test_rlvr_two_steps_on_videos",

@@ -79,16 +79,19 @@ def test_bad_results_are_one_clear_error(tmp_path, body, message):
     score (the process is still here: os._exit was caught)."""
     path = _write(tmp_path, body)
     with pytest.raises(RewardError, match=message):
-        RewardFunction(f"{path}:f").score([_traj("a", "1", index=7), _traj("b", "1", index=8)])
+        RewardFunction(f"{path}:f", strict=True).score([_traj("a", "1", index=7), _traj("b", "1", index=8)])
 
 
-def test_on_error_zero_scores_the_sample_0_and_counts_it(tmp_path, caplog):
+def test_not_strict_gives_the_fallback_score_and_counts_it(tmp_path, caplog):
+    """reward.strict=false (the default), reward.fallback_score=-1: each failing sample scores -1, is counted
+    and logged with the function and its index."""
     path = _write(tmp_path, "def f(response, ground_truth):\n"
                             "    return {'a': 1.0, 'b': float('nan'), 'c': None}[response]\n")
-    fn = RewardFunction(f"{path}:f", on_error="zero")
+    fn = RewardFunction(f"{path}:f", fallback_score=-1)
     scores, details = fn.score([_traj("a", "1", 0), _traj("b", "1", 1), _traj("c", "1", 2), _traj("d", "1", 3)])
-    assert scores.tolist() == [1.0, 0.0, 0.0, 0.0] and details[1] == {"overall": 0.0} and fn.errors == 3
-    assert "sample 3: raised KeyError: 'd': scored 0 (reward.on_error=zero)" in caplog.text
+    assert scores.tolist() == [1.0, -1.0, -1.0, -1.0] and details[1] == {"overall": -1.0} and fn.errors == 3
+    assert "r.py:f, sample 3: raised KeyError: 'd': scored -1 (reward.strict=false)" in caplog.text
+    assert fn.last_error.endswith("sample 3: raised KeyError: 'd'")
 
 
 def test_a_sleeping_reward_times_out_in_process(tmp_path):
@@ -97,12 +100,12 @@ def test_a_sleeping_reward_times_out_in_process(tmp_path):
                             "    try:\n        time.sleep(30 if response == 'slow' else 0)\n"
                             "    except Exception:\n        pass\n"  # a broad except must not eat the limit
                             "    return 1.0\n")
-    fn = RewardFunction(f"{path}:f", timeout=0.2, on_error="zero")
+    fn = RewardFunction(f"{path}:f", timeout=0.2)
     start = time.time()
     assert fn.score([_traj("fast", "1"), _traj("slow", "1", 1)])[0].tolist() == [1.0, 0.0]
     assert time.time() - start < 5 and fn.errors == 1
     with pytest.raises(RewardError, match=r"sample 1: did not return within reward.timeout=0.2s"):
-        RewardFunction(f"{path}:f", timeout=0.2).score([_traj("slow", "1", 1)])
+        RewardFunction(f"{path}:f", timeout=0.2, strict=True).score([_traj("slow", "1", 1)])
 
 
 def test_worker_pool_scores_kills_hung_workers_and_replaces_dead_ones(tmp_path):
@@ -113,7 +116,7 @@ def test_worker_pool_scores_kills_hung_workers_and_replaces_dead_ones(tmp_path):
                             "    if response == 'hang':\n        re.match(r'(a+)+$', 'a' * 40 + 'b')\n"
                             "    if response == 'exit':\n        os._exit(5)\n"
                             "    return float(len(response))\n")
-    fn = RewardFunction(f"{path}:f", timeout=1.0, on_error="zero", num_cpus=2)
+    fn = RewardFunction(f"{path}:f", timeout=1.0, num_cpus=2)
     try:
         trajs = [_traj(r, "1", i) for i, r in enumerate(["ab", "hang", "abc", "exit", "abcd", "a"])]
         start = time.time()
@@ -122,7 +125,7 @@ def test_worker_pool_scores_kills_hung_workers_and_replaces_dead_ones(tmp_path):
         assert time.time() - start < 10
         assert fn.score([_traj("xy", "1")])[0].tolist() == [2.0]  # the replaced workers serve on
         with pytest.raises(RewardError, match=r"sample 3: ended its worker process \(exit code 5"):
-            RewardFunction(f"{path}:f", num_cpus=2).score(trajs[2:4])
+            RewardFunction(f"{path}:f", num_cpus=2, strict=True).score(trajs[2:4])
     finally:
         workers = list(fn.runner.workers)
         fn.close()
@@ -232,7 +235,7 @@ def test_counting_reward(response, truth, expected):
 
 
 def test_overlong_penalty_by_hand():
-    from rllava.reward.function import overlong_penalty
+    from rllava.reward.scoring import overlong_penalty
 
     # L_max 10, buffer 4: no penalty up to 6 tokens, then linear to -factor at 10
     assert [overlong_penalty(n, 10, 4, 0.5) for n in (3, 6, 7, 8, 10)] == [0.0, 0.0, -0.125, -0.25, -0.5]

@@ -61,6 +61,32 @@ def test_rlvr_two_steps_change_parameters_and_write_metrics(tmp_path, tiny_model
     assert os.path.exists(os.path.join(out, "config.yaml"))
 
 
+def test_weighted_rewards_log_each_source_and_survive_a_nan(tmp_path, tiny_model_dir, counting_dir):
+    """reward.reward_functions from the command line: r = 0.5 * distinct + 1.0 * flaky, each source logged on its
+    own; `flaky` returns NaN on every 5th call, which scores reward.fallback_score=-1 and counts in reward/errors
+    (non-strict, the default) instead of reaching the advantage."""
+    out = str(tmp_path / "run")
+    (tmp_path / "distinct.py").write_text("def distinct(response, ground_truth):\n"
+                                          "    return {'overall': len(set(response)) / 20, 'accuracy': 0.0}\n")
+    (tmp_path / "flaky.py").write_text("calls = 0\ndef flaky(response, ground_truth, prompt):\n    global calls\n"
+                                       "    calls += 1\n    assert 'How many' in prompt, prompt\n"
+                                       "    return {'overall': float('nan') if calls % 5 == 0 else 1.0, 'half': 0.5}\n")
+    rlvr.main(_args(tiny_model_dir, counting_dir, out, "reward.reward_function=null", "trainer.val_before_train=false",
+                    f"reward.reward_functions=[{{function: {tmp_path}/distinct.py:distinct, weight: 0.5}}, "
+                    f"{{function: {tmp_path}/flaky.py:flaky, weight: 1.0}}]", "reward.fallback_score=-1"))
+    rows = _metrics(out)
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for row in steps:  # 16 samples a step: calls 5, 10, 15 of each 16 fail
+        assert row["reward/errors"] == 3.0 and row["reward/flaky_mean"] == (13 - 3) / 16
+        # a failed sample has no parts (they count 0 in the means)
+        assert row["reward/flaky/half_mean"] == 13 * 0.5 / 16 and row["reward/distinct/accuracy_mean"] == 0.0
+        assert row["reward/mean"] == pytest.approx(0.5 * row["reward/distinct_mean"] + row["reward/flaky_mean"])
+        assert all(v == v and abs(v) != float("inf") for v in row.values() if isinstance(v, float)), row
+    val = [r for r in rows if "val/flaky" in r]
+    assert [r["step"] for r in val] == [2] and {"val/distinct", "val/flaky/half", "val/accuracy"} <= set(val[0])
+
+
 def test_sft_learns_the_format(tmp_path, tiny_model_dir, counting_dir):
     out = str(tmp_path / "sft")
     sft.main(_args(tiny_model_dir, counting_dir, out, "data.target_key=solution", "trainer.max_steps=60",
