@@ -702,6 +702,11 @@ class OverlongBufferConfig:  # verl's names
     penalty_factor: float = 1.0  # penalty at the full length
 
 
+# What a reward model reads of its ModelConfig (reward.model): the rest is for training
+REWARD_MODEL_KEYS = ["model_path", "tokenizer_path", "torch_dtype", "attn_implementation", "trust_remote_code",
+                     "override_config"]
+
+
 @dataclass
 class RewardConfig:
     reward_type: str = "auto"  # rllava default (RLLaVA: batch): auto|batch|sequential; auto = from the function
@@ -712,7 +717,12 @@ class RewardConfig:
     timeout: Optional[float] = 60.0  # rllava: seconds per reward call (a batch reward: per batch); null = no limit
     on_error: str = "raise"  # rllava: a call that raises/times out/returns a non-number: raise | zero (score 0, counted)
     reward_function_name: Optional[str] = None  # RLLaVA fills it from reward_function; must stay null
-    model: ModelConfig = field(default_factory=ModelConfig)  # reward model: not available yet, any change is an error
+    # reward model (RLLaVA/verl's reward_model): a sequence-classification checkpoint with one label; its logit
+    # for prompt + response is a reward (rllava.reward.models). Inference keys are read (model_path, tokenizer_path,
+    # torch_dtype, attn_implementation, trust_remote_code, override_config); training switches are errors.
+    model: ModelConfig = field(default_factory=ModelConfig)
+    model_weight: float = 1.0  # rllava: reward = reward_function's score + model_weight x the reward model's logit
+    model_micro_batch_size: int = 16  # rllava: sequences per reward-model forward
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # rllava (verl's keys)
 
     def check(self, prefix: str = "reward") -> list[str]:
@@ -727,10 +737,25 @@ class RewardConfig:
         if self.reward_function_name is not None:
             p.append(f"{prefix}.reward_function_name={self.reward_function_name} is derived in rllava; "
                      f"set {prefix}.reward_function=path/file.py:{self.reward_function_name} instead")
-        changed = [f.name for f in fields(self.model) if getattr(self.model, f.name) != getattr(ModelConfig(), f.name)]
+        m = self.model
+        changed = [f.name for f in fields(m) if getattr(m, f.name) != getattr(ModelConfig(), f.name)]
         for name in changed:
-            p.append(f"{prefix}.model.{name}={_show(getattr(self.model, name))}: reward models are not available yet "
-                     f"in rllava; score with {prefix}.reward_function=path/file.py:fn")
+            if name not in REWARD_MODEL_KEYS:
+                p.append(f"{prefix}.model.{name}={_show(getattr(m, name))} is not read: the reward model is run, never "
+                         f"trained (it reads {', '.join(REWARD_MODEL_KEYS)}); leave it at "
+                         f"{_show(getattr(ModelConfig(), name))}")
+            elif not m.model_path:
+                p.append(f"{prefix}.model.{name}={_show(getattr(m, name))} is read only with a reward model: set "
+                         f"{prefix}.model.model_path=DIR (a sequence-classification checkpoint)")
+        for name, default in (("model_weight", 1.0), ("model_micro_batch_size", 16)):
+            if getattr(self, name) != default and not m.model_path:
+                p.append(f"{prefix}.{name}={getattr(self, name)} is read only with a reward model: set "
+                         f"{prefix}.model.model_path=DIR")
+        if m.torch_dtype is not None:
+            _choice(p, f"{prefix}.model.torch_dtype", m.torch_dtype, TORCH_DTYPES)
+        _positive(p, f"{prefix}.model_micro_batch_size", self.model_micro_batch_size)
+        if not math.isfinite(self.model_weight):
+            p.append(f"{prefix}.model_weight={self.model_weight} must be a finite number")
         return p
 
 

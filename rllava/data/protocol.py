@@ -30,6 +30,13 @@ class Sample:
     source: str = ""  # the data spec the record came from (data.train_files / val_files), for error messages
 
     @property
+    def prompt_text(self) -> str:
+        """The user turn's text as the model read it (after data.format_prompt), images and videos as
+        `<image>` / `<video>` where they stand."""
+        content = self.messages[-1]["content"]
+        return content if isinstance(content, str) else "".join(p.get("text", f"<{p['type']}>") for p in content)
+
+    @property
     def where(self) -> str:
         """"train.jsonl record 7": how errors about this sample name it."""
         return f"{self.source} record {self.index}" if self.source else f"record {self.index}"

@@ -53,15 +53,15 @@ class RewardError(RllavaError):
     pass
 
 
-def load_reward_function(spec: str) -> Callable:
-    """Import `fn` from `file.py:fn`; every failure names the spec."""
+def load_reward_function(spec: str, key: str = "reward.reward_function") -> Callable:
+    """Import `fn` from `file.py:fn`; every failure names `key` and the spec."""
     if not spec:
-        raise RewardError("reward.reward_function is not set (expected path/to/file.py:function_name)")
+        raise RewardError(f"{key} is not set (expected path/to/file.py:function_name)")
     path, sep, name = spec.rpartition(":")
     if not sep or not path.endswith(".py") or not name:
-        raise RewardError(f"reward.reward_function={spec!r}: expected 'path/to/file.py:function_name'")
+        raise RewardError(f"{key}={spec!r}: expected 'path/to/file.py:function_name'")
     if not os.path.isfile(path):
-        raise RewardError(f"reward.reward_function={spec!r}: file {path!r} does not exist")
+        raise RewardError(f"{key}={spec!r}: file {path!r} does not exist")
     module_name = f"rllava_reward_{abs(hash(os.path.abspath(path)))}"
     try:
         module_spec = importlib.util.spec_from_file_location(module_name, path)
@@ -71,15 +71,15 @@ def load_reward_function(spec: str) -> Callable:
     except (Exception, SystemExit) as e:  # a syntax or import error inside the user's file, or an exit
         sys.modules.pop(module_name, None)
         hint = " (install that package in this environment)" if isinstance(e, ModuleNotFoundError) else ""
-        raise RewardError(f"reward.reward_function={spec!r}: importing {path} failed: "
+        raise RewardError(f"{key}={spec!r}: importing {path} failed: "
                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{hint}") from e
     fn = getattr(module, name, None)
     if fn is None:
         found = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
-        raise RewardError(f"reward.reward_function={spec!r}: {path} has no function {name!r} "
+        raise RewardError(f"{key}={spec!r}: {path} has no function {name!r} "
                           f"(callables there: {', '.join(found) or 'none'})")
     if not callable(fn):
-        raise RewardError(f"reward.reward_function={spec!r}: {name!r} is not callable")
+        raise RewardError(f"{key}={spec!r}: {name!r} is not callable")
     return fn
 
 
@@ -198,6 +198,19 @@ def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float) 
     return 0.0 if length <= start else factor * max(start - length, -buffer_len) / buffer_len
 
 
+def add_shaping(details: list[dict[str, float]], trajectories: list[Trajectory],
+                overlong: tuple[int, int, float] | None) -> None:
+    """Add to each `overall` the agents' tool-level rewards (`tool_reward`: every turn's, summed over the episode)
+    and, with `overlong` = (max_response_length, buffer length, factor), the overlong penalty."""
+    for d, t in zip(details, trajectories):
+        if t.turn_rewards:
+            d["tool_reward"] = float(sum(t.turn_rewards))
+            d["overall"] += d["tool_reward"]
+        if overlong is not None:
+            d["overlong_penalty"] = overlong_penalty(t.num_response_tokens, *overlong)
+            d["overall"] += d["overlong_penalty"]
+
+
 class RewardFunction:
     """The Reward role: trajectories -> one scalar score each, plus the named parts for logging."""
 
@@ -224,14 +237,7 @@ class RewardFunction:
                      else ((sample_fields(t),), {}) for t in trajectories]
             details = [self._checked(o.error or _as_scores(o.value), t)
                        for o, t in zip(self.runner.run(calls), trajectories)]
-        for d, t in zip(details, trajectories):  # agents: each turn's tool-level reward adds to the episode's
-            if t.turn_rewards:
-                d["tool_reward"] = float(sum(t.turn_rewards))
-                d["overall"] += d["tool_reward"]
-        if train and self.overlong is not None:
-            for d, t in zip(details, trajectories):
-                d["overlong_penalty"] = overlong_penalty(t.num_response_tokens, *self.overlong)
-                d["overall"] += d["overlong_penalty"]
+        add_shaping(details, trajectories, self.overlong if train else None)
         return torch.tensor([d["overall"] for d in details], dtype=torch.float32), details
 
     def _score_batch(self, trajectories: list[Trajectory]) -> list[dict[str, float]]:

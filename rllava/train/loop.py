@@ -34,7 +34,8 @@ from rllava.data.images import normalize_image_list
 from rllava.data.sampler import EpochSampler
 from rllava.errors import RllavaError
 from rllava.model.loader import save_model
-from rllava.reward.function import RewardFunction
+from rllava.reward.function import RewardError, RewardFunction
+from rllava.reward.models import SumReward, model_sources
 from rllava.roles.actor import Actor
 from rllava.roles.rollout import Rollout
 from rllava.train import builders as B
@@ -76,13 +77,32 @@ class Run:
         return [self.train_set[j] for j in D.shard(self.sampler.next_batch(), "prompts")]
 
 
-def build_reward(cfg) -> RewardFunction:
-    """The Reward role from `reward.*`: the user's function, its call form checked now (one line at start-up,
-    not at the first reward call), run under reward.timeout / on_error / num_cpus."""
-    r, ob = cfg.reward, cfg.reward.overlong_buffer
+def build_reward(cfg) -> RewardFunction | None:
+    """The user's reward function from `reward.*`, its call form checked now (one line at start-up, not at the
+    first reward call), run under reward.timeout / on_error / num_cpus; None when only a reward model scores."""
+    r = cfg.reward
+    if not r.reward_function and r.model.model_path:
+        return None
+    if not r.reward_function:
+        raise RewardError("reward.reward_function is not set: score with reward.reward_function=path/file.py:fn "
+                          "and/or a reward model, reward.model.model_path=DIR")
     return RewardFunction(r.reward_function, r.reward_type, r.reward_function_kwargs, timeout=r.timeout,
-                          on_error=r.on_error, num_cpus=r.num_cpus,
-                          overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None)
+                          on_error=r.on_error, num_cpus=r.num_cpus, overlong=_overlong(cfg))
+
+
+def _overlong(cfg) -> tuple[int, int, float] | None:
+    ob = cfg.reward.overlong_buffer
+    return (cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None
+
+
+def with_reward_models(function: RewardFunction | None, cfg, device: torch.device):
+    """The Reward role: the function alone, or with reward.model.model_path the sum function + reward.model_weight x
+    the reward model's logit (`rllava.reward.models`)."""
+    models = model_sources(cfg, device)
+    if not models:
+        return function
+    parts = ([("reward_function", 1.0, function)] if function is not None else []) + models
+    return SumReward(parts, cfg.reward.on_error, overlong=_overlong(cfg))
 
 
 def build_run(cfg, *, sft: bool = False) -> Run:
@@ -92,8 +112,10 @@ def build_run(cfg, *, sft: bool = False) -> Run:
     resume_from = C.find_resume(cfg, outputs_dir)  # a bad path fails here, before anything is written
     O.check_outputs(cfg, outputs_dir, resume_from)  # another run's outputs there, or not writable: one line
     # the reward file first: a typo in it fails in a second, not after loading the model
-    reward = build_reward(cfg) if not sft or (cfg.data.val_files and cfg.reward.reward_function) else None
+    scores = not sft or (cfg.data.val_files and (cfg.reward.reward_function or cfg.reward.model.model_path))
+    reward = build_reward(cfg) if scores else None
     device, outputs_dir = B.setup_run(cfg)
+    reward = with_reward_models(reward, cfg, device) if scores else None
     model, processor = B.build_policy(cfg.actor.model, device)
     expert = sft or cfg.actor.policy_loss.loss_mode in HYBRID_LOSSES  # SFT and hybrids read the expert response
     train_set, val_set = B.build_datasets(cfg, processor, target_key=cfg.data.target_key if expert else None)
@@ -120,13 +142,10 @@ def sample_rows(batch: Batch, dataset: PromptDataset, k: int) -> list[dict]:
     scores = batch.scores.tolist() if batch.scores is not None else [None] * len(batch)
     for j in sorted(range(len(batch)), key=lambda j: nth[j])[:k]:
         t, score = batch.trajectories[j], scores[j]
-        content = t.sample.messages[-1]["content"]
-        prompt = content if isinstance(content, str) else "".join(
-            p.get("text", f"<{p['type']}>") for p in content)
         images = normalize_image_list(dataset.records[t.sample.index][key]) if dataset.has_images else []
         images = [os.path.join(dataset.image_dir or "", x) if isinstance(x, str) else f"<{type(x).__name__}>"
                   for x in images]
-        rows.append({"index": t.sample.index, "prompt": prompt, "images": images, "response": t.response,
+        rows.append({"index": t.sample.index, "prompt": t.sample.prompt_text, "images": images, "response": t.response,
                      "reward": score})
     return rows
 
