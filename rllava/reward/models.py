@@ -99,10 +99,11 @@ class ClassifierReward(_Source):
         self.vision = getattr(processor, "image_processor", None) is not None
         tok = get_tokenizer(processor)
         tok.padding_side = "right"  # real tokens at positions 0..L-1, as when each sequence runs alone
-        if model.config.pad_token_id is None:  # the head pools at the last non-pad token
+        text_config = model.config.get_text_config()
+        if text_config.pad_token_id is None:  # the head pools at the last token that is not padding
             if tok.pad_token_id is None:
                 tok.pad_token = tok.eos_token
-            model.config.pad_token_id = tok.pad_token_id
+            text_config.pad_token_id = tok.pad_token_id
 
     def _messages(self, t: Trajectory) -> list[dict]:
         """The conversation with the response as the assistant turn; images kept for a vision reward model."""
@@ -136,7 +137,7 @@ class JudgeReward(_Source):
     """An LLM/VLM judge: template -> greedy answer through the Rollout role -> verdict (regex or function)."""
 
     def __init__(self, name: str, model, rollout, template: jinja2.Template, template_path: str, max_tokens: int,
-                 on_error: str, verdict: str | None = None, labels: dict | None = None, function=None,
+                 on_error: str = "raise", verdict: str | None = None, labels: dict | None = None, function=None,
                  timeout: float | None = None):
         super().__init__(name, on_error)
         from rllava.engine.inference.base import SamplingParams
@@ -228,11 +229,12 @@ class EmbeddingReward(_Source):
 
 def build_model_reward(entry, cfg, device: torch.device, key: str = "reward.model"):
     """One model-based reward source from `entry` (a dict: `type` classifier (default) | judge | embedding, and
-    the keys in ENTRY_KEYS; `weight` / `name` are left to the caller). Every problem names `key`."""
+    the keys in ENTRY_KEYS; `weight` / `name` are left to the caller). Every problem names `key`; the entry is
+    checked before its model loads."""
+    from omegaconf import OmegaConf
+
     from rllava.model.loader import ModelLoadError, load_model, resolve_dtype
     from rllava.model.processor import load_processor
-
-    from omegaconf import OmegaConf
 
     e = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else dict(entry)
     kind = e.get("type") or "classifier"
@@ -249,33 +251,38 @@ def build_model_reward(entry, cfg, device: torch.device, key: str = "reward.mode
         return EmbeddingReward(key, e.get("reference"), on_error)
     if not e.get("model"):
         raise RewardError(f"{key}.model is not set: a local Hugging Face directory of the {kind}")
-    trust = bool(e.get("trust_remote_code", False))
+    judging = _judge_options(e, key) if kind == "judge" else None
+    size = e.get("micro_batch_size", 16)
+    if not isinstance(size, int) or size <= 0:
+        raise RewardError(f"{key}.micro_batch_size={size} must be a positive integer")
+    trust, tokenizer = bool(e.get("trust_remote_code", False)), e.get("tokenizer_path") or e["model"]
     model = load_model(e["model"], dtype=resolve_dtype(e.get("torch_dtype"), device, key),
                        attn_implementation=e.get("attn_implementation", "sdpa"), trust_remote_code=trust,
                        override_config=e.get("override_config"), key=key,
                        auto=None if kind == "judge" else _sequence_classification())
     try:
-        processor = load_processor(e.get("tokenizer_path") or e["model"], trust)
+        processor = load_processor(tokenizer, trust)
     except (OSError, ValueError, ImportError) as err:
-        raise ModelLoadError(f"{key}: no processor/tokenizer at {e.get('tokenizer_path') or e['model']!r}: "
-                             f"{err}") from err
+        raise ModelLoadError(f"{key}: no processor/tokenizer at {tokenizer!r}: {err}") from err
     model = model.requires_grad_(False).eval().to(device)
     if getattr(processor, "chat_template", None) is None:
-        raise RewardError(f"{key}: {e.get('tokenizer_path') or e['model']} has no chat template to put the "
-                          f"conversation in (give its tokenizer one, or point {key}.tokenizer_path at one that has)")
-    if kind == "classifier":
-        archs, labels = model.config.architectures or [], model.config.num_labels
-        if not any(a.endswith("ForSequenceClassification") for a in archs):
-            raise RewardError(f"{key}.model_path={e['model']} is not a reward model: its checkpoint is "
-                              f"{', '.join(archs) or 'unnamed'}, not a sequence-classification head")
-        if labels != 1:
-            raise RewardError(f"{key}.model_path={e['model']} has {labels} labels: a reward model scores with one "
-                              "logit (num_labels=1); which label is better is the checkpoint's convention")
-        size = e.get("micro_batch_size", 16)
-        if not isinstance(size, int) or size <= 0:
-            raise RewardError(f"{key}.micro_batch_size={size} must be a positive integer")
-        return ClassifierReward(key, model, processor, device, size, on_error)
-    return _judge(e, key, model, processor, cfg, device, on_error)
+        raise RewardError(f"{key}: {tokenizer} has no chat template to put the conversation in (give its "
+                          f"tokenizer one, or point {key}.tokenizer_path at one that has)")
+    if kind == "judge":
+        from rllava.roles.rollout import Rollout
+        from rllava.train.builders import engine_for
+
+        served = SimpleNamespace(model_path=e["model"], tokenizer_path=e.get("tokenizer_path"), trust_remote_code=trust)
+        rollout = Rollout(engine_for(cfg, processor, device, model=served), processor)
+        return JudgeReward(key, model, rollout, **judging, on_error=on_error, timeout=cfg.reward.timeout)
+    archs, labels = model.config.architectures or [], model.config.num_labels
+    if not any(a.endswith("ForSequenceClassification") for a in archs):
+        raise RewardError(f"{key}.model_path={e['model']} is not a reward model: its checkpoint is "
+                          f"{', '.join(archs) or 'unnamed'}, not a sequence-classification head")
+    if labels != 1:
+        raise RewardError(f"{key}.model_path={e['model']} has {labels} labels: a reward model scores with one "
+                          "logit (num_labels=1); which label is better is the checkpoint's convention")
+    return ClassifierReward(key, model, processor, device, size, on_error)
 
 
 def _sequence_classification():
@@ -284,11 +291,9 @@ def _sequence_classification():
     return AutoModelForSequenceClassification
 
 
-def _judge(e: dict, key: str, model, processor, cfg, device, on_error: str) -> JudgeReward:
-    """The judge's template, verdict rule and rollout (rollout.name's engine, serving this model)."""
+def _judge_options(e: dict, key: str) -> dict:
+    """The judge's template, verdict rule (a regex with `labels`, or a function) and max_tokens, checked."""
     from rllava.data.dataset import load_template
-    from rllava.roles.rollout import Rollout
-    from rllava.train.builders import engine_for
 
     if not e.get("template"):
         raise RewardError(f"{key}.template is not set: a Jinja file with the judge's prompt (variables: prompt, "
@@ -317,11 +322,8 @@ def _judge(e: dict, key: str, model, processor, cfg, device, on_error: str) -> J
     max_tokens = e.get("max_tokens", 128)
     if not isinstance(max_tokens, int) or max_tokens <= 0:
         raise RewardError(f"{key}.max_tokens={max_tokens} must be a positive integer")
-    served = SimpleNamespace(model_path=e["model"], tokenizer_path=e.get("tokenizer_path"),
-                             trust_remote_code=bool(e.get("trust_remote_code", False)))
-    rollout = Rollout(engine_for(cfg, processor, device, model=served), processor)
-    return JudgeReward(key, model, rollout, template, e["template"], max_tokens, on_error, verdict=verdict,
-                       labels=labels, function=function, timeout=cfg.reward.timeout)
+    return dict(template=template, template_path=e["template"], max_tokens=max_tokens, verdict=verdict,
+                labels=labels, function=function)
 
 
 def model_sources(cfg, device: torch.device) -> list[tuple[str, float, object]]:
