@@ -717,10 +717,8 @@ class RewardConfig:
     timeout: Optional[float] = 60.0  # rllava: seconds per reward call (a batch reward: per batch); null = no limit
     on_error: str = "raise"  # rllava: a call that raises/times out/returns a non-number: raise | zero (score 0, counted)
     reward_function_name: Optional[str] = None  # RLLaVA fills it from reward_function; must stay null
-    # reward model (RLLaVA/verl's reward_model): a sequence-classification checkpoint with one label; its logit
-    # for prompt + response is a reward (rllava.reward.models). Inference keys are read (model_path, tokenizer_path,
-    # torch_dtype, attn_implementation, trust_remote_code, override_config); training switches are errors.
-    model: ModelConfig = field(default_factory=ModelConfig)
+    # RLLaVA/verl's reward model (rllava.reward.models, docs/reward_models.md)
+    model: ModelConfig = field(default_factory=ModelConfig)  # reward model: a one-label sequence-classification checkpoint, its logit for prompt + response a reward; reads model_path, tokenizer_path, torch_dtype, attn_implementation, trust_remote_code, override_config (other keys: an error)
     model_weight: float = 1.0  # rllava: reward = reward_function's score + model_weight x the reward model's logit
     model_micro_batch_size: int = 16  # rllava: sequences per reward-model forward
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # rllava (verl's keys)
