@@ -164,7 +164,7 @@ class JudgeReward(_Source):
         """The regex's first group as a number, or as a word of `labels`; else what is wrong."""
         m = self.pattern.search(text)
         if m is None:
-            return f"no verdict: {self.pattern.pattern!r} does not match what the judge wrote"
+            return f"no verdict: {self.pattern.pattern!r} does not match"
         found = m.group(1).strip()
         if self.labels:
             if found.lower() in self.labels:

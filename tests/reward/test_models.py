@@ -260,7 +260,7 @@ def test_judge_unparsable_verdicts_follow_on_error(tmp_path, tiny_model_dir):
              "verdict": r"<score>(\d+)</score>"}
     raising = build_model_reward(entry, load_config([]), CPU, key="reward.judge")
     with pytest.raises(RewardError, match=r"reward.judge, sample 9: no verdict: '<score>\(\\\\d\+\)</score>' does not "
-                                          r"match what the judge wrote; the judge wrote '.*' \(reward.on_error=zero"):
+                                          r"match; the judge wrote '.*' \(reward.on_error=zero"):
         raising.score([_traj("x", index=9)])
     zero = build_model_reward(entry, load_config(["reward.on_error=zero"]), CPU, key="reward.judge")
     scores, _ = zero.score([_traj("x", index=9), _traj("y", index=10)])
