@@ -39,6 +39,7 @@ KL_CTRL_TYPES = ["fixed", "adaptive"]
 LOGGERS = ["console", "jsonl", "tensorboard", "wandb"]
 REWARD_TYPES = ["auto", "batch", "sequential"]
 REWARD_ENTRY_KEYS = ["function", "weight", "name", "kwargs", "reward_type"]  # an entry of reward.reward_functions
+# ... or a model entry, {type: classifier|judge|embedding, model: DIR, ...}: rllava.reward.models checks its keys
 LR_SCHEDULERS = ["constant", "linear", "cosine", "constant_with_warmup"]  # transformers.get_scheduler names
 TORCH_DTYPES = ["float32", "bfloat16", "float16"]
 CHECKPOINT_CONTENTS = ["model", "optimizer", "extra", "hf_model"]
@@ -703,6 +704,16 @@ class OverlongBufferConfig:  # verl's names
     penalty_factor: float = 1.0  # penalty at the full length
 
 
+# What a reward model reads of its ModelConfig (reward.model): the rest is for training
+REWARD_MODEL_KEYS = ["model_path", "tokenizer_path", "torch_dtype", "attn_implementation", "trust_remote_code",
+                     "override_config"]
+
+
+def _model_entry(entry: dict) -> bool:
+    """An entry of reward.reward_functions that is a model (reward model, judge, embedding), not a function."""
+    return "function" not in entry and ("model" in entry or "type" in entry)
+
+
 @dataclass
 class RewardConfig:
     reward_type: str = "auto"  # rllava default (RLLaVA: batch): auto|batch|sequential; auto = from the function
@@ -716,7 +727,10 @@ class RewardConfig:
     fallback_score: float = 0.0  # rllava: the score of a failed sample when not strict
     on_error: Optional[str] = None  # rllava, older spelling: raise = strict=true, zero = strict=false, fallback 0
     reward_function_name: Optional[str] = None  # RLLaVA fills it from reward_function; must stay null
-    model: ModelConfig = field(default_factory=ModelConfig)  # reward model: not available yet, any change is an error
+    # RLLaVA/verl's reward model (rllava.reward.models, docs/reward_models.md)
+    model: ModelConfig = field(default_factory=ModelConfig)  # reward model: a one-label sequence-classification checkpoint, its logit for prompt + response a reward; reads model_path, tokenizer_path, torch_dtype, attn_implementation, trust_remote_code, override_config (other keys: an error)
+    model_weight: float = 1.0  # rllava: reward = reward_function's score + model_weight x the reward model's logit
+    model_micro_batch_size: int = 16  # rllava: sequences per reward-model forward
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # rllava (verl's keys)
 
     def check(self, prefix: str = "reward") -> list[str]:
@@ -743,10 +757,25 @@ class RewardConfig:
         if self.reward_function_name is not None:
             p.append(f"{prefix}.reward_function_name={self.reward_function_name} is derived in rllava; "
                      f"set {prefix}.reward_function=path/file.py:{self.reward_function_name} instead")
-        changed = [f.name for f in fields(self.model) if getattr(self.model, f.name) != getattr(ModelConfig(), f.name)]
+        m = self.model
+        changed = [f.name for f in fields(m) if getattr(m, f.name) != getattr(ModelConfig(), f.name)]
         for name in changed:
-            p.append(f"{prefix}.model.{name}={_show(getattr(self.model, name))}: reward models are not available yet "
-                     f"in rllava; score with {prefix}.reward_function=path/file.py:fn")
+            if name not in REWARD_MODEL_KEYS:
+                p.append(f"{prefix}.model.{name}={_show(getattr(m, name))} is not read: the reward model is run, never "
+                         f"trained (it reads {', '.join(REWARD_MODEL_KEYS)}); leave it at "
+                         f"{_show(getattr(ModelConfig(), name))}")
+            elif not m.model_path:
+                p.append(f"{prefix}.model.{name}={_show(getattr(m, name))} is read only with a reward model: set "
+                         f"{prefix}.model.model_path=DIR (a sequence-classification checkpoint)")
+        for name, default in (("model_weight", 1.0), ("model_micro_batch_size", 16)):
+            if getattr(self, name) != default and not m.model_path:
+                p.append(f"{prefix}.{name}={getattr(self, name)} is read only with a reward model: set "
+                         f"{prefix}.model.model_path=DIR")
+        if m.torch_dtype is not None:
+            _choice(p, f"{prefix}.model.torch_dtype", m.torch_dtype, TORCH_DTYPES)
+        _positive(p, f"{prefix}.model_micro_batch_size", self.model_micro_batch_size)
+        if not math.isfinite(self.model_weight):
+            p.append(f"{prefix}.model_weight={self.model_weight} must be a finite number")
         return p
 
     def error_policy(self) -> tuple[bool, float]:
@@ -759,10 +788,14 @@ class RewardConfig:
         """Every reward function as {function, weight, kwargs, reward_type, name, key, kwargs_key} (the last two
         name its keys in errors): reward.reward_functions' entries, or reward.reward_function, weight 1."""
         if not self.reward_functions:
+            if not self.reward_function and self.model.model_path:
+                return []  # the reward model alone scores (rllava.reward.models.model_sources)
             return [{"function": self.reward_function, "weight": 1.0, "kwargs": dict(self.reward_function_kwargs),
                      "reward_type": self.reward_type, "name": str(self.reward_function or "").rpartition(":")[2],
                      "key": "reward.reward_function", "kwargs_key": "reward.reward_function_kwargs"}]
-        return [{"function": e.get("function"), "weight": e.get("weight", 1.0), "kwargs": dict(e.get("kwargs") or {}),
+        return [{"entry": e, "weight": e.get("weight", 1.0), "name": e.get("name") or e.get("type") or "classifier",
+                 "key": f"reward.reward_functions[{i}]"} if _model_entry(e) else
+                {"function": e.get("function"), "weight": e.get("weight", 1.0), "kwargs": dict(e.get("kwargs") or {}),
                  "reward_type": e.get("reward_type", self.reward_type),
                  "name": e.get("name") or str(e.get("function") or "").rpartition(":")[2],
                  "key": f"reward.reward_functions[{i}].function", "kwargs_key": f"reward.reward_functions[{i}].kwargs"}
@@ -780,14 +813,17 @@ class RewardConfig:
                      f"{prefix}.reward_functions its own kwargs: {{function: ..., kwargs: {{...}}}}")
         for i, e in enumerate(self.reward_functions):
             key = f"{prefix}.reward_functions[{i}]"
+            w = e.get("weight", 1.0)
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+                p.append(f"{key}.weight={_show(w)} must be a finite number")
+            if _model_entry(e):
+                continue  # its other keys: rllava.reward.models.build_model_reward, before the model loads
             unknown = sorted(set(e) - set(REWARD_ENTRY_KEYS))
             if unknown:
                 p.append(f"{key}.{unknown[0]}: unknown key; an entry takes {', '.join(REWARD_ENTRY_KEYS)}")
             if not isinstance(e.get("function"), str) or not e["function"]:
-                p.append(f"{key}.function is not set (expected path/to/file.py:function_name)")
-            w = e.get("weight", 1.0)
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
-                p.append(f"{key}.weight={_show(w)} must be a finite number")
+                p.append(f"{key}.function is not set (expected path/to/file.py:function_name, or a model entry "
+                         "{type: classifier|judge|embedding, model: DIR, ...})")
             if not isinstance(e.get("kwargs") or {}, dict):
                 p.append(f"{key}.kwargs={_show(e['kwargs'])} must be a mapping of keyword arguments")
             _choice(p, f"{key}.reward_type", e.get("reward_type", self.reward_type), REWARD_TYPES)

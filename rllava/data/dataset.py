@@ -35,16 +35,17 @@ from rllava.model.processor import get_tokenizer
 log = logging.getLogger(__name__)
 
 
-def load_template(path: str | None) -> jinja2.Template | None:
+def load_template(path: str | None, key: str = "data.format_prompt") -> jinja2.Template | None:
+    """The Jinja template in file `path` (undefined variables are errors); problems name `key`."""
     if not path:
         return None
     if not os.path.isfile(path):
-        raise DataError(f"data.format_prompt: template file {path!r} does not exist")
+        raise DataError(f"{key}: template file {path!r} does not exist")
     try:
         with open(path) as f:
             return jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(f.read())
     except jinja2.TemplateSyntaxError as e:
-        raise DataError(f"data.format_prompt: {path} line {e.lineno}: {e.message}") from e
+        raise DataError(f"{key}: {path} line {e.lineno}: {e.message}") from e
 
 
 def encode_prompt(processor, sample: Sample) -> tuple[list[int], dict]:

@@ -25,25 +25,27 @@ class ModelLoadError(RllavaError):
     pass
 
 
-def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
-    """`actor.model.torch_dtype`; None = float32 on CPU, bfloat16 on GPU."""
+def resolve_dtype(name: str | None, device: torch.device, key: str = "actor.model") -> torch.dtype:
+    """`{key}.torch_dtype`; None = float32 on CPU, bfloat16 on GPU."""
     if name is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if name not in DTYPES:
-        raise ModelLoadError(f"actor.model.torch_dtype={name!r}: choose one of {', '.join(DTYPES)}")
+        raise ModelLoadError(f"{key}.torch_dtype={name!r}: choose one of {', '.join(DTYPES)}")
     return DTYPES[name]
 
 
 def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdpa",
-               trust_remote_code: bool = False, override_config: dict | None = None, key: str = "actor.model"):
-    """`from_pretrained` on a local directory or hub id; any failure names `key` and the path."""
+               trust_remote_code: bool = False, override_config: dict | None = None, key: str = "actor.model",
+               auto=None):
+    """`from_pretrained` on a local directory or hub id; any failure names `key` and the path. `auto`: the Auto
+    class to load with (a reward model's AutoModelForSequenceClassification); default `auto_class(config)`."""
     if not path:
         raise ModelLoadError(f"{key}.model_path is not set")
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         for k, v in (override_config or {}).items():
             setattr(config, k, v)
-        return auto_class(config).from_pretrained(path, config=config, dtype=dtype,
+        return (auto or auto_class(config)).from_pretrained(path, config=config, dtype=dtype,
                                                   attn_implementation=attn_implementation,
                                                   trust_remote_code=trust_remote_code)
     except SafetensorError as e:  # a truncated download, a disk that filled up while it was written

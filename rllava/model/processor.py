@@ -118,8 +118,8 @@ def load_processor(path: str, trust_remote_code: bool = False):
     processor_class = processor_config.get("processor_class")
     if processor_class in IMAGE_ONLY_CLASSES:  # saved by an rllava before the export named the standard class
         return image_only_processor_class(IMAGE_ONLY_CLASSES[processor_class]).from_pretrained(path)
-    model_type = (_read_json(os.path.join(path, "config.json")).get("model_type")
-                  or STANDARD_CLASSES.get(processor_class))  # a processor saved without its model's config
+    # the processor class decides (Qwen3.5 checkpoints use Qwen3VLProcessor), else the model's type
+    model_type = STANDARD_CLASSES.get(processor_class) or _read_json(os.path.join(path, "config.json")).get("model_type")
     try:
         processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (ImportError, AttributeError, ValueError) as e:

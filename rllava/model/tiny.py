@@ -1,5 +1,6 @@
-"""Tiny, randomly initialised Qwen-VL models (plus a TinyLLaVA-style modular VLM, arch `tinyllava`, and
-text-only Qwen2 / Qwen3 LMs, archs `qwen2` / `qwen3`) built offline, for tests and CPU demos.
+"""Tiny, randomly initialised Qwen-VL models (plus a TinyLLaVA-style modular VLM, arch `tinyllava`, text-only
+Qwen2 / Qwen3 LMs, archs `qwen2` / `qwen3`, and a Qwen2 reward model, `qwen2_rm`) built offline, for tests and
+CPU demos.
 
     python -m rllava.model.tiny --arch qwen2_vl --out DIR [--size small|demo]
 
@@ -31,7 +32,8 @@ from rllava.model.processor import image_only_processor_class
 from rllava.utils.fs import atomic_directory
 
 ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "tinyllava")  # VLMs
-TEXT_ARCHS = ("qwen2", "qwen3")  # text-only causal LMs (the processor is the tokenizer)
+TEXT_ARCHS = ("qwen2", "qwen3", "qwen2_rm")  # text-only LMs (the processor is the tokenizer)
+# qwen2_rm: a Qwen2 reward model (Qwen2ForSequenceClassification, one label: reward.model.model_path)
 VISION_INIT_STD = 0.2
 
 # Qwen's special tokens, in Qwen's order. Ids are assigned from 0 in this order.
@@ -115,12 +117,15 @@ def _text_config(tok, size: dict) -> dict:
 
 
 def _text_lm(arch: str, tok, size: dict):
-    """A text-only Qwen2 / Qwen3 causal LM of the tiny sizes."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    """A text-only Qwen2 / Qwen3 causal LM, or a Qwen2 reward model (one logit), of the tiny sizes."""
+    from transformers import (Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen3Config,
+                              Qwen3ForCausalLM)
 
-    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+                             "qwen2_rm": (Qwen2Config, Qwen2ForSequenceClassification)}[arch]
+    head = {"num_labels": 1} if arch == "qwen2_rm" else {}
     return model_cls(config_cls(**_text_config(tok, size), head_dim=size["hidden"] // size["heads"],
-                                tie_word_embeddings=False))
+                                tie_word_embeddings=False, **head))
 
 
 def _tinyllava(tok, size: dict):
@@ -205,8 +210,9 @@ def build_tiny(arch: str, out_dir: str, size: str = "demo", seed: int = 0) -> st
         for p in tower.parameters() if tower is not None else []:
             if p.dim() >= 2:  # linear / conv / embedding weights; norms and biases keep their init
                 p.normal_(0.0, VISION_INIT_STD)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
+    if getattr(model, "generation_config", None) is not None:  # a reward model does not generate
+        model.generation_config.pad_token_id = tok.pad_token_id
+        model.generation_config.eos_token_id = tok.eos_token_id
     with atomic_directory(out_dir) as tmp:
         model.save_pretrained(tmp)
         processor.save_pretrained(tmp)

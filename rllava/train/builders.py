@@ -144,12 +144,19 @@ def greedy_sampling(cfg: PPOConfig) -> SamplingParams:
     return SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.data.max_response_length)
 
 
-def build_rollout(cfg: PPOConfig, processor, device: torch.device) -> Rollout:
+def engine_for(cfg: PPOConfig, processor, device: torch.device, model=None, ignore_eos: bool = False):
+    """The rollout engine (`rollout.name`) for the model of `processor`: its EOS ends a response (unless
+    `ignore_eos`: every response runs to the budget), vision placeholders are never sampled. `model`: the
+    model config of a model other than the policy (a judge, `rllava.reward.models`)."""
     tok = get_tokenizer(processor)
     vocab = tok.get_vocab()
     banned = [vocab[t] for t in VISION_PLACEHOLDERS if t in vocab]
-    stop = [] if cfg.rollout.ignore_eos else [tok.eos_token_id]  # ignore_eos: every response runs to the budget
-    engine = build_rollout_engine(cfg, tok.pad_token_id, stop, banned, device)
+    return build_rollout_engine(cfg, tok.pad_token_id, [] if ignore_eos else [tok.eos_token_id], banned, device,
+                                model=model)
+
+
+def build_rollout(cfg: PPOConfig, processor, device: torch.device) -> Rollout:
+    engine = engine_for(cfg, processor, device, ignore_eos=cfg.rollout.ignore_eos)
     if cfg.actor.fsdp.offload_params and engine.shares_train_model:
         log.warning("actor.fsdp.offload_params=true has no effect with rollout.name=%s: that engine samples with "
                     "the training model, whose weights must stay on the device", cfg.rollout.name)
@@ -171,16 +178,18 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device) -> Rollout:
 
 
 def build_rollout_engine(cfg: PPOConfig, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
-                         device: torch.device):
+                         device: torch.device, model=None):
     """rollout.name: `hf` samples with the training model; `vllm` / `sglang` hold their own copy of the policy on
-    this rank's GPU(s), synced before every rollout (imported only when chosen: optional extras)."""
-    r, m, world = cfg.rollout, cfg.actor.model, D.world_size()
+    this rank's GPU(s), synced before every rollout (imported only when chosen: optional extras). `model`: another
+    model's config (model_path, tokenizer_path, trust_remote_code) instead of actor.model; its context length
+    is its own (the policy's is data.max_prompt_length + max_response_length)."""
+    r, m, world = cfg.rollout, model or cfg.actor.model, D.world_size()
     if r.name == "hf":
         return HFRolloutEngine(pad_token_id=pad_token_id, stop_token_ids=stop_token_ids,
                                banned_token_ids=banned_token_ids, micro_batch_size=r.micro_batch_size, device=device)
     common = dict(model_path=m.model_path, stop_token_ids=stop_token_ids, banned_token_ids=banned_token_ids,
                   seed=r.seed, load_format=r.load_format, bucket_mb=r.bucket_size, trust_remote_code=m.trust_remote_code)
-    max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+    max_len = cfg.data.max_prompt_length + cfg.data.max_response_length if model is None else None
     if r.name == "vllm":
         v = r.vllm
         if world % r.tensor_parallel_size:

@@ -34,6 +34,7 @@ from rllava.data.sampler import EpochSampler
 from rllava.errors import RllavaError
 from rllava.model.loader import save_model
 from rllava.reward.function import RewardFunction
+from rllava.reward.models import build_model_reward, model_sources
 from rllava.reward.scoring import Scoring
 from rllava.roles.actor import Actor
 from rllava.roles.rollout import Rollout
@@ -85,6 +86,8 @@ def build_reward(cfg) -> Scoring:
     sources = []
     try:
         for s in r.sources():
+            if "entry" in s:  # a model: loaded by add_reward_models once the device is set up
+                continue
             sources.append((s["name"], float(s["weight"]), RewardFunction(
                 s["function"], s["reward_type"], s["kwargs"], timeout=r.timeout, strict=strict, fallback_score=fallback,
                 num_cpus=r.num_cpus, key=s["key"], kwargs_key=s["kwargs_key"])))
@@ -96,6 +99,24 @@ def build_reward(cfg) -> Scoring:
                    overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None)
 
 
+def add_reward_models(reward: Scoring, cfg, device: torch.device) -> Scoring:
+    """The model-based sources (rllava.reward.models), in config order: reward.reward_functions' model entries,
+    then the reward model of reward.model.model_path (weight reward.model_weight). With more than one source, or
+    a reward model, each is logged under its name (`reward/reward_model_mean`)."""
+    entries = [s for s in cfg.reward.sources() if "entry" in s]
+    try:  # loading them leaves the RNG as it was: a run draws the same LoRA init and samples with or without them
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            for s in entries:
+                model = build_model_reward(s["entry"], cfg, device, s["key"])
+                reward.sources.append((s["name"], float(s["weight"]), model))
+            reward.sources += model_sources(cfg, device)
+    except BaseException:
+        reward.close()
+        raise
+    reward.named = reward.named or len(reward.sources) > 1 or bool(cfg.reward.model.model_path)
+    return reward
+
+
 def build_run(cfg, *, sft: bool = False) -> Run:
     """Policy, data, sampler, Actor; the Rollout and Reward roles when the pipeline samples (RL) or can validate
     (a val set and a reward function). Reads outputs_dir but writes nothing there (see `train_loop`)."""
@@ -103,9 +124,10 @@ def build_run(cfg, *, sft: bool = False) -> Run:
     resume_from = C.find_resume(cfg, outputs_dir)  # a bad path fails here, before anything is written
     O.check_outputs(cfg, outputs_dir, resume_from)  # another run's outputs there, or not writable: one line
     # the reward file first: a typo in it fails in a second, not after loading the model
-    scores = cfg.reward.reward_function or cfg.reward.reward_functions
+    scores = cfg.reward.reward_function or cfg.reward.reward_functions or cfg.reward.model.model_path
     reward = build_reward(cfg) if not sft or (cfg.data.val_files and scores) else None
     device, outputs_dir = B.setup_run(cfg)
+    reward = add_reward_models(reward, cfg, device) if reward is not None else None
     model, processor = B.build_policy(cfg.actor.model, device)
     expert = sft or cfg.actor.policy_loss.loss_mode in HYBRID_LOSSES  # SFT and hybrids read the expert response
     train_set, val_set = B.build_datasets(cfg, processor, target_key=cfg.data.target_key if expert else None)

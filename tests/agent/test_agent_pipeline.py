@@ -45,8 +45,8 @@ class ShortTurns:
 def short_turns(monkeypatch):
     """Every turn of the random tiny model a complete one (6 tokens and EOS)."""
     build = B.build_rollout_engine
-    monkeypatch.setattr(B, "build_rollout_engine", lambda cfg, pad, stop, *a: ShortTurns(build(cfg, pad, stop, *a),
-                                                                                          stop[0]))
+    monkeypatch.setattr(B, "build_rollout_engine", lambda cfg, pad, stop, *a, **kw: ShortTurns(
+        build(cfg, pad, stop, *a, **kw), stop[0]))
 
 
 @pytest.fixture

@@ -39,9 +39,9 @@ def _warnings(args) -> list[str]:
                             "[search, zoom]); leave it at 10"),
     ("rollout.agent.tool_format=json", "rollout.agent.tool_format=json is read only by agent rollouts"),
     ("rollout.discount=0.5", "rollout.discount=0.5 is read only by agent rollouts"),
-    ("reward.model.model_path=rm", "reward.model.model_path=rm: reward models are not available yet in rllava; "
-                                   "score with reward.reward_function=path/file.py:fn"),
-    ("reward.model.use_peft=true", "reward.model.use_peft=true: reward models are not available yet"),
+    ("reward.model.use_peft=true", "reward.model.use_peft=true is not read: the reward model is run, never trained"),
+    ("reward.model.tokenizer_path=t", "reward.model.tokenizer_path=t is read only with a reward model: set "
+                                      "reward.model.model_path=DIR"),
     ("actor.fsdp.ulysses_size=2", "actor.fsdp.ulysses_size=2 is not available yet in rllava (sequence parallelism)"),
     ("actor.fsdp.fsdp_size=4", "actor.fsdp.fsdp_size=4 is not available yet in rllava (HSDP shard groups)"),
     ("actor.fsdp.wrap_policy.min_num_params=1000", "actor.fsdp.wrap_policy={'min_num_params': 1000} is not available"),
