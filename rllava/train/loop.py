@@ -33,7 +33,7 @@ from rllava.data.protocol import Batch, Sample
 from rllava.data.images import normalize_image_list
 from rllava.data.sampler import EpochSampler
 from rllava.errors import RllavaError
-from rllava.model.loader import save_model
+from rllava.model.loader import adopt_policy, save_model
 from rllava.reward.function import RewardFunction
 from rllava.roles.actor import Actor
 from rllava.roles.rollout import Rollout
@@ -85,18 +85,34 @@ def build_reward(cfg) -> RewardFunction:
                           overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None)
 
 
-def build_run(cfg, *, sft: bool = False) -> Run:
+@dataclass
+class Given:
+    """What the Python API (`rllava.api.RLVRPipeline`) hands `build_run` instead of the config's model_path and
+    data files: the policy and its processor, the train and val records (each None = built from the config)."""
+
+    model: torch.nn.Module | None = None
+    processor: object = None
+    train: object = None
+    val: object = None
+
+
+def build_run(cfg, *, sft: bool = False, given: Given | None = None) -> Run:
     """Policy, data, sampler, Actor; the Rollout and Reward roles when the pipeline samples (RL) or can validate
     (a val set and a reward function). Reads outputs_dir but writes nothing there (see `train_loop`)."""
+    given = given or Given()
     outputs_dir = B.run_outputs_dir(cfg)
     resume_from = C.find_resume(cfg, outputs_dir)  # a bad path fails here, before anything is written
     O.check_outputs(cfg, outputs_dir, resume_from)  # another run's outputs there, or not writable: one line
     # the reward file first: a typo in it fails in a second, not after loading the model
     reward = build_reward(cfg) if not sft or (cfg.data.val_files and cfg.reward.reward_function) else None
     device, outputs_dir = B.setup_run(cfg)
-    model, processor = B.build_policy(cfg.actor.model, device)
+    if given.model is None:
+        model, processor = B.build_policy(cfg.actor.model, device)
+    else:
+        model, processor = adopt_policy(given.model, cfg.actor.model, device), given.processor
     expert = sft or cfg.actor.policy_loss.loss_mode in HYBRID_LOSSES  # SFT and hybrids read the expert response
-    train_set, val_set = B.build_datasets(cfg, processor, target_key=cfg.data.target_key if expert else None)
+    train_set, val_set = B.build_datasets(cfg, processor, target_key=cfg.data.target_key if expert else None,
+                                          given=(given.train, given.val))
     sampler = B.build_sampler(cfg, train_set)
     steps = B.total_steps(cfg, sampler)
     actor = B.build_actor(cfg, model, device, steps, sft=sft)
