@@ -16,8 +16,8 @@ from `actor.model.model_path` and `data.train_files` / `data.val_files`.
 - model: a `transformers` model, trained in place, or None (`actor.model.model_path` is loaded), or a path
   (as `actor.model.model_path`). A model passed in wins over the config: `actor.model.model_path` becomes its
   `name_or_path` (a warning says so when the config named another), which config.yaml, checkpoints and the
-  outputs dir's identity record and which vLLM / SGLang (synced before every rollout) and, under FSDP2, the
-  reference and critic start from. `actor.model.*` switches apply to it as to a loaded model (torch_dtype,
+  outputs dir's identity record and which vLLM / SGLang (synced before every rollout), the critic and, under
+  FSDP2, the KL reference start from (a warning names the last two when they load). `actor.model.*` switches apply to it as to a loaded model (torch_dtype,
   attn_implementation, freezing, LoRA, gradient checkpointing). `processor=`: its processor or tokenizer;
   default: loaded from `actor.model.tokenizer_path`, else `model.name_or_path`.
 - train_dataloader / val_dataloader: records with a data file's fields (`data.prompt_key`, `answer_key`,
@@ -72,10 +72,13 @@ class RLVRPipeline:
                             "of the config is not loaded", path, m.model_path)
             m.model_path = path
             processor = processor if processor is not None else self._load_processor(path)
-            if resolve_strategy(self.cfg.actor.strategy) != "single" and not self.cfg.ref.model_path and (
-                    self.cfg.algorithm.use_kl_loss or self.cfg.algorithm.use_kl_in_reward):
-                log.warning("actor.strategy=%s: the KL reference loads actor.model.model_path=%r (the model's "
-                            "name_or_path), not the weights passed in", self.cfg.actor.strategy, path)
+            c, a = self.cfg, self.cfg.algorithm
+            loaders = ([f"the KL reference (actor.strategy={c.actor.strategy})"] if not c.ref.model_path and (
+                a.use_kl_loss or a.use_kl_in_reward) and resolve_strategy(c.actor.strategy) in ("fsdp", "fsdp2")
+                else []) + (["the critic"] if c.critic is not None and not c.critic.model.model_path else [])
+            if loaders:
+                log.warning("%s: loaded from actor.model.model_path=%r (the model's name_or_path), not from the "
+                            "weights passed in", " and ".join(loaders), path)
         for key, records in (("train_files", train_dataloader), ("val_files", val_dataloader)):
             if records is not None and getattr(self.cfg.data, key):
                 log.warning("RLVRPipeline: the %s records passed in are used; data.%s=%r of the config is not "

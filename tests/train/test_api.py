@@ -70,6 +70,18 @@ def test_a_model_and_records_passed_in_run_as_the_command_line(tmp_path, tiny_mo
     assert _steps(api_cfg) == _steps(cli)
 
 
+def test_roles_that_load_the_model_path_say_so(tiny_model_dir, caplog):
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    with caplog.at_level(logging.WARNING):
+        RLVRPipeline(model, {"critic": {}, "algorithm.adv_estimator": "gae", "actor.strategy": "fsdp2"})
+    assert (f"the KL reference (actor.strategy=fsdp2) and the critic: loaded from actor.model.model_path="
+            f"'{tiny_model_dir}' (the model's name_or_path), not from the weights passed in") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # one device: the reference is a copy of the weights passed in
+        RLVRPipeline(model, {"actor.strategy": "single"})
+    assert "loaded from" not in caplog.text
+
+
 def test_checkpoints_and_resume_with_a_model_passed_in(tmp_path, tiny_model_dir, counting_dir, distinct_reward):
     out = str(tmp_path / "run")
     records = _records(counting_dir, "train")[:8]
