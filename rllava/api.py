@@ -17,9 +17,10 @@ from `actor.model.model_path` and `data.train_files` / `data.val_files`.
   (as `actor.model.model_path`). A model passed in wins over the config: `actor.model.model_path` becomes its
   `name_or_path` (a warning says so when the config named another), which config.yaml, checkpoints and the
   outputs dir's identity record and which vLLM / SGLang (synced before every rollout), the critic and, under
-  FSDP2, the KL reference start from (a warning names the last two when they load). `actor.model.*` switches apply to it as to a loaded model (torch_dtype,
-  attn_implementation, freezing, LoRA, gradient checkpointing). `processor=`: its processor or tokenizer;
-  default: loaded from `actor.model.tokenizer_path`, else `model.name_or_path`.
+  FSDP2, the KL reference start from (a warning names the last two when they load). `actor.model.*` switches
+  apply to it as to a loaded model (torch_dtype, attn_implementation, freezing, LoRA, gradient checkpointing).
+  `processor=`: its processor or tokenizer; default: loaded from `actor.model.tokenizer_path`, else
+  `model.name_or_path`.
 - train_dataloader / val_dataloader: records with a data file's fields (`data.prompt_key`, `answer_key`,
   `image_key`: paths, bytes, base64 or PIL images), as a list or any iterable of dicts, a `datasets.Dataset`, a
   torch DataLoader over such records (its dataset is read; batches are `data.train_batch_size` prompts) or a
@@ -45,6 +46,7 @@ from rllava.config import ConfigError, PPOConfig, as_config
 from rllava.config.schema import resolve_strategy
 from rllava.model.loader import ModelLoadError
 from rllava.model.processor import load_processor
+from rllava.train.builders import validates
 from rllava.train.loop import Given
 
 log = logging.getLogger(__name__)
@@ -79,12 +81,22 @@ class RLVRPipeline:
             if loaders:
                 log.warning("%s: loaded from actor.model.model_path=%r (the model's name_or_path), not from the "
                             "weights passed in", " and ".join(loaders), path)
-        for key, records in (("train_files", train_dataloader), ("val_files", val_dataloader)):
-            if records is not None and getattr(self.cfg.data, key):
-                log.warning("RLVRPipeline: the %s records passed in are used; data.%s=%r of the config is not "
-                            "read", key[:-6], key, getattr(self.cfg.data, key))
-            if records is not None:
-                setattr(self.cfg.data, key, "")
+        d = self.cfg.data
+        for key, records, batch in (("train", train_dataloader, d.train_batch_size),
+                                    ("val", val_dataloader, d.val_batch_size)):
+            if records is None:
+                continue
+            if getattr(d, f"{key}_files"):
+                log.warning("RLVRPipeline: the %s records passed in are used; data.%s_files=%r of the config is not "
+                            "read", key, key, getattr(d, f"{key}_files"))
+            setattr(d, f"{key}_files", "")
+            size = getattr(records, "batch_size", None) if type(records).__name__ == "DataLoader" else None
+            if size not in (None, batch):
+                log.warning("RLVRPipeline: the %s DataLoader's batch_size=%d is not read: batches are "
+                            "data.%s_batch_size=%d prompts", key, size, key, batch)
+        if val_dataloader is not None and not validates(self.cfg):
+            log.warning("RLVRPipeline: the val records passed in are not used: the config never validates (set "
+                        "trainer.val_freq or trainer.val_before_train=true)")
         self.given = Given(model, processor, train_dataloader, val_dataloader)
 
     @classmethod

@@ -35,7 +35,8 @@ def _build_command(config_text):
     """The config's one-line command that builds the model and the data: argv of each `python -m module ...`."""
     line = next(line for line in config_text.splitlines() if "python -m rllava.model.tiny" in line)
     commands = [shlex.split(part) for part in line.lstrip("# ").split("&&")]
-    assert [c[:3] for c in commands] == [["python", "-m", "rllava.model.tiny"], ["python", "-m", "rllava.data.synthetic"]]
+    assert [c[:3] for c in commands] == [["python", "-m", "rllava.model.tiny"],
+                                         ["python", "-m", "rllava.data.synthetic"]]
     return commands
 
 

@@ -251,7 +251,8 @@ def as_config(config: Any = None) -> PPOConfig:
     elif isinstance(config, Mapping):
         source = "in the config dict"
     else:
-        raise ConfigError(f"config: expected a YAML path, a dict or a PPOConfig, got a value of type {type(config).__name__}")
+        raise ConfigError("config: expected a YAML path, a dict or a PPOConfig, got a value of type "
+                          f"{type(config).__name__}")
     try:
         raw = OmegaConf.create(dict(config))
     except (yaml.YAMLError, OmegaConfBaseException, ValueError) as e:

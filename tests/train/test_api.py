@@ -17,6 +17,7 @@ from rllava.data.dataset import PromptDataset
 from rllava.data.records import DataError
 from rllava.errors import RllavaError
 from rllava.model.processor import load_processor
+from rllava.train import builders as B
 from rllava.train.pipeline import rlvr
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -82,6 +83,33 @@ def test_roles_that_load_the_model_path_say_so(tiny_model_dir, caplog):
     assert "loaded from" not in caplog.text
 
 
+def test_inputs_the_run_does_not_read_are_named(tiny_model_dir, caplog):
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)
+    records = [{"problem": "<image>How many?", "answer": "1", "images": []}] * 8
+    with caplog.at_level(logging.WARNING):
+        config = {"trainer.val_freq": -1, "trainer.val_before_train": False, "data.train_batch_size": 4,
+                  "actor.ppo_mini_batch_size": 4}
+        RLVRPipeline(model, config, torch.utils.data.DataLoader(records, batch_size=2), records)
+    assert "the train DataLoader's batch_size=2 is not read: batches are data.train_batch_size=4 prompts" in caplog.text
+    assert "the val records passed in are not used: the config never validates" in caplog.text
+
+
+def test_the_actor_model_switches_apply_to_a_model_passed_in(tiny_model_dir, caplog):
+    from rllava.model.loader import adopt_policy
+
+    cpu = torch.device("cpu")
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
+    cfg = as_config({"actor.model.attn_implementation": "eager", "actor.model.freeze_vision_tower": True})
+    with caplog.at_level(logging.WARNING):
+        adopted = adopt_policy(model, cfg.actor.model, cpu)  # torch_dtype null: float32 on a CPU, as when loaded
+    assert "actor.model.torch_dtype=None: the model passed in (bfloat16) is cast to float32" in caplog.text
+    assert adopted.dtype == torch.float32 and adopted.config._attn_implementation == "eager"
+    assert not any(p.requires_grad for n, p in adopted.named_parameters() if "visual" in n)
+    cfg = as_config({"actor.model.torch_dtype": "bfloat16"})
+    assert adopt_policy(AutoModelForImageTextToText.from_pretrained(tiny_model_dir), cfg.actor.model,
+                        cpu).dtype == torch.bfloat16
+
+
 def test_checkpoints_and_resume_with_a_model_passed_in(tmp_path, tiny_model_dir, counting_dir, distinct_reward):
     out = str(tmp_path / "run")
     records = _records(counting_dir, "train")[:8]
@@ -117,6 +145,7 @@ def test_records_in_every_form(tmp_path, tiny_model_dir, counting_dir, distinct_
                            image_dir=cfg.data.train_image_dir)
         assert len(ds) == 4 and ds[0].images and ds[0].ground_truth == rows[0]["answer"]
         assert ds[0].where == "train_dataloader record 0"
+    assert B.build_datasets(cfg, processor, given=(ds, None))[0] is ds  # an rllava dataset: used as built
 
 
 def test_bad_records_name_the_record_as_a_file_does(tmp_path, tiny_model_dir, counting_dir, distinct_reward):
