@@ -20,8 +20,9 @@ ALGORITHMS: dict[str, type] = {}  # whole algorithms: PPO subclasses, selected b
 
 def _register(table: dict, kind: str, name: str):
     def decorator(fn):
-        if name in table and table[name] is not fn:
-            raise ValueError(f"{kind} {name!r} is already registered by {table[name].__module__}")
+        old = table.get(name)  # the same definition run again (a notebook cell, a re-imported file) replaces it
+        if old is not None and (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise ValueError(f"{kind} {name!r} is already registered by {old.__module__}")
         table[name] = fn
         return fn
 

@@ -2,7 +2,8 @@
 
     load_config(["config=examples/config.yaml", "actor.optim.lr=1e-3", "trainer.logger=[console,jsonl]"])
 
-`--config FILE` and `--config=FILE` are accepted too (RLLaVA's scripts pass them). Each source is flattened
+`--config FILE` and `--config=FILE` are accepted too (RLLaVA's scripts pass them). `as_config` takes the
+Python API's forms (a dict, a YAML path, a PPOConfig) through the same checks. Each source is flattened
 to dotted keys, aliases are rewritten to their canonical keys, unknown keys are rejected with the closest
 valid key, and a type error names its key and its source. `OmegaConf.to_object` then builds the dataclasses,
 and `PPOConfig.__post_init__` validates the merged result.
@@ -11,12 +12,15 @@ and `PPOConfig.__post_init__` validates the merged result.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import functools
+import os
 import sys
 import types
 import typing
 from dataclasses import fields, is_dataclass
+from collections.abc import Mapping
 from typing import Any, Optional, Sequence
 
 import yaml
@@ -223,10 +227,39 @@ def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
     except (yaml.YAMLError, OmegaConfBaseException) as e:
         raise ConfigError(f"cannot parse command-line overrides {dotlist}: {' '.join(str(e).split())}") from None
     _merge(cfg, _none_strings(_empty_strings(_overrides(cli, COMMAND_LINE))), COMMAND_LINE)
+    return _validated(cfg)
+
+
+def _validated(cfg: DictConfig) -> PPOConfig:
     try:
         return OmegaConf.to_object(cfg)  # runs PPOConfig.__post_init__, i.e. validation
     except OmegaConfBaseException as e:  # e.g. a ${...} interpolation that does not resolve
         raise ConfigError(f"cannot resolve config: {str(e).splitlines()[0]}") from None
+
+
+def as_config(config: Any = None) -> PPOConfig:
+    """The config of the Python API (`rllava.api.RLVRPipeline`), loaded and checked as `load_config` checks
+    the command line's: None (the defaults), a YAML path, argv-style args (`["config=FILE", "key=value"]`), a
+    dict (nested sections and/or dotted keys, aliases accepted), or a PPOConfig (checked again: its fields may
+    have been changed since it was built)."""
+    if config is None or isinstance(config, (list, tuple)):
+        return load_config(list(config or []))
+    if isinstance(config, (str, os.PathLike)):
+        return load_config([f"config={os.fspath(config)}"])
+    if isinstance(config, PPOConfig):
+        config, source = dataclasses.asdict(config), "in the PPOConfig given"
+    elif isinstance(config, Mapping):
+        source = "in the config dict"
+    else:
+        raise ConfigError("config: expected a YAML path, a dict or a PPOConfig, got a value of type "
+                          f"{type(config).__name__}")
+    try:
+        raw = OmegaConf.create(dict(config))
+    except (yaml.YAMLError, OmegaConfBaseException, ValueError) as e:
+        raise ConfigError(f"cannot read the config dict: {' '.join(str(e).split())}") from None
+    cfg = copy.deepcopy(_defaults())
+    _merge(cfg, _none_strings(_overrides(raw, source)), source)
+    return _validated(cfg)
 
 
 def _empty_strings(overrides: dict[str, Any]) -> dict[str, Any]:

@@ -131,12 +131,14 @@ MARKER_SCAN = 64  # records whose prompts are scanned for <image>/<video> marker
 class PromptDataset:
     """`data.train_files`/`val_files` as a sequence of `Sample`s, with overlong prompts filtered out.
 
-    `target_key` (SFT) names the field holding the reference response."""
+    `target_key` (SFT) names the field holding the reference response. `records`: records given in memory
+    (a list of dicts, a `datasets.Dataset`, ...: `rllava.data.records.memory_records`) instead of read from
+    `spec`, which then only names them in messages ("train_dataloader record 3: ..."); checked the same way."""
 
     def __init__(self, spec: str, data_cfg, processor, *, image_dir: str | None = None,
-                 target_key: str | None = None, limit_images: int = 0):
+                 target_key: str | None = None, limit_images: int = 0, records=None):
         self.spec, self.cfg, self.processor, self.target_key = spec, data_cfg, processor, target_key
-        self.records = load_records(spec, max_samples=data_cfg.max_samples)
+        self.records = load_records(spec, max_samples=data_cfg.max_samples, given=records)
         required = {"data.prompt_key": data_cfg.prompt_key, "data.answer_key": data_cfg.answer_key}
         if target_key:
             required["data.target_key"] = target_key
@@ -147,7 +149,7 @@ class PromptDataset:
         self.limit_images = limit_images  # rollout.limit_images: prompts with more images are filtered (0 = any)
         self.has_videos = data_cfg.video_key in self.records.column_names and any(self.records[data_cfg.video_key])
         self.video_spec = _video_spec(data_cfg, processor, spec) if self.has_videos else None
-        self.image_dir = base_dir(spec, image_dir)
+        self.image_dir = base_dir(spec, image_dir) if records is None else base_dir("", image_dir)
         self.template = load_template(data_cfg.format_prompt)
         if not data_cfg.filter_overlong_prompts:  # else every record is built and encoded by the filter below
             for row in range(min(CHECKED_AT_START, len(self.records))):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+from collections.abc import Mapping
 
 import datasets
 
@@ -36,12 +38,15 @@ def split_spec(spec: str) -> tuple[str, str | None]:
     return os.path.expanduser(path), split
 
 
-def load_records(spec: str, *, max_samples: int = -1) -> datasets.Dataset:
-    """The records named by `spec` (see the module docstring); only the first `max_samples` if >= 0."""
-    if not spec:
+def load_records(spec: str, *, max_samples: int = -1, given=None) -> datasets.Dataset:
+    """The records named by `spec` (see the module docstring); only the first `max_samples` if >= 0. `given`:
+    records in memory instead (`memory_records`; `spec` then only names them in messages)."""
+    if given is None and not spec:
         raise DataError("no data given: set data.train_files (and data.val_files) to a file, directory or hub name")
     path, split = split_spec(spec)
-    if os.path.isfile(path):
+    if given is not None:
+        ds = memory_records(given, spec)
+    elif os.path.isfile(path):
         ds = _pick_split(_load_file(path), split, spec)
     elif os.path.isdir(path):
         ds = _pick_split(_load_dir(path), split, spec)
@@ -55,6 +60,26 @@ def load_records(spec: str, *, max_samples: int = -1) -> datasets.Dataset:
     if len(ds) == 0:
         raise DataError(f"{spec}: no records" + (f" (data.max_samples={max_samples})" if max_samples == 0 else ""))
     return ds
+
+
+def memory_records(given, name: str) -> datasets.Dataset:
+    """Records built in Python (the Python API, `rllava.api.RLVRPipeline`): a `datasets.Dataset` as it is, a
+    torch DataLoader's dataset, or any iterable of dicts with a data file's fields, typed as a JSON file's
+    records are (`_typed_dataset`); values no JSON file holds (PIL images, bytes) reach the dataset as given."""
+    if isinstance(given, datasets.Dataset):
+        return given
+    if type(given).__name__ == "DataLoader" and hasattr(given, "dataset"):  # batches come from data.train_batch_size
+        given = given.dataset
+    if isinstance(given, (str, bytes, Mapping)) or not hasattr(given, "__iter__") and not hasattr(given, "__getitem__"):
+        raise DataError(f"{name}: expected records (a list or iterable of dicts, a datasets.Dataset or a "
+                        f"PromptDataset), got a {type(given).__name__}")
+    records = []
+    for i, record in enumerate(given):
+        if not isinstance(record, Mapping):
+            raise DataError(f"{name}: item {i} is a {type(record).__name__}, expected a dict (a record with the "
+                            "fields data.prompt_key, data.answer_key, ...)")
+        records.append(dict(record))
+    return _typed_dataset(name, lambda: iter(records), in_memory=True)
 
 
 def _undecoded_images(ds: datasets.Dataset) -> datasets.Dataset:
@@ -162,8 +187,9 @@ def _load_json(path: str) -> datasets.Dataset:
 # `datasets`/pyarrow give a column one type, so a JSON column mixing 3 and 3.5 reads back 3.0, one mixing "007"
 # and 3 reads back 7, and objects with different keys gain each other's keys as None. A column whose values
 # are all strings, all bools, all ints (int64) or all floats keeps its arrow type; any other column (lists,
-# objects, mixed types) is stored as JSON text and decoded when read (`with_json_columns`), so every value
-# reaches the dataset, and the reward, exactly as written. Parquet and save_to_disk data carry a schema of their
+# objects, mixed types) is stored as JSON text and decoded when read (`with_encoded_columns`), so every value
+# reaches the dataset, and the reward, exactly as written. Records given in memory keep such columns pickled
+# instead (PIL images, bytes, tuples come back as given). Parquet and save_to_disk data carry a schema of their
 # own: their values come back as stored.
 
 _NATIVE = {str: "string", bool: "bool", int: "int64", float: "float64"}
@@ -175,9 +201,10 @@ def _kind(value) -> str:
     return _NATIVE.get(type(value), "json")
 
 
-def _typed_dataset(path: str, records) -> datasets.Dataset:
+def _typed_dataset(path: str, records, in_memory: bool = False) -> datasets.Dataset:
     """Records from `records()` (called twice: one pass to type each column, one to write) as a memory-mapped
-    Dataset whose values read back as written (see above)."""
+    Dataset whose values read back as written (see above); `in_memory`: an in-memory table (no cache file),
+    `path` only names the records."""
     kinds: dict[str, set[str]] = {}
     count = 0
     for count, record in enumerate(records(), 1):
@@ -186,14 +213,20 @@ def _typed_dataset(path: str, records) -> datasets.Dataset:
     if count == 0:
         raise DataError(f"{path}: no records")
     native = {k: next(iter(v)) for k, v in kinds.items() if len(v) == 1 and "json" not in v}
-    as_json = [k for k in kinds if k not in native]
-    features = datasets.Features({k: datasets.Value(native.get(k, "string")) for k in kinds})
+    encoded = [k for k in kinds if k not in native]
+    encode, stored = (pickle.dumps, "binary") if in_memory else (json.dumps, "string")
+    features = datasets.Features({k: datasets.Value(native.get(k, stored)) for k in kinds})
 
-    def rows(path, stamp):  # path and stamp (size, mtime) make the cache key: an edited file is read again
+    def rows(path=None, stamp=None):  # path and stamp (size, mtime) make the cache key: an edited file is read again
         for record in records():
-            yield {k: (json.dumps(record[k]) if k in as_json and record.get(k) is not None else record.get(k))
+            yield {k: (encode(record[k]) if k in encoded and record.get(k) is not None else record.get(k))
                    for k in kinds}
 
+    if in_memory:
+        try:
+            return with_encoded_columns(datasets.Dataset.from_list(list(rows()), features=features), encoded, True)
+        except Exception as e:  # a value pickle or arrow cannot hold
+            raise DataError(f"{path}: cannot hold the records as a table ({_reason(e)})") from e
     stat = os.stat(path)
     try:
         ds = datasets.Dataset.from_generator(rows, features=features,
@@ -201,21 +234,22 @@ def _typed_dataset(path: str, records) -> datasets.Dataset:
                                                          "stamp": (stat.st_size, stat.st_mtime_ns)})
     except Exception as e:
         raise DataError(f"{path}: cannot load it as a table ({_reason(e)})") from e
-    return with_json_columns(ds, as_json)
+    return with_encoded_columns(ds, encoded)
 
 
-def with_json_columns(ds: datasets.Dataset, columns: list[str]) -> datasets.Dataset:
-    """`ds` reading the JSON-text `columns` back as the values they encode (a format transform, kept by
-    `select`)."""
+def with_encoded_columns(ds: datasets.Dataset, columns: list[str], pickled: bool = False) -> datasets.Dataset:
+    """`ds` reading the JSON-text (or `pickled`) `columns` back as the values they encode (a format transform,
+    kept by `select`)."""
     if not columns:
         return ds
     columns = list(columns)
 
-    def decode(batch: dict) -> dict:
-        return {k: ([None if v is None else json.loads(v) for v in vs] if k in columns else vs)
+    def transform(batch: dict) -> dict:
+        decode = pickle.loads if pickled else json.loads
+        return {k: ([None if v is None else decode(v) for v in vs] if k in columns else vs)
                 for k, vs in batch.items()}
 
-    ds.set_transform(decode)
+    ds.set_transform(transform)
     return ds
 
 

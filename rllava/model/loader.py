@@ -7,6 +7,7 @@ modular VLM of `rllava.model.modular` too, registered with the Auto classes on i
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -16,6 +17,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 import rllava.model.modular  # noqa: F401  registers the modular VLM (model_type rllava_modular) with the Auto classes
 from rllava.errors import RllavaError
 from rllava.model.processor import load_processor
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -91,6 +94,24 @@ def build_policy(model_cfg, device: torch.device):
         raise ModelLoadError(f"actor.model: no processor/tokenizer at "
                              f"{model_cfg.tokenizer_path or model_cfg.model_path!r}: {e}") from e
     return make_trainable(model, model_cfg, device).to(device), processor
+
+
+def adopt_policy(model, model_cfg, device: torch.device):
+    """A model built in Python (`rllava.api.RLVRPipeline`) under the switches `build_policy` applies to a loaded
+    one: `torch_dtype` (None: float32 on CPU, bfloat16 on CUDA, as for a loaded model), `attn_implementation`,
+    then `make_trainable`. `override_config` acts at load time only: set, it is an error here."""
+    if model_cfg.override_config:
+        raise ModelLoadError("actor.model.override_config changes a model's config before it is loaded; the model "
+                             "passed to RLVRPipeline is built already: build it with those settings and leave "
+                             "actor.model.override_config empty")
+    dtype = resolve_dtype(model_cfg.torch_dtype, device)
+    if model.dtype != dtype:
+        log.warning("actor.model.torch_dtype=%s: the model passed in (%s) is cast to %s (set actor.model.torch_dtype "
+                    "to choose)", model_cfg.torch_dtype, str(model.dtype).removeprefix("torch."),
+                    str(dtype).removeprefix("torch."))
+    if model_cfg.attn_implementation and model.config._attn_implementation != model_cfg.attn_implementation:
+        model.set_attn_implementation(model_cfg.attn_implementation)
+    return make_trainable(model.to(dtype), model_cfg, device).to(device)
 
 
 def make_trainable(model, model_cfg, device: torch.device, key: str = "actor.model"):

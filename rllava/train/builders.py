@@ -101,19 +101,25 @@ def validates(cfg: PPOConfig) -> bool:
     return t.val_freq > 0 or t.val_before_train or t.val_only
 
 
-def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None):
+def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None, given=(None, None)):
     """(train, val or None). `data.override_chat_template` replaces the processor's chat template first. The
     validation set is loaded only when the run validates (a base config's hub val set must not need a network
-    for a run that never uses it)."""
+    for a run that never uses it). `given`: (train, val) records from the Python API, each None (read
+    data.train_files / val_files), a PromptDataset (used as built) or records in memory (checked as a file's)."""
     if cfg.data.override_chat_template:
         processor.chat_template = cfg.data.override_chat_template
     limit = cfg.rollout.limit_images  # the reference responses are read from the training records only
-    train = PromptDataset(cfg.data.train_files, cfg.data, processor, image_dir=cfg.data.train_image_dir,
-                          target_key=target_key, limit_images=limit)
+
+    def dataset(files, records, name, image_dir, **kw):
+        if isinstance(records, PromptDataset):
+            return records
+        return PromptDataset(name if records is not None else files, cfg.data, processor, image_dir=image_dir,
+                             limit_images=limit, records=records, **kw)
+
+    train = dataset(cfg.data.train_files, given[0], "train_dataloader", cfg.data.train_image_dir, target_key=target_key)
     val = None
-    if cfg.data.val_files and validates(cfg):
-        val = PromptDataset(cfg.data.val_files, cfg.data, processor, image_dir=cfg.data.val_image_dir,
-                            limit_images=limit)
+    if (cfg.data.val_files or given[1] is not None) and validates(cfg):
+        val = dataset(cfg.data.val_files, given[1], "val_dataloader", cfg.data.val_image_dir)
     return train, val
 
 

@@ -32,7 +32,7 @@ from rllava.data.dataset import PromptDataset
 from rllava.data.protocol import Batch, Sample
 from rllava.data.sampler import EpochSampler
 from rllava.errors import RllavaError
-from rllava.model.loader import save_model
+from rllava.model.loader import adopt_policy, save_model
 from rllava.reward.function import RewardFunction
 from rllava.reward.models import build_model_reward, model_sources
 from rllava.reward.scoring import Scoring
@@ -117,9 +117,21 @@ def add_reward_models(reward: Scoring, cfg, device: torch.device) -> Scoring:
     return reward
 
 
-def build_run(cfg, *, sft: bool = False) -> Run:
+@dataclass
+class Given:
+    """What the Python API (`rllava.api.RLVRPipeline`) hands `build_run` instead of the config's model_path and
+    data files: the policy and its processor, the train and val records (each None = built from the config)."""
+
+    model: torch.nn.Module | None = None
+    processor: object = None
+    train: object = None
+    val: object = None
+
+
+def build_run(cfg, *, sft: bool = False, given: Given | None = None) -> Run:
     """Policy, data, sampler, Actor; the Rollout and Reward roles when the pipeline samples (RL) or can validate
     (a val set and a reward function). Reads outputs_dir but writes nothing there (see `train_loop`)."""
+    given = given or Given()
     outputs_dir = B.run_outputs_dir(cfg)
     resume_from = C.find_resume(cfg, outputs_dir)  # a bad path fails here, before anything is written
     O.check_outputs(cfg, outputs_dir, resume_from)  # another run's outputs there, or not writable: one line
@@ -128,9 +140,13 @@ def build_run(cfg, *, sft: bool = False) -> Run:
     reward = build_reward(cfg) if not sft or (cfg.data.val_files and scores) else None
     device, outputs_dir = B.setup_run(cfg)
     reward = add_reward_models(reward, cfg, device) if reward is not None else None
-    model, processor = B.build_policy(cfg.actor.model, device)
+    if given.model is None:
+        model, processor = B.build_policy(cfg.actor.model, device)
+    else:
+        model, processor = adopt_policy(given.model, cfg.actor.model, device), given.processor
     expert = sft or cfg.actor.policy_loss.loss_mode in HYBRID_LOSSES  # SFT and hybrids read the expert response
-    train_set, val_set = B.build_datasets(cfg, processor, target_key=cfg.data.target_key if expert else None)
+    train_set, val_set = B.build_datasets(cfg, processor, target_key=cfg.data.target_key if expert else None,
+                                          given=(given.train, given.val))
     sampler = B.build_sampler(cfg, train_set)
     steps = B.total_steps(cfg, sampler)
     actor = B.build_actor(cfg, model, device, steps, sft=sft)

@@ -23,7 +23,7 @@ from rllava.train import builders as B
 from rllava.train.cli import run_cli
 from rllava.train.evaluate import headline
 from rllava.train.hybrid import build_hybrid
-from rllava.train.loop import build_run, train_loop
+from rllava.train.loop import Given, build_run, train_loop
 from rllava.train.tracker import Timer
 
 
@@ -49,9 +49,10 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     return {**metrics, **agent_metrics(trajs)}
 
 
-def train(cfg) -> str:
-    """Run RLVR as configured; returns the outputs directory."""
-    run = build_run(cfg)
+def train(cfg, given: Given | None = None) -> str:
+    """Run RLVR as configured; returns the outputs directory. `given`: a model and records built in Python
+    instead of the config's (rllava.api.RLVRPipeline)."""
+    run = build_run(cfg, given=given)
     rollout, reward, actor = run.rollout, run.reward, run.actor
     reference = B.build_reference_role(cfg, run.model, run.device, actor.engine)
     kl_in_reward = B.build_kl_controller(cfg)  # None unless algorithm.use_kl_in_reward
