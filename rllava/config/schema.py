@@ -404,6 +404,8 @@ class PolicyLossConfig:
     ppo_kl_coef: float = 0.1  # kl_cov: KL penalty coefficient
     cispo_clip_ratio_low: float = 1.0  # rllava, cispo: IS weight floor 1 - this (1.0 = no floor, as the paper)
     cispo_clip_ratio_high: float = 0.28  # rllava, cispo: IS weight cap 1 + this
+    tau_pos: float = 1.0  # sapo: gate temperature for tokens with a positive advantage (verl's name)
+    tau_neg: float = 1.05  # sapo: gate temperature for tokens with a negative advantage (verl's name)
 
 
 @dataclass
@@ -493,6 +495,8 @@ class ActorConfig:
             p.append(f"{prefix}.clip_ratio_c={self.clip_ratio_c} must be > 1 (dual-clip constant, e.g. 3.0)")
         _choice(p, f"{prefix}.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         _choice(p, f"{prefix}.kl_loss_type", self.kl_loss_type, KL_TYPES)
+        for name in ("tau_pos", "tau_neg"):
+            _positive(p, f"{prefix}.policy_loss.{name}", getattr(self.policy_loss, name))
         p += self.model.check(f"{prefix}.model")
         p += self.optim.check(f"{prefix}.optim")
         p += self.checkpoint.check(f"{prefix}.checkpoint")

@@ -117,6 +117,8 @@ COVERED = {
     "actor.policy_loss.ppo_kl_coef": ("tests/algorithms/test_losses.py::test_losses_take_their_hyperparameters_from_the_config_pool", "ppo_kl_coef"),
     "actor.policy_loss.cispo_clip_ratio_low": ("tests/algorithms/test_losses.py::test_cispo_clips_the_weight_but_keeps_every_gradient", "cispo_clip_ratio_low"),
     "actor.policy_loss.cispo_clip_ratio_high": ("tests/algorithms/test_losses.py::test_cispo_clips_the_weight_but_keeps_every_gradient", "cispo_clip_ratio_high"),
+    "actor.policy_loss.tau_pos": ("tests/algorithms/test_losses.py::test_sapo_soft_gate_by_hand", "tau_pos"),
+    "actor.policy_loss.tau_neg": ("tests/algorithms/test_losses.py::test_sapo_soft_gate_by_hand", "tau_neg"),
     "actor.fsdp.enable_cpu_offload": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
     "actor.fsdp.offload_params": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
     "actor.fsdp.offload_optimizer": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",

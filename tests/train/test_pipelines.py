@@ -112,6 +112,7 @@ def test_torchrun_single_process(tmp_path, tiny_model_dir, counting_dir):
     (["algorithm.adv_estimator=remax"], ["reward/mean"]),
     (["algorithm.adv_estimator=rloo", "algorithm.policy_loss_fn=gspo"], ["reward/mean"]),
     (["actor.policy_loss.loss_mode=clip_cov", "actor.entropy_coeff=0.01"], ["actor/clip_cov_frac"]),
+    (["actor.policy_loss.loss_mode=sapo", "actor.ppo_mini_batch_size=2"], ["actor/sapo_weight"]),
     (["algorithm.online_filtering=true", "trainer.max_try_make_batch=3"], ["batch/sampling_rounds"]),
     (["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=4"], ["reward/overlong_penalty_mean"]),
     (["actor.fsdp.enable_cpu_offload=true", "actor.fsdp.offload_optimizer=true", "actor.fsdp.offload_params=true",
