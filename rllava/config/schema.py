@@ -707,6 +707,13 @@ class OverlongBufferConfig:  # verl's names
 
 
 @dataclass
+class RepetitionPenaltyConfig:  # rllava: n-gram repetition penalty of training rewards (rllava.reward.shaping)
+    enable: bool = False  # add -penalty_factor * (repeated n-grams / n-grams) of each response to its training reward
+    ngram_size: int = 10  # n: tokens per n-gram
+    penalty_factor: float = 1.0  # penalty of a response made of one repeated n-gram
+
+
+@dataclass
 class RewardConfig:
     reward_type: str = "auto"  # rllava default (RLLaVA: batch): auto|batch|sequential; auto = from the function
     reward_function: Optional[str] = None  # "path/file.py:fn" (":fn" omitted = main)
@@ -718,6 +725,7 @@ class RewardConfig:
     reward_function_name: Optional[str] = None  # RLLaVA fills it from reward_function; must stay null
     model: ModelConfig = field(default_factory=ModelConfig)  # reward model: not available yet, any change is an error
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # rllava (verl's keys)
+    repetition_penalty: RepetitionPenaltyConfig = field(default_factory=RepetitionPenaltyConfig)  # rllava
 
     def check(self, prefix: str = "reward") -> list[str]:
         p: list[str] = []
@@ -728,6 +736,10 @@ class RewardConfig:
         if self.overlong_buffer.enable and self.overlong_buffer.len <= 0:
             p.append(f"{prefix}.overlong_buffer.len={self.overlong_buffer.len} must be > 0 when "
                      f"{prefix}.overlong_buffer.enable=true")
+        _positive(p, f"{prefix}.repetition_penalty.ngram_size", self.repetition_penalty.ngram_size)
+        if self.repetition_penalty.penalty_factor < 0:
+            p.append(f"{prefix}.repetition_penalty.penalty_factor={self.repetition_penalty.penalty_factor} must be "
+                     ">= 0 (it is subtracted)")
         if self.reward_function_name is not None:
             p.append(f"{prefix}.reward_function_name={self.reward_function_name} is derived in rllava; "
                      f"set {prefix}.reward_function=path/file.py:{self.reward_function_name} instead")

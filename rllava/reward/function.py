@@ -45,6 +45,7 @@ import torch
 from rllava.data.protocol import Trajectory
 from rllava.errors import RllavaError
 from rllava.reward.sandbox import make_runner
+from rllava.reward.shaping import repetition_penalty, response_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -203,9 +204,10 @@ class RewardFunction:
 
     def __init__(self, spec: str, reward_type: str = "auto", kwargs: dict | None = None, *,
                  overlong: tuple[int, int, float] | None = None, timeout: float | None = None,
-                 on_error: str = "raise", num_cpus: int = 1):
+                 on_error: str = "raise", num_cpus: int = 1, repetition: tuple[int, float] | None = None):
         self.spec, self.fn, self.kwargs = spec, load_reward_function(spec), dict(kwargs or {})
         self.overlong = overlong  # (max_response_length, buffer length, penalty factor) for training rewards
+        self.repetition = repetition  # (n-gram size, penalty factor) for training rewards
         self.reward_type = call_form(self.fn, reward_type, spec)  # 'named' | 'sequential' | 'batch'
         _check_kwargs(self.fn, self.kwargs, spec)
         self.per_sample = _sample_params(self.fn, self.kwargs) if self.reward_type == "named" else []
@@ -216,7 +218,8 @@ class RewardFunction:
 
     def score(self, trajectories: list[Trajectory], train: bool = False) -> tuple[torch.Tensor, list[dict[str, float]]]:
         """Returns scores [B] (the `overall` entries) and the per-trajectory dicts of named scores. `train`:
-        also apply the overlong penalty (`reward.overlong_buffer`) to `overall`, as DAPO does in training."""
+        also apply the overlong penalty (`reward.overlong_buffer`) to `overall`, as DAPO does in training, and
+        the n-gram repetition penalty (`reward.repetition_penalty`, `rllava.reward.shaping`)."""
         if self.reward_type == "batch":
             details = self._score_batch(trajectories)
         else:
@@ -232,6 +235,10 @@ class RewardFunction:
             for d, t in zip(details, trajectories):
                 d["overlong_penalty"] = overlong_penalty(t.num_response_tokens, *self.overlong)
                 d["overall"] += d["overlong_penalty"]
+        if train and self.repetition is not None:
+            for d, t in zip(details, trajectories):
+                d["repetition_penalty"] = repetition_penalty(response_token_ids(t), *self.repetition)
+                d["overall"] += d["repetition_penalty"]
         return torch.tensor([d["overall"] for d in details], dtype=torch.float32), details
 
     def _score_batch(self, trajectories: list[Trajectory]) -> list[dict[str, float]]:

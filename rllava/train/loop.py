@@ -79,10 +79,11 @@ class Run:
 def build_reward(cfg) -> RewardFunction:
     """The Reward role from `reward.*`: the user's function, its call form checked now (one line at start-up,
     not at the first reward call), run under reward.timeout / on_error / num_cpus."""
-    r, ob = cfg.reward, cfg.reward.overlong_buffer
+    r, ob, rp = cfg.reward, cfg.reward.overlong_buffer, cfg.reward.repetition_penalty
     return RewardFunction(r.reward_function, r.reward_type, r.reward_function_kwargs, timeout=r.timeout,
                           on_error=r.on_error, num_cpus=r.num_cpus,
-                          overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None)
+                          overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None,
+                          repetition=(rp.ngram_size, rp.penalty_factor) if rp.enable else None)
 
 
 def build_run(cfg, *, sft: bool = False) -> Run:

@@ -115,6 +115,8 @@ def test_torchrun_single_process(tmp_path, tiny_model_dir, counting_dir):
     (["actor.policy_loss.loss_mode=sapo", "actor.ppo_mini_batch_size=2"], ["actor/sapo_weight"]),
     (["algorithm.online_filtering=true", "trainer.max_try_make_batch=3"], ["batch/sampling_rounds"]),
     (["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=4"], ["reward/overlong_penalty_mean"]),
+    (["reward.repetition_penalty.enable=true", "reward.repetition_penalty.ngram_size=2"],
+     ["reward/repetition_penalty_mean"]),
     (["actor.fsdp.enable_cpu_offload=true", "actor.fsdp.offload_optimizer=true", "actor.fsdp.offload_params=true",
       "actor.model.enable_gradient_checkpointing=true"], ["actor/grad_norm"]),
     (["trainer.max_steps=2", "actor.model.padding_free=true", "actor.model.dynamic_batching=true",
