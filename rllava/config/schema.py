@@ -34,7 +34,7 @@ VAL_OVERRIDE_KEYS = ["n", "temperature", "top_p", "top_k"]  # the rollout keys b
 ROLLOUT_ENGINES = ["hf", "vllm", "sglang"]  # vllm / sglang: optional extras, pip install "rllava[vllm]"
 ROLLOUT_ENGINES_PLANNED: list[str] = []
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-KL_TYPES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]  # "full": not built yet
+KL_TYPES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]  # full: over the vocabulary (single engine)
 KL_CTRL_TYPES = ["fixed", "adaptive"]
 LOGGERS = ["console", "jsonl", "tensorboard", "wandb"]
 REWARD_TYPES = ["auto", "batch", "sequential"]
@@ -175,9 +175,12 @@ class AlgorithmConfig:
     norm_adv_by_std_in_grpo: bool = True  # False gives Dr.GRPO's advantage
     step_advantage_w: float = 1.0  # GiGPO (adv_estimator=gigpo): weight of the step-level advantage (verl-agent's name)
     use_kl_loss: bool = True  # add actor.kl_loss_coef * KL(policy || ref) to the actor loss (builds a reference model)
-    kl_penalty: str = "kl"  # KL estimator used in the reward: kl|k1|abs|mse|k2|low_var_kl|k3|full
+    kl_penalty: str = "kl"  # KL estimator in the reward: kl|k1|abs|mse|k2|low_var_kl|k3|full (exact, over the vocabulary)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     use_kl_in_reward: bool = False  # subtract a KL penalty from the token rewards
+    # RLLaVA paper, Algorithm 1 line 3 (pi_ref <- pi_theta): steps k j + 1 .. k (j + 1) use the policy of step k j as
+    # the reference; checkpoints keep its weights. Not with LoRA (the reference is the adapter-free base).
+    ref_reset_freq: int = 0  # rllava: every k steps (after the update) the policy becomes the reference; 0 = never
     online_filtering: bool = False  # DAPO: drop groups whose mean filter_key score is outside the band
     filter_key: str = "overall"  # reward score used for online filtering
     filter_low: float = 0.01  # keep groups with mean score > filter_low
@@ -216,6 +219,8 @@ class AlgorithmConfig:
         _between(p, f"{prefix}.lam", self.lam, 0.0, 1.0)
         _choice(p, f"{prefix}.kl_penalty", self.kl_penalty, KL_TYPES)
         _choice(p, f"{prefix}.kl_ctrl.type", self.kl_ctrl.type, KL_CTRL_TYPES)
+        if self.ref_reset_freq < 0:
+            p.append(f"{prefix}.ref_reset_freq={self.ref_reset_freq} must be >= 0 (0 = never reset the reference)")
         if self.filter_low > self.filter_high:
             p.append(f"{prefix}.filter_low={self.filter_low} is above {prefix}.filter_high={self.filter_high}")
         _choice(p, f"{prefix}.rollout_is", self.rollout_is, ["none", "token", "sequence"])
@@ -455,7 +460,7 @@ class ActorConfig:
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     kl_loss_coef: float = 0.01  # KL loss coefficient when algorithm.use_kl_loss
-    kl_loss_type: str = "low_var_kl"  # KL estimator in the loss: kl|k1|abs|mse|k2|low_var_kl|k3|full
+    kl_loss_type: str = "low_var_kl"  # KL estimator in the loss: kl|k1|abs|mse|k2|low_var_kl|k3|full (exact, over the vocabulary)
     # SFT+RL hybrid losses (loss_mode=luffy|srft|uft|hpt|chord; rllava.algorithms.hybrid, docs/algorithms.md)
     loss_remove_clip: bool = False  # hybrids: no PPO clip on the policy's own tokens
     # rllava default null = the loss's own, p_div_p_0.1 (RLLaVA: no_reshape)
@@ -812,8 +817,6 @@ ENGINE_OFFLOAD_KEYS = ("fsdp.enable_cpu_offload", "fsdp.offload_params", "fsdp.o
 
 NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("actor.model.ulysses_size", lambda v: v > 1, "1"),
-    ("algorithm.kl_penalty", lambda v: v == "full", "low_var_kl"),  # full-vocabulary KL
-    ("actor.kl_loss_type", lambda v: v == "full", "low_var_kl"),
     ("trainer.async_training", lambda v: v, "false"),
     ("actor.checkpoint.async_save", lambda v: v, "false"),  # checkpoints are written synchronously
     ("rollout.async_mode", lambda v: v, "false"),
@@ -982,7 +985,7 @@ class PPOConfig:
             p.append(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")
         p += (self._derived_problems() + self._not_built_problems() + self._planned_problems()
-              + self._hybrid_problems() + self._agent_problems())
+              + self._hybrid_problems() + self._agent_problems() + self._reference_problems())
         if p:
             raise ConfigError(p)
         for role in ("actor", "critic"):
@@ -1005,6 +1008,28 @@ class PPOConfig:
             if value != default and value != owner_value:
                 p.append(f"{key}={_show(value)} is read from {owner}={_show(owner_value)} in rllava; "
                          f"set {owner} instead")
+        return p
+
+    def _reference_problems(self) -> list[str]:
+        """The reference policy's keys: a reset needs a reference that is a model of its own; the full-vocabulary
+        KL pairs the two LM heads, which only the single-device engine holds whole."""
+        a, p = self.algorithm, []
+        kl_loss = a.use_kl_loss and self.actor.kl_loss_coef > 0
+        if a.ref_reset_freq > 0 and not (kl_loss or a.use_kl_in_reward):
+            p.append(f"algorithm.ref_reset_freq={a.ref_reset_freq} resets the reference policy, but this run has none "
+                     "(algorithm.use_kl_loss=false or actor.kl_loss_coef=0, and algorithm.use_kl_in_reward=false): "
+                     "turn a KL on or leave algorithm.ref_reset_freq=0")
+        if a.ref_reset_freq > 0 and self.actor.model.use_peft:
+            p.append(f"algorithm.ref_reset_freq={a.ref_reset_freq} with actor.model.use_peft=true: under LoRA the "
+                     "reference is the base model with the adapters off, which a reset cannot move; leave "
+                     "algorithm.ref_reset_freq=0 or train every weight (actor.model.use_peft=false)")
+        strategy = resolve_strategy(self.actor.strategy)
+        for key, on in (("algorithm.kl_penalty", a.use_kl_in_reward and a.kl_penalty == "full"),
+                        ("actor.kl_loss_type", kl_loss and self.actor.kl_loss_type == "full")):
+            if on and strategy != "single":
+                p.append(f"{key}=full with actor.strategy={self.actor.strategy} (the {strategy} engine): the "
+                         "full-vocabulary KL runs on the single-device engine only (it needs both LM heads whole; "
+                         f"FSDP2 and DeepSpeed shard them); use {key}=low_var_kl")
         return p
 
     def _hybrid_problems(self) -> list[str]:

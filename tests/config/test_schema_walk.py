@@ -61,6 +61,7 @@ COVERED = {
     "algorithm.kl_ctrl.horizon": "tests/train/test_checkpoint.py::test_stop_and_resume_equals_straight_run_bitwise",
     "algorithm.kl_ctrl.target_kl": ("tests/algorithms/test_kl.py::test_adaptive_controller_shapes_rewards_then_moves_beta", "target_kl"),
     "algorithm.use_kl_in_reward": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
+    "algorithm.ref_reset_freq": "tests/train/test_reference.py::test_reset_on_every_engine",
     "algorithm.online_filtering": "tests/train/test_pipelines.py::test_rlvr_step_with_algorithm_options",
     "algorithm.filter_key": "tests/algorithms/test_filtering.py::test_fill_batch_stops_at_max_tries",
     "algorithm.filter_low": ("tests/algorithms/test_filtering.py::test_informative_groups", "low="),
