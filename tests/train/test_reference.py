@@ -74,11 +74,10 @@ def test_reset_makes_the_reference_the_policy_every_k_steps(tiny_model_dir):
     assert Reference(policy, batching, 1.0).after_update(policy, 2) == {}  # reset_freq 0: frozen, nothing logged
 
 
-def _run(tmp_path, model, data, reward, *extra, strategy="single"):
+def _run(out, model, data, reward, *extra, strategy="single"):
     """A short RLVR run in its own process (FSDP2 as a world of one; DeepSpeed under torchrun), one mini-batch
     per step: the update starts from the policy that sampled, so KL(policy || reference) is 0 exactly when the
     reference is that policy."""
-    out = tmp_path / "run"
     launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"] if strategy == "deepspeed" else []
     cmd = [sys.executable, *launch, "-m", "rllava.train.pipeline.rlvr", "config=examples/tasks/counting/tiny_cpu.yaml",
            f"actor.model.model_path={model}", f"data.train_files={data}/train.jsonl", "data.max_samples=16",
@@ -88,7 +87,7 @@ def _run(tmp_path, model, data, reward, *extra, strategy="single"):
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
-    return [r for r in map(json.loads, open(out / "metrics.jsonl")) if "reward/mean" in r]
+    return [r for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "reward/mean" in r]
 
 
 @pytest.mark.parametrize("strategy", [
@@ -96,16 +95,21 @@ def _run(tmp_path, model, data, reward, *extra, strategy="single"):
     pytest.param("deepspeed", marks=pytest.mark.skipif(not __import__("importlib").util.find_spec("deepspeed"),
                                                        reason="DeepSpeed not installed"))])
 def test_reset_on_every_engine(tmp_path, tiny_model_dir, counting_dir, distinct_reward, strategy):
-    """ref_reset_freq=2 over 3 steps: step 2 runs against the starting weights (KL > 0: step 1 moved the policy),
-    step 3 against the policy of step 2 (KL = 0) - on one device, FSDP2 and DeepSpeed ZeRO-3."""
-    extra = ["actor.deepspeed.zero_stage=3", "actor.deepspeed.torch_dtype=fp32", "actor.deepspeed.enable_cpu_offload=false"
-             ] if strategy == "deepspeed" else []
-    rows = _run(tmp_path, tiny_model_dir, counting_dir, distinct_reward, "trainer.max_steps=3",
-                "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1", "algorithm.ref_reset_freq=2", *extra,
-                strategy=strategy)
-    assert [r["ref/last_reset_step"] for r in rows] == [0, 2, 2]
+    """ref_reset_freq=2 over 4 steps: step 2 runs against the starting weights (KL > 0: step 1 moved the policy),
+    step 3 against the policy of step 2 (KL = 0), step 4 against it still (KL > 0) - on one device, FSDP2 and
+    DeepSpeed ZeRO-3. Resumed from the checkpoint of step 3, step 4 is the same (the reference is saved)."""
+    extra = ["trainer.max_steps=4", "trainer.save_freq=3", "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1",
+             "algorithm.ref_reset_freq=2"]
+    if strategy == "deepspeed":
+        extra += ["actor.deepspeed.zero_stage=3", "actor.deepspeed.torch_dtype=fp32", "actor.deepspeed.enable_cpu_offload=false"]
+    run = tmp_path / "run"
+    rows = _run(run, tiny_model_dir, counting_dir, distinct_reward, *extra, strategy=strategy)
+    assert [r["ref/last_reset_step"] for r in rows] == [0, 2, 2, 4]
     kl = [r["actor/kl_loss"] for r in rows]
-    assert kl[0] < 1e-9 and kl[1] > 1e-6 and kl[2] < 1e-9, kl
+    assert kl[0] < 1e-9 and kl[1] > 1e-6 and kl[2] < 1e-9 and kl[3] > 1e-6, kl
+    resumed = _run(tmp_path / "resumed", tiny_model_dir, counting_dir, distinct_reward, *extra,
+                   f"trainer.resume={run}/checkpoints/global_step_3", strategy=strategy)
+    assert [r["step"] for r in resumed] == [4] and resumed[0]["actor/kl_loss"] == pytest.approx(kl[3], rel=1e-5)
 
 
 def test_full_kl_gradient_matches_dense_logits_on_a_tiny_model(tiny_model_dir):
@@ -141,12 +145,14 @@ def test_full_kl_gradient_matches_dense_logits_on_a_tiny_model(tiny_model_dir):
         assert all(p.grad is None for p in ref_model.parameters())
 
 
-def test_full_kl_in_the_loss_and_in_the_reward(tmp_path, tiny_model_dir, counting_dir, distinct_reward):
+@pytest.mark.parametrize("extra", [[], ["actor.model.use_peft=true", "actor.model.lora_r=4", "actor.model.lora_alpha=8"]],
+                         ids=["full-weights", "lora"])
+def test_full_kl_in_the_loss_and_in_the_reward(tmp_path, tiny_model_dir, counting_dir, distinct_reward, extra):
     """actor.kl_loss_type=full and algorithm.kl_penalty=full for 2 steps: both are 0 at step 1 (the reference is
-    the policy that sampled) and positive at step 2."""
-    rows = _run(tmp_path, tiny_model_dir, counting_dir, distinct_reward, "trainer.max_steps=2",
+    the policy that sampled) and positive at step 2; under LoRA the reference is the adapter-free base."""
+    rows = _run(tmp_path / "run", tiny_model_dir, counting_dir, distinct_reward, "trainer.max_steps=2",
                 "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1", "actor.kl_loss_type=full",
-                "algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=full", "actor.logprob_chunk_size=16")
+                "algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=full", "actor.logprob_chunk_size=16", *extra)
     kl_loss, reward_kl = [r["actor/kl_loss"] for r in rows], [r["actor/reward_kl"] for r in rows]
     assert kl_loss[0] < 1e-6 and reward_kl[0] < 1e-6 and kl_loss[1] > 1e-5 and reward_kl[1] > 1e-5, rows
 
