@@ -5,6 +5,8 @@ shapes the per-token reward before the advantage stage (Ziegler et al. 2019, arX
 
     r_t = -beta * KL_t + [t is the last response token] * score          KL_t = kl_penalty(logp_old, logp_ref)
 
+(`algorithm.kl_penalty=full`: KL_t is the exact KL(pi_old || pi_ref) over the vocabulary, `Reference.full_kl`)
+
 and beta is fixed (`algorithm.kl_ctrl.type=fixed`) or adapted towards `target_kl` (`adaptive`):
 
     e = clip(KL / target_kl - 1, -0.2, 0.2);   beta <- beta * (1 + e * n_steps / horizon)
@@ -53,9 +55,10 @@ class KLController:
             self.value *= 1.0 + error * n_steps / self.horizon
 
     def penalize(self, scores: torch.Tensor, mask: torch.Tensor, old_logprobs: torch.Tensor,
-                 ref_logprobs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        """(token rewards [B, T], metrics); beta moves after it is used, by one step of B sequences."""
-        kl = kl_penalty(old_logprobs, ref_logprobs, self.estimator) * mask
+                 ref_logprobs: torch.Tensor, kl: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """(token rewards [B, T], metrics); beta moves after it is used, by one step of B sequences. `kl` [B, T]:
+        the KL itself when it is not estimated from the two log-probs (estimator `full`, over the vocabulary)."""
+        kl = (kl_penalty(old_logprobs, ref_logprobs, self.estimator) if kl is None else kl) * mask
         token_rewards = outcome_token_rewards(scores, mask) - self.value * kl
         current = masked_mean(kl, mask).item()
         metrics = {"actor/reward_kl": current, "actor/reward_kl_coef": self.value}

@@ -248,6 +248,28 @@ def cispo(inp: LossInputs, *, cispo_clip_ratio_low: float = 1.0, cispo_clip_rati
     return loss, _ppo_metrics((ratio < low) | (ratio > high), log_ratio, inp.mask)
 
 
+@register_policy_loss("sapo")
+def sapo(inp: LossInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05):
+    """SAPO, soft adaptive policy optimisation (Gao et al. 2025, arXiv:2511.20347): a smooth, temperature-controlled
+    gate on the ratio instead of PPO's hard clip, so off-policy tokens are damped, never cut off:
+
+        rho_t = exp(logp_t - logp_old_t),   tau_t = tau_pos if A_t > 0 else tau_neg
+        f(rho) = (4 / tau) sigmoid(tau (rho - 1)),   L_t = -f(rho_t) A_t
+        grad   = -w_t A_t rho_t grad logp_t,   w_t = 4 sigma_t (1 - sigma_t),   sigma_t = sigmoid(tau_t (rho_t - 1))
+
+    w = 1 at rho = 1 (on-policy it is the plain policy gradient) and decays smoothly as rho leaves 1, faster for
+    a larger tau; tau_neg > tau_pos damps negative-advantage tokens more (the paper: their gradients spread over
+    many unsampled tokens and destabilise training). Defaults are the paper's / verl's (tau_pos 1.0, tau_neg 1.05).
+    Metrics: `sapo_weight` = mean gradient weight w (1 = on-policy), `ppo_kl`.
+    """
+    adv, log_ratio = _log_ratio(inp, "sapo")
+    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+    gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0))
+    weight = (4 * gate * (1 - gate)).detach()
+    return -(4 / tau) * gate * adv, {"sapo_weight": masked_mean(weight, inp.mask),
+                                       "ppo_kl": masked_mean(-log_ratio.detach(), inp.mask)}
+
+
 def rollout_importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, *,
                                cap: float, level: str = "token") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Truncated importance sampling (TIS) for the rollout/trainer mismatch: the rollout engine (vLLM, SGLang)

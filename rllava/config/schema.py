@@ -34,7 +34,7 @@ VAL_OVERRIDE_KEYS = ["n", "temperature", "top_p", "top_k"]  # the rollout keys b
 ROLLOUT_ENGINES = ["hf", "vllm", "sglang"]  # vllm / sglang: optional extras, pip install "rllava[vllm]"
 ROLLOUT_ENGINES_PLANNED: list[str] = []
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-KL_TYPES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]  # "full": not built yet
+KL_TYPES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]  # full: over the vocabulary (single engine)
 KL_CTRL_TYPES = ["fixed", "adaptive"]
 LOGGERS = ["console", "jsonl", "tensorboard", "wandb"]
 REWARD_TYPES = ["auto", "batch", "sequential"]
@@ -177,9 +177,12 @@ class AlgorithmConfig:
     norm_adv_by_std_in_grpo: bool = True  # False gives Dr.GRPO's advantage
     step_advantage_w: float = 1.0  # GiGPO (adv_estimator=gigpo): weight of the step-level advantage (verl-agent's name)
     use_kl_loss: bool = True  # add actor.kl_loss_coef * KL(policy || ref) to the actor loss (builds a reference model)
-    kl_penalty: str = "kl"  # KL estimator used in the reward: kl|k1|abs|mse|k2|low_var_kl|k3|full
+    kl_penalty: str = "kl"  # KL estimator in the reward: kl|k1|abs|mse|k2|low_var_kl|k3|full (exact, over the vocabulary)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     use_kl_in_reward: bool = False  # subtract a KL penalty from the token rewards
+    # RLLaVA paper, Algorithm 1 line 3 (pi_ref <- pi_theta): steps k j + 1 .. k (j + 1) use the policy of step k j as
+    # the reference; checkpoints keep its weights. Not with LoRA (the reference is the adapter-free base).
+    ref_reset_freq: int = 0  # rllava: every k steps (after the update) the policy becomes the reference; 0 = never
     online_filtering: bool = False  # DAPO: drop groups whose mean filter_key score is outside the band
     filter_key: str = "overall"  # reward score used for online filtering
     filter_low: float = 0.01  # keep groups with mean score > filter_low
@@ -218,6 +221,8 @@ class AlgorithmConfig:
         _between(p, f"{prefix}.lam", self.lam, 0.0, 1.0)
         _choice(p, f"{prefix}.kl_penalty", self.kl_penalty, KL_TYPES)
         _choice(p, f"{prefix}.kl_ctrl.type", self.kl_ctrl.type, KL_CTRL_TYPES)
+        if self.ref_reset_freq < 0:
+            p.append(f"{prefix}.ref_reset_freq={self.ref_reset_freq} must be >= 0 (0 = never reset the reference)")
         if self.filter_low > self.filter_high:
             p.append(f"{prefix}.filter_low={self.filter_low} is above {prefix}.filter_high={self.filter_high}")
         _choice(p, f"{prefix}.rollout_is", self.rollout_is, ["none", "token", "sequence"])
@@ -406,6 +411,8 @@ class PolicyLossConfig:
     ppo_kl_coef: float = 0.1  # kl_cov: KL penalty coefficient
     cispo_clip_ratio_low: float = 1.0  # rllava, cispo: IS weight floor 1 - this (1.0 = no floor, as the paper)
     cispo_clip_ratio_high: float = 0.28  # rllava, cispo: IS weight cap 1 + this
+    tau_pos: float = 1.0  # sapo: gate temperature for tokens with a positive advantage (verl's name)
+    tau_neg: float = 1.05  # sapo: gate temperature for tokens with a negative advantage (verl's name)
 
 
 @dataclass
@@ -455,7 +462,7 @@ class ActorConfig:
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     kl_loss_coef: float = 0.01  # KL loss coefficient when algorithm.use_kl_loss
-    kl_loss_type: str = "low_var_kl"  # KL estimator in the loss: kl|k1|abs|mse|k2|low_var_kl|k3|full
+    kl_loss_type: str = "low_var_kl"  # KL estimator in the loss: kl|k1|abs|mse|k2|low_var_kl|k3|full (exact, over the vocabulary)
     # SFT+RL hybrid losses (loss_mode=luffy|srft|uft|hpt|chord; rllava.algorithms.hybrid, docs/algorithms.md)
     loss_remove_clip: bool = False  # hybrids: no PPO clip on the policy's own tokens
     # rllava default null = the loss's own, p_div_p_0.1 (RLLaVA: no_reshape)
@@ -495,6 +502,8 @@ class ActorConfig:
             p.append(f"{prefix}.clip_ratio_c={self.clip_ratio_c} must be > 1 (dual-clip constant, e.g. 3.0)")
         _choice(p, f"{prefix}.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         _choice(p, f"{prefix}.kl_loss_type", self.kl_loss_type, KL_TYPES)
+        for name in ("tau_pos", "tau_neg"):
+            _positive(p, f"{prefix}.policy_loss.{name}", getattr(self.policy_loss, name))
         p += self.model.check(f"{prefix}.model")
         p += self.optim.check(f"{prefix}.optim")
         p += self.checkpoint.check(f"{prefix}.checkpoint")
@@ -715,6 +724,13 @@ def _model_entry(entry: dict) -> bool:
 
 
 @dataclass
+class RepetitionPenaltyConfig:  # rllava: n-gram repetition penalty of training rewards (rllava.reward.shaping)
+    enable: bool = False  # add -penalty_factor * (repeated n-grams / n-grams) of each response to its training reward
+    ngram_size: int = 10  # n: tokens per n-gram
+    penalty_factor: float = 1.0  # penalty of a response made of one repeated n-gram
+
+
+@dataclass
 class RewardConfig:
     reward_type: str = "auto"  # rllava default (RLLaVA: batch): auto|batch|sequential; auto = from the function
     reward_function: Optional[str] = None  # "path/file.py:fn"
@@ -732,6 +748,7 @@ class RewardConfig:
     model_weight: float = 1.0  # rllava: reward = reward_function's score + model_weight x the reward model's logit
     model_micro_batch_size: int = 16  # rllava: sequences per reward-model forward
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # rllava (verl's keys)
+    repetition_penalty: RepetitionPenaltyConfig = field(default_factory=RepetitionPenaltyConfig)  # rllava
 
     def check(self, prefix: str = "reward") -> list[str]:
         p: list[str] = []
@@ -754,6 +771,10 @@ class RewardConfig:
         if self.overlong_buffer.enable and self.overlong_buffer.len <= 0:
             p.append(f"{prefix}.overlong_buffer.len={self.overlong_buffer.len} must be > 0 when "
                      f"{prefix}.overlong_buffer.enable=true")
+        _positive(p, f"{prefix}.repetition_penalty.ngram_size", self.repetition_penalty.ngram_size)
+        if self.repetition_penalty.penalty_factor < 0:
+            p.append(f"{prefix}.repetition_penalty.penalty_factor={self.repetition_penalty.penalty_factor} must be "
+                     ">= 0 (it is subtracted)")
         if self.reward_function_name is not None:
             p.append(f"{prefix}.reward_function_name={self.reward_function_name} is derived in rllava; "
                      f"set {prefix}.reward_function=path/file.py:{self.reward_function_name} instead")
@@ -901,8 +922,6 @@ ENGINE_OFFLOAD_KEYS = ("fsdp.enable_cpu_offload", "fsdp.offload_params", "fsdp.o
 
 NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("actor.model.ulysses_size", lambda v: v > 1, "1"),
-    ("algorithm.kl_penalty", lambda v: v == "full", "low_var_kl"),  # full-vocabulary KL
-    ("actor.kl_loss_type", lambda v: v == "full", "low_var_kl"),
     ("trainer.async_training", lambda v: v, "false"),
     ("actor.checkpoint.async_save", lambda v: v, "false"),  # checkpoints are written synchronously
     ("rollout.async_mode", lambda v: v, "false"),
@@ -1071,7 +1090,7 @@ class PPOConfig:
             p.append(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")
         p += (self._derived_problems() + self._not_built_problems() + self._planned_problems()
-              + self._hybrid_problems() + self._agent_problems())
+              + self._hybrid_problems() + self._agent_problems() + self._reference_problems())
         if p:
             raise ConfigError(p)
         for role in ("actor", "critic"):
@@ -1094,6 +1113,28 @@ class PPOConfig:
             if value != default and value != owner_value:
                 p.append(f"{key}={_show(value)} is read from {owner}={_show(owner_value)} in rllava; "
                          f"set {owner} instead")
+        return p
+
+    def _reference_problems(self) -> list[str]:
+        """The reference policy's keys: a reset needs a reference that is a model of its own; the full-vocabulary
+        KL pairs the two LM heads, which only the single-device engine holds whole."""
+        a, p = self.algorithm, []
+        kl_loss = a.use_kl_loss and self.actor.kl_loss_coef > 0
+        if a.ref_reset_freq > 0 and not (kl_loss or a.use_kl_in_reward):
+            p.append(f"algorithm.ref_reset_freq={a.ref_reset_freq} resets the reference policy, but this run has none "
+                     "(algorithm.use_kl_loss=false or actor.kl_loss_coef=0, and algorithm.use_kl_in_reward=false): "
+                     "turn a KL on or leave algorithm.ref_reset_freq=0")
+        if a.ref_reset_freq > 0 and self.actor.model.use_peft:
+            p.append(f"algorithm.ref_reset_freq={a.ref_reset_freq} with actor.model.use_peft=true: under LoRA the "
+                     "reference is the base model with the adapters off, which a reset cannot move; leave "
+                     "algorithm.ref_reset_freq=0 or train every weight (actor.model.use_peft=false)")
+        strategy = resolve_strategy(self.actor.strategy)
+        for key, on in (("algorithm.kl_penalty", a.use_kl_in_reward and a.kl_penalty == "full"),
+                        ("actor.kl_loss_type", kl_loss and self.actor.kl_loss_type == "full")):
+            if on and strategy != "single":
+                p.append(f"{key}=full with actor.strategy={self.actor.strategy} (the {strategy} engine): the "
+                         "full-vocabulary KL runs on the single-device engine only (it needs both LM heads whole; "
+                         f"FSDP2 and DeepSpeed shard them); use {key}=low_var_kl")
         return p
 
     def _hybrid_problems(self) -> list[str]:

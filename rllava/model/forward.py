@@ -236,6 +236,86 @@ def logprobs_from_hidden(head, h: torch.Tensor, labels: torch.Tensor, *, tempera
     return cols[0], (cols[1] if with_entropy else None)
 
 
+def _kl_rows(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """sum_v p_v (log p_v - log q_v) of each row of two [n, V] log-distributions."""
+    return (logp.exp() * (logp - logq)).sum(-1)
+
+
+def _chunk_kl(head, h, ref_h, ref_weight, temperature: float) -> torch.Tensor:
+    """KL(softmax(head(h) / T) || softmax(ref_h ref_weight^T / T)) [n]; autograd through `head` only."""
+    logits = head(h).float()
+    return _kl_rows(torch.log_softmax(logits / temperature, -1), _head_logp(ref_h, ref_weight, temperature))
+
+
+class _ChunkedKL(torch.autograd.Function):
+    """KL(p || q) per row, p = softmax(h W^T / T) (the policy), q = softmax(h_r W_r^T / T) (the reference, no grad),
+    chunk by chunk: like `_ChunkedHead`, only the hidden states are saved and each chunk's two [n x V]
+    log-softmaxes are recomputed in the backward, with (z = h W^T / T)
+
+        d KL / d z_j = p_j (log p_j - log q_j - KL)
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, ref_h, ref_weight, temperature, chunk):
+        kl = h.new_empty(len(h), dtype=torch.float32)
+        for s in range(0, len(h), chunk):
+            sl = slice(s, s + chunk)
+            kl[sl] = _kl_rows(_head_logp(h[sl], weight, temperature), _head_logp(ref_h[sl], ref_weight, temperature))
+        ctx.save_for_backward(h, weight, ref_h, ref_weight, kl)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return kl
+
+    @staticmethod
+    def backward(ctx, g):
+        h, weight, ref_h, ref_weight, kl = ctx.saved_tensors
+        T = ctx.temperature
+        grad_h, grad_w = torch.empty_like(h), torch.zeros_like(weight)
+        for s in range(0, len(h), ctx.chunk):
+            sl = slice(s, s + ctx.chunk)
+            logp = _head_logp(h[sl], weight, T)
+            diff = (logp - _head_logp(ref_h[sl], ref_weight, T)).sub_(kl[sl, None])
+            grad_z = logp.exp_().mul_(diff).mul_(g[sl, None] / T).to(weight.dtype)
+            del logp, diff
+            grad_h[sl] = grad_z @ weight
+            grad_w.addmm_(grad_z.T, h[sl])
+        return grad_h, grad_w, None, None, None, None
+
+
+def full_kl_from_hidden(head, h: torch.Tensor, ref_h: torch.Tensor, ref_weight: torch.Tensor, *,
+                        temperature: float = 1.0, chunk_size: int = LOGPROB_CHUNK) -> torch.Tensor:
+    """KL(pi || pi_ref) over the whole vocabulary at each of N positions [N] (`actor.kl_loss_type=full`,
+    `algorithm.kl_penalty=full`):
+
+        KL_t = sum_v pi(v | x_<t) (log pi(v | x_<t) - log pi_ref(v | x_<t)),   both at the sampling temperature
+
+    from the policy's hidden states `h` [N, H] through its `head`, and the reference's `ref_h` [N, H] at the same
+    positions through its head weight `ref_weight` [V, H]. Exact, unlike the sampled k1/k2/k3 estimates, and
+    never negative. The two [N x V] distributions are never stored: `chunk_size` rows at a time, as the
+    log-prob pass; with grad a bias-free linear head runs through `_ChunkedKL` (recomputing each chunk in the
+    backward), any other head (LoRA on the LM head) under activation checkpointing. The reference gets no grad.
+
+    Why hidden states: the KL needs both whole distributions at the same positions. The reference's [B, T, V]
+    cannot be stored between the reference pass and the update, and a top-k summary would not be exact; its
+    last hidden states ([N, H], H << V) plus its head are, so the reference runs on the same micro-batch,
+    without grad, right before the policy's forward: inside the update for the loss (`Actor._backward`), and
+    beside the old policy in the reference stage for the reward (`Reference.full_kl`). Cost: one reference
+    forward per micro-batch, two more head matmuls per chunk (four more in the backward). Both heads must be
+    whole in one process, so it runs on the single-device engine only (FSDP2 / DeepSpeed shard them: a
+    start-up error says so).
+    """
+    step = chunk_size if chunk_size > 0 else max(len(h), 1)
+    ref_h, ref_weight = ref_h.detach(), ref_weight.detach()
+    plain = type(head) is torch.nn.Linear and head.bias is None
+    if torch.is_grad_enabled() and len(h):
+        if plain:
+            return _ChunkedKL.apply(h, head.weight, ref_h, ref_weight, temperature, step)
+        return torch.cat([checkpoint(_chunk_kl, head, h[s:s + step], ref_h[s:s + step], ref_weight, temperature,
+                                     use_reentrant=False) for s in range(0, len(h), step)])
+    fn = functools.partial(torch.nn.functional.linear, weight=head.weight) if plain else head
+    return torch.cat([_chunk_kl(fn, h[s:s + step], ref_h[s:s + step], ref_weight, temperature)
+                      for s in range(0, len(h), step)] or [h.new_zeros(0, dtype=torch.float32)])
+
+
 def _scatter(values: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """[N] values at the target positions -> [B, T] (position t+1 holds target t's value; zeros elsewhere)."""
     B, T1 = target.shape
@@ -257,7 +337,8 @@ def token_logprobs(model, batch: Batch, **kwargs) -> tuple[torch.Tensor, torch.T
 
 def _token_logprobs(model, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
                     entropy_grad: bool = False, chunk_size: int = LOGPROB_CHUNK, padding_free: bool = False,
-                    shared_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    shared_prefix: bool = False, ref_hidden: tuple[torch.Tensor, torch.Tensor] | None = None
+                    ) -> tuple[torch.Tensor, ...]:
     """log pi(x_t | x_<t) and the policy's entropy at t, for every t with loss_mask[t] = 1.
 
     Returns logprobs [B, T] (and entropy [B, T] or None), zero at untrained positions. Logits are divided by
@@ -265,11 +346,17 @@ def _token_logprobs(model, batch: Batch, *, temperature: float = 1.0, with_entro
     LM head runs over `chunk_size` trained tokens at a time (see `logprobs_from_hidden`); `padding_free`
     packs the rows (see `packed_inputs`); `shared_prefix` runs each group's prompt once (see
     `shared_prefix_inputs`). The entropy carries grad only if `entropy_grad` (an entropy bonus);
-    otherwise it is a detached metric.
+    otherwise it is a detached metric. `ref_hidden`: the reference's (hidden states at the same trained
+    positions [N, H], LM head weight [V, H]) (`rllava.roles.reference.Reference.hidden`); a third tensor [B, T]
+    is then returned, the full-vocabulary KL(pi || pi_ref) at each position (`full_kl_from_hidden`).
     """
     h, target = trained_hidden(model, batch, padding_free=padding_free, shared_prefix=shared_prefix)
     _, head = _backbone_and_head(model)
     labels = batch.input_ids[:, 1:][target]  # [N]
     lp, ent = logprobs_from_hidden(head, h, labels, temperature=temperature, with_entropy=with_entropy,
                                    entropy_grad=entropy_grad, chunk_size=chunk_size)
-    return _scatter(lp, target), (_scatter(ent, target) if ent is not None else None)
+    out = _scatter(lp, target), (_scatter(ent, target) if ent is not None else None)
+    if ref_hidden is None:
+        return out
+    kl = full_kl_from_hidden(head, h, *ref_hidden, temperature=temperature, chunk_size=chunk_size)
+    return (*out, _scatter(kl, target))

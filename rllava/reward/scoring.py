@@ -1,6 +1,6 @@
 """The Scoring stage: every reward source scores the trajectories, and each gets one reward,
 
-    r = sum_m alpha_m R_m  (+ agents' tool-level rewards, + DAPO's overlong penalty in training)
+    r = sum_m alpha_m R_m  (+ agents' tool-level rewards, + the shaping penalties in training)
 
 A source is any object with
     score(trajectories, train) -> (scores: tensor [B], details: list of {name: float} with an `overall` entry)
@@ -15,7 +15,8 @@ What is logged (`reward/<key>_mean` per step, `val/<key>` per validation, one ke
   `format`, `accuracy`, ...).
 - `reward.reward_functions=[{function, weight, name, kwargs, reward_type}, ...]`: each source's unweighted
   score as `<name>` and its own parts as `<name>/<part>`; `overall` is the weighted sum.
-- `tool_reward` (agents) and `overlong_penalty` (training, `reward.overlong_buffer`), added once to the sum.
+- `tool_reward` (agents), and in training `overlong_penalty` (`reward.overlong_buffer`) and `repetition_penalty`
+  (`reward.repetition_penalty`; both in rllava.reward.shaping), each added once to the sum.
 
 Failures: a source handles its own (reward.strict: raise; else the fallback score, counted in `reward/errors`).
 Here a non-finite score from a source, or a non-finite sum, is one more such failure (so NaN/inf never reach the
@@ -32,18 +33,9 @@ import torch
 
 from rllava.data.protocol import Trajectory
 from rllava.reward.function import RewardError
+from rllava.reward.shaping import overlong_penalty, repetition_penalty, response_token_ids
 
 log = logging.getLogger(__name__)
-
-
-def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float) -> float:
-    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476), added to the reward:
-
-        0                                     if |y| <= L_max - L_buf
-        factor * ((L_max - L_buf) - |y|) / L_buf   if L_max - L_buf < |y| <= L_max   (linear, down to -factor)
-    """
-    start = max_len - buffer_len
-    return 0.0 if length <= start else factor * max(start - length, -buffer_len) / buffer_len
 
 
 class Scoring:
@@ -51,9 +43,11 @@ class Scoring:
     `named=False` (the single reward.reward_function form) logs the one source's details as they are."""
 
     def __init__(self, sources: list[tuple[str, float, Any]], *, named: bool = True, strict: bool = False,
-                 fallback_score: float = 0.0, overlong: tuple[int, int, float] | None = None):
+                 fallback_score: float = 0.0, overlong: tuple[int, int, float] | None = None,
+                 repetition: tuple[int, float] | None = None):
         self.sources, self.named, self.strict, self.fallback_score = sources, named, strict, fallback_score
         self.overlong = overlong  # (max_response_length, buffer length, penalty factor) for training rewards
+        self.repetition = repetition  # (n-gram size, penalty factor) for training rewards
         self.own_errors = 0  # non-finite scores or sums given the fallback here
 
     @property
@@ -61,7 +55,7 @@ class Scoring:
         return self.own_errors + sum(source.errors for _, _, source in self.sources)
 
     def score(self, trajectories: list[Trajectory], train: bool = False) -> tuple[torch.Tensor, list[dict[str, float]]]:
-        """Scores [B] (the `overall` entries) and each trajectory's details. `train`: also the overlong penalty."""
+        """Scores [B] (the `overall` entries) and each trajectory's details. `train`: also the shaping penalties."""
         details = [{} for _ in trajectories]
         total = torch.zeros(len(trajectories), dtype=torch.float64)
         for name, weight, source in self.sources:
@@ -87,6 +81,9 @@ class Scoring:
             if train and self.overlong is not None:
                 d["overlong_penalty"] = overlong_penalty(t.num_response_tokens, *self.overlong)
                 total[i] += d["overlong_penalty"]
+            if train and self.repetition is not None:
+                d["repetition_penalty"] = repetition_penalty(response_token_ids(t), *self.repetition)
+                total[i] += d["repetition_penalty"]
         total, _, _ = self._finite(total, "the weighted sum of the rewards", trajectories, float32=True)
         for d, s in zip(details, total.tolist()):
             d["overall"] = s

@@ -1,4 +1,4 @@
-"""The Actor (the policy being trained) and the frozen Reference.
+"""The Actor (the policy being trained); the Reference it is held near is `rllava.roles.reference`.
 
 `Actor.update` is stage 4: ppo_epochs x mini-batches (one optimizer step each) x micro-batches (gradient
 accumulation). Aggregation normalisers are the mini-batch's token/sequence counts, so splitting a mini-batch
@@ -196,6 +196,9 @@ class Actor:
         self.entropy_coeff = entropy_coeff
         self.rollout_is, self.rollout_is_cap = rollout_is, rollout_is_cap  # truncated IS: none | token | sequence
         self.expert = expert  # a hybrid's treatment of expert tokens; None: every trained token is RL-trained
+        # the Reference, for a full-vocabulary KL loss (kl_loss_type=full): its forward runs on every micro-batch of
+        # the update (no grad), since the loss needs its whole distribution at each position, not one log-prob
+        self.reference = None
 
     def needs_old_logprobs(self, batch: Batch) -> bool:
         """With one epoch over one mini-batch, the policy that sampled is the one being updated, so pi_old is
@@ -235,9 +238,11 @@ class Actor:
                   has: tuple[bool, bool] = (True, True)) -> dict[str, float | torch.Tensor]:
         """One micro-batch's loss, backward; its metrics (`has`: whether it holds any token of the RL term, of
         the SFT term)."""
-        logprobs, entropy = token_logprobs(self.model, micro, temperature=self.temperature, with_entropy=True,
-                                           entropy_grad=self.entropy_coeff != 0, chunk_size=self.logprob_chunk_size,
-                                           **self.micro_batching.layout)
+        full = self.use_kl_loss and self.kl_loss_type == "full"
+        logprobs, entropy, *full_kl = token_logprobs(
+            self.model, micro, temperature=self.temperature, with_entropy=True, entropy_grad=self.entropy_coeff != 0,
+            chunk_size=self.logprob_chunk_size, ref_hidden=self.reference.hidden(micro) if full else None,
+            **self.micro_batching.layout)
         mask, sft_mask = self._masks(micro)
         inputs = LossInputs(
             logprobs=logprobs, mask=mask, advantages=micro.advantages,
@@ -269,7 +274,7 @@ class Actor:
                 out["actor/sft_nll"] = masked_mean(-logprobs.detach(), sft_mask)
                 out["actor/sft_weight"] = masked_mean(weights, sft_mask)
         if self.use_kl_loss:
-            kl = kl_penalty(logprobs, micro.need("ref_logprobs"), self.kl_loss_type)
+            kl = full_kl[0] if full else kl_penalty(logprobs, micro.need("ref_logprobs"), self.kl_loss_type)
             kl_loss = aggregate(kl, mask, **agg)
             loss = loss + self.kl_loss_coef * kl_loss
             out["actor/kl_loss"] = masked_mean(kl.detach(), mask)

@@ -9,7 +9,6 @@ import logging
 import math
 import os
 import random
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -32,12 +31,12 @@ from rllava.engine.inference.base import SamplingParams
 from rllava.engine.inference.hf import HFRolloutEngine
 from rllava.engine.train.base import TrainEngine
 from rllava.engine.train.single import SingleDeviceEngine
-from rllava.model.forward import LOGPROB_CHUNK
 from rllava.model.loader import build_policy, build_reference, load_model, make_trainable, resolve_dtype
 from rllava.model.value import ValueModel
 from rllava.model.processor import get_tokenizer
 from rllava.roles.actor import Actor, ExpertLoss, MicroBatching
 from rllava.roles.critic import Critic
+from rllava.roles.reference import Reference, weight_shapes
 from rllava.roles.rollout import Rollout
 from rllava.train.tracker import Tracker
 
@@ -323,27 +322,6 @@ def _rollout_is(cfg: PPOConfig, sft: bool) -> dict:
     return {"rollout_is": "none" if sft else level, "rollout_is_cap": cap}
 
 
-@dataclass
-class Reference:
-    """The frozen reference policy (stage 4's KL anchor). Under LoRA it is the policy itself with its adapters
-    switched off (`lora_base`): the base weights never train, so no copy is needed."""
-
-    model: torch.nn.Module
-    batching: MicroBatching  # the actor's padding_free / shared_prefix / dynamic_batching, with ref.* sizes
-    temperature: float
-    lora_base: bool = False
-    chunk_size: int = LOGPROB_CHUNK  # actor.logprob_chunk_size
-
-    def compute_logprobs(self, batch):
-        from contextlib import nullcontext
-
-        from rllava.model.lora import adapters_disabled
-        from rllava.roles.actor import compute_logprobs
-
-        with adapters_disabled(self.model) if self.lora_base else nullcontext():
-            return compute_logprobs(self.model, batch, self.batching, self.temperature, chunk_size=self.chunk_size)
-
-
 def build_reference_role(cfg: PPOConfig, policy, device: torch.device, engine=None) -> Reference | None:
     """Built only when a KL uses it: in the loss (algorithm.use_kl_loss, non-zero actor.kl_loss_coef) or in
     the reward (algorithm.use_kl_in_reward)."""
@@ -353,14 +331,21 @@ def build_reference_role(cfg: PPOConfig, policy, device: torch.device, engine=No
     batching = MicroBatching(cfg.ref.log_prob_micro_batch_size,
                              cfg.ref.log_prob_max_token_len_per_gpu if m.dynamic_batching else None, m.padding_free,
                              m.use_shared_prefix)
-    kw = dict(temperature=cfg.rollout.temperature, chunk_size=cfg.actor.logprob_chunk_size)
+    kw = dict(temperature=cfg.rollout.temperature, chunk_size=cfg.actor.logprob_chunk_size,
+              reset_freq=cfg.algorithm.ref_reset_freq)
     if m.use_peft and not cfg.ref.model_path:
         return Reference(policy, batching, lora_base=True, **kw)
     if hasattr(engine, "shard_frozen"):  # FSDP2: a fresh copy of the starting weights, sharded as the policy
         ref = load_model(cfg.ref.model_path or m.model_path, dtype=resolve_dtype(m.torch_dtype, device),
                          attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code, key="ref")
-        return Reference(engine.shard_frozen(ref.eval()), batching, **kw)
-    return Reference(build_reference(policy, cfg.ref, m, device), batching, **kw)
+        ref = engine.shard_frozen(ref.eval())
+    else:
+        ref = build_reference(policy, cfg.ref, m, device)
+    if kw["reset_freq"] and weight_shapes(ref) != weight_shapes(policy):
+        differ = sorted(set(weight_shapes(ref).items()) ^ set(weight_shapes(policy).items()))
+        raise ConfigError(f"algorithm.ref_reset_freq={kw['reset_freq']} copies the policy into the reference, but "
+                          f"ref.model_path={cfg.ref.model_path} has other weights (e.g. {differ[0][0]!r})")
+    return Reference(ref, batching, **kw)
 
 
 def build_critic(cfg: PPOConfig, device: torch.device, num_steps: int, algorithm) -> Critic | None:

@@ -5,6 +5,7 @@
             actor/                 weights, optimizer, LR schedule (torch.distributed.checkpoint, keyed by name)
             actor/huggingface/     config + processor; + the weights with actor.checkpoint.save_contents: [.., hf_model]
             critic/                the same for the critic, when there is one
+            ref/                   the reference's weights, when algorithm.ref_reset_freq moves them
             rng/rank_R.pt          rank R's python / numpy / torch (/ cuda) RNG states
             trainer_state.json     step, sampler (epoch, position), world size, KL controller, what was saved
             config.yaml            the run's resolved config (`python -m rllava.export` reads it)
@@ -209,7 +210,7 @@ def load_checkpoint(run, path: str) -> int:
         if name not in state["engines"]:
             raise RllavaError(f"{path}: holds no {name} state (the run that wrote it had no {name})")
         loaded = _load_engine_or_explain(engine, os.path.join(path, name), engine_parts(wanted))
-        if "optimizer" not in loaded:
+        if "optimizer" not in loaded and hasattr(engine, "optimizer"):  # the reference ("ref") has none
             log.warning("%s: no %s optimizer state loaded (saved: %s; actor.checkpoint.load_contents=%s): the "
                         "optimizer starts fresh, so the run does not continue exactly", path, name,
                         state["contents"], wanted)

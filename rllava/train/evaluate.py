@@ -25,7 +25,7 @@ from rllava.engine.inference.base import SamplingParams, generate_context
 from rllava.reward.scoring import Scoring
 from rllava.roles.rollout import Rollout
 
-ADDED = ("overlong_penalty", "tool_reward")  # parts the trainer adds to the function's `overall`
+ADDED = ("overlong_penalty", "repetition_penalty", "tool_reward")  # parts the Scoring stage adds to the sum
 
 
 def headline(details: list[dict[str, float]]) -> tuple[str, list[float]]:

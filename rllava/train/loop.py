@@ -81,7 +81,7 @@ def build_reward(cfg) -> Scoring:
     """The Reward role from `reward.*`: each reward function (reward.reward_function, or every entry of
     reward.reward_functions with its weight) as a source of the Scoring stage, its call form checked now (one
     line at start-up, not at the first reward call), run under reward.timeout / strict / num_cpus."""
-    r, ob = cfg.reward, cfg.reward.overlong_buffer
+    r, ob, rp = cfg.reward, cfg.reward.overlong_buffer, cfg.reward.repetition_penalty
     strict, fallback = r.error_policy()
     sources = []
     try:
@@ -96,7 +96,8 @@ def build_reward(cfg) -> Scoring:
             source.close()
         raise
     return Scoring(sources, named=bool(r.reward_functions), strict=strict, fallback_score=fallback,
-                   overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None)
+                   overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None,
+                   repetition=(rp.ngram_size, rp.penalty_factor) if rp.enable else None)
 
 
 def add_reward_models(reward: Scoring, cfg, device: torch.device) -> Scoring:

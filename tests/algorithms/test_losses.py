@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rllava.algorithms.losses import (LossInputs, aggregate, cispo, clip_cov, dapo, geo_mean, gpg, gspo, kl_cov,
-                                      kl_penalty, rollout_importance_weights, vanilla)
+                                      kl_penalty, rollout_importance_weights, sapo, vanilla)
 from rllava.algorithms.registry import POLICY_LOSSES, call_with_params
 
 
@@ -83,7 +83,7 @@ def _grad(loss, inp):
     return inp.logprobs.grad
 
 
-NEW_LOSSES = ["dapo", "gspo", "geo_mean", "gmpo", "gpg", "clip_cov", "kl_cov", "cispo"]
+NEW_LOSSES = ["dapo", "gspo", "geo_mean", "gmpo", "gpg", "clip_cov", "kl_cov", "cispo", "sapo"]
 
 
 def test_new_losses_are_registered():
@@ -224,7 +224,29 @@ def test_cispo_clips_the_weight_but_keeps_every_gradient():
     assert torch.allclose(_grad(loss, inp), torch.tensor([[-1.28, -1.1], [0.1, 1.28]]))
 
 
-@pytest.mark.parametrize("name", ["vanilla", "dapo", "gspo", "geo_mean", "clip_cov", "kl_cov", "cispo", "gpg"])
+def test_sapo_soft_gate_by_hand():
+    ratio = torch.tensor([[1.0, 1.5], [1.0, 0.5]])
+    logp = torch.tensor([[-0.5, -1.0], [-2.0, -0.25]])
+    inp = LossInputs(logprobs=logp.clone().requires_grad_(True), mask=torch.ones(2, 2),
+                     advantages=torch.tensor([[1.0, 1.0], [-1.0, -1.0]]), old_logprobs=logp - torch.log(ratio))
+    loss, m = sapo(inp, tau_pos=1.0, tau_neg=1.05)
+    # s = sigmoid(tau (r - 1)), L = -(4 / tau) s A, grad wrt logp = -4 s (1 - s) r A
+    # A=+1, tau=1:    r=1   -> s=0.5, L=-2;                         r=1.5 -> s=sigmoid(0.5)=0.62246, L=-2.48984
+    # A=-1, tau=1.05: r=1   -> s=0.5, L=(4/1.05) 0.5 = 1.90476;     r=0.5 -> s=sigmoid(-0.525)=0.37169, L=1.41594
+    assert torch.allclose(loss, torch.tensor([[-2.0, -2.4898373], [1.9047619, 1.4159383]]))
+    # w = 4 s (1 - s): 1, 0.940015, 1, 0.934140 -> grad = -w r A: -1, -1.410022, 1, 0.467070
+    assert torch.allclose(_grad(loss, inp), torch.tensor([[-1.0, -1.4100223], [1.0, 0.4670699]]))
+    assert m["sapo_weight"] == pytest.approx((1 + 0.9400148 + 1 + 0.9341398) / 4)
+    # a soft gate, not a clip: at r = 3 (PPO: clipped, gradient 0) the weight has decayed to 4 s (1 - s) < 0.5
+    far = LossInputs(logprobs=torch.zeros(1, 1, requires_grad=True), mask=torch.ones(1, 1),
+                     advantages=torch.ones(1, 1), old_logprobs=torch.full((1, 1), -math.log(3.0)))
+    loss, m = sapo(far)
+    s = 1 / (1 + math.exp(-2.0))
+    assert m["sapo_weight"].item() == pytest.approx(4 * s * (1 - s)) and m["sapo_weight"] < 0.5
+    assert _grad(loss, far).item() == pytest.approx(-4 * s * (1 - s) * 3.0)
+
+
+@pytest.mark.parametrize("name", ["vanilla", "dapo", "gspo", "geo_mean", "clip_cov", "kl_cov", "cispo", "gpg", "sapo"])
 def test_on_policy_ratio_one(name):
     # ratio exactly 1: ratio losses equal -A with no clipping, and every loss has gradient -A (geo_mean: -A/|o|)
     adv = torch.tensor([[0.5, 0.5], [-0.3, -0.3]])  # small |cov| < 1 keeps clip_cov from detaching anything
@@ -235,6 +257,8 @@ def test_on_policy_ratio_one(name):
         assert torch.allclose(loss, -adv / 2)  # -A split over 2 tokens
     elif name in ("cispo", "gpg"):
         assert torch.allclose(loss, -adv * logp)  # w = 1
+    elif name == "sapo":
+        assert torch.allclose(loss, -adv * 2 / torch.tensor([[1.0], [1.05]]))  # -A (4 / tau) sigmoid(0)
     else:
         assert torch.allclose(loss, -adv)
     assert m.get("pg_clipfrac", 0.0) == 0.0 and m.get("ppo_kl", 0.0) == 0.0

@@ -99,6 +99,8 @@ def test_actor_update_on_two_ranks_matches_one_process(tmp_path, tiny_model_dir,
 
 @pytest.mark.parametrize("nproc, strategy", [
     (2, ["actor.strategy=fsdp2"]),
+    pytest.param(2, ["actor.strategy=fsdp2", "algorithm.ref_reset_freq=1", "actor.ppo_mini_batch_size=4"],
+                 id="fsdp2-ref-reset"),
     pytest.param(2, ["actor.strategy=fsdp2", "algorithm.strategy=mix_chord", "data.target_key=solution",
                      "data.expert_batch_size=2", "algorithm.mu_warmup_steps=0"], id="fsdp2-chord"),
     pytest.param(2, ["actor.strategy=fsdp2", "actor.policy_loss.loss_mode=hpt", "algorithm.unify_strategy=switch",
@@ -131,6 +133,10 @@ def test_rlvr_pipeline_on_two_ranks(tmp_path, tiny_model_dir, counting_dir, dist
     assert all(r["actor/kl_loss"] >= 0 and "actor/grad_norm" in r for r in rows if "reward/mean" in r)
     if "algorithm.strategy=mix_chord" in strategy:  # each rank trained on its share of the demonstrations
         assert all(r["hybrid/expert_rows"] == 1 and r["actor/sft_nll"] > 0 for r in rows if "reward/mean" in r)
+    if "algorithm.ref_reset_freq=1" in strategy:  # each rank's reference shards are its policy shards of the last
+        # step, and one mini-batch per step starts from the policy that sampled: KL 0 (without the reset: > 0)
+        assert [(r["ref/last_reset_step"], r["actor/kl_loss"] < 1e-9) for r in rows if "reward/mean" in r] == [
+            (1, True), (2, True)]
     if "critic.strategy=deepspeed" in strategy:  # the value head (zero at the start) has learnt something
         assert [r["critic/vpred_mean"] != 0 for r in rows if "reward/mean" in r] == [False, True]
     generations = [json.loads(line) for line in open(out / "val_generations.jsonl")]

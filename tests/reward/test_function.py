@@ -235,7 +235,7 @@ def test_counting_reward(response, truth, expected):
 
 
 def test_overlong_penalty_by_hand():
-    from rllava.reward.scoring import overlong_penalty
+    from rllava.reward.shaping import overlong_penalty
 
     # L_max 10, buffer 4: no penalty up to 6 tokens, then linear to -factor at 10
     assert [overlong_penalty(n, 10, 4, 0.5) for n in (3, 6, 7, 8, 10)] == [0.0, 0.0, -0.125, -0.25, -0.5]

@@ -90,6 +90,39 @@ def test_stop_and_resume_equals_straight_run_bitwise(tmp_path, tiny_model_dir, c
     assert len(elapsed) > 6 and elapsed == sorted(elapsed)  # the wall-clock goes on from step 3's after the resume
 
 
+def test_resume_between_reference_resets_is_exact(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
+                                                 monkeypatch):
+    """algorithm.ref_reset_freq=2, stopped after step 3 (the reference is then the policy of step 2, not the
+    saved policy of step 3 nor the starting one) and resumed: every step's KL (loss and reward) and the final
+    weights equal the straight run's bitwise, because the checkpoint keeps the reference's weights."""
+    common = ("trainer.max_steps=5", "trainer.save_freq=3", "algorithm.use_kl_in_reward=true",
+              "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1", "algorithm.ref_reset_freq=2",
+              "actor.ppo_mini_batch_size=4", "actor.optim.lr=3e-3", "data.max_samples=8")
+    straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
+    rlvr.main(_args(tiny_model_dir, counting_dir, straight, distinct_reward, *common))
+    save = C.save_checkpoint
+
+    def save_then_stop(run, step):
+        path = save(run, step)
+        if step == 3:
+            raise KeyboardInterrupt
+        return path
+
+    monkeypatch.setattr(C, "save_checkpoint", save_then_stop)
+    with pytest.raises(SystemExit):
+        rlvr.main(_args(tiny_model_dir, counting_dir, stopped, distinct_reward, *common))
+    monkeypatch.setattr(C, "save_checkpoint", save)
+    assert os.path.isfile(os.path.join(stopped, "checkpoints", "global_step_3", "ref", ".metadata"))
+    rlvr.main(_args(tiny_model_dir, counting_dir, stopped, distinct_reward, *common))  # resumes at step 3
+    a, b = _step_rows(straight), _step_rows(stopped)
+    assert [r["ref/last_reset_step"] for r in b] == [0, 2, 2, 4, 4]
+    for key in ("actor/kl_loss", "actor/reward_kl"):
+        assert [r[key] for r in a] == [r[key] for r in b], key
+    assert a[3]["actor/kl_loss"] > 0  # step 4 runs against the policy of step 2, not the one it starts from
+    wa, wb = _weights(os.path.join(straight, "final")), _weights(os.path.join(stopped, "final"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 KILLER = """
 import os, signal, sys
 from rllava.train import checkpoint as C

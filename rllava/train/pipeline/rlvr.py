@@ -59,6 +59,9 @@ def train(cfg, given: Given | None = None) -> str:
     critic = B.build_critic(cfg, run.device, run.steps, actor.algorithm)  # None unless `critic` is set
     if critic is not None:  # checkpoints hold them too
         run.engines["critic"] = critic.engine
+    if reference is not None and reference.reset_freq:  # resets move the reference: exact resume needs its weights
+        run.engines["ref"] = reference
+    actor.reference = reference  # a full-vocabulary KL loss runs it inside the update
     if kl_in_reward is not None:
         run.stateful["kl_ctrl"] = kl_in_reward
     sampling, pad_id, a = B.sampling_params(cfg), rollout.tokenizer.pad_token_id, cfg.algorithm
@@ -96,16 +99,19 @@ def train(cfg, given: Given | None = None) -> str:
             with timer("old_logprob"):
                 batch.old_logprobs = actor.compute_logprobs(batch)
             metrics.update(logprob_gap_metrics(batch))  # engine vs trainer on the sampled tokens
+        full_kl = None
         if reference is not None:
             with timer("ref"):
                 batch.ref_logprobs = reference.compute_logprobs(batch)
+                if kl_in_reward is not None and kl_in_reward.estimator == "full":  # KL(pi_old || pi_ref), exact
+                    full_kl = reference.full_kl(batch, actor.model)
         if critic is not None:
             with timer("values"):
                 batch.values = critic.compute_values(batch)
         with timer("advantage"):
             if kl_in_reward is not None:
                 batch.token_rewards, kl_metrics = kl_in_reward.penalize(batch.scores, batch.loss_mask,
-                                                                        batch.old_logprobs, batch.ref_logprobs)
+                                                                        batch.old_logprobs, batch.ref_logprobs, full_kl)
                 metrics.update(kl_metrics)
             batch.advantages = actor.algorithm.compute_advantage(batch)  # 3. advantage
             if batch.sft_only is not None:  # demonstrations are in no group: no advantage
@@ -116,6 +122,8 @@ def train(cfg, given: Given | None = None) -> str:
             if run.step > cfg.trainer.critic_warmup:  # the actor waits for the critic's warm-up steps
                 rl_coef, sft_coef = hybrid.coefficients(run.step) if hybrid is not None else (1.0, 1.0)
                 metrics.update(actor.update(batch, rl_coef=rl_coef, sft_coef=sft_coef))  # 4. update
+            if reference is not None:  # algorithm.ref_reset_freq: pi_ref <- pi_theta every k steps
+                metrics.update(reference.after_update(actor.model, run.step))
         if hybrid is not None:
             metrics.update(hybrid.metrics(batch, run.step))
         return {**metrics, **batch_metrics(batch)}, batch
