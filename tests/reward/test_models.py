@@ -307,6 +307,10 @@ def test_rl_steps_with_only_a_reward_model_and_with_both(tmp_path, tiny_model_di
     assert both["reward/mean"] == pytest.approx(both["reward/compute_score_mean"] + 0.5 * both["reward/reward_model_mean"],
                                                 abs=1e-5)
     assert "reward/accuracy_mean" in both and "reward/compute_score/accuracy_mean" in both  # the function by its name
+    # the real MiniLM in the loop: an embedding entry of the weighted list scores a training step on its own
+    sim = run("sim", "reward.reward_function=null", "reward.model.model_path=null",
+              "reward.reward_functions=[{type: embedding, weight: 2.0, name: sim}]")
+    assert sim["reward/mean"] == pytest.approx(2.0 * sim["reward/sim_mean"], abs=1e-5) and -1 <= sim["reward/sim_mean"] <= 1
 
 
 def test_model_entries_in_the_weighted_list(tmp_path, rm_dir):
