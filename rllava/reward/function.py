@@ -212,7 +212,23 @@ def _as_scores(result: Any) -> dict[str, float] | str:
     return scores
 
 
-class RewardFunction:
+class Fallible:
+    """A reward source's failure policy (reward.strict / reward.fallback_score): a sample whose scoring failed
+    either stops the run with the line naming it, or gets the fallback score and is counted in `errors`."""
+
+    def __init__(self, strict: bool = False, fallback_score: float = 0.0):
+        self.strict, self.fallback_score = strict, float(fallback_score)
+        self.errors, self.last_error = 0, None  # samples given the fallback so far, and the latest one's line
+
+    def fail(self, message: str) -> dict[str, float]:
+        if self.strict:
+            raise RewardError(message + " (reward.strict=false scores such samples reward.fallback_score instead)")
+        log.warning("%s: scored %g (reward.strict=false)", message, self.fallback_score)
+        self.errors, self.last_error = self.errors + 1, message
+        return {"overall": self.fallback_score}
+
+
+class RewardFunction(Fallible):
     """A rule-based reward source: trajectories -> one scalar score each, plus the named parts for logging."""
 
     def __init__(self, spec: str, reward_type: str = "auto", kwargs: dict | None = None, *,
@@ -223,8 +239,7 @@ class RewardFunction:
         _check_kwargs(self.fn, self.kwargs, spec, kwargs_key)
         self.fields = _sample_params(self.fn, self.kwargs, self.reward_type)  # filled per sample by name
         self.heavy = [k for k in self.fields if k in HEAVY]
-        self.strict, self.fallback_score = strict, float(fallback_score)
-        self.errors, self.last_error = 0, None  # samples given the fallback so far, and the latest one's line
+        super().__init__(strict, fallback_score)
         self.runner = make_runner(partial(self.fn, **self.kwargs), timeout, num_cpus)
 
     def score(self, trajectories: list[Trajectory], train: bool = False) -> tuple[torch.Tensor, list[dict[str, float]]]:
@@ -261,12 +276,7 @@ class RewardFunction:
         """Scores as they are, or a problem (a string): raised (reward.strict) or the sample given the fallback."""
         if not isinstance(scores, str):
             return scores
-        message = f"reward function {self.spec}, {where or f'sample {t.sample.index}'}: {scores}"
-        if self.strict:
-            raise RewardError(message + " (reward.strict=false scores such samples reward.fallback_score instead)")
-        log.warning("%s: scored %g (reward.strict=false)", message, self.fallback_score)
-        self.errors, self.last_error = self.errors + 1, message
-        return {"overall": self.fallback_score}
+        return self.fail(f"reward function {self.spec}, {where or f'sample {t.sample.index}'}: {scores}")
 
     def close(self) -> None:
         """Stop the worker processes (reward.num_cpus > 1)."""

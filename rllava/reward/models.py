@@ -30,7 +30,6 @@ an entry such as `{model: DIR, type: judge, template: judge.jinja, verdict: "(?i
 from __future__ import annotations
 
 import importlib.util
-import logging
 import math
 import re
 from types import SimpleNamespace
@@ -40,10 +39,8 @@ import torch
 
 from rllava.data.protocol import Sample, Trajectory
 from rllava.errors import RllavaError
-from rllava.reward.function import RewardError, _as_scores, load_reward_function
+from rllava.reward.function import Fallible, RewardError, _as_scores, load_reward_function, sample_fields
 from rllava.reward.sandbox import make_runner
-
-log = logging.getLogger(__name__)
 
 MODEL_KEYS = {"type", "model", "tokenizer_path", "torch_dtype", "attn_implementation", "trust_remote_code",
               "override_config"}
@@ -55,31 +52,16 @@ FIRST_NUMBER = r"([-+]?\d+(?:\.\d+)?)"  # the judge's default verdict: the first
 MINILM = "all-MiniLM-L6-v2"
 
 
-def template_fields(t: Trajectory) -> dict:
-    """What a judge's template (and an embedding reference) may use: every record field, the prompt, the response
-    and the ground truth."""
-    return {**t.sample.extra, "prompt": t.sample.prompt, "response": t.response,
-            "ground_truth": t.sample.ground_truth}
-
-
-class _Source:
+class _Source(Fallible):
     """Shared by the three: one problem per sample either raises (reward.strict) or gives that sample the fallback."""
 
     def __init__(self, name: str, strict: bool = False, fallback_score: float = 0.0):
-        self.name, self.strict, self.fallback_score = name, strict, fallback_score
-        self.errors, self.last_error = 0, None
+        super().__init__(strict, fallback_score)
+        self.name = name
 
     def _finish(self, results: list[dict[str, float] | str], trajectories: list[Trajectory]):
-        details = []
-        for r, t in zip(results, trajectories):
-            if isinstance(r, str):  # what went wrong with this sample
-                message = f"{self.name}, sample {t.sample.index}: {r}"
-                if self.strict:
-                    raise RewardError(message + " (reward.strict=false scores such samples reward.fallback_score)")
-                log.warning("%s: scored %g (reward.strict=false)", message, self.fallback_score)
-                self.errors, self.last_error = self.errors + 1, message
-                r = {"overall": self.fallback_score}
-            details.append(r)
+        details = [self.fail(f"{self.name}, sample {t.sample.index}: {r}") if isinstance(r, str) else r
+                   for r, t in zip(results, trajectories)]
         return torch.tensor([d["overall"] for d in details], dtype=torch.float32), details
 
     def _finite(self, value: float) -> dict[str, float] | str:
@@ -152,7 +134,7 @@ class JudgeReward(_Source):
 
     def _sample(self, t: Trajectory) -> Sample:
         try:
-            text = self.template.render(**template_fields(t))
+            text = self.template.render(**sample_fields(t))
         except jinja2.TemplateError as e:
             raise RewardError(f"{self.name}.template {self.template_path}: rendering it for {t.sample.where} "
                               f"failed: {e}") from e
@@ -220,7 +202,7 @@ class EmbeddingReward(_Source):
         refs = []
         for t in trajectories:
             try:
-                refs.append(self.reference.render(**template_fields(t)))
+                refs.append(self.reference.render(**sample_fields(t)))
             except jinja2.TemplateError as e:
                 raise RewardError(f"{self.name}.reference: rendering it for {t.sample.where} failed: {e}") from e
         e = embed([t.response for t in trajectories] + refs)  # [2B, 384], unit vectors
