@@ -2,26 +2,35 @@
 
     python -m rllava.agent.sandbox FILE.py [--image IMG ...] [--cpu-s 5 --wall-s 10 --memory-mb 1024 ...]
 
-prints the observation a model would get for that snippet (exit 0 even when the snippet failed), so the limits
-can be tried by hand. Model output is hostile input; each call runs in a fresh child process, forked from a
-warmed-up server (`rllava/agent/sandbox_child.py`, `python -I`, an empty environment: no tokens, keys or proxies
-inherited; a fork costs milliseconds where a fresh interpreter costs ~0.17 s) that
+prints the jail this machine gives and the observation a model would get for that snippet (exit 0 even when the
+snippet failed), so the limits can be tried by hand. Model output is hostile input, and in GRPO a snippet that
+sabotages the other rollouts of its group raises its own advantage: every call is a jail of its own, made by
+bubblewrap (`bwrap`, Debian package `bubblewrap`):
 
-1. loads what a snippet may import (PIL with every format plugin, numpy, math, re, random, collections, ...),
-2. leaves the network: a new network namespace with no interface; where the OS refuses one, the socket layer
-   is disabled inside the interpreter instead (`Result.guards` says which held),
-3. is shut into a fresh temporary directory holding only the task's images (`image.png`, `image_1.png`, ...):
-   chroot, so nothing else of the file system exists for it: not /etc, not the project, not /proc,
-4. sets its limits with setrlimit: CPU seconds, address space, file size, open files, processes, no core file,
-5. drops to user nobody when it runs as root (so that the process limit binds and nothing of root's can be
-   read, written or signalled); not root, it keeps only a user namespace's root with every capability cleared.
+1. its own PID, IPC, mount, network, UTS and user namespaces (`--unshare-all --unshare-user --disable-userns`):
+   `kill(-1)` and SysV IPC reach nothing outside the call, no network interface exists, and the call's first
+   process (`rllava/agent/sandbox_init.py`) is PID 1, so every process and thread of the call ends when it ends;
+2. a root file system of its own, read-only: the system libraries, the Python interpreter's standard library,
+   numpy and PIL; nothing of the project, your home, /etc or /proc. It writes only `/work`, a tmpfs of
+   `disk_mb` holding snippet.py and the images (`image.png`, `image_1.png`, ...), which goes with the call;
+3. uid 65534 in its user namespace, every capability dropped, no_new_privs, an empty environment;
+4. limits: per process (setrlimit: `cpu_s`, `memory_mb` address space, `file_mb`, `open_files`, no core file)
+   and per call: `processes` (the call's processes and threads) and `memory_mb` in a cgroup of its own where
+   one can be made (v2, or v1's memory and pids), else RLIMIT_NPROC in the call's user namespace (so the call's
+   memory is at most `processes` x `memory_mb`, plus its `disk_mb` of tmpfs); `wall_s` for the whole call and
+   `file_mb` for its output, after which it is killed.
 
-The parent kills the child's process group at the wall-clock limit, keeps at most `output_chars` of its stdout
-and stderr, takes back the images the snippet saved in its directory (PNG/JPEG/BMP/GIF/WEBP, at most
-`max_images`, each checked against `max_pixels` before it is decoded: no decompression bomb), and deletes the
-directory (and any process still jailed in it, found by its root directory, even one that left the group).
-Where neither a chroot nor a user namespace is possible, files outside the directory are refused by
-a Python audit hook (weaker: C code is not stopped); the fallback is logged once.
+Fail closed: where one of these cannot be set up (no bwrap, user namespaces refused, root with no writable
+cgroup), `check()` -- which the code tool calls when the run starts, before the model loads -- is one error
+naming what is missing and how to get it. `rollout.agent.tool_kwargs.code.allow_weaker=true` runs what can be
+run instead (bwrap without the cgroup, or, without bwrap, a plain child process with the per-process limits in
+a temporary directory: not isolated) and warns once naming what is not isolated.
+
+The parent decides which limit stopped a call from what it saw (its clock, the bytes of output, the cgroup's
+OOM and pids counters) and from the first process's report (the snippet's exit status and CPU time, and the
+exception that ended it: MemoryError, errno EMFILE / EFBIG / ENOSPC / EAGAIN), never from the output's text.
+The images the snippet saved come back as bytes (at most `max_images`, each at most `file_mb`), decoded here
+only as PNG, JPEG, BMP, GIF or WEBP after their size is checked against `max_pixels`.
 
 Not a VM: it does not protect against kernel exploits, or against using the CPU and memory it is allowed.
 """
@@ -29,11 +38,13 @@ Not a VM: it does not protect against kernel exploits, or against using the CPU 
 from __future__ import annotations
 
 import argparse
-import itertools
+import glob
+import importlib.util
+import io
 import json
 import logging
 import os
-import queue
+import selectors
 import shutil
 import signal
 import subprocess
@@ -42,25 +53,34 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from itertools import count
 
 from PIL import Image
 
+from rllava.errors import ConfigError
+
 log = logging.getLogger(__name__)
-CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
+INIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_init.py")
+FORMATS = ["PNG", "JPEG", "BMP", "GIF", "WEBP"]  # what the parent decodes of what a snippet saved
+MODULES = ("numpy", "PIL")  # besides the standard library, what a snippet may import
+NOBODY = 65534
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work", "OMP_NUM_THREADS": "1",
+       "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+KEY = "rollout.agent.tool_kwargs.code"
 _warned: set[str] = set()
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one snippet may use (`rollout.agent.tool_kwargs.code.*`)."""
+    """What one call may use (`rollout.agent.tool_kwargs.code.*`)."""
 
-    cpu_s: int = 5  # CPU seconds (RLIMIT_CPU)
-    wall_s: float = 10.0  # seconds before the whole process group is killed
-    memory_mb: int = 1024  # address space (RLIMIT_AS); the interpreter with numpy and PIL takes ~400 of it
-    file_mb: int = 16  # largest file it may write, its output included (RLIMIT_FSIZE)
+    cpu_s: int = 5  # CPU seconds of each process (RLIMIT_CPU)
+    wall_s: float = 10.0  # seconds for the whole call, after which it is killed
+    memory_mb: int = 1024  # the call's memory (cgroup) and each process's address space (RLIMIT_AS)
+    file_mb: int = 16  # largest file it may write (RLIMIT_FSIZE), its output, and each image taken back
+    disk_mb: int = 64  # its work directory: a tmpfs of this size, the given images included
     open_files: int = 64  # RLIMIT_NOFILE
-    processes: int = 64  # processes and threads of user nobody (RLIMIT_NPROC), all sandboxes together
+    processes: int = 8  # processes and threads of the call, all together
     output_chars: int = 2000  # of stdout and of stderr, each, kept for the observation
     max_images: int = 4  # images taken back
     max_pixels: int = 4096 * 4096  # per image taken back
@@ -75,7 +95,7 @@ class Result:
     images: list = field(default_factory=list)
     returncode: int = 0
     stopped_by: str | None = None  # "wall-clock limit", "CPU time limit", "memory limit", ...
-    guards: dict = field(default_factory=dict)  # which guard held for the network, files and user
+    guards: dict = field(default_factory=dict)  # what the parent set up: the jail, files, user, totals
 
     @property
     def ok(self) -> bool:
@@ -92,207 +112,498 @@ class Result:
         return "\n".join(parts) or "(no output)"
 
 
-def run_code(code: str, images: list | tuple = (), limits: Limits = Limits()) -> Result:
-    """Run `code` in a fresh sandbox whose directory holds `images` (PIL) as image.png, image_1.png, ..."""
-    workdir = tempfile.mkdtemp(prefix="rllava_sandbox_")
-    try:
-        for i, image in enumerate(images):
-            image.save(os.path.join(workdir, "image.png" if i == 0 else f"image_{i}.png"))
-        with open(os.path.join(workdir, "snippet.py"), "w") as f:
-            f.write(code)
-        if os.geteuid() == 0:  # the child runs as nobody: its directory must be its own
-            for path in [workdir] + [os.path.join(workdir, n) for n in os.listdir(workdir)]:
-                os.chown(path, 65534, 65534)
-        given = set(os.listdir(workdir))
-        return _run(workdir, given, limits)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+# ------------------------------------------------------------------------------------------------- cgroups
+# controller -> (limit file, events file, the event counted) per cgroup version; the swap file is optional
+CGROUP_FILES = {2: {"memory": ("memory.max", "memory.events", "oom_kill"), "pids": ("pids.max", "pids.events", "max")},
+                1: {"memory": ("memory.limit_in_bytes", "memory.oom_control", "oom_kill"),
+                    "pids": ("pids.max", "pids.events", "max")}}
+SWAP_FILES = {2: "memory.swap.max", 1: "memory.memsw.limit_in_bytes"}
 
 
-class _ForkServer:
-    """The warmed-up interpreter that forks one child per snippet (rllava/agent/sandbox_child.py): started on first
-    use by each process that runs snippets, and again if it died. Thread-safe: the code tool's calls of one round
-    run from a pool of threads."""
+def _cgroup_bases() -> tuple[int, dict[str, str]] | None:
+    """(version, controller -> the directory a call's cgroup is made in), or None: where this process may make
+    cgroups with the memory and pids controllers. v2: beside this process's own cgroup (a cgroup with
+    processes cannot hand controllers to children), so calls stay inside the limits of whatever holds this
+    process; v1: inside its own cgroup of each hierarchy."""
+    mounts = {}  # (version, controller or "") -> (mount point, its root)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, right = line.split(" - ", 1)
+            fields, (fstype, _, options) = left.split(), right.split()[:3]
+            if fstype == "cgroup2":
+                mounts[(2, "")] = (fields[4], fields[3])
+            elif fstype == "cgroup":
+                for c in set(options.split(",")) & {"memory", "pids"}:
+                    mounts[(1, c)] = (fields[4], fields[3])
+    own = {}  # (version, controller or "") -> this process's cgroup path
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            number, controllers, path = line.rstrip("\n").split(":", 2)
+            for c in (controllers.split(",") if number != "0" else [""]):
+                own[(1 if number != "0" else 2, c)] = path
 
-    ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # nothing of the trainer's environment
+    def directory(key):
+        mount, root = mounts[key]
+        path = own[key][len(root):] if root != "/" and own[key].startswith(root) else own[key]
+        return os.path.join(mount, path.lstrip("/")), path in ("", "/")
 
-    def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, "-I", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env=self.ENV, cwd="/", start_new_session=True, text=True, bufsize=1)
-        self.owner, self.lock, self.ids, self.boxes = os.getpid(), threading.Lock(), itertools.count(), {}
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            message = json.loads(line)
-            with self.lock:
-                box = self.boxes.get(message["id"])
-            if box is not None:
-                box.put(message)
-        with self.lock:  # the server is gone: nobody waits for an answer that cannot come
-            for box in self.boxes.values():
-                box.put({"dead": True})
-
-    def alive(self) -> bool:
-        return self.owner == os.getpid() and self.proc.poll() is None
-
-    def run(self, request: dict, wall_s: float) -> tuple[int, bool]:
-        """(exit status, timed out) of one snippet; at the wall clock its session is killed."""
-        box, rid = queue.Queue(), next(self.ids)
-        with self.lock:
-            self.boxes[rid] = box
-            self.proc.stdin.write(json.dumps({**request, "id": rid}) + "\n")
-            self.proc.stdin.flush()
+    if (2, "") in mounts and (2, "") in own:
+        here, at_root = directory((2, ""))
         try:
-            pid = self._answer(box, 30.0)["pid"]
+            controllers = open(os.path.join(here, "cgroup.controllers")).read().split()
+        except OSError:
+            controllers = []
+        base = here if at_root else os.path.dirname(here)
+        if {"memory", "pids"} <= set(controllers) and os.access(base, os.W_OK):
+            return 2, {"memory": base, "pids": base}
+    if all((1, c) in mounts and (1, c) in own for c in ("memory", "pids")):
+        bases = {c: directory((1, c))[0] for c in ("memory", "pids")}
+        if all(os.access(b, os.W_OK) for b in bases.values()):
+            return 1, bases
+    return None
+
+
+class _Cgroup:
+    """One call's cgroup: memory and tasks of the call as a whole; its OOM kills and refused forks counted."""
+
+    ids = count()
+
+    def __init__(self, version: int, bases: dict[str, str], limits: Limits):
+        self.version, name = version, f"rllava-sandbox-{os.getpid()}-{next(self.ids)}"
+        self.dirs = {c: os.path.join(base, name) for c, base in bases.items()}
+        values = {"memory": limits.memory_mb << 20, "pids": limits.processes + 1}  # + the call's first process
+        for c, d in self.dirs.items():
+            if not os.path.isdir(d):
+                os.mkdir(d)
+            _write(os.path.join(d, CGROUP_FILES[version][c][0]), values[c])
+        swap = os.path.join(self.dirs["memory"], SWAP_FILES[version])
+        if os.path.exists(swap):
+            _write(swap, 0 if version == 2 else values["memory"])
+
+    def add(self, pid: int) -> None:
+        for d in set(self.dirs.values()):
+            _write(os.path.join(d, "cgroup.procs"), pid)
+
+    def events(self) -> dict[str, int]:
+        """controller -> how often its limit was hit (OOM kills, refused forks)."""
+        hits = {}
+        for c, d in self.dirs.items():
+            _, events, key = CGROUP_FILES[self.version][c]
             try:
-                return self._answer(box, wall_s)["status"], False
-            except queue.Empty:
-                _kill_group(pid)
-                return self._answer(box, 30.0)["status"], True
-            finally:
-                _kill_group(pid)  # what it left in its session
-        finally:
-            with self.lock:
-                del self.boxes[rid]
+                lines = open(os.path.join(d, events)).read().splitlines()
+            except OSError:
+                lines = []
+            hits[c] = sum(int(line.split()[1]) for line in lines if line.split()[:1] == [key])
+        return hits
 
-    @staticmethod
-    def _answer(box: queue.Queue, timeout: float) -> dict:
-        message = box.get(timeout=timeout)
-        if message.get("dead"):
-            raise RuntimeError("the sandbox's fork server died")
-        return message
-
-
-_server: _ForkServer | None = None
-_server_lock = threading.Lock()
-
-
-def _fork_server() -> _ForkServer:
-    global _server
-    with _server_lock:
-        if _server is None or not _server.alive():
-            _server = _ForkServer()
-        return _server
+    def remove(self) -> None:
+        """Kill whatever is left in it (nothing, in the jail: the namespace went with its first process), then
+        remove it."""
+        for d in set(self.dirs.values()):
+            for _ in range(200):
+                try:
+                    pids = open(os.path.join(d, "cgroup.procs")).read().split()
+                    for pid in pids:
+                        _signal(int(pid))
+                    if not pids:
+                        os.rmdir(d)
+                        break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    pass  # busy while its last tasks exit
+                time.sleep(0.005)
 
 
-def _run(workdir: str, given: set, limits: Limits) -> Result:
-    with tempfile.TemporaryDirectory(prefix="rllava_sandbox_out_") as io_dir:  # outside the jail, root's
-        out, err = os.path.join(io_dir, "stdout"), os.path.join(io_dir, "stderr")
-        for path in (out, err):
-            open(path, "w").close()
-        request = {"workdir": workdir, "limits": asdict(limits), "out": out, "err": err}
-        code, timed_out = _fork_server().run(request, limits.wall_s)
-        _kill_jailed(workdir)
-        stdout, stderr = (_read(path, limits.output_chars) for path in (out, err))
-    result = Result(stdout, stderr, returncode=code)
-    result.guards = _guards(workdir)
-    result.stopped_by = _which_limit(code, stderr, timed_out)
-    result.images, skipped = _images(workdir, given, limits)
-    if skipped:
-        result.stderr += ("\n" if result.stderr else "") + skipped
+def _write(path: str, value) -> None:
+    with open(path, "w") as f:
+        f.write(str(value))
+
+
+def _signal(pid: int, sig=signal.SIGKILL) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------------------------- the jail
+@dataclass
+class Jail:
+    """What this machine gives: bubblewrap's argv (None: a plain child process), the cgroup bases (None:
+    per-process limits), what is missing from the full jail, and the guards as the parent set them up."""
+
+    bwrap: list[str] | None
+    cgroup: tuple[int, dict[str, str]] | None
+    missing: list[str]
+    weaker: list[str]  # what is not isolated when running without what is missing
+    guards: dict
+    pylib: list[str]  # sys.path entries for the snippet's modules (in the jail: /pylib)
+
+
+def _module_dirs() -> dict[str, str]:
+    """host directory -> its name under /pylib: numpy and PIL, and the shared libraries their wheels carry."""
+    dirs = {}
+    for name in MODULES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        where = list(spec.submodule_search_locations)[0]
+        dirs[where] = os.path.basename(where)
+        for libs in glob.glob(os.path.join(os.path.dirname(where), "*.libs")):
+            if os.path.basename(libs).lower() in {"numpy.libs", "pillow.libs"}:
+                dirs[libs] = os.path.basename(libs)
+    return dirs
+
+
+def _python() -> str:
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def _bwrap_argv(bwrap: str, disk_mb: int) -> list[str]:
+    """bubblewrap's options for one call (the work tmpfs's size is the call's)."""
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(NOBODY), "--gid", str(NOBODY),
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--as-pid-1", "--clearenv",
+            "--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
+    for prefix in sorted(prefixes - {"/usr"}):
+        argv += ["--ro-bind", prefix, prefix]
+        for site in glob.glob(os.path.join(prefix, "lib", "python3*", "site-packages")):
+            argv += ["--tmpfs", site]  # the base interpreter's own packages stay out
+    for src, name in _module_dirs().items():
+        argv += ["--ro-bind", src, f"/pylib/{name}"]
+    argv += ["--ro-bind", INIT, "/init.py", "--dev", "/dev", "--size", str(disk_mb << 20), "--tmpfs", "/work",
+             "--chdir", "/work", "--remount-ro", "/dev", "--remount-ro", "/"]
+    for k, v in ENV.items():
+        argv += ["--setenv", k, v]
+    return argv
+
+
+_jail: Jail | None = None
+_jail_lock = threading.Lock()
+
+
+def jail() -> Jail:
+    """What this machine gives, found once per process by making one jail."""
+    global _jail
+    with _jail_lock:
+        if _jail is None:
+            _jail = _find_jail()
+        return _jail
+
+
+def _find_jail() -> Jail:
+    missing, weaker, root = [], [], os.geteuid() == 0
+    bwrap = shutil.which("bwrap")
+    argv = _bwrap_argv(bwrap, 1) if bwrap else None
+    if not bwrap:
+        missing.append("bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf "
+                       "install bubblewrap)")
+    else:
+        try:
+            probe = subprocess.run(argv + [_python(), "-I", "-S", "-c", "import os; print(os.getpid(), os.getuid())"],
+                                   capture_output=True, text=True, timeout=30)
+            ok, why = probe.stdout.split() == ["1", str(NOBODY)], (probe.stderr.strip() or probe.stdout).splitlines()
+        except (OSError, subprocess.TimeoutExpired) as e:
+            ok, why = False, [str(e)]
+        if not ok:
+            missing.append(f"bubblewrap cannot make the call's namespaces here ({why[-1] if why else 'no output'}): "
+                           "allow user namespaces (sysctl kernel.unprivileged_userns_clone=1 on Debian, "
+                           "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04, user.max_user_namespaces"
+                           " > 0; in a container: --security-opt seccomp=unconfined --security-opt "
+                           "apparmor=unconfined, or --privileged)")
+            argv = None
+    cgroup = _probe_cgroup()
+    if argv is None:
+        weaker.append("files, network and processes of this user (uid %d) are reachable: a plain child process in "
+                      "a temporary directory" % os.geteuid())
+    if cgroup is None and root:
+        missing.append("as root the per-call totals (processes, memory) need a cgroup this process can make: "
+                       "cgroup v2 with the memory and pids controllers, or v1 memory and pids hierarchies, mounted "
+                       "writable (in a container: --cgroupns=host or --privileged); or run as a non-root user")
+        weaker.append("processes and memory are limited per process only: as root, RLIMIT_NPROC does not bind")
+    totals = (f"cgroup v{cgroup[0]}: memory_mb and processes for the whole call" if cgroup else
+              "RLIMIT_NPROC in the call's user namespace (processes per call), memory_mb per process"
+              if argv and not root else "per process only")
+    guards = {"jail": "bubblewrap: own pid, ipc, mount, network, uts and user namespaces; the call ends with its "
+                      "first process" if argv else "none: a plain child process (allow_weaker)",
+              "files": "read-only system, Python, numpy and PIL; a tmpfs of disk_mb at /work" if argv else
+                       "a temporary directory; the whole file system is reachable",
+              "user": f"uid {NOBODY} with no capabilities" if argv else f"uid {os.geteuid()} (this user)",
+              "totals": totals}
+    pylib = ["/pylib"] if argv else sorted({os.path.dirname(d) for d in _module_dirs()})
+    return Jail(argv, cgroup, missing, weaker, guards, pylib)
+
+
+def _probe_cgroup() -> tuple[int, dict[str, str]] | None:
+    try:
+        found = _cgroup_bases()
+        if found:
+            _Cgroup(*found, Limits()).remove()  # one can be made and limited
+        return found
+    except (OSError, ValueError, IndexError, KeyError):
+        return None
+
+
+def check(allow_weaker: bool = False) -> Jail:
+    """The jail, or one error naming what is missing and how to get it; with `allow_weaker` what can be run,
+    warned once per process naming what is not isolated."""
+    j = jail()
+    if j.missing and not allow_weaker:
+        raise ConfigError(f"rollout.agent.tools=[code]: the code sandbox cannot isolate its calls on this machine: "
+                          f"{'; '.join(j.missing)}. Set {KEY}.allow_weaker=true to run them anyway, weaker "
+                          f"({'; '.join(j.weaker)})")
+    if j.missing and "weaker" not in _warned:
+        _warned.add("weaker")
+        log.warning("code sandbox (%s.allow_weaker=true): running weaker than promised: %s (missing: %s)", KEY,
+                    "; ".join(j.weaker), "; ".join(j.missing))
+    return j
+
+
+# --------------------------------------------------------------------------------------------- one call
+def run_code(code: str, images: list | tuple = (), limits: Limits = Limits(), allow_weaker: bool = False) -> Result:
+    """Run `code` in a jail of its own whose /work holds `images` (PIL) as image.png, image_1.png, ..."""
+    j = check(allow_weaker)
+    files = [("snippet.py", code.encode("utf-8", "replace"))]
+    for i, image in enumerate(images):
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        files.append(("image.png" if i == 0 else f"image_{i}.png", buf.getvalue()))
+    head = {"limits": asdict(limits), "files": [[name, len(data)] for name, data in files], "path": j.pylib}
+    request = json.dumps(head).encode() + b"\n" + b"".join(data for _, data in files)
+    cgroup = _Cgroup(*j.cgroup, limits) if j.cgroup else None
+    workdir = None if j.bwrap else tempfile.mkdtemp(prefix="rllava_sandbox_")
+    try:
+        seen = _call(j, limits, request, cgroup, workdir)
+        hits = cgroup.events() if cgroup else {}
+    finally:
+        if cgroup:
+            cgroup.remove()
+        if workdir:  # rm walks any depth of tree; shutil.rmtree recurses
+            subprocess.run(["rm", "-rf", "--one-file-system", "--", workdir], capture_output=True, env=ENV)
+    return _result(seen, hits, limits, dict(j.guards))
+
+
+def _call(j: Jail, limits: Limits, request: bytes, cgroup: _Cgroup | None, workdir: str | None) -> dict:
+    """Start the call's first process, send the request, collect stdout / stderr / the report until it ends
+    or a limit of the parent's (wall clock, output) is passed; return when every process of the call is gone."""
+    result_r, result_w = os.pipe()
+    status_r, status_w = os.pipe() if j.bwrap else (None, None)
+    python = [_python(), "-I", "-S"]
+    if j.bwrap:
+        argv = j.bwrap[:]
+        argv[argv.index("--size") + 1] = str(limits.disk_mb << 20)
+        argv = argv[:1] + ["--json-status-fd", str(status_w)] + argv[1:] + python + ["/init.py", str(result_w)]
+    else:
+        argv = python + [INIT, str(result_w)]
+    deadline = time.monotonic() + limits.wall_s
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            pass_fds=[fd for fd in (result_w, status_w) if fd is not None], env=ENV,
+                            cwd=workdir or "/", start_new_session=True)
+    for fd in (result_w, status_w):
+        if fd is not None:
+            os.close(fd)
+    seen = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray(), "output": 0, "timed_out": False,
+            "over": False}
+    first = None  # a pidfd of the call's first process: PID 1 of its namespace, whose end ends them all
+    try:
+        pid = _first_pid(status_r, deadline) if j.bwrap else proc.pid
+        if pid is not None:
+            try:
+                first = os.pidfd_open(pid)
+            except ProcessLookupError:
+                pid = None  # already gone, and its namespace with it
+        if pid is not None:
+            if cgroup:  # before the request: the snippet's first fork is already inside
+                cgroup.add(pid)
+            _exchange(proc, request, result_r, limits, deadline, seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # bwrap: its first process dies with it (PDEATHSIG), then the whole namespace
+        if not j.bwrap:
+            _kill_weak(seen)
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+        for fd in (result_r, status_r):
+            if fd is not None:
+                os.close(fd)
+        proc.wait()
+        if first is not None:  # readable once PID 1 has exited, after the kernel reaped the rest of the call
+            _wait_readable(first, 10.0)
+            os.close(first)
+    seen["exit"] = proc.returncode
+    return seen
+
+
+def _wait_readable(fd: int, timeout: float) -> bool:
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        return bool(sel.select(timeout))
+
+
+def _first_pid(status_r: int, deadline: float) -> int | None:
+    """The host pid of the call's first process, from bubblewrap's --json-status-fd."""
+    buf = b""
+    while b"}" not in buf and time.monotonic() < deadline:
+        if not _wait_readable(status_r, max(0.0, deadline - time.monotonic())):
+            break
+        chunk = os.read(status_r, 4096)
+        if not chunk:
+            break
+        buf += chunk
+    try:
+        return int(json.loads(buf[:buf.index(b"}") + 1])["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _exchange(proc, request: bytes, result_r: int, limits: Limits, deadline: float, seen: dict) -> None:
+    keep = {"stdout": 4 * limits.output_chars + 4, "stderr": 4 * limits.output_chars + 4,
+            "result": (1 << 16) + limits.max_images * ((limits.file_mb << 20) + 1)}
+    sel = selectors.DefaultSelector()
+    for f, name in ((proc.stdout.fileno(), "stdout"), (proc.stderr.fileno(), "stderr"), (result_r, "result")):
+        os.set_blocking(f, False)
+        sel.register(f, selectors.EVENT_READ, name)
+    os.set_blocking(proc.stdin.fileno(), False)
+    sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
+    todo = memoryview(request)
+    while sel.get_map():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            seen["timed_out"] = True
+            return
+        for key, _ in sel.select(left):
+            if key.data == "stdin":
+                try:
+                    todo = todo[os.write(key.fd, todo):]
+                except (BrokenPipeError, BlockingIOError) as e:
+                    todo = todo if isinstance(e, BlockingIOError) else todo[:0]
+                if not todo:
+                    sel.unregister(key.fd)
+                    proc.stdin.close()
+                continue
+            chunk = os.read(key.fd, 1 << 16)
+            if not chunk:
+                sel.unregister(key.fd)
+                continue
+            buf = seen[key.data]
+            buf += chunk[:max(0, keep[key.data] - len(buf))]
+            if key.data != "result":
+                seen["output"] += len(chunk)
+                if seen["output"] > limits.file_mb << 20:
+                    seen["over"] = True
+                    return
+
+
+def _kill_weak(seen: dict) -> None:
+    """Without a jail: the snippet's process group, as the first process reported it (a process that left the
+    group is not found: one of the things allow_weaker gives up)."""
+    try:
+        pid = json.loads(bytes(seen["result"]).split(b"\n", 1)[0]).get("pgid")
+    except ValueError:
+        pid = None
+    if isinstance(pid, int) and pid > 1:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _result(seen: dict, hits: dict, limits: Limits, guards: dict) -> Result:
+    report, images_data = _report(bytes(seen["result"]))
+    status = report.get("status", seen["exit"]) if report else seen["exit"]
+    result = Result(_text(seen["stdout"], limits), _text(seen["stderr"], limits), returncode=status, guards=guards)
+    if seen["timed_out"]:
+        result.stopped_by = "wall-clock limit"
+    elif seen["over"]:
+        result.stopped_by = f"output limit ({limits.file_mb} MB)"
+    elif hits.get("memory"):
+        result.stopped_by = "memory limit"
+    elif report and report.get("limit") in LABELS:
+        result.stopped_by = report["limit"]
+    elif hits.get("pids") and status:
+        result.stopped_by = "process limit"
+    elif report and (status == -signal.SIGXCPU or (status == -signal.SIGKILL and report["cpu_s"] >= limits.cpu_s)):
+        result.stopped_by = "CPU time limit"
+    elif status == -signal.SIGXFSZ:
+        result.stopped_by = "file size limit"
+    elif not report:
+        why = result.stderr.strip().splitlines()[-1:] or [f"exit status {seen['exit']}"]
+        _warn_once(f"code sandbox: a call ended without its report ({why[0]})")
+        result.stopped_by, result.returncode = "sandbox error", result.returncode or 1
+    elif status < 0:
+        result.stopped_by = f"crashed (signal {signal.Signals(-status).name})"
+    notes = list(report.get("notes", [])) if report else []
+    result.images = _decode(images_data, limits, notes)
+    if notes:
+        result.stderr += ("\n" if result.stderr else "") + "\n".join(notes)
     return result
 
 
-def _kill_group(pgid: int) -> None:
-    """SIGKILL the snippet's process group until none of it is left (a fork racing the signal can add one)."""
-    for _ in range(1000):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            return
-        time.sleep(0.005)
-    log.warning("sandbox: process group %d still alive after SIGKILL (its CPU limit will end it)", pgid)
+LABELS = {"memory limit", "open files limit", "file size limit", "disk limit", "process limit"}
 
 
-def _kill_jailed(workdir: str) -> None:
-    """SIGKILL every process whose root directory is the sandbox's (one that left the process group with
-    setsid): what the chroot put there is found by /proc/<pid>/root."""
-    real = os.path.realpath(workdir)
-    for _ in range(100):
-        found = False
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if os.readlink(f"/proc/{pid}/root") == real:
-                    os.kill(int(pid), signal.SIGKILL)
-                    found = True
-            except OSError:
-                continue
-        if not found:
-            return
-        time.sleep(0.01)
-
-
-def _read(path: str, limit: int) -> str:
-    with open(path, "rb") as f:
-        data = f.read(4 * limit + 4).decode("utf-8", "replace")
-    return data if len(data) <= limit else data[:limit] + f"\n... (output cut at {limit} characters)"
-
-
-def _guards(workdir: str) -> dict:
+def _report(data: bytes) -> tuple[dict | None, list[tuple[str, bytes]]]:
+    """The first process's report ({"status", "limit", "cpu_s", "images", "notes"}) and the images' bytes;
+    (None, []) when there is none or it does not parse (the call was killed)."""
+    lines = data.split(b"\n", 2)[1:]  # the {"pgid"} line, the report, the images
     try:
-        with open(os.path.join(workdir, ".guards.json")) as f:
-            guards = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    for what, how in guards.items():
-        if how.startswith(("socket", "audit", "unchanged")) and what not in _warned:
-            _warned.add(what)
-            log.warning("sandbox: %s guarded by %s on this machine (weaker than a namespace/chroot)", what, how)
-    return guards
+        head = json.loads(lines[0])
+        status, cpu = int(head["status"]), float(head["cpu_s"])
+        sizes = [(str(name), int(size)) for name, size in head["images"]]
+        notes = [str(n)[:200] for n in head["notes"]][:8]
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None, []
+    body, images, at = lines[1] if len(lines) > 1 else b"", [], 0
+    for name, size in sizes:
+        images.append((name, body[at:at + size]))
+        at += size
+    return {"status": status, "limit": head.get("limit"), "cpu_s": cpu, "notes": notes}, images
 
 
-# what a snippet's traceback says when a limit stopped it, checked before how the process ended (a thread bomb
-# stopped by the process limit may still be killed at the wall clock, its threads asleep)
-LIMIT_MARKERS = (("MemoryError", "memory limit"), ("File too large", "file size limit"),
-                 ("Too many open files", "open files limit"), ("can't start new thread", "process limit"),
-                 ("BlockingIOError", "process limit"), ("Resource temporarily unavailable", "process limit"))
+def _text(data: bytearray, limits: Limits) -> str:
+    text = bytes(data).decode("utf-8", "replace")
+    limit = limits.output_chars
+    return text if len(text) <= limit else text[:limit] + f"\n... (output cut at {limit} characters)"
 
 
-def _which_limit(code: int, stderr: str, timed_out: bool) -> str | None:
-    for marker, limit in LIMIT_MARKERS:
-        if marker in stderr:
-            return limit
-    if timed_out:
-        return "wall-clock limit"
-    if code in (-signal.SIGXCPU, -signal.SIGKILL):  # RLIMIT_CPU: SIGXCPU, then SIGKILL
-        return "CPU time limit"
-    if code == -signal.SIGXFSZ:
-        return "file size limit"
-    return f"crashed (signal {signal.Signals(-code).name})" if code < 0 else None
-
-
-def _images(workdir: str, given: set, limits: Limits) -> tuple[list, str]:
-    """The images the snippet saved (not the ones it was given, unless it overwrote them), checked before
-    decoding; and a note on any it could not have."""
-    images, notes = [], []
-    for name in sorted(os.listdir(workdir)):
-        path = os.path.join(workdir, name)
-        if not name.lower().endswith(IMAGE_SUFFIXES) or os.path.islink(path) or not os.path.isfile(path):
-            continue
-        if name in given and os.path.getmtime(path) <= os.path.getmtime(os.path.join(workdir, "snippet.py")):
-            continue
-        if len(images) == limits.max_images:
-            notes.append(f"only the first {limits.max_images} images are shown")
-            break
+def _decode(images: list[tuple[str, bytes]], limits: Limits, notes: list[str]) -> list:
+    """The images taken back, decoded only in the documented formats after their size is checked."""
+    decoded = []
+    for name, data in images[:limits.max_images]:
         try:
-            with Image.open(path) as im:
+            with Image.open(io.BytesIO(data), formats=FORMATS) as im:
                 if im.width * im.height > limits.max_pixels:
                     notes.append(f"{name}: {im.width} x {im.height} is over {limits.max_pixels} pixels")
                     continue
-                images.append(im.convert("RGB"))
+                decoded.append(im.convert("RGB"))
         except Image.DecompressionBombError:
             notes.append(f"{name}: a decompression bomb (over PIL's pixel limit), not decoded")
-        except (OSError, ValueError) as e:
-            notes.append(f"{name}: not a readable image ({type(e).__name__})")
-    return images, "\n".join(notes)
+        except (OSError, ValueError, SyntaxError) as e:
+            notes.append(f"{name}: not a readable {'/'.join(FORMATS)} image ({type(e).__name__})")
+    return decoded
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("file", help="a .py snippet")
     p.add_argument("--image", action="append", default=[], help="an image the snippet finds as image.png, ...")
+    p.add_argument("--allow-weaker", action="store_true", help="run where the full jail cannot be made")
     for name, value in asdict(Limits()).items():
         p.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
     a = p.parse_args(argv)
@@ -300,13 +611,13 @@ def main(argv=None) -> None:
     try:
         code = open(a.file).read()
         images = [Image.open(path).convert("RGB") for path in a.image]
-    except OSError as e:
+        limits = Limits(**{k: getattr(a, k) for k in asdict(Limits())})
+        result = run_code(code, images, limits, allow_weaker=a.allow_weaker)
+    except (OSError, ConfigError) as e:
         raise SystemExit(f"rllava.agent.sandbox: {e}")
-    limits = Limits(**{k: getattr(a, k) for k in asdict(Limits())})
-    result = run_code(code, images, limits)
+    print("\n".join(f"[{k}: {v}]" for k, v in result.guards.items()))
     print(result.text())
-    print(f"\n[guards: {', '.join(f'{k}: {v}' for k, v in result.guards.items())}; "
-          f"images back: {[im.size for im in result.images]}]")
+    print(f"\n[images back: {[im.size for im in result.images]}]")
 
 
 if __name__ == "__main__":

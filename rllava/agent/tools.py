@@ -160,6 +160,8 @@ def build_tools(names: list[str], kwargs: dict[str, dict]) -> dict[str, Callable
         if isinstance(fn, type):
             try:
                 tools[name] = fn(**options)
+            except ConfigError:
+                raise  # already names its key
             except (TypeError, ValueError, OSError) as e:
                 raise ConfigError(f"rollout.agent.tool_kwargs.{name}: {e}") from e
         elif options:

@@ -160,22 +160,32 @@ def engine_for(cfg: PPOConfig, processor, device: torch.device, model=None, igno
                                 model=model)
 
 
-def build_rollout(cfg: PPOConfig, processor, device: torch.device) -> Rollout:
+def build_agent_env(cfg: PPOConfig):
+    """The environment of a multi-turn agent (its tools, or RLLaVA's tool / environment classes), or None. Built
+    when the run starts, before the model loads: a tool that cannot work here (the code sandbox's jail, a
+    search corpus) fails in a second."""
+    if not agent_on(cfg):
+        return None
+    a = cfg.rollout.agent
+    load_plugins(a.plugins, key="rollout.agent.plugins")
+    kw = dict(answer_tag=a.answer_tag, invalid_call_penalty=a.invalid_call_penalty)
+    if cfg.rollout.env_config_path:  # RLLaVA's files: classes of the user's
+        return ClassEnv(cfg.rollout.env_config_path, **kw)
+    if cfg.rollout.tool_config_path:
+        return ClassToolsEnv(cfg.rollout.tool_config_path, **kw)
+    return ToolEnv(build_tools(list(a.tools), dict(a.tool_kwargs)), tool_format=a.tool_format, **kw)
+
+
+def build_rollout(cfg: PPOConfig, processor, device: torch.device, env=None) -> Rollout:
+    """The Rollout role; multi-turn (`env`, or the one `build_agent_env` makes) when an agent is on."""
     engine = engine_for(cfg, processor, device, ignore_eos=cfg.rollout.ignore_eos)
     if cfg.actor.fsdp.offload_params and engine.shares_train_model:
         log.warning("actor.fsdp.offload_params=true has no effect with rollout.name=%s: that engine samples with "
                     "the training model, whose weights must stay on the device", cfg.rollout.name)
-    if not agent_on(cfg):
+    env = env or build_agent_env(cfg)
+    if env is None:
         return Rollout(engine, processor, skip_special_tokens=cfg.reward.skip_special_tokens)
     a = cfg.rollout.agent  # multi-turn: the same engine, a driver that runs tools between turns
-    load_plugins(a.plugins, key="rollout.agent.plugins")
-    kw = dict(answer_tag=a.answer_tag, invalid_call_penalty=a.invalid_call_penalty)
-    if cfg.rollout.env_config_path:  # RLLaVA's files: classes of the user's
-        env = ClassEnv(cfg.rollout.env_config_path, **kw)
-    elif cfg.rollout.tool_config_path:
-        env = ClassToolsEnv(cfg.rollout.tool_config_path, **kw)
-    else:
-        env = ToolEnv(build_tools(list(a.tools), dict(a.tool_kwargs)), tool_format=a.tool_format, **kw)
     return AgentRollout(engine, processor, env, max_turns=cfg.rollout.max_turns,
                         max_response_length=cfg.data.max_response_length, observation_role=a.observation_role,
                         min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,

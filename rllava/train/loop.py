@@ -139,6 +139,8 @@ def build_run(cfg, *, sft: bool = False, given: Given | None = None) -> Run:
     # the reward file first: a typo in it fails in a second, not after loading the model
     scores = cfg.reward.reward_function or cfg.reward.reward_functions or cfg.reward.model.model_path
     reward = build_reward(cfg) if not sft or (cfg.data.val_files and scores) else None
+    sampled = reward is not None or (sft and agent_on(cfg))  # the run samples (agents' SFT replays through tools)
+    env = B.build_agent_env(cfg) if sampled else None  # the agent's tools, before the model loads
     device, outputs_dir = B.setup_run(cfg)
     reward = add_reward_models(reward, cfg, device) if reward is not None else None
     if given.model is None:
@@ -155,7 +157,7 @@ def build_run(cfg, *, sft: bool = False, given: Given | None = None) -> Run:
         reward.close()
         reward = None
     # agents' SFT replays the expert's turns through the agent driver (its tools make the observations)
-    rollout = B.build_rollout(cfg, processor, device) if reward is not None or (sft and agent_on(cfg)) else None
+    rollout = B.build_rollout(cfg, processor, device, env) if reward is not None or (sft and agent_on(cfg)) else None
     B.seed_sampling(cfg)
     return Run(cfg, device, outputs_dir, model, processor, train_set, val_set, sampler, steps, actor, None,
                rollout, reward, resume_from, engines={"actor": actor.engine})

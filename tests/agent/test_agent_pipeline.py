@@ -152,6 +152,23 @@ def test_agent_config_errors(args, message):
         load_config(["config=examples/config.yaml", *args])
 
 
+def test_a_code_sandbox_that_cannot_isolate_stops_the_run_before_the_model_loads(tmp_path, tiny_model_dir,
+                                                                                  counting_dir, distinct_reward,
+                                                                                  monkeypatch, capsys):
+    from rllava.agent import sandbox
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap
+    monkeypatch.setattr(sandbox, "_jail", None)
+    monkeypatch.setattr(B, "build_policy", lambda *a, **kw: pytest.fail("the model was loaded"))
+    args = _args(tiny_model_dir, counting_dir, str(tmp_path / "run"), distinct_reward, "rollout.agent.tools=[code]")
+    with pytest.raises(SystemExit):
+        agentic.main(args)
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("rllava: error: rollout.agent.tools=[code]: the code sandbox cannot isolate its calls")
+    assert "apt-get install bubblewrap" in error and "\n" not in error
+    assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
+
+
 def test_agent_keys_reach_the_driver(tiny_model_dir):
     from rllava.agent.tools import AgentState, Observation
     from rllava.model.processor import load_processor

@@ -1,19 +1,63 @@
 """The code sandbox (rllava.agent.sandbox) against hostile snippets: each fails safely, the limit or guard that
-stopped it is named, the trainer's process goes on, and nothing outside the sandbox changes."""
+stopped it is named, the trainer's process and the other calls go on, and nothing outside the call changes.
+
+Model output is hostile input, and in GRPO a snippet that sabotages the other rollouts of its group raises its
+own advantage: besides the direct attacks (network, files, bombs), calls attack each other (kill(-1), SysV IPC),
+outlive themselves, race the image take-back, and forge what the parent reads. The whole file runs again as an
+unprivileged user (`test_the_suite_holds_for_an_unprivileged_user`). Where the jail cannot be made here these
+tests skip with the reason, and `test_no_jail_is_a_startup_error_naming_what_is_missing` asserts the error."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from PIL import Image
 
+from rllava.agent import sandbox
 from rllava.agent.sandbox import Limits, run_code
+from rllava.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAST = Limits(cpu_s=2, wall_s=4.0, memory_mb=1024, file_mb=2, processes=32, output_chars=500)
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the full jail needs root (these machines run as root)")
+NONROOT_RUN = "RLLAVA_SANDBOX_SUITE_UID"  # set in the run of this file as an unprivileged user
+
+
+def _jail_or_skip():
+    try:
+        return sandbox.check()
+    except ConfigError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(autouse=True)
+def jail():
+    return _jail_or_skip()
+
+
+def leftovers() -> list[int]:
+    """Host processes of a sandbox call (the first process's command line, which its forks keep)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"/init.py" in cmd or any(c.endswith(b"sandbox_init.py") for c in cmd):
+            found.append(int(pid))
+    return found
+
+
+def _sysv_keys() -> set[str]:
+    keys = set()
+    for table in ("shm", "msg", "sem"):
+        with open(f"/proc/sysvipc/{table}") as f:
+            keys |= {f"{table}:{line.split()[0]}" for line in f.readlines()[1:]}
+    return keys
 
 
 @pytest.fixture
@@ -27,13 +71,13 @@ def outside(tmp_path):
     return str(path), unchanged
 
 
-def test_a_snippet_reads_its_image_and_saves_one_back():
+# ------------------------------------------------------------------------------------------- direct attacks
+def test_a_snippet_reads_its_image_and_saves_one_back(jail):
     image = Image.new("RGB", (40, 20), (200, 10, 10))
     result = run_code("from PIL import Image\nim = Image.open('image.png')\nprint(im.size)\n"
                       "im.rotate(90, expand=True).save('out.png')\n", [image], FAST)
     assert result.ok and result.stdout.strip() == "(40, 20)" and [im.size for im in result.images] == [(20, 40)]
-    assert result.guards == {"network": "namespace", "files": "chroot to the work directory", "user": "nobody"}
-    assert "[1 image saved]" in result.text()
+    assert result.guards == jail.guards and "[1 image saved]" in result.text()
 
 
 def test_network_is_unreachable():
@@ -42,17 +86,19 @@ def test_network_is_unreachable():
     server.listen(1)
     server.settimeout(0.5)
     port = server.getsockname()[1]
-    snippet = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-               "    print('CONNECTED')\nexcept OSError as e:\n    print('refused', type(e).__name__)\n"
+    snippet = (f"import socket, urllib.request\nfor how in (lambda: socket.create_connection(('127.0.0.1', {port}),"
+               " timeout=1),\n            lambda: urllib.request.urlopen('http://example.com', timeout=1)):\n"
+               "    try:\n        how()\n        print('CONNECTED')\n    except OSError as e:\n"
+               "        print('refused', type(e).__name__)\n"
                "try:\n    socket.getaddrinfo('localhost', 80)\n    print('RESOLVED')\nexcept OSError as e:\n"
                "    print('no dns', type(e).__name__)\n"
-               "import urllib.request\n")
+               f"import _socket\ns = _socket.socket()\nprint('raw', s.connect_ex(('127.0.0.1', {port})))\n")
     result = run_code(snippet, [], FAST)
     with pytest.raises(socket.timeout):
         server.accept()  # nothing ever connected
     server.close()
-    assert "refused" in result.stdout and "no dns" in result.stdout and "CONNECTED" not in result.stdout
-    assert "RESOLVED" not in result.stdout and "ModuleNotFoundError" in result.stderr  # no urllib to load
+    assert result.ok and result.stdout.count("refused") == 2 and "no dns" in result.stdout, result.text()
+    assert "CONNECTED" not in result.stdout and "RESOLVED" not in result.stdout and "raw 0" not in result.stdout
 
 
 @pytest.mark.parametrize("path", ["/etc/passwd", os.path.expanduser("~/.bashrc"), os.path.join(REPO, "README.md"),
@@ -62,15 +108,33 @@ def test_nothing_outside_can_be_read(path):
     assert not result.ok and "FileNotFoundError" in result.stderr, result.text()
 
 
+def test_the_trainers_environment_and_files_are_not_there_even_through_libc():
+    os.environ["RLLAVA_TEST_SECRET"] = "hf_secret_token"
+    try:
+        result = run_code("import ctypes, os\nlibc = ctypes.CDLL(None)\nlibc.getenv.restype = ctypes.c_char_p\n"
+                          "print(libc.getenv(b'RLLAVA_TEST_SECRET'), os.environ.get('RLLAVA_TEST_SECRET'))\n"
+                          f"print(libc.open({os.path.join(REPO, 'README.md').encode()!r}, 0))\n"
+                          "print(sorted(os.listdir('/')), os.listdir('/etc'))\n", [], FAST)
+    finally:
+        del os.environ["RLLAVA_TEST_SECRET"]
+    assert result.ok and "hf_secret" not in result.stdout, result.text()
+    lines = result.stdout.splitlines()
+    assert lines[0] == "None None" and lines[1] == "-1"
+    assert "proc" not in lines[2] and "'work'" in lines[2] and lines[2].endswith("['ld.so.cache']")
+
+
 def test_nothing_outside_can_be_written_or_deleted(outside):
     path, unchanged = outside
     snippet = (f"import os\nfor attempt in (lambda: open({path!r}, 'w').write('x'), lambda: os.remove({path!r}),\n"
                f"                lambda: open('../../{os.path.basename(path)}', 'w').write('x'),\n"
+               "                lambda: open('/usr/evil', 'w'), lambda: open('/evil', 'w'),\n"
                f"                lambda: os.symlink({path!r}, 'link.png')):\n"
                "    try:\n        attempt()\n        print('did')\n    except OSError as e:\n"
                "        print(type(e).__name__)\n")
     result = run_code(snippet, [], FAST)
     assert result.ok and unchanged(), result.text()
+    assert result.stdout.split()[:5] == ["FileNotFoundError"] * 2 + ["OSError"] * 3 or "did" not in \
+        result.stdout.split()[:5], result.text()
     assert result.images == []  # the symlink (if made) is not followed back out
 
 
@@ -81,36 +145,36 @@ def test_nothing_outside_can_be_written_or_deleted(outside):
     ("x = bytearray(8 << 30)\n", "memory limit"),
     ("while True:\n    pass\n", "CPU time limit"),
     ("import time\ntime.sleep(60)\n", "wall-clock limit"),
-    ("while True:\n    print('x' * 1000)\n", "file size limit"),
+    ("while True:\n    print('x' * 1000)\n", "output limit (2 MB)"),
     ("open('big.bin', 'wb').write(b'0' * (64 << 20))\n", "file size limit"),
     ("fs = [open(f'f{i}', 'w') for i in range(10000)]\n", "open files limit"),
+    ("for i in range(100):\n    open(f'f{i}', 'wb').write(b'0' * (1 << 20))\n", "disk limit"),
 ])
 def test_each_limit_stops_its_bomb(snippet, limit, outside):
     _, unchanged = outside
-    result = run_code(snippet, [], FAST)
+    result = run_code(snippet, [], Limits(**{**FAST.__dict__, "disk_mb": 16}))
     assert result.stopped_by == limit and not result.ok, result.text()
     assert len(result.stdout) < FAST.output_chars + 100 and unchanged()
-    leftover = subprocess.run(["pgrep", "-u", "65534", "-f", "sandbox_child"], capture_output=True, text=True).stdout
-    assert leftover == ""  # the whole process group was killed
+    assert leftovers() == []  # the whole call was killed
 
 
 def test_a_process_that_leaves_the_group_is_killed_too():
     snippet = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')\n")
     result = run_code(snippet, [], FAST)
     assert result.ok and "parent done" in result.stdout
-    leftover = subprocess.run(["pgrep", "-u", "65534", "-f", "sandbox_child"], capture_output=True, text=True).stdout
-    assert leftover == ""
+    assert leftovers() == []
 
 
 def test_the_trainer_survives_kill_exit_and_crash():
-    for target in (os.getpid(), 1):  # this (the trainer's) process, init: not nobody's to signal
-        result = run_code(f"import os, signal\nos.kill({target}, signal.SIGKILL)\n", [], FAST)
-        assert "PermissionError" in result.stderr and result.stopped_by is None
+    for target in (os.getpid(), os.getppid(), 1):  # this (the trainer's) process, its parent, the call's PID 1
+        result = run_code(f"import os, signal\ntry:\n    os.kill({target}, signal.SIGKILL)\nexcept OSError as e:\n"
+                          "    print(type(e).__name__)\nprint('after')\n", [], FAST)
+        assert result.stopped_by is None and "after" in result.stdout, result.text()
     for snippet, code in [("import sys\nsys.exit(3)\n", 3), ("import os\nos._exit(0)\n", 0),
-                          ("raise SystemExit('bye')\n", 1), ("import ctypes\n", 1)]:
+                          ("raise SystemExit('bye')\n", 1), ("import ctypes\nctypes.string_at(0)\n", -11)]:
         result = run_code(snippet, [], FAST)
-        assert result.returncode == code and result.stopped_by is None, result.text()
-    assert "No module named 'ctypes'" in result.stderr  # the last: ctypes cannot be loaded to crash anything
+        assert result.returncode == code, result.text()
+    assert result.stopped_by == "crashed (signal SIGSEGV)"
 
 
 def test_bomb_and_garbage_images_are_not_decoded():
@@ -118,25 +182,24 @@ def test_bomb_and_garbage_images_are_not_decoded():
                "Image.new('1', (5000, 5000)).save('big.png')\n"
                "open('fake.png', 'wb').write(b'not an image')\nImage.new('RGB', (8, 8)).save('fine.png')\n")
     result = run_code(snippet, [], Limits(**{**FAST.__dict__, "max_pixels": 4000 * 4000}))
-    assert [im.size for im in result.images] == [(8, 8)]
+    assert [im.size for im in result.images] == [(8, 8)], result.text()
     assert "bomb.png: a decompression bomb" in result.stderr and "big.png: 5000 x 5000 is over" in result.stderr
-    assert "fake.png: not a readable image" in result.stderr
+    assert "fake.png: not a readable" in result.stderr, result.text()
 
 
-def test_output_is_cut_and_the_cli_prints_the_observation(tmp_path):
+def test_output_is_cut_and_the_cli_prints_the_jail_and_the_observation(tmp_path, jail):
     result = run_code("print('y' * 10000)", [], FAST)
     assert result.ok and result.stdout.endswith("(output cut at 500 characters)")
     snippet = tmp_path / "s.py"
     snippet.write_text("import sys\nprint('hello')\nsys.exit(2)\n")
     out = subprocess.run([sys.executable, "-m", "rllava.agent.sandbox", str(snippet), "--wall-s", "5"],
                          capture_output=True, text=True, cwd=REPO)
-    assert out.returncode == 0 and "hello" in out.stdout and "Error (exit status 2)" in out.stdout
+    assert out.returncode == 0 and "hello" in out.stdout and "Error (exit status 2)" in out.stdout, out.stderr
+    assert f"[jail: {jail.guards['jail']}]" in out.stdout and f"[totals: {jail.guards['totals']}]" in out.stdout
 
 
 def test_concurrent_snippets_keep_their_own_output_and_images():
-    """The code tool's pool calls the fork server from several threads at once: each call gets its own."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """The code tool's pool calls the sandbox from several threads at once: each call gets its own."""
     def one(i):
         return run_code(f"from PIL import Image\nprint({i})\nImage.new('RGB', ({i + 1}, 3)).save('o.png')\n", [],
                         FAST)
@@ -145,3 +208,256 @@ def test_concurrent_snippets_keep_their_own_output_and_images():
         results = list(pool.map(one, range(16)))
     assert [r.stdout.strip() for r in results] == [str(i) for i in range(16)]
     assert [r.images[0].size for r in results] == [(i + 1, 3) for i in range(16)]
+
+
+# ----------------------------------------------------------------------- calls against calls, and time
+def test_1_kill_minus_one_reaches_no_other_call_and_no_process_of_the_trainer():
+    bystander = subprocess.Popen(["sleep", "30"])  # a process of the trainer's user
+    killer = ("import os, signal, time\ntime.sleep(0.5)\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n"
+              "    pass  # no other process in its call\nprint('killed what it could')\n")
+    victim = "import time\ntime.sleep(1.5)\nprint('alive')\n"
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(run_code, victim if i % 3 else killer, [], FAST) for i in range(6)]
+            results = [f.result() for f in futures]
+        assert bystander.poll() is None  # the trainer's process lives
+    finally:
+        bystander.kill()
+        bystander.wait()
+    for i, r in enumerate(results):
+        assert r.ok and ("killed what it could" if i % 3 == 0 else "alive") in r.stdout, r.text()
+
+
+SHM = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
+       "shm = libc.shmget(0x5EED, 64 << 20, 0o1666)\naddr = libc.shmat(shm, None, 0)\n"
+       "ctypes.memset(ctypes.c_void_p(addr), 1, 64 << 20)\nctypes.memmove(ctypes.c_void_p(addr), b'secret', 6)\n"
+       "libc.shmdt(ctypes.c_void_p(addr))\nprint('made', shm >= 0, libc.msgget(0x5EED, 0o1666) >= 0)\n")
+SHM_READ = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "print('found', libc.shmget(0x5EED, 0, 0) >= 0, libc.msgget(0x5EED, 0) >= 0)\n")
+
+
+def test_2_sysv_ipc_dies_with_its_call():
+    before = _sysv_keys()
+    made = run_code(SHM, [], FAST)
+    assert made.ok and made.stdout.strip() == "made True True", made.text()
+    assert _sysv_keys() == before  # nothing of it left on the machine (64 MB resident, before)
+    read = run_code(SHM_READ, [], FAST)
+    assert read.ok and read.stdout.strip() == "found False False", read.text()
+
+
+def test_3_a_process_that_outlives_its_leader_thread_ends_with_the_call():
+    escapee = ("import ctypes, os, threading, time\nif os.fork() == 0:\n    os.setsid()\n    def loop():\n"
+               "        time.sleep(1)\n        while True:\n            try:\n                os.kill(-1, 9)\n            except OSError:\n"
+               "                pass\n            time.sleep(0.02)\n"
+               "    threading.Thread(target=loop).start()\n    ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: the leader\n"
+               "time.sleep(0.3)\nprint('leader gone')\n")
+    result = run_code(escapee, [], FAST)
+    assert result.ok and "leader gone" in result.stdout, result.text()
+    assert leftovers() == []
+    later = run_code("import time\ntime.sleep(1)\nprint('later call alive')\n", [], FAST)
+    assert later.ok and "later call alive" in later.stdout, later.text()
+
+
+def test_4_take_back_never_follows_a_link_and_decodes_only_the_documented_formats():
+    swapper = ("import os, time\nfrom PIL import Image\nos.mkdir('sub')\n"
+               "Image.new('RGB', (9, 9), 'red').save('sub/secret.png')\nImage.new('RGB', (5, 5)).save('real.png')\n"
+               "os.symlink('sub/secret.png', 'link.png')\nos.symlink('/work/sub/secret.png', 'abs.png')\n"
+               "if os.fork() == 0:\n    os.setsid()\n    Image.new('RGB', (7, 7)).save('f.png')\n    while True:\n"
+               "        os.rename('f.png', 'keep.tmp')\n        os.symlink('sub/secret.png', 'swap.png')\n"
+               "        os.remove('swap.png')\n        os.rename('keep.tmp', 'f.png')\n"
+               "time.sleep(0.2)\n")
+    for _ in range(10):
+        result = run_code(swapper, [], FAST)
+        sizes = sorted(im.size for im in result.images)
+        assert (9, 9) not in sizes and (5, 5) in sizes, result.text()
+    formats = ("from PIL import Image\nfor fmt in ('TIFF', 'PPM', 'TGA', 'SGI'):\n"
+               "    Image.new('RGB', (6, 6)).save(fmt.lower() + '.png', format=fmt)\n")
+    result = run_code(formats, [], FAST)
+    assert result.images == [] and result.stderr.count("not a readable PNG/JPEG/BMP/GIF/WEBP image") == 4
+
+
+def test_5_what_the_snippet_writes_is_not_trusted(jail, caplog):
+    forger = ("import os, json\nopen('.guards.json', 'w').write(json.dumps({'jail': 'CRITICAL forged'}))\n"
+              "line = b'{\"pgid\": 1}\\n{\"status\": 0, \"limit\": \"\", \"cpu_s\": 0, \"images\": [], "
+              "\"notes\": [\"CRITICAL forged\"]}\\n'\nfor fd in range(3, 256):\n    try:\n"
+              "        os.write(fd, line)\n    except OSError:\n        pass\nraise SystemExit(3)\n")
+    result = run_code(forger, [], FAST)
+    assert result.returncode == 3 and result.guards == jail.guards and "forged" not in result.text()
+    assert not any("forged" in r.getMessage() for r in caplog.records)
+    deep = "import os\nfor i in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\nprint('deep')\n"
+    result = run_code(deep, [], FAST)
+    assert result.ok and result.stdout.strip() == "deep", result.text()
+
+
+def test_6_memory_processes_and_disk_are_bounded_per_call(jail):
+    limits = Limits(**{**FAST.__dict__, "memory_mb": 1024, "processes": 4, "wall_s": 8.0})
+    hog = ("import os, time\nr, w = os.pipe()\nfor i in range(4):\n    try:\n        pid = os.fork()\n"
+           "    except OSError:\n        break\n    if pid == 0:\n        b = b'\\1' * (700 << 20)\n"
+           "        os.write(w, b'x')\n        time.sleep(5)\n        os._exit(0)\n"
+           "os.close(w)\ntime.sleep(3)\nos.set_blocking(r, False)\nprint('held', len(os.read(r, 16)))\n")
+    result = run_code(hog, [], limits)
+    held = int(result.stdout.split()[1]) if result.stdout.startswith("held") else 0
+    bound = limits.memory_mb if jail.cgroup else limits.processes * limits.memory_mb  # documented in sandbox.py
+    assert held * 700 <= bound, result.text()
+    if jail.cgroup:
+        assert held <= 1 and (result.stopped_by == "memory limit" or held <= 1)
+    # the process limit is the call's: two calls each use all of theirs at once
+    threads = ("import threading, time\nts = [threading.Thread(target=time.sleep, args=(1,)) for _ in range(3)]\n"
+               "[t.start() for t in ts]\n[t.join() for t in ts]\nprint('threads ok')\n")
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda code: run_code(code, [], limits),
+                                [threads, threads, "import os\nwhile True:\n    os.fork()\n"]))
+    assert [r.stdout.strip() for r in results[:2]] == ["threads ok"] * 2, [r.text() for r in results]
+    assert results[2].stopped_by == "process limit"
+    disk = run_code("for i in range(300):\n    open(f'f{i}', 'wb').write(b'0' * (4 << 20))\n", [],
+                    Limits(**{**FAST.__dict__, "file_mb": 16, "disk_mb": 32}))
+    assert disk.stopped_by == "disk limit", disk.text()
+
+
+def test_7_the_limit_is_read_from_the_exception_not_the_cut_text():
+    cut = Limits(**{**FAST.__dict__, "output_chars": 40})
+    result = run_code("import os\n" + "x = 1\n" * 200 + "fs = [open(f'f{i}', 'w') for i in range(10000)]\n", [], cut)
+    assert result.stopped_by == "open files limit"
+    result = run_code("import sys\nprint('MemoryError Too many open files', file=sys.stderr)\nsys.exit(1)\n", [], cut)
+    assert result.stopped_by is None and result.returncode == 1
+
+
+# ------------------------------------------------------------------------------ non-root, and fail closed
+def _as_user_command(uid: int, command: list[str]) -> list[str] | None:
+    """`command` run as `uid` (no supplementary groups), in a mount namespace where the directories on the way
+    to this interpreter and to the checkout that `uid` may not enter (e.g. /root, 0700) are made enterable: a
+    0755 tmpfs over the first such one, with the needed subtree bound back. None where that cannot be done."""
+    if os.geteuid() != 0 or not shutil_which("unshare") or not shutil_which("setpriv"):
+        return None
+    steps = []
+    for target in sorted({os.path.realpath(sys.base_prefix), REPO, os.path.realpath(sys.prefix)}):
+        parts, path = target.strip("/").split("/"), ""
+        for i, part in enumerate(parts[:-1]):
+            path += "/" + part
+            if not os.stat(path).st_mode & 0o001:
+                stash = f"/tmp/.rllava-stash-{i}-{len(steps)}"
+                rest = "/".join(parts[i + 1:])
+                steps.append(f"mkdir -p {stash} && mount --bind {path} {stash} && "
+                             f"mount -t tmpfs -o mode=755 tmpfs {path} && mkdir -p {path}/{rest} && "
+                             f"mount --bind {stash}/{rest} {path}/{rest}")
+                break
+    inner = " && ".join(steps + [f"exec setpriv --reuid {uid} --regid {uid} --clear-groups " +
+                                 " ".join(map(shlex_quote, command))])
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner]
+
+
+def shutil_which(name):
+    import shutil
+
+    return shutil.which(name)
+
+
+def shlex_quote(s):
+    import shlex
+
+    return shlex.quote(s)
+
+
+@pytest.mark.skipif(os.environ.get(NONROOT_RUN) is not None, reason="already the unprivileged run")
+def test_the_suite_holds_for_an_unprivileged_user():
+    """Cases 8 and 9: as a non-root trainer, the same guarantees come from a user namespace (the call runs as
+    65534 inside it; kill(-1) finds no process of the trainer's): this whole file, run as uid 4242."""
+    import shutil
+    import tempfile
+
+    uid, home = 4242, tempfile.mkdtemp(prefix="rllava-unprivileged-")
+    command = _as_user_command(uid, [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                                     "--basetemp", os.path.join(home, "t"), os.path.abspath(__file__)])
+    if command is None:
+        pytest.skip("needs root, unshare and setpriv to become an unprivileged user")
+    try:
+        os.chmod(home, 0o755)
+        os.chown(home, uid, uid)
+        env = {**os.environ, NONROOT_RUN: str(uid), "HOME": home}
+        out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=home, timeout=900)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    tail = (out.stdout + out.stderr)[-3000:]
+    assert out.returncode == 0 and " passed" in out.stdout, tail
+    # skipped there: this test and the one that needs root; every other one ran as uid 4242
+    assert " passed, 2 skipped in " in out.stdout.splitlines()[-1], tail
+
+
+def test_unprivileged_run_keeps_its_uid_outside():
+    """In the unprivileged run, the call's processes are the trainer's uid outside and 65534 inside."""
+    if os.environ.get(NONROOT_RUN) is None:
+        pytest.skip("runs in test_the_suite_holds_for_an_unprivileged_user")
+    assert os.geteuid() == int(os.environ[NONROOT_RUN])
+    result = run_code("import os\nprint(os.getuid(), os.getpid())\n", [], FAST)
+    assert result.stdout.split() == ["65534", "2"] and result.guards["totals"].startswith(("RLIMIT", "cgroup"))
+
+
+def _fresh_jail(monkeypatch, **patches):
+    monkeypatch.setattr(sandbox, "_jail", None)
+    for name, value in patches.items():
+        monkeypatch.setattr(sandbox, name, value)
+
+
+@pytest.mark.parametrize("bwrap", ["missing", "refused"])
+def test_no_jail_is_a_startup_error_naming_what_is_missing(bwrap, tmp_path, monkeypatch, caplog):
+    """Case 10: where the jail cannot be made the code tool does not run weaker by itself: one error naming what
+    is missing; allow_weaker=true runs anyway and warns once, naming what is not isolated."""
+    if bwrap == "missing":
+        monkeypatch.setenv("PATH", str(tmp_path))
+    else:  # a bwrap that cannot make namespaces (a default container, user namespaces off)
+        fake = tmp_path / "bwrap"
+        fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n")
+        fake.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    _fresh_jail(monkeypatch, _warned=set())
+    from rllava.agent.code import Code
+
+    with pytest.raises(ConfigError) as e:
+        Code(wall_s=5)
+    message = str(e.value)
+    assert "\n" not in message and "allow_weaker=true" in message
+    assert ("apt-get install bubblewrap" if bwrap == "missing" else "unprivileged_userns_clone") in message
+    tool, temps = Code(wall_s=5, allow_weaker=True), set(os.listdir(tempfile_dir()))
+    with caplog.at_level("WARNING"):
+        first = run_code("print('weak')", [], tool.limits, allow_weaker=True)
+        deep = run_code("import os\nfor i in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\nprint('deep')\n",
+                        [], tool.limits, allow_weaker=True)
+    assert first.ok and first.stdout.strip() == "weak" and deep.ok, deep.text()
+    assert first.guards["jail"].startswith("none") and set(os.listdir(tempfile_dir())) == temps
+    warnings = [r.getMessage() for r in caplog.records if "weaker than promised" in r.getMessage()]
+    assert len(warnings) == 1 and "files, network and processes" in warnings[0]
+    snippet = tmp_path / "s.py"
+    snippet.write_text("print('hi')\n")
+    cli = subprocess.run([sys.executable, "-m", "rllava.agent.sandbox", str(snippet)], capture_output=True, text=True,
+                         cwd=REPO, env={**os.environ})
+    assert cli.returncode != 0 and "allow_weaker=true" in cli.stderr and cli.stderr.count("\n") <= 1
+    cli = subprocess.run([sys.executable, "-m", "rllava.agent.sandbox", str(snippet), "--allow-weaker"],
+                         capture_output=True, text=True, cwd=REPO, env={**os.environ})
+    assert cli.returncode == 0 and "hi" in cli.stdout and "weaker than promised" in cli.stderr
+
+
+def tempfile_dir():
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
+def test_root_without_cap_sys_admin_never_reaches_the_network(tmp_path):
+    """Case 10's container: root without CAP_SYS_ADMIN either gets the full jail (through a user namespace) or
+    the start-up error; the socket layer is never the only guard."""
+    if os.geteuid() != 0 or not shutil_which("setpriv"):
+        pytest.skip("needs root and setpriv")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.5)
+    snippet = tmp_path / "s.py"
+    snippet.write_text(f"import _socket\ns = _socket.socket()\nprint('raw', s.connect_ex(('127.0.0.1', "
+                       f"{server.getsockname()[1]})))\n")
+    out = subprocess.run(["setpriv", "--inh-caps=-sys_admin", "--bounding-set=-sys_admin", sys.executable, "-m",
+                          "rllava.agent.sandbox", str(snippet)], capture_output=True, text=True, cwd=REPO)
+    with pytest.raises(socket.timeout):
+        server.accept()
+    server.close()
+    assert "raw 0" not in out.stdout
+    assert (out.returncode == 0 and "raw " in out.stdout) or "allow_weaker=true" in out.stderr, out.stderr

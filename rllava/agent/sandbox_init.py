@@ -1,0 +1,189 @@
+"""The first process of one sandbox call (see rllava/agent/sandbox.py): `python -I -S sandbox_init.py RESULT_FD`.
+
+In the jail it is PID 1 of the call's PID namespace: the kernel ends every other process of the call when it
+exits, and drops the signals the snippet sends it. It reads the request on stdin (a JSON line: limits, file
+names and sizes; then the files' bytes), writes snippet.py and the images into the work directory, and forks
+the snippet's process, which sets its limits and runs the snippet with stdin on /dev/null. The snippet never
+holds RESULT_FD. When the snippet's process ends, this one kills what the snippet left (every process of the
+namespace; outside a jail its process group), reads the images the snippet saved (through the directory's fd,
+O_NOFOLLOW, regular files only, at most `file_mb` each) and writes the result on RESULT_FD: a JSON line
+({"status", "limit", "cpu_s", "images": [[name, size], ...], "notes"}) and the images' bytes, after a first
+line {"pgid"} written when the snippet starts. Imports nothing
+of rllava; numpy and PIL are loaded by the snippets that import them.
+"""
+
+import errno
+import json
+import os
+import resource
+import signal
+import stat
+import sys
+
+SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
+RLIMITS = {"RLIMIT_CPU": "cpu_s", "RLIMIT_AS": "memory_mb", "RLIMIT_FSIZE": "file_mb", "RLIMIT_NOFILE": "open_files",
+           "RLIMIT_NPROC": "processes"}
+ERRNO_LIMITS = {errno.EMFILE: "open files limit", errno.ENFILE: "open files limit", errno.EFBIG: "file size limit",
+                errno.ENOSPC: "disk limit", errno.EAGAIN: "process limit", errno.ENOMEM: "memory limit"}
+
+
+def limit_of(e: BaseException) -> str:
+    """Which limit an exception (or the one it was raised while handling) says stopped the snippet; ''."""
+    for _ in range(8):
+        if isinstance(e, MemoryError):
+            return "memory limit"
+        if isinstance(e, OSError) and e.errno in ERRNO_LIMITS:
+            return ERRNO_LIMITS[e.errno]
+        if isinstance(e, RuntimeError) and "can't start new thread" in str(e):
+            return "process limit"
+        e = e.__cause__ or e.__context__
+        if e is None:
+            break
+    return ""
+
+
+def _set_limits(limits: dict, jailed: bool) -> None:
+    for name, key in RLIMITS.items():
+        if name == "RLIMIT_NPROC" and not jailed:
+            continue  # it counts every process of the user: only the call's user namespace makes it the call's
+        value = limits[key] << 20 if key.endswith("_mb") else limits[key]
+        hard = value + 1 if name == "RLIMIT_CPU" else value  # SIGXCPU at cpu_s, SIGKILL a second later
+        if name == "RLIMIT_NPROC":
+            value = hard = value + 1  # this process counts too
+        resource.setrlimit(getattr(resource, name), (value, hard))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _snippet(label_fd: int, limits: dict, jailed: bool) -> None:
+    """In the forked child: limits, then the snippet; never returns."""
+    code = 1
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.setsid()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _set_limits(limits, jailed)
+        source = open("snippet.py", encoding="utf-8", errors="replace").read()
+        sys.argv = ["snippet.py"]
+        exec(compile(source, "snippet.py", "exec"), {"__name__": "__main__"})
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException as e:
+        try:
+            os.write(label_fd, limit_of(e).encode() + b"\n")
+            import traceback
+
+            traceback.print_exc()
+        except BaseException:
+            pass
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _read_exactly(n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = os.read(0, min(n, 1 << 20))
+        if not chunk:
+            raise EOFError("the request ended early")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _images(given: dict, limits: dict) -> tuple[list, list]:
+    """(name, bytes) of the images the snippet saved or rewrote, and notes on the ones not taken."""
+    images, notes, cap = [], [], limits["file_mb"] << 20
+    here = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in sorted(os.listdir(here)):
+            if not name.lower().endswith(SUFFIXES):
+                continue
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=here)
+            except OSError:
+                continue  # a symlink (ELOOP), a FIFO, ...
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or given.get(name) == (st.st_ino, st.st_mtime_ns, st.st_size):
+                    continue
+                if st.st_size > cap:
+                    notes.append(f"{name}: {st.st_size} bytes is over file_mb")
+                    continue
+                if len(images) == limits["max_images"]:
+                    notes.append(f"only the first {limits['max_images']} images are shown")
+                    break
+                data = os.read(fd, cap + 1)
+                images.append((name, data[:cap]))
+            finally:
+                os.close(fd)
+    finally:
+        os.close(here)
+    return images, notes
+
+
+def main() -> None:
+    result_fd, jailed = int(sys.argv[1]), os.getpid() == 1
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import ctypes
+
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the snippet (same uid) cannot ptrace this process
+    header = b""
+    while not header.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte:
+            raise EOFError("no request")
+        header += byte
+    request = json.loads(header)
+    limits, given = request["limits"], {}
+    sys.path += request["path"]  # numpy and PIL
+    for name, size in request["files"]:
+        with open(name, "wb") as f:
+            f.write(_read_exactly(size))
+        st = os.stat(name)
+        given[name] = (st.st_ino, st.st_mtime_ns, st.st_size)
+    read_label, write_label = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(result_fd)
+        os.close(read_label)
+        _snippet(write_label, limits, jailed)
+    os.close(write_label)
+    out = os.fdopen(result_fd, "wb")
+    out.write(json.dumps({"pgid": pid}).encode() + b"\n")  # outside a jail, the parent kills this group at its limits
+    out.flush()
+    while True:  # in the jail, orphans of the snippet come to PID 1: reap them too
+        child, status, usage = os.wait4(-1 if jailed else pid, 0)
+        if child == pid:
+            break
+    try:  # from PID 1: every other process of this namespace; outside a jail, the snippet's group
+        os.kill(-1, signal.SIGKILL) if jailed else os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass  # none left
+    while jailed:
+        try:
+            os.wait()
+        except ChildProcessError:
+            break
+    os.set_blocking(read_label, False)
+    try:  # what the snippet's exception said (the snippet can write there too: it can only mislabel itself)
+        label = os.read(read_label, 64).decode("ascii", "replace").split("\n")[0] if status else ""
+    except BlockingIOError:
+        label = ""
+    images, notes = _images(given, limits)
+    head = {"status": os.waitstatus_to_exitcode(status), "limit": label, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "images": [[name, len(data)] for name, data in images], "notes": notes}
+    with out:
+        out.write(json.dumps(head).encode() + b"\n" + b"".join(data for _, data in images))
+
+
+if __name__ == "__main__":
+    main()
