@@ -305,6 +305,11 @@ def _find_jail() -> Jail:
     if not bwrap:
         missing.append("bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf "
                        "install bubblewrap)")
+    elif _version(bwrap) < (0, 8):
+        missing.append(f"bubblewrap {'.'.join(map(str, _version(bwrap)))} is too old: 0.8 or newer is needed "
+                       "(its --size and --disable-userns; Ubuntu 22.04 ships 0.6: take a newer distribution's "
+                       "package or build a release of github.com/containers/bubblewrap)")
+        argv = None
     else:
         try:
             probe = subprocess.run(argv + [_python(), "-I", "-S", "-c", "import os; print(os.getpid(), os.getuid())"],
@@ -313,7 +318,7 @@ def _find_jail() -> Jail:
         except (OSError, subprocess.TimeoutExpired) as e:
             ok, why = False, [str(e)]
         if not ok:
-            missing.append(f"bubblewrap cannot make the call's namespaces here ({why[-1] if why else 'no output'}): "
+            missing.append(f"bubblewrap cannot make the jail here ({why[-1] if why else 'no output'}): "
                            "allow user namespaces (sysctl kernel.unprivileged_userns_clone=1 on Debian, "
                            "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04, user.max_user_namespaces"
                            " > 0; in a container: --security-opt seccomp=unconfined --security-opt "
@@ -321,8 +326,9 @@ def _find_jail() -> Jail:
             argv = None
     cgroup = _probe_cgroup()
     if argv is None:
-        weaker.append("files, network and processes of this user (uid %d) are reachable: a plain child process in "
-                      "a temporary directory" % os.geteuid())
+        weaker.append(f"files, network and processes of this user (uid {os.geteuid()}) are reachable: a plain child "
+                      "process in a temporary directory, limited per process" + ("" if cgroup else
+                                                                                  ", its processes not counted"))
     if cgroup is None and root:
         missing.append("as root the per-call totals (processes, memory) need a cgroup this process can make: "
                        "cgroup v2 with the memory and pids controllers, or v1 memory and pids hierarchies, mounted "
@@ -339,6 +345,15 @@ def _find_jail() -> Jail:
               "totals": totals}
     pylib = ["/pylib"] if argv else sorted({os.path.dirname(d) for d in _module_dirs()})
     return Jail(argv, cgroup, missing, weaker, guards, pylib)
+
+
+def _version(bwrap: str) -> tuple[int, ...]:
+    """bubblewrap's version, (0,) where it does not say."""
+    try:
+        out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10).stdout.split()
+        return tuple(int(x) for x in out[-1].split(".")[:2])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return (0,)
 
 
 def _probe_cgroup() -> tuple[int, dict[str, str]] | None:
@@ -428,6 +443,12 @@ def _call(j: Jail, limits: Limits, request: bytes, cgroup: _Cgroup | None, workd
             proc.kill()  # bwrap: its first process dies with it (PDEATHSIG), then the whole namespace
         if not j.bwrap:
             _kill_weak(seen)
+        if first is None:  # it never started: what bubblewrap said
+            os.set_blocking(proc.stderr.fileno(), False)
+            try:
+                seen["stderr"] += proc.stderr.read(4096) or b""
+            except OSError:
+                pass
         for f in (proc.stdin, proc.stdout, proc.stderr):
             try:
                 f.close()

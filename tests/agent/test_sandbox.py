@@ -398,15 +398,17 @@ def _fresh_jail(monkeypatch, **patches):
         monkeypatch.setattr(sandbox, name, value)
 
 
-@pytest.mark.parametrize("bwrap", ["missing", "refused"])
+@pytest.mark.parametrize("bwrap", ["missing", "refused", "old"])
 def test_no_jail_is_a_startup_error_naming_what_is_missing(bwrap, tmp_path, monkeypatch, caplog):
     """Case 10: where the jail cannot be made the code tool does not run weaker by itself: one error naming what
     is missing; allow_weaker=true runs anyway and warns once, naming what is not isolated."""
     if bwrap == "missing":
         monkeypatch.setenv("PATH", str(tmp_path))
-    else:  # a bwrap that cannot make namespaces (a default container, user namespaces off)
+    else:  # a bwrap that cannot make namespaces (a default container, user namespaces off), or Ubuntu 22.04's
         fake = tmp_path / "bwrap"
-        fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n")
+        version = "0.8.0" if bwrap == "refused" else "0.6.1"
+        fake.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && echo 'bubblewrap {version}' && exit 0\n"
+                        "echo 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n")
         fake.chmod(0o755)
         monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     _fresh_jail(monkeypatch, _warned=set())
@@ -416,7 +418,8 @@ def test_no_jail_is_a_startup_error_naming_what_is_missing(bwrap, tmp_path, monk
         Code(wall_s=5)
     message = str(e.value)
     assert "\n" not in message and "allow_weaker=true" in message
-    assert ("apt-get install bubblewrap" if bwrap == "missing" else "unprivileged_userns_clone") in message
+    assert {"missing": "apt-get install bubblewrap", "refused": "unprivileged_userns_clone",
+            "old": "bubblewrap 0.6 is too old: 0.8 or newer"}[bwrap] in message
     tool, temps = Code(wall_s=5, allow_weaker=True), set(os.listdir(tempfile_dir()))
     with caplog.at_level("WARNING"):
         first = run_code("print('weak')", [], tool.limits, allow_weaker=True)
