@@ -40,15 +40,27 @@ def jail():
 
 
 def leftovers() -> list[int]:
-    """Host processes of a sandbox call (the first process's command line, which its forks keep)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    """Host processes of this process's sandbox calls that outlived them: the first process's command line,
+    which its forks keep, on a process that is not inside another live call (under a bwrap that is not ours)."""
+    def status(pid):
         try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-        except OSError:
+            text = open(f"/proc/{pid}/status").read()
+            return int(text.split("\nPPid:")[1].split()[0]), open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            return 0, []
+
+    found = []
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        parent, cmd = status(pid)
+        if not (b"/init.py" in cmd or any(c.endswith(b"sandbox_init.py") for c in cmd)) or \
+                os.path.basename(cmd[0]) == b"bwrap":
             continue
-        if b"/init.py" in cmd or any(c.endswith(b"sandbox_init.py") for c in cmd):
-            found.append(int(pid))
+        while parent > 1 and parent != os.getpid():  # a live call of another trainer: under its bwrap
+            parent, cmd = status(parent)
+            if cmd and os.path.basename(cmd[0]) == b"bwrap":
+                break
+        else:
+            found.append(pid)
     return found
 
 
