@@ -79,7 +79,7 @@ def _snippet(label_fd: int, limits: dict, jailed: bool) -> None:
             os.write(label_fd, limit_of(e).encode() + b"\n")
             import traceback
 
-            traceback.print_exc()
+            traceback.print_exception(type(e), e, e.__traceback__.tb_next)  # from the snippet's frame on
         except BaseException:
             pass
     finally:
