@@ -222,12 +222,23 @@ def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
     cfg = copy.deepcopy(_defaults())
     if config_path is not None:
         _merge(cfg, _none_strings(_overrides(_load_yaml(config_path), f"in {config_path}")), f"in {config_path}")
-    try:
-        cli = OmegaConf.from_dotlist(dotlist)
-    except (yaml.YAMLError, OmegaConfBaseException) as e:
-        raise ConfigError(f"cannot parse command-line overrides {dotlist}: {' '.join(str(e).split())}") from None
-    _merge(cfg, _none_strings(_empty_strings(_overrides(cli, COMMAND_LINE))), COMMAND_LINE)
+    _merge(cfg, _none_strings(_empty_strings(_overrides(_command_line(dotlist), COMMAND_LINE))), COMMAND_LINE)
     return _validated(cfg)
+
+
+def _command_line(dotlist: list[str]) -> DictConfig:
+    """The overrides, each value read as YAML (numbers, lists, null) or, where it is not YAML (a Jinja template
+    such as `data.expert_template='{{ thinking }} {{ answer }}'`), as the text itself."""
+    cli = OmegaConf.create()
+    for item in dotlist:
+        try:
+            cli = OmegaConf.merge(cli, OmegaConf.from_dotlist([item]))
+        except yaml.YAMLError:
+            key, value = item.split("=", 1)
+            OmegaConf.update(cli, key, value, force_add=True)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"cannot parse the command-line override '{item}': {' '.join(str(e).split())}") from None
+    return cli
 
 
 def _validated(cfg: DictConfig) -> PPOConfig:

@@ -940,6 +940,10 @@ def agent_on(c) -> bool:
     return bool(c.rollout.agent.tools or c.rollout.tool_config_path or c.rollout.env_config_path)
 
 
+# GiGPO's keys at the values that describe what happens without it (RLLaVA's agent scripts set discount=1.0):
+# accepted with any estimator; any other value asks for per-turn credit only GiGPO gives.
+NO_CREDIT = {"rollout.discount": 1.0, "algorithm.step_advantage_w": 0.0}
+
 # Agent keys: read only when the agent driver runs; a key changed from its default otherwise is an error.
 AGENT_KEYS = ["rollout.max_turns", "rollout.discount", "algorithm.step_advantage_w", "rollout.agent.tool_kwargs", "rollout.agent.tool_format",
               "rollout.agent.answer_tag", "rollout.agent.invalid_call_penalty", "rollout.agent.observation_role",
@@ -1185,10 +1189,10 @@ class PPOConfig:
                 return ["algorithm.adv_estimator=gigpo credits the turns of agent rollouts: set rollout.agent.tools"]
             return [f"{key}={_show(get_key(self, key))} is read only by agent rollouts (set rollout.agent.tools, "
                     f"e.g. [search, zoom]); leave it at {_show(_default_of(key))}"
-                    for key in AGENT_KEYS if get_key(self, key) != _default_of(key)]
+                    for key in AGENT_KEYS if get_key(self, key) not in (_default_of(key), NO_CREDIT.get(key))]
         p = [f"{key}={_show(get_key(self, key))} is read only by GiGPO's per-turn credit (algorithm.adv_estimator="
              f"gigpo); leave it at {_show(_default_of(key))}" for key in ("rollout.discount", "algorithm.step_advantage_w")
-             if self.algorithm.adv_estimator != "gigpo" and get_key(self, key) != _default_of(key)]
+             if self.algorithm.adv_estimator != "gigpo" and get_key(self, key) not in (_default_of(key), NO_CREDIT[key])]
         given = [k for k in ("rollout.agent.tools", "rollout.tool_config_path", "rollout.env_config_path")
                  if get_key(self, k)]
         if len(given) > 1:

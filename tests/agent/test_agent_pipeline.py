@@ -152,6 +152,13 @@ def test_agent_config_errors(args, message):
         load_config(["config=examples/config.yaml", *args])
 
 
+def test_gigpo_keys_at_values_that_describe_no_per_turn_credit_are_accepted():
+    """RLLaVA's agent scripts set rollout.discount=1.0 with GRPO: no discounting, what happens without GiGPO."""
+    cfg = load_config(["config=examples/config.yaml", "rollout.agent.tools=[zoom]", "rollout.discount=1.0",
+                       "algorithm.step_advantage_w=0.0"])
+    assert cfg.rollout.discount == 1.0 and cfg.algorithm.adv_estimator == "grpo"
+
+
 def test_a_code_sandbox_that_cannot_isolate_stops_the_run_before_the_model_loads(tmp_path, tiny_model_dir,
                                                                                   counting_dir, distinct_reward,
                                                                                   monkeypatch, capsys):

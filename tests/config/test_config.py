@@ -306,6 +306,16 @@ def test_command_line_overrides_yaml_and_parses_values(tmp_path):
     assert cfg.data.val_batch_size == 1
 
 
+def test_a_command_line_value_that_is_not_yaml_is_its_text():
+    """RLLaVA's LUFFY scripts write `data.expert_template='{{ thinking }} {{ answer }}'`: a Jinja template, not
+    YAML (a flow mapping that does not parse): the value is the text, and the other overrides still parse."""
+    cfg = load_config(["config=examples/config.yaml", "actor.policy_loss.loss_mode=luffy",
+                       "algorithm.prefix_strategy=random", "data.expert_template={{ thinking }} {{ answer }}", "data.target_key=solution",
+                       "actor.optim.lr=3e-4", "trainer.logger=[console,jsonl]"])
+    assert cfg.data.expert_template == "{{ thinking }} {{ answer }}"
+    assert cfg.actor.optim.lr == 3e-4 and cfg.trainer.logger == ["console", "jsonl"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--config"], "--config needs a file: --config examples/config.yaml"),
     (["rollout.n"], "command-line argument 'rollout.n' is not key=value (e.g. actor.optim.lr=1e-6) or config=FILE"),
