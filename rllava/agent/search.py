@@ -32,6 +32,7 @@ KEY = "rollout.agent.tool_kwargs.search"
 
 def read_corpus(path: str) -> list[dict]:
     """The documents of a corpus .jsonl, checked: every line an object with a unique `id` and a `text`."""
+    path = os.path.expanduser(path)
     if not os.path.isfile(path):
         raise ConfigError(f"{KEY}.corpus={path!r}: no such file")
     docs, seen = [], set()

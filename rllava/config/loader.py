@@ -149,8 +149,26 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# keys that name a file or directory: `~` there is the home directory, as in a shell
+PATH_KEYS = {f"{m}.{k}" for m in ("actor.model", "critic.model", "reward.model")
+             for k in ("model_path", "tokenizer_path", "lora_weight_path")} | {
+    "ref.model_path", "data.train_files", "data.val_files", "data.expert_files", "data.format_prompt",
+    "data.train_image_dir", "data.val_image_dir", "reward.reward_function", "rollout.env_config_path",
+    "rollout.tool_config_path", "trainer.outputs_dir", "trainer.save_checkpoint_path", "trainer.load_checkpoint_path",
+    "trainer.resume", "algorithm.plugins", "rollout.agent.plugins"}
+
+
+def _home(overrides: dict[str, Any]) -> dict[str, Any]:
+    """`~/runs/x` in a path key is under the home directory (not a folder named `~` here)."""
+    def expand(v):
+        return os.path.expanduser(v) if isinstance(v, str) and v.startswith("~") else v
+    return {k: ([expand(x) for x in v] if isinstance(v, list) else expand(v)) if k in PATH_KEYS else v
+            for k, v in overrides.items()}
+
+
 def _merge(base: DictConfig, overrides: dict[str, Any], source: str) -> None:
     """Merge in place; on failure, merge one key at a time so every type error names its key."""
+    overrides = _home(overrides)
     try:
         base.merge_with(_nest(overrides))
         return

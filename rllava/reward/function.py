@@ -68,6 +68,7 @@ def load_reward_function(spec: str, key: str = "reward.reward_function") -> Call
         raise RewardError(f"{key} is not set (expected path/to/file.py:function_name, or several with "
                           "reward.reward_functions=[{function: a.py:fn, weight: 1.0}, ...])")
     path, sep, name = spec.rpartition(":")
+    path = os.path.expanduser(path)  # reward.reward_functions entries: `~` as in the path keys
     if not sep or not path.endswith(".py") or not name:
         raise RewardError(f"{key}={spec!r}: expected 'path/to/file.py:function_name'")
     if not os.path.isfile(path):

@@ -316,6 +316,16 @@ def test_a_command_line_value_that_is_not_yaml_is_its_text():
     assert cfg.actor.optim.lr == 3e-4 and cfg.trainer.logger == ["console", "jsonl"]
 
 
+def test_a_tilde_in_a_path_key_is_the_home_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = _write(tmp_path, "data:\n  format_prompt: ~/t.jinja\n")
+    cfg = load_config([f"config={path}", "trainer.outputs_dir=~/runs/x", "algorithm.plugins=[~/p.py]",
+                       "actor.model.model_path=~/model", "data.prompt_key=~not_a_path"])
+    assert cfg.trainer.outputs_dir == str(tmp_path / "runs" / "x") and cfg.algorithm.plugins == [str(tmp_path / "p.py")]
+    assert cfg.actor.model.model_path == str(tmp_path / "model") and cfg.data.format_prompt == str(tmp_path / "t.jinja")
+    assert cfg.data.prompt_key == "~not_a_path"  # not a path key: the text
+
+
 @pytest.mark.parametrize("args, message", [
     (["--config"], "--config needs a file: --config examples/config.yaml"),
     (["rollout.n"], "command-line argument 'rollout.n' is not key=value (e.g. actor.optim.lr=1e-6) or config=FILE"),
