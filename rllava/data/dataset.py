@@ -136,9 +136,9 @@ class PromptDataset:
     `spec`, which then only names them in messages ("train_dataloader record 3: ..."); checked the same way."""
 
     def __init__(self, spec: str, data_cfg, processor, *, image_dir: str | None = None,
-                 target_key: str | None = None, limit_images: int = 0, records=None):
+                 target_key: str | None = None, limit_images: int = 0, records=None, key: str | None = None):
         self.spec, self.cfg, self.processor, self.target_key = spec, data_cfg, processor, target_key
-        self.records = load_records(spec, max_samples=data_cfg.max_samples, given=records)
+        self.records = load_records(spec, max_samples=data_cfg.max_samples, given=records, key=key)
         required = {"data.prompt_key": data_cfg.prompt_key, "data.answer_key": data_cfg.answer_key}
         if target_key:
             required["data.target_key"] = target_key

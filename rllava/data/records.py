@@ -38,27 +38,29 @@ def split_spec(spec: str) -> tuple[str, str | None]:
     return os.path.expanduser(path), split
 
 
-def load_records(spec: str, *, max_samples: int = -1, given=None) -> datasets.Dataset:
+def load_records(spec: str, *, max_samples: int = -1, given=None, key: str | None = None) -> datasets.Dataset:
     """The records named by `spec` (see the module docstring); only the first `max_samples` if >= 0. `given`:
-    records in memory instead (`memory_records`; `spec` then only names them in messages)."""
+    records in memory instead (`memory_records`; `spec` then only names them in messages). `key`: the config key
+    that named `spec` (data.train_files, ...), for the messages."""
     if given is None and not spec:
         raise DataError("no data given: set data.train_files (and data.val_files) to a file, directory or hub name")
     path, split = split_spec(spec)
+    name = f"{key}={spec}" if key and given is None else spec
     if given is not None:
         ds = memory_records(given, spec)
     elif os.path.isfile(path):
-        ds = _pick_split(_load_file(path), split, spec)
+        ds = _pick_split(_load_file(path), split, name)
     elif os.path.isdir(path):
-        ds = _pick_split(_load_dir(path), split, spec)
+        ds = _pick_split(_load_dir(path), split, name)
     elif path.endswith(FILE_TYPES) or path.startswith((".", "/")) or path.count("/") > 1:
-        raise DataError(f"{spec}: no such file or directory")  # a hub name is `name` or `org/name`
+        raise DataError(f"{name}: no such file or directory")  # a hub name is `name` or `org/name`
     else:
-        ds = _load_hub(path, split, spec)
+        ds = _load_hub(path, split, name)
     ds = _undecoded_images(ds)
     if max_samples >= 0:
         ds = ds.select(range(min(max_samples, len(ds))))
     if len(ds) == 0:
-        raise DataError(f"{spec}: no records" + (f" (data.max_samples={max_samples})" if max_samples == 0 else ""))
+        raise DataError(f"{name}: no records" + (f" (data.max_samples={max_samples})" if max_samples == 0 else ""))
     return ds
 
 

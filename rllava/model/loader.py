@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 import torch
 from safetensors import SafetensorError
@@ -44,6 +45,9 @@ def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdp
     class to load with (a reward model's AutoModelForSequenceClassification); default `auto_class(config)`."""
     if not path:
         raise ModelLoadError(f"{key}.model_path is not set")
+    local = not re.fullmatch(r"[\w.-]+/[\w.-]+", path) or path.startswith((".", "~"))  # a hub id is org/name
+    if local and not os.path.isdir(path):
+        raise ModelLoadError(f"{key}.model_path={path!r}: no such local directory (a hub id is written org/name)")
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         for k, v in (override_config or {}).items():
@@ -55,8 +59,19 @@ def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdp
         raise ModelLoadError(f"{key}.model_path={path!r}: the weights are truncated or corrupt ({e}): download or "
                              "save the model again") from e
     except (OSError, ValueError, ImportError) as e:
+        if not local and not os.path.isdir(path) and _offline(e):
+            raise ModelLoadError(f"{key}.model_path={path!r}: no such local directory, and the hub could not be "
+                                 "reached to download it (offline, HF_HUB_OFFLINE=1 or a proxy): give the model's "
+                                 "local directory, or download it where the hub is reachable") from e
         raise ModelLoadError(f"{key}.model_path={path!r} could not be loaded: {type(e).__name__}: "
                              f"{str(e).splitlines()[0]}") from e
+
+
+def _offline(e: BaseException) -> bool:
+    """Whether `from_pretrained` failed because the hub was out of reach (not a missing or broken model)."""
+    text = f"{type(e).__name__} {e} {e.__cause__!r}"
+    return any(m in text for m in ("couldn't connect", "LocalEntryNotFoundError", "offline mode", "ConnectionError",
+                                   "ConnectTimeout", "Max retries exceeded"))
 
 
 def auto_class(config):

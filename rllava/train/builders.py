@@ -109,16 +109,17 @@ def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None, giv
         processor.chat_template = cfg.data.override_chat_template
     limit = cfg.rollout.limit_images  # the reference responses are read from the training records only
 
-    def dataset(files, records, name, image_dir, **kw):
+    def dataset(files, records, name, image_dir, key, **kw):
         if isinstance(records, PromptDataset):
             return records
         return PromptDataset(name if records is not None else files, cfg.data, processor, image_dir=image_dir,
-                             limit_images=limit, records=records, **kw)
+                             limit_images=limit, records=records, key=key, **kw)
 
-    train = dataset(cfg.data.train_files, given[0], "train_dataloader", cfg.data.train_image_dir, target_key=target_key)
+    train = dataset(cfg.data.train_files, given[0], "train_dataloader", cfg.data.train_image_dir, "data.train_files",
+                    target_key=target_key)
     val = None
     if (cfg.data.val_files or given[1] is not None) and validates(cfg):
-        val = dataset(cfg.data.val_files, given[1], "val_dataloader", cfg.data.val_image_dir)
+        val = dataset(cfg.data.val_files, given[1], "val_dataloader", cfg.data.val_image_dir, "data.val_files")
     return train, val
 
 

@@ -194,7 +194,7 @@ def build_hybrid(cfg, run) -> Hybrid | None:
 
             expert_set = PromptDataset(cfg.data.expert_files, cfg.data, run.processor,
                                        image_dir=cfg.data.train_image_dir, target_key=cfg.data.target_key,
-                                       limit_images=cfg.rollout.limit_images)
+                                       limit_images=cfg.rollout.limit_images, key="data.expert_files")
         rows = expert_rows_per_step(cfg)
         if rows % D.world_size():
             raise ConfigError(f"CHORD's {rows} demonstration rows per step (data.expert_batch_size or "

@@ -134,7 +134,7 @@ def test_reward_model_checkpoints_that_are_not_one_logit_fail_at_start_up(tmp_pa
     lm = build_tiny("qwen2", str(tmp_path / "lm"), size="small")
     with pytest.raises(RewardError, match="is not a reward model: its checkpoint is Qwen2ForCausalLM"):
         model_sources(load_config([f"reward.model.model_path={lm}"]), CPU)
-    with pytest.raises(RllavaError, match=r"reward.model.model_path='/nonexistent' could not be loaded"):
+    with pytest.raises(RllavaError, match=r"reward.model.model_path='/nonexistent': no such local directory"):
         model_sources(load_config(["reward.model.model_path=/nonexistent"]), CPU)
 
 

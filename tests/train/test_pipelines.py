@@ -110,8 +110,8 @@ def test_sft_needs_target_key(tmp_path, tiny_model_dir, counting_dir, capsys):
     (["rollout.n=many"], "config key 'rollout.n' expects int"),
     (["algorithm.adv_estimator=grop"], "algorithm.adv_estimator='grop' is not registered"),
     (["reward.reward_function=nope.py:f"], "file 'nope.py' does not exist"),
-    (["data.train_files=missing.jsonl"], "missing.jsonl"),
-    (["actor.model.model_path=/no/such/model"], "actor.model.model_path='/no/such/model' could not be loaded"),
+    (["data.train_files=missing.jsonl"], "data.train_files=missing.jsonl: no such file or directory"),
+    (["actor.model.model_path=/no/such/model"], "actor.model.model_path='/no/such/model': no such local directory"),
 ])
 def test_cli_errors_are_one_line(tmp_path, tiny_model_dir, counting_dir, extra, message):
     cmd = [sys.executable, "-m", "rllava.train.pipeline.rlvr", *_args(tiny_model_dir, counting_dir, str(tmp_path), *extra)]
