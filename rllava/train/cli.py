@@ -43,18 +43,34 @@ def user_message(e: BaseException) -> str | None:
     return None
 
 
+def _next_time(cfg) -> str:
+    """What the same command does next time, after an interrupt."""
+    if cfg is None:
+        return "nothing was started"
+    from rllava.train import builders as B
+    from rllava.train import checkpoint as C
+
+    outputs_dir = B.run_outputs_dir(cfg)
+    saved = C.list_checkpoints(C.checkpoint_root(cfg, outputs_dir))
+    if saved and cfg.trainer.resume == "none":
+        return f"trainer.resume=auto continues it from {saved[-1][1]} (step {saved[-1][0]})"
+    if saved:
+        return f"the same command resumes from {saved[-1][1]} (step {saved[-1][0]})"
+    return "no checkpoint was saved: the same command starts this run again"
+
+
 def run_cli(train: Callable, argv: list[str] | None = None) -> None:
     """`train(cfg) -> outputs_dir`. A user error prints one line and exits with status 2, never a traceback
     (unless RLLAVA_DEBUG=1); Ctrl-C exits 130. From the command line (`argv` None) the process ends through
     `D.exit_process`, so a torchrun worker never races its communication threads at exit."""
-    start, code = time.time(), 0
+    start, code, cfg = time.time(), 0, None
     try:
-        outputs_dir = train(load_config(sys.argv[1:] if argv is None else argv))
+        cfg = load_config(sys.argv[1:] if argv is None else argv)
+        outputs_dir = train(cfg)
     except KeyboardInterrupt:
         if os.environ.get("RLLAVA_DEBUG") == "1":
             traceback.print_exc()
-        print("rllava: interrupted: no final/ written (checkpoints already saved resume with trainer.resume=auto)",
-              file=sys.stderr)
+        print(f"rllava: interrupted: no final/ written; {_next_time(cfg)}", file=sys.stderr)
         code = 130
     except BaseException as e:  # noqa: BLE001  DCP's CheckpointException is a BaseException
         message = None if isinstance(e, SystemExit) else user_message(e)

@@ -65,6 +65,7 @@ class Run:
     rollout: Rollout | None  # None only for SFT without a reward to validate with
     reward: Scoring | None
     resume_from: str | None = None  # the checkpoint train_loop starts from (trainer.resume)
+    fresh: bool = False  # the old run's files in outputs_dir are deleted first (outputs.check_outputs)
     step: int = 0  # the step running now (1-based); the checkpoint's step after a resume
     # What a checkpoint holds besides sampler and RNG: train engines by name ("actor", "critic") and objects
     # with state_dict()/load_state_dict() (e.g. "kl_ctrl"). Pipelines add theirs before train_loop.
@@ -135,7 +136,7 @@ def build_run(cfg, *, sft: bool = False, given: Given | None = None) -> Run:
     given = given or Given()
     outputs_dir = B.run_outputs_dir(cfg)
     resume_from = C.find_resume(cfg, outputs_dir)  # a bad path fails here, before anything is written
-    O.check_outputs(cfg, outputs_dir, resume_from)  # another run's outputs there, or not writable: one line
+    fresh = O.check_outputs(cfg, outputs_dir, resume_from)  # another run's outputs there, not writable: one line
     # the reward file first: a typo in it fails in a second, not after loading the model
     scores = cfg.reward.reward_function or cfg.reward.reward_functions or cfg.reward.model.model_path
     reward = build_reward(cfg) if not sft or (cfg.data.val_files and scores) else None
@@ -160,7 +161,7 @@ def build_run(cfg, *, sft: bool = False, given: Given | None = None) -> Run:
     rollout = B.build_rollout(cfg, processor, device, env) if reward is not None or (sft and agent_on(cfg)) else None
     B.seed_sampling(cfg)
     return Run(cfg, device, outputs_dir, model, processor, train_set, val_set, sampler, steps, actor, None,
-               rollout, reward, resume_from, engines={"actor": actor.engine})
+               rollout, reward, resume_from, fresh=fresh, engines={"actor": actor.engine})
 
 
 def sample_rows(batch: Batch, dataset: PromptDataset, k: int) -> list[dict]:
@@ -207,7 +208,7 @@ def train_loop(run: Run, step: StepFn, name: str) -> str:
 def _train_loop(run: Run, step: StepFn, name: str) -> str:
     cfg, t = run.cfg, run.cfg.trainer
     start = run.step = C.load_checkpoint(run, run.resume_from) if run.resume_from else 0
-    O.claim(cfg, run.outputs_dir, resuming=run.resume_from is not None)  # from here on the run owns outputs_dir
+    O.claim(cfg, run.outputs_dir, resuming=run.resume_from is not None, fresh=run.fresh)  # the run owns it now
     tracker = run.tracker = B.build_tracker(cfg, run.outputs_dir)
     if start:
         tracker.rewind(start)

@@ -6,6 +6,8 @@ outputs_dir/checkpoints). A new run pointed at a dir that already holds a run's 
 
 - continues that run: it resumes from one of the checkpoints (`trainer.resume=auto` finds them) and names
   the same model, data, reward and algorithm (`IDENTITY` below; other keys, e.g. max_steps, may change), or
+- starts that run again, saying so in one line, when it is the same run stopped (Ctrl-C, a kill) before its
+  first checkpoint and before final/: the same command always finishes a run, or
 - starts over with `trainer.overwrite=true`: the old run's files are deleted first, or
 - stops with one line before writing anything.
 
@@ -72,15 +74,21 @@ def identity_changes(old_yaml: str, new_yaml: str) -> list[str]:
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in IDENTITY if old.get(k) != new.get(k)]
 
 
-def check_outputs(cfg, outputs_dir: str, resume_from: str | None) -> None:
-    """Before anything is built: is this run allowed to write `outputs_dir` (see the module docstring)?"""
+def check_outputs(cfg, outputs_dir: str, resume_from: str | None) -> bool:
+    """Before anything is built: is this run allowed to write `outputs_dir` (see the module docstring)? True
+    when the old run's files are to be deleted before it writes (`claim`): trainer.overwrite, or the same run
+    started again."""
     t = cfg.trainer
     held = held_outputs(cfg, outputs_dir)
     root = os.path.abspath(C.checkpoint_root(cfg, outputs_dir))
     if t.overwrite and resume_from and os.path.abspath(resume_from).startswith(root + os.sep):
         raise RllavaError(f"trainer.overwrite=true would delete {resume_from}, the checkpoint this run resumes "
                           "from: drop one of the two")
-    if held and not t.overwrite:
+    again = bool(held) and not t.overwrite and resume_from is None and _stopped_before_a_checkpoint(cfg, outputs_dir)
+    if again and D.is_main():
+        print(f"trainer.outputs_dir={outputs_dir} holds this run, stopped before its first checkpoint: starting it "
+              "again", flush=True)
+    if held and not t.overwrite and not again:
         if resume_from is None:
             hint = (" (its checkpoints: trainer.resume=auto continues it)"
                     if C.list_checkpoints(C.checkpoint_root(cfg, outputs_dir)) else "")
@@ -99,13 +107,26 @@ def check_outputs(cfg, outputs_dir: str, resume_from: str | None) -> None:
     check_writable(outputs_dir)
     if root != os.path.abspath(os.path.join(outputs_dir, "checkpoints")) and t.save_freq > 0:
         check_writable(root, "trainer.save_checkpoint_path")
+    return t.overwrite or again
 
 
-def claim(cfg, outputs_dir: str, resuming: bool) -> None:
-    """Right before the first step: delete the old run's files (trainer.overwrite, not when resuming), the
-    leftovers of a killed final save, and write this run's config.yaml. Rank 0 writes; every rank waits."""
+def _stopped_before_a_checkpoint(cfg, outputs_dir: str) -> bool:
+    """The run in `outputs_dir` is this config's (its config.yaml names the same IDENTITY), has no checkpoint,
+    and did not finish (no final/): starting it again loses nothing."""
+    previous = os.path.join(outputs_dir, "config.yaml")
+    if os.path.exists(os.path.join(outputs_dir, "final")) or not os.path.isfile(previous) or \
+            C.list_checkpoints(C.checkpoint_root(cfg, outputs_dir)):
+        return False
+    with open(previous) as f:
+        return not identity_changes(f.read(), config_to_yaml(cfg))
+
+
+def claim(cfg, outputs_dir: str, resuming: bool, fresh: bool = False) -> None:
+    """Right before the first step: delete the old run's files (`fresh`: what `check_outputs` said; never when
+    resuming), the leftovers of a killed final save, and write this run's config.yaml. Rank 0 writes; every
+    rank waits."""
     if D.is_main():
-        if cfg.trainer.overwrite and not resuming:
+        if (fresh or cfg.trainer.overwrite) and not resuming:
             for name in RUN_FILES:
                 _remove(os.path.join(outputs_dir, name))
             root = C.checkpoint_root(cfg, outputs_dir)

@@ -141,7 +141,7 @@ def compute_score(response, ground_truth):
 
 
 @pytest.mark.parametrize("body, code, message", [
-    (SIGINT_REWARD, 130, "rllava: interrupted: no final/ written"),
+    (SIGINT_REWARD, 130, "rllava: interrupted: no final/ written; no checkpoint was saved: the same command starts"),
     ("import sys\ndef compute_score(response, ground_truth):\n    sys.exit(0)\n", 2,
      "called sys.exit(0) (a reward must return a score, not end the process)"),
     ("import os\ndef compute_score(response, ground_truth):\n    os._exit(0)\n", 2, "called os._exit(0)"),
@@ -161,6 +161,53 @@ def test_exit_codes_mean_something(tmp_path, tiny_model_dir, counting_dir, body,
     assert message in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert code == 130 or f"r.py:compute_score, sample " in res.stderr  # names the function and the sample
     assert not os.path.exists(os.path.join(out, "final"))
+
+
+ONCE_SIGINT_REWARD = """
+import os, signal
+calls = 0
+def compute_score(response, ground_truth):
+    global calls
+    calls += 1
+    marker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "interrupted")
+    if calls == 9 and not os.path.exists(marker):  # step 2, the first time only: Ctrl-C mid-step
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGINT)
+    return 0.0
+"""
+
+
+@pytest.mark.parametrize("save_freq", [-1, 1])
+def test_the_same_command_finishes_an_interrupted_run(tmp_path, tiny_model_dir, counting_dir, save_freq):
+    """Ctrl-C at step 2 says truly what the same command does next; the same command then finishes the run:
+    it resumes from the checkpoint, or, with none saved, starts the run again (one line says so). A run
+    killed during its final save (a .final.tmp-* left) is finished by the same command too."""
+    reward = tmp_path / "r.py"
+    reward.write_text(ONCE_SIGINT_REWARD)
+    out = str(tmp_path / "run")
+    cmd = [sys.executable, "-m", "rllava.train.pipeline.rlvr",
+           *_args(tiny_model_dir, counting_dir, out, f"{reward}:compute_score", "trainer.max_steps=3",
+                  f"trainer.save_freq={save_freq}")]
+
+    def run():
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+    first = run()
+    assert first.returncode == 130, first.stderr[-2000:]
+    expect = (f"the same command resumes from {out}/checkpoints/global_step_1 (step 1)" if save_freq == 1 else
+              "no checkpoint was saved: the same command starts this run again")
+    assert f"rllava: interrupted: no final/ written; {expect}" in first.stderr, first.stderr[-2000:]
+    second = run()
+    assert second.returncode == 0, second.stderr[-2000:]
+    again = "holds this run, stopped before its first checkpoint: starting it again"
+    assert (again in second.stdout) == (save_freq == -1), second.stdout[-2000:]
+    assert _steps(out) == [1, 2, 3] and os.path.isdir(os.path.join(out, "final"))
+    if save_freq == -1:  # killed during the final save: the final/ not there, its temporary directory left
+        os.rename(os.path.join(out, "final"), os.path.join(out, ".final.tmp-abc123"))
+        third = run()
+        assert third.returncode == 0 and again in third.stdout, third.stderr[-2000:]
+        assert os.path.isdir(os.path.join(out, "final")) and not [n for n in os.listdir(out) if ".tmp-" in n]
 
 
 def test_sigterm_is_not_a_clean_exit(tmp_path, tiny_model_dir, counting_dir):
