@@ -241,7 +241,7 @@ class RewardFunction(Fallible):
         self.fields = _sample_params(self.fn, self.kwargs, self.reward_type)  # filled per sample by name
         self.heavy = [k for k in self.fields if k in HEAVY]
         super().__init__(strict, fallback_score)
-        self.runner = make_runner(partial(self.fn, **self.kwargs), timeout, num_cpus)
+        self.runner = make_runner(partial(self.fn, **self.kwargs), timeout, num_cpus, f"{key}={spec}")
 
     def score(self, trajectories: list[Trajectory], train: bool = False) -> tuple[torch.Tensor, list[dict[str, float]]]:
         """Returns scores [B] (the `overall` entries) and the per-trajectory dicts of named scores (a rule scores

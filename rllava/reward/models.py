@@ -130,7 +130,7 @@ class JudgeReward(_Source):
         self.vision = getattr(rollout.processor, "image_processor", None) is not None
         self.pattern = re.compile(verdict or FIRST_NUMBER)
         self.labels = {str(k).lower(): float(v) for k, v in (labels or {}).items()}
-        self.runner = make_runner(function, timeout, 1) if function is not None else None
+        self.runner = make_runner(function, timeout, 1, self.name) if function is not None else None
 
     def _sample(self, t: Trajectory) -> Sample:
         try:

@@ -5,6 +5,9 @@ garbage. Every call therefore ends in an `Outcome`: the value, or one line sayin
 timed out, exited). The caller (`rllava.reward.function`) decides whether that stops the run
 (`reward.strict=true`) or scores the sample `reward.fallback_score`.
 
+A function that hangs would cost `reward.timeout` for every sample of every step: after `HANG_LIMIT` calls in a
+row (in one batch) that did not return in time, the runner stops the run with one line naming the function.
+
 Two runners, picked by `reward.num_cpus`:
 
 - `InProcess` (num_cpus=1, the default and the fast path): calls in this process. The time limit is a
@@ -29,6 +32,31 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from rllava.errors import RllavaError
+
+
+HANG_LIMIT = 3  # calls in a row past reward.timeout: the function hangs, the run stops
+
+
+class Hanging(RllavaError):
+    """HANG_LIMIT calls in a row did not return within the time limit."""
+
+
+class _Hangs:
+    """Counts a batch's timeouts in a row (in the order calls end); at HANG_LIMIT, raises Hanging naming `name`."""
+
+    def __init__(self, name: str, timeout: float | None):
+        self.name, self.timeout, self.in_a_row = name, timeout, 0
+
+    def __call__(self, out: "Outcome") -> "Outcome":
+        timed_out = self.timeout is not None and out.error == _timeout_text(self.timeout)
+        self.in_a_row = self.in_a_row + 1 if timed_out else 0
+        if self.in_a_row >= HANG_LIMIT:
+            raise Hanging(f"{self.name}: {HANG_LIMIT} calls in a row did not return within reward.timeout="
+                          f"{self.timeout:g}s: it hangs, and the run stops rather than wait that long for every "
+                          "sample; fix it, or raise reward.timeout if it is only slow")
+        return out
 
 
 @dataclass
@@ -74,12 +102,13 @@ def call_once(fn: Callable, args: tuple, kwargs: dict) -> Outcome:
 class InProcess:
     """Calls in this process, each under a SIGALRM timer of `timeout` seconds (None = no limit)."""
 
-    def __init__(self, fn: Callable, timeout: float | None):
-        self.fn, self.timeout = fn, timeout
+    def __init__(self, fn: Callable, timeout: float | None, name: str = "the reward function"):
+        self.fn, self.timeout, self.name = fn, timeout, name
 
     def run(self, calls: list[tuple[tuple, dict]]) -> list[Outcome]:
+        hangs = _Hangs(self.name, self.timeout)
         with self._guarded() as timed:
-            return [self._one(args, kwargs, timed) for args, kwargs in calls]
+            return [hangs(self._one(args, kwargs, timed)) for args, kwargs in calls]
 
     def _one(self, args: tuple, kwargs: dict, timed: bool) -> Outcome:
         start = time.perf_counter()
@@ -159,14 +188,15 @@ class _Worker:
 class WorkerPool:
     """`num_workers` forked processes, each running `fn`; a call past `timeout` seconds kills its worker."""
 
-    def __init__(self, fn: Callable, timeout: float | None, num_workers: int):
-        self.fn, self.timeout = fn, timeout
+    def __init__(self, fn: Callable, timeout: float | None, num_workers: int, name: str = "the reward function"):
+        self.fn, self.timeout, self.name = fn, timeout, name
         self.ctx = mp.get_context("fork")  # the worker inherits the loaded reward function: no re-import
         self.workers = [_Worker(self.ctx, fn) for _ in range(num_workers)]
 
     def run(self, calls: list[tuple[tuple, dict]]) -> list[Outcome]:
         results: list[Outcome | None] = [None] * len(calls)
         todo, busy = deque(range(len(calls))), {}  # busy: worker index -> (call index, deadline)
+        hangs = _Hangs(self.name, self.timeout)
         while todo or busy:
             for w in range(len(self.workers)):
                 if todo and w not in busy:
@@ -181,7 +211,7 @@ class WorkerPool:
                 worker = self.workers[w]
                 if worker.conn.poll():
                     try:
-                        results[i] = worker.conn.recv()
+                        results[i] = hangs(worker.conn.recv())
                         del busy[w]
                         continue
                     except (EOFError, OSError):  # the worker is gone: reap it to read its exit code
@@ -196,6 +226,7 @@ class WorkerPool:
                 worker.kill()
                 self.workers[w] = _Worker(self.ctx, self.fn)
                 del busy[w]
+                hangs(results[i])
         return results
 
     def close(self) -> None:
@@ -210,6 +241,6 @@ class WorkerPool:
         self.workers = []
 
 
-def make_runner(fn: Callable, timeout: float | None, num_cpus: int):
-    """reward.num_cpus=1: in this process; N>1: a pool of N worker processes."""
-    return InProcess(fn, timeout) if num_cpus <= 1 else WorkerPool(fn, timeout, num_cpus)
+def make_runner(fn: Callable, timeout: float | None, num_cpus: int, name: str = "the reward function"):
+    """reward.num_cpus=1: in this process; N>1: a pool of N worker processes. `name`: for the messages."""
+    return InProcess(fn, timeout, name) if num_cpus <= 1 else WorkerPool(fn, timeout, num_cpus, name)

@@ -7,6 +7,7 @@ import pytest
 
 from rllava.data.protocol import Sample, Segment, Trajectory
 from rllava.reward.function import RewardError, RewardFunction, load_reward_function
+from rllava.reward.sandbox import Hanging
 
 
 def _traj(response, truth, index=0):
@@ -106,6 +107,26 @@ def test_a_sleeping_reward_times_out_in_process(tmp_path):
     assert time.time() - start < 5 and fn.errors == 1
     with pytest.raises(RewardError, match=r"sample 1: did not return within reward.timeout=0.2s"):
         RewardFunction(f"{path}:f", timeout=0.2, strict=True).score([_traj("slow", "1", 1)])
+
+
+@pytest.mark.parametrize("num_cpus", [1, 2])
+def test_a_reward_that_hangs_stops_the_run_naming_it(tmp_path, num_cpus):
+    """A timeout costs reward.timeout per sample: 3 in a row in one batch (in the order calls end) is a hang,
+    which stops the run naming the function, strict or not; a slow sample between fast ones is only its own."""
+    path = _write(tmp_path, "import time\n"
+                            "def f(response, ground_truth):\n"
+                            "    time.sleep(30 if response == 'slow' else 0)\n    return 1.0\n")
+    fn = RewardFunction(f"{path}:f", timeout=0.2, num_cpus=num_cpus)
+    try:
+        mixed = [_traj(r, "1", i) for i, r in enumerate(["slow", "fast", "slow", "fast", "slow"])]
+        assert fn.score(mixed)[0].tolist() == [0.0, 1.0, 0.0, 1.0, 0.0] and fn.errors == 3
+        start = time.time()
+        with pytest.raises(Hanging, match=r"reward.reward_function=.*r.py:f: 3 calls in a row did not return "
+                                              r"within reward.timeout=0.2s: it hangs"):
+            fn.score([_traj("slow", "1", i) for i in range(64)])
+        assert time.time() - start < 5  # not 64 x 0.2 s
+    finally:
+        fn.close() if hasattr(fn, "close") else None
 
 
 def test_worker_pool_scores_kills_hung_workers_and_replaces_dead_ones(tmp_path):
