@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from typing import Callable
 
 from rllava import distributed as D
@@ -59,11 +60,34 @@ def _next_time(cfg) -> str:
     return "no checkpoint was saved: the same command starts this run again"
 
 
+_library_format = warnings.formatwarning
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """rllava's own warnings (a key the run ignores, ...) as one line, without Python's file:line header."""
+    if f"{os.sep}rllava{os.sep}" in filename and issubclass(category, UserWarning):
+        return f"rllava: warning: {message}\n"
+    return _library_format(message, category, filename, lineno, line)
+
+
+def quiet_libraries() -> None:
+    """No library noise at start-up: DeepSpeed's accelerator guess on a machine without CUDA (it is imported
+    by transformers when a model is saved), datasets' per-file progress bars; rllava's warnings in one line."""
+    import datasets
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    datasets.disable_progress_bars()
+    warnings.formatwarning = _one_line_warning
+
+
 def run_cli(train: Callable, argv: list[str] | None = None) -> None:
     """`train(cfg) -> outputs_dir`. A user error prints one line and exits with status 2, never a traceback
     (unless RLLAVA_DEBUG=1); Ctrl-C exits 130. From the command line (`argv` None) the process ends through
     `D.exit_process`, so a torchrun worker never races its communication threads at exit."""
     start, code, cfg = time.time(), 0, None
+    quiet_libraries()
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv)
         outputs_dir = train(cfg)

@@ -121,6 +121,19 @@ def test_cli_errors_are_one_line(tmp_path, tiny_model_dir, counting_dir, extra, 
     assert message in res.stderr
 
 
+def test_a_run_prints_no_library_noise_and_warnings_in_one_line(tmp_path, tiny_model_dir, counting_dir):
+    """No DeepSpeed accelerator guess, no datasets progress bars; an ignored key the user set is one line
+    `rllava: warning: ...` (no Python file:line header)."""
+    cmd = [sys.executable, "-m", "rllava.train.pipeline.rlvr", *_args(tiny_model_dir, counting_dir, str(tmp_path / "r"),
+                                                                      "trainer.max_steps=1", "trainer.val_freq=-1",
+                                                                      "rollout.vllm.enforce_eager=false")]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "rllava: warning: rollout.vllm.enforce_eager ignored: rollout.name=hf\n" in res.stderr
+    for noise in ("Setting accelerator to CPU", "Generating train split", "UserWarning", "self.validate()"):
+        assert noise not in res.stderr + res.stdout, noise
+
+
 def test_torchrun_single_process(tmp_path, tiny_model_dir, counting_dir):
     out = str(tmp_path / "tr")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "-m", "rllava.train.pipeline.rlvr",
