@@ -82,6 +82,18 @@ def quiet_libraries() -> None:
     warnings.formatwarning = _one_line_warning
 
 
+def _elastic_error_record(line: str) -> None:
+    """Under torchrun, the root cause its failure summary prints (torch.distributed.elastic's error file, the
+    documented hand-over): the one line, at the end of what the user sees, instead of a link to the docs."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        import json
+
+        with open(path, "w") as f:
+            json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                                 "timestamp": str(int(time.time()))}}}, f)
+
+
 def run_cli(train: Callable, argv: list[str] | None = None) -> None:
     """`train(cfg) -> outputs_dir`. A user error prints one line and exits with status 2, never a traceback
     (unless RLLAVA_DEBUG=1); Ctrl-C exits 130. From the command line (`argv` None) the process ends through
@@ -103,6 +115,7 @@ def run_cli(train: Callable, argv: list[str] | None = None) -> None:
         if os.environ.get("RLLAVA_DEBUG") == "1":
             traceback.print_exc()
         print(f"rllava: error: {message}", file=sys.stderr)
+        _elastic_error_record(f"rllava: error: {message}")
         code = 2
     else:
         D.close()  # after the last collective: every rank here, then the group destroyed

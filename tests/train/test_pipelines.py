@@ -134,6 +134,18 @@ def test_a_run_prints_no_library_noise_and_warnings_in_one_line(tmp_path, tiny_m
         assert noise not in res.stderr + res.stdout, noise
 
 
+def test_under_torchrun_the_one_line_ends_the_failure_summary(tmp_path, tiny_model_dir, counting_dir):
+    """torchrun prints its own traceback when a worker fails; the worker's one line is the root cause its
+    summary ends with (the elastic error file), and the worker's exit status 2 is shown there."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "-m", "rllava.train.pipeline.rlvr",
+           *_args(tiny_model_dir, counting_dir, str(tmp_path / "r"), "actor.model.model_path=/no/such/model")]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    lines = [line for line in res.stderr.splitlines() if line.strip() and not set(line.strip()) <= {"="}]
+    assert res.returncode != 0 and "exitcode  : 2" in res.stderr, res.stderr[-3000:]
+    assert lines[-1] == ("  traceback : rllava: error: actor.model.model_path='/no/such/model': no such local "
+                         "directory (a hub id is written org/name)"), res.stderr[-3000:]
+
+
 def test_torchrun_single_process(tmp_path, tiny_model_dir, counting_dir):
     out = str(tmp_path / "tr")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "-m", "rllava.train.pipeline.rlvr",
