@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 
 import rllava.model.modular  # noqa: F401  registers the modular VLM (model_type rllava_modular) with the Auto classes
 from rllava.errors import RllavaError
-from rllava.model.processor import load_processor
+from rllava.model.processor import load_processor, with_pixel_bounds
 
 log = logging.getLogger(__name__)
 
@@ -161,13 +161,14 @@ def build_reference(policy, ref_cfg, model_cfg, device: torch.device):
 
 
 def save_model(model, processor, path: str, state_dict: dict | None = None, *, weights: bool = True,
-               merge_lora: bool = True) -> str:
+               merge_lora: bool = True, pixels: tuple[int | None, int | None] = (None, None)) -> str:
     """The model and its processor (chat template included) as a plain `save_pretrained` directory (loads
     with transformers alone), written atomically: an interrupted save leaves no half-written `path`. A LoRA
     policy is saved with its adapters merged (`merge_lora=False`: the base weights), and the adapter alone
     under `path/adapter`. `state_dict`: the full weights when the model itself holds only shards (FSDP2:
     `engine.full_state_dict()`). `weights=False`: config, generation config and processor only (what a
-    checkpoint keeps beside its sharded weights so that `rllava.export` can rebuild the model)."""
+    checkpoint keeps beside its sharded weights so that `rllava.export` can rebuild the model). `pixels`: the
+    training's (data.min_pixels, data.max_pixels), kept by the saved image processor."""
     from rllava.model.lora import has_lora, merged_state_dict, save_adapter
     from rllava.utils.fs import atomic_directory
 
@@ -183,5 +184,5 @@ def save_model(model, processor, path: str, state_dict: dict | None = None, *, w
                 save_adapter(model, os.path.join(tmp, "adapter"), state)
             else:
                 model.save_pretrained(tmp, state_dict=state)
-        processor.save_pretrained(tmp)
+        with_pixel_bounds(processor, *pixels).save_pretrained(tmp)
     return path

@@ -19,6 +19,7 @@ geometry and normalization (the video processor class's defaults for the rest).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from functools import cache
@@ -147,3 +148,20 @@ def _chain_text(e: BaseException) -> str:
 def get_tokenizer(processor):
     """The tokenizer inside a processor, or the object itself for text-only models."""
     return getattr(processor, "tokenizer", processor)
+
+
+def with_pixel_bounds(processor, min_pixels: int | None, max_pixels: int | None):
+    """A copy of `processor` whose Qwen-VL image processor bounds an image's pixels as training did
+    (data.min_pixels / max_pixels: its `size` shortest_edge / longest_edge count pixels), so that the export
+    sees images at the sizes the policy was trained on. Any other processor is returned as it is."""
+    ip = getattr(processor, "image_processor", None)
+    if ip is None or not any(c.__name__.startswith("Qwen2VLImageProcessor") for c in type(ip).__mro__):
+        return processor
+    out = copy.deepcopy(processor)
+    size = dict(out.image_processor.size)
+    size.update({k: v for k, v in (("shortest_edge", min_pixels), ("longest_edge", max_pixels)) if v})
+    out.image_processor.size = {k: v for k, v in size.items() if v is not None}
+    for name, value in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
+        if value and getattr(out.image_processor, name, None) is not None:
+            setattr(out.image_processor, name, value)
+    return out

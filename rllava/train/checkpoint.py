@@ -178,7 +178,8 @@ def save_checkpoint(run, step: int) -> str:
             torch.save(rng_state(), os.path.join(tmp, "rng", f"rank_{D.rank()}.pt"))
         if D.is_main():
             save_model(run.model, run.processor, os.path.join(tmp, "actor", "huggingface"), weights,
-                       weights=weights is not None, merge_lora=cfg.trainer.hf_merge_lora)
+                       weights=weights is not None, merge_lora=cfg.trainer.hf_merge_lora,
+                       pixels=(cfg.data.min_pixels, cfg.data.max_pixels))
             with open(os.path.join(tmp, "config.yaml"), "w") as f:
                 f.write(config_to_yaml(cfg))
             state = {"global_step": step, "sampler": run.sampler.state_dict(), "world_size": D.world_size(),

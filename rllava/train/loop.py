@@ -262,7 +262,7 @@ def _train_loop(run: Run, step: StepFn, name: str) -> str:
         weights = run.actor.engine.full_state_dict()  # every rank takes part in gathering the shards
         if D.is_main():
             save_model(run.model, run.processor, os.path.join(run.outputs_dir, "final"), state_dict=weights,
-                       merge_lora=t.hf_merge_lora)
+                       merge_lora=t.hf_merge_lora, pixels=(cfg.data.min_pixels, cfg.data.max_pixels))
         del weights
         D.barrier()
     return run.outputs_dir

@@ -177,3 +177,26 @@ def test_export_names_the_standard_processor(tmp_path, arch, fake_torchvision):
     assert got["video_patch"] == [image.patch_size, image.temporal_patch_size, image.merge_size]
     assert got["text"] == processor.apply_chat_template(sample.messages, add_generation_prompt=True, tokenize=False)
     assert got["ids"] == processor.tokenizer("How many?")["input_ids"]
+
+
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen3_vl"])
+def test_the_export_keeps_the_trainings_pixel_bounds(tmp_path, arch):
+    """final/ (and a checkpoint's hf_model) resizes images as training did: data.min_pixels / max_pixels are the
+    saved image processor's bounds, so inference on the export sees images of the trained sizes; the live
+    processor is untouched."""
+    from PIL import Image
+
+    from rllava.model.loader import load_model, save_model
+    from rllava.model.processor import load_processor
+    from rllava.model.tiny import build_tiny
+
+    src = build_tiny(arch, str(tmp_path / "src"), size="small")
+    processor = load_processor(src)
+    before = dict(processor.image_processor.size)
+    out = save_model(load_model(src, dtype=torch.float32), processor, str(tmp_path / "final"), pixels=(3136, 12544))
+    reloaded = load_processor(out)
+    assert (reloaded.image_processor.size["shortest_edge"], reloaded.image_processor.size["longest_edge"]) == \
+        (3136, 12544) and dict(processor.image_processor.size) == before
+    pixels = reloaded.image_processor(images=[Image.new("RGB", (640, 480))], return_tensors="pt")["image_grid_thw"]
+    patch = reloaded.image_processor.patch_size
+    assert int(pixels.prod()) * patch * patch <= 12544  # a 640 x 480 image comes out within the trained bound
