@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
+from tqdm import tqdm
 
 from rllava import distributed as D
 from rllava.data.dataset import PromptDataset
@@ -62,8 +64,12 @@ def evaluate(train_engine, rollout: Rollout, reward: Scoring, dataset: PromptDat
     mine = list(range(D.rank(), len(dataset), D.world_size()))  # under torchrun each rank scores a share
     size = len(mine) if batch_size <= 0 else max(batch_size // D.world_size(), 1)
     details, lengths, generations = [], [], []
+    if D.is_main():  # its size first: a long validation is never silent
+        print(f"{prefix}: {len(dataset)} prompts x {sampling.n} sample{'s' if sampling.n > 1 else ''}, "
+              f"{-(-len(mine) // size)} batch{'es' if -(-len(mine) // size) > 1 else ''} per rank", flush=True)
     with generate_context(rollout.engine, train_engine):
-        for start in range(0, len(mine), size):
+        for start in tqdm(range(0, len(mine), size), desc=prefix, leave=False,
+                          disable=not (D.is_main() and sys.stderr.isatty())):
             trajectories = rollout.generate([dataset[i] for i in mine[start:start + size]], sampling)
             _, scored = reward.score(trajectories)
             details += scored

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -153,6 +154,7 @@ def test_torchrun_single_process(tmp_path, tiny_model_dir, counting_dir):
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     assert res.returncode == 0, res.stderr[-3000:]
     assert [r["step"] for r in _metrics(out)] == [1, 1]
+    assert re.search(r"^val: \d+ prompts x \d+ samples?, \d+ batch(es)? per rank$", res.stdout, re.M), res.stdout
 
 
 @pytest.mark.parametrize("extra, expect", [
