@@ -127,8 +127,8 @@ class DataConfig:
     num_workers: int = 0  # rllava default 0 (RLLaVA: 8 DataLoader workers): batches are encoded in the training process; > 0 warns
     filter_overlong_prompts: bool = True  # drop records whose prompt exceeds max_prompt_length
     filter_overlong_prompts_workers: int = 1  # rllava default 1 (RLLaVA: 16): the filter runs in the training process; > 1 warns
-    dataset_class: Optional[str] = None  # custom dataset "path/file.py:Class"; None = built-in
-    dataset_kwargs: Optional[dict[str, Any]] = None  # keyword arguments for dataset_class
+    dataset_class: Optional[str] = None  # RLLaVA's expert-response dataset "path/custom_datasets.py:RLHFDatasetWithTarget[Clevr]", read by class name (its file is not run)
+    dataset_kwargs: Optional[dict[str, Any]] = None  # its keyword arguments: target_key (the expert field), max_target_length (8192), strip_target_think_tag (true)
     max_samples: int = -1  # rllava: use only the first N records (quick runs); -1 = all
     target_key: Optional[str] = None  # rllava: record field with a reference response (SFT target, expert)
     expert_template: Optional[str] = None  # rllava: hybrids without data.target_key: Jinja text over `answer` + fields
@@ -925,10 +925,23 @@ NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("trainer.async_training", lambda v: v, "false"),
     ("actor.checkpoint.async_save", lambda v: v, "false"),  # checkpoints are written synchronously
     ("rollout.async_mode", lambda v: v, "false"),
-    ("data.dataset_class", lambda v: v is not None, "null"),
-    ("data.dataset_kwargs", lambda v: v is not None, "null"),  # read only by data.dataset_class
     ("rollout.partial_rollout", lambda v: v, "false"),
 ]
+
+# RLLaVA's dataset classes with an expert response (its examples/algorithms/sft-rl/custom_datasets.py), read by
+# class name with their meaning (their file is not run): RLHFDatasetWithTarget's expert text is the record's
+# `target_key` field (a list: its first item; a {"content": ...}: the content); RLHFDatasetWithTargetClevr's is
+# that field + "\n" + the answer. Their keyword arguments and RLLaVA's defaults:
+RLLAVA_TARGET_DATASETS = ("RLHFDatasetWithTarget", "RLHFDatasetWithTargetClevr")
+RLLAVA_TARGET_KWARGS = {"target_key": None, "max_target_length": 8192, "sample_target_ratio": 1.0,
+                        "target_list_key": None, "target_probs_key": None, "max_num_targets": 5,
+                        "strip_target_think_tag": True}
+
+
+def rllava_target_dataset(spec: str | None) -> str | None:
+    """The RLLaVA class `data.dataset_class` names ("path/custom_datasets.py:Class" or "Class"), or None."""
+    name = (spec or "").rpartition(":")[2]
+    return name if name in RLLAVA_TARGET_DATASETS else None
 
 # Keys of features whose issues have not landed yet: any change from the default is an error naming the feature.
 PLANNED_FEATURES: dict[str, list[str]] = {}
@@ -1080,6 +1093,13 @@ class PPOConfig:
     def __post_init__(self) -> None:
         if self.algorithm.strategy == "mix_chord" and self.actor.policy_loss.loss_mode == "vanilla":
             self.actor.policy_loss.loss_mode = "chord"  # RLLaVA's CHORD task selects CHORD this way
+        d, kw = self.data, self.data.dataset_kwargs or {}
+        if rllava_target_dataset(d.dataset_class) and isinstance(kw.get("target_key"), str):
+            # RLLaVA's expert-response datasets as rllava's keys: the field (the Clevr class: field + "\n" + answer)
+            if rllava_target_dataset(d.dataset_class) == "RLHFDatasetWithTargetClevr":
+                d.expert_template = d.expert_template or "{{ %s }}\n{{ answer }}" % kw["target_key"]
+            else:
+                d.target_key = d.target_key or kw["target_key"]
         if _DEFAULTS is not None:  # the defaults themselves are built once, unvalidated, to read defaults from
             self.validate()
 
@@ -1183,6 +1203,34 @@ class PPOConfig:
                      "data.target_key (the record field holding one) or data.expert_template (Jinja over `answer`)")
         return p
 
+    def _dataset_class_problems(self) -> list[str]:
+        """data.dataset_class / dataset_kwargs: RLLaVA's expert-response dataset classes, by name."""
+        d, kw = self.data, self.data.dataset_kwargs or {}
+        name = rllava_target_dataset(d.dataset_class)
+        if d.dataset_class is None:
+            return ["data.dataset_kwargs is read only by data.dataset_class; leave it at null"] if kw else []
+        if name is None:
+            return [f"data.dataset_class={d.dataset_class}: rllava runs no dataset class of a file; it reads RLLaVA's "
+                    f"expert-response classes by name ({', '.join(RLLAVA_TARGET_DATASETS)}). Put the fields in the "
+                    "records and name them with data.prompt_key / answer_key / image_key / target_key, or build the "
+                    "expert text with data.expert_template (a Jinja template over the record's fields)"]
+        p = [f"data.dataset_kwargs.{k}: not a key of RLLaVA's {name} (keys: {', '.join(RLLAVA_TARGET_KWARGS)})"
+             for k in kw if k not in RLLAVA_TARGET_KWARGS]
+        if not isinstance(kw.get("target_key"), str):
+            p.append(f"data.dataset_class=...:{name} needs data.dataset_kwargs.target_key: the record field holding "
+                     "the expert response")
+        for k, default in RLLAVA_TARGET_KWARGS.items():
+            if k not in ("target_key", "max_target_length", "strip_target_think_tag") and kw.get(k, default) != default:
+                p.append(f"data.dataset_kwargs.{k}={kw[k]!r} is not available yet in rllava (RLLaVA's {name}: "
+                         f"several or sampled targets); leave it at {_show(default)}")
+        target = kw.get("target_key")
+        if name != "RLHFDatasetWithTargetClevr" and d.target_key not in (None, target):
+            p.append(f"data.target_key={d.target_key} and data.dataset_kwargs.target_key={target} name different "
+                     "fields: set one")
+        if not isinstance(kw.get("max_target_length", 1), int) or kw.get("max_target_length", 1) <= 0:
+            p.append(f"data.dataset_kwargs.max_target_length={kw['max_target_length']!r} must be a positive integer")
+        return p
+
     def _agent_problems(self) -> list[str]:
         if not agent_on(self):
             if self.algorithm.adv_estimator == "gigpo":
@@ -1234,17 +1282,9 @@ class PPOConfig:
         return out
 
     def _not_built_problems(self) -> list[str]:
-        p = []
-        d = self.data
-        if d.dataset_class and d.dataset_class.endswith(":RLHFDatasetWithTarget"):  # RLLaVA's SFT+RL scripts
-            target = (d.dataset_kwargs or {}).get("target_key", "<field>")
-            p.append(f"data.dataset_class={d.dataset_class} is RLLaVA's dataset with an expert response: in rllava "
-                     f"set data.target_key={target} and drop data.dataset_class and data.dataset_kwargs (responses "
-                     "are cut at data.max_response_length)")
+        p = self._dataset_class_problems()
         for key, is_on, off in NOT_BUILT_YET:
             value = get_key(self, key)
-            if p and key.startswith("data.dataset_"):
-                continue
             if is_on(value):
                 p.append(f"{key}={_show(value)} is not available yet in rllava; set {key}={off}")
         return p

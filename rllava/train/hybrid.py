@@ -33,6 +33,7 @@ import torch
 
 from rllava import distributed as D
 from rllava.algorithms.hybrid import HYBRID_LOSSES, chunk_bounds, hint_probability, mu_schedule
+from rllava.config.schema import rllava_target_dataset
 from rllava.data.protocol import Sample, Trajectory
 from rllava.data.sampler import EpochSampler
 from rllava.data.records import DataError
@@ -54,14 +55,27 @@ def expert_rows_per_step(cfg) -> int:
     return max(1, round(ratio / (1 - ratio) * cfg.data.train_batch_size * cfg.rollout.n))
 
 
+def _prompt_opens_think(tok) -> bool:
+    """Whether the chat template's generation prompt ends in "<think>\n" (the assistant's thought opened)."""
+    try:
+        text = tok.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=False)
+    except (ValueError, TypeError, AttributeError, jinja2.TemplateError):
+        return False
+    return isinstance(text, str) and text.endswith("<think>\n")
+
+
 class Hybrid:
     """The expert side of one SFT+RL run (see the module docstring)."""
 
     def __init__(self, cfg, processor, expert_set=None):
         self.cfg, self.a, self.mode = cfg, cfg.algorithm, cfg.actor.policy_loss.loss_mode
         self.processor, self.tok = processor, get_tokenizer(processor)
-        self.max_len = cfg.data.max_response_length
+        kw = cfg.data.dataset_kwargs if rllava_target_dataset(cfg.data.dataset_class) else {}
+        self.max_len = min(cfg.data.max_response_length, kw.get("max_target_length", cfg.data.max_response_length))
         self.template = jinja2.Template(cfg.data.expert_template) if cfg.data.expert_template else None
+        # RLLaVA's strip_target_think_tag: a prompt that ends in "<think>\n" (a thinking chat template) already
+        # opens the thought, so an expert text starting with one drops it
+        self.strip_think = kw.get("strip_target_think_tag", True) and _prompt_opens_think(self.tok)
         self.expert_set, self.expert_sampler = expert_set, None
         if self.mode == "chord":
             rows = expert_rows_per_step(cfg)
@@ -70,12 +84,16 @@ class Hybrid:
 
     # -- the expert response of a record ---------------------------------------------------------------------
     def expert_text(self, sample: Sample) -> str:
-        if sample.target is not None:
-            return str(sample.target)
-        if self.template is None:
+        target = sample.target[0] if isinstance(sample.target, list) and sample.target else sample.target
+        target = target.get("content") if isinstance(target, dict) else target  # a chat message
+        if target is not None:
+            text = str(target)
+        elif self.template is None:
             raise DataError(f"{sample.where}: an SFT+RL hybrid needs an expert response: set data.target_key (the "
                             "record field holding it) or data.expert_template (a Jinja template over `answer`)")
-        return self.template.render(**sample.extra, answer=sample.ground_truth)
+        else:
+            text = self.template.render(**sample.extra, answer=sample.ground_truth)
+        return text[len("<think>\n"):] if self.strip_think and text.startswith("<think>\n") else text
 
     def demonstration(self, sample: Sample, group_id: int) -> Trajectory:
         """[prompt, expert response + EOS (off-policy, trained)], a row for the SFT term only."""

@@ -12,11 +12,15 @@ from omegaconf import OmegaConf
 
 from rllava.errors import RllavaError
 from rllava.reward.function import RewardFunction
-from rllava.train.pipeline import rlvr
+from rllava.train.pipeline import rlvr, sft_rl
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rllava_scripts")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = ["grpo", "dapo", "drgrpo", "rloo", "counting_clevr"]
+SCRIPTS = ["grpo", "dapo", "drgrpo", "rloo", "counting_clevr", "luffy_clevr"]
+# the data's own field names, swapped with the data (the synthetic counting records: problem, answer, images,
+# solution); the LUFFY script's expert text is then `solution` + "\n" + the answer (RLHFDatasetWithTargetClevr)
+DATA_FIELDS = {"luffy_clevr": ["data.answer_key=answer", "data.image_key=images",
+                               "data.dataset_kwargs.target_key=solution"]}
 REWARD = os.path.join(HERE, "reward.py")
 
 
@@ -47,6 +51,8 @@ def _swaps(script_keys, model, data, out) -> list[str]:
     if any(k.startswith("data.format_prompt=") and not os.path.isfile(os.path.join(REPO, k.split("=", 1)[1]))
            for k in script_keys):  # r1v.jinja: not one of rllava's templates
         swaps.append("data.format_prompt=./examples/format_prompt/counting.jinja")
+    if any(k.startswith("data.max_response_length=") for k in script_keys):  # the script's own length, on CPU
+        swaps.append("data.max_response_length=8")
     return swaps
 
 
@@ -65,7 +71,9 @@ def test_rllava_script_runs_two_steps_unchanged(script, tmp_path, tiny_model_dir
     keys, out = _keys(script), tmp_path / "out"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. rollout.vllm.* ignored with rollout.name=hf: said, and tested elsewhere
-        rlvr.main([f"config={base}", *keys, *_swaps(keys, tiny_model_dir, counting_dir, out)])
+        module = sft_rl if script.startswith("luffy") else rlvr  # RLLaVA's hybrid scripts run its sft_rl module
+        module.main([f"config={base}", *keys, *_swaps(keys, tiny_model_dir, counting_dir, out),
+                     *DATA_FIELDS.get(script, [])])
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]
     assert (out / "final" / "model.safetensors").exists()
@@ -77,3 +85,5 @@ def test_rllava_script_runs_two_steps_unchanged(script, tmp_path, tiny_model_dir
         assert all("actor/reward_kl" in r and "actor/kl_loss" not in r for r in steps)
     if script == "grpo":  # RLLaVA's default use_kl_loss=true: the KL term is in the loss
         assert all("actor/kl_loss" in r for r in steps)
+    if script == "luffy_clevr":  # the expert response (the Clevr class: field + "\n" + answer) is in each group
+        assert all(r["hybrid/prefix_tokens_mean"] > 0 and r["hybrid/off_policy_token_share"] > 0 for r in steps)

@@ -3,6 +3,7 @@ continues them, HPT's switch, CHORD's demonstration rows, a 2-step run of each m
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -274,11 +275,40 @@ def test_a_record_without_an_expert_response_is_named(tmp_path, tiny_model_dir, 
     assert err.value.code == 2 and "record 3" in line and "solution" in line, line
 
 
-def test_rllava_hybrid_dataset_class_names_the_key_to_set():
-    """RLLaVA's sft-rl scripts read the expert response through a custom dataset class: one line saying which
-    rllava key does that."""
-    with pytest.raises(ConfigError) as err:
-        load_config(["data.dataset_class=examples/algorithms/sft-rl/custom_datasets.py:RLHFDatasetWithTarget",
-                     "data.dataset_kwargs.target_key=target", "data.dataset_kwargs.max_target_length=2048"])
-    (line,) = str(err.value).splitlines()
-    assert "set data.target_key=target and drop data.dataset_class and data.dataset_kwargs" in line
+def test_rllavas_expert_dataset_classes_are_read_with_their_meaning(tiny_model_dir):
+    """RLLaVA's sft-rl scripts name a dataset class of its custom_datasets.py: rllava reads the class by name.
+    RLHFDatasetWithTarget: the expert text is the record's field (a list: its first item; a chat message: its
+    content); RLHFDatasetWithTargetClevr: that field + "\n" + the answer (as its __getitem__ builds it);
+    max_target_length cuts the expert tokens; what rllava does not do is an error naming the key."""
+    from rllava.data.protocol import Sample
+    from rllava.model.processor import load_processor
+    from rllava.train.hybrid import Hybrid
+
+    base = ["actor.policy_loss.loss_mode=luffy", "algorithm.prefix_strategy=random", f"actor.model.model_path={tiny_model_dir}"]
+    spec = "data.dataset_class=examples/algorithms/sft-rl/custom_datasets.py:"
+    processor = load_processor(tiny_model_dir)
+
+    def sample(**fields):
+        return Sample(index=0, messages=[{"role": "user", "content": "q"}], images=[], ground_truth="7",
+                      target=fields.pop("target", None), extra=fields)
+
+    plain = Hybrid(load_config([*base, spec + "RLHFDatasetWithTarget", "data.dataset_kwargs.target_key=thinking"]),
+                   processor)
+    assert plain.cfg.data.target_key == "thinking"
+    assert [plain.expert_text(sample(target=t)) for t in ("a b", ["first", "second"], {"content": "c"})] == \
+        ["a b", "first", "c"]
+    clevr = Hybrid(load_config([*base, spec + "RLHFDatasetWithTargetClevr", "data.dataset_kwargs.target_key=thinking",
+                                "data.dataset_kwargs.max_target_length=3", "data.max_response_length=16"]), processor)
+    assert clevr.expert_text(sample(thinking="count them")) == "count them\n7" and clevr.max_len == 3
+    assert len(clevr.expert_ids(sample(thinking="count them one by one"))) <= 3 + 1  # + EOS
+    for extra, message in [
+        (["data.dataset_kwargs.target_key=t", "data.dataset_kwargs.sample_target_ratio=0.5"],
+         "data.dataset_kwargs.sample_target_ratio=0.5 is not available yet in rllava"),
+        (["data.dataset_kwargs.targets=t"], "data.dataset_kwargs.targets: not a key of RLLaVA's RLHFDatasetWithTarget"),
+        ([], "needs data.dataset_kwargs.target_key"),
+        (["data.dataset_kwargs.target_key=t", "data.target_key=u"], "data.target_key=u and data.dataset_kwargs.target_key=t"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config([*base, spec + "RLHFDatasetWithTarget", *extra])
+    with pytest.raises(ConfigError, match="rllava runs no dataset class of a file"):
+        load_config([*base, "data.dataset_class=my.py:MyDataset"])
