@@ -36,12 +36,27 @@ from rllava.data.protocol import Sample
 from rllava.errors import ConfigError
 
 # RLLaVA's own tool and environment classes, and what runs their job in rllava
+SEARCH = ("rollout.agent.tools=[search] over a local corpus (rollout.agent.tool_kwargs.search.corpus=...; web search "
+          "APIs need the internet)")
 RLLAVA_CLASSES = {
     "VisualCropTool": "rollout.agent.tools=[zoom]",
-    "WebSearchTool": "rollout.agent.tools=[search] over a local corpus (rollout.agent.tool_kwargs.search.corpus=...; "
-                     "web search APIs need the internet)",
-    "CodeExecuteTool": "a tool of your own registered with @register_tool (rollout.agent.plugins)",
+    "WebSearchTool": SEARCH,
+    "CodeExecuteTool": "rollout.agent.tools=[code] (the sandboxed code tool; limits: rollout.agent.tool_kwargs.code.*)",
+    "AgentSearchEnv": SEARCH,
+    "AgentCodeEnv": "rollout.agent.tools=[code] (the sandboxed code tool; limits: rollout.agent.tool_kwargs.code.*)",
+    "DeepEyesEnv": "rollout.agent.tools=[zoom]",
 }
+
+
+def _equivalent(spec: str) -> str:
+    """What runs the job of an RLLaVA class in rllava, by its name (search, code, crop / zoom), else a tool of
+    your own."""
+    name = spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    low = spec.lower()
+    return RLLAVA_CLASSES.get(name) or next(
+        (v for k, v in (("search", SEARCH), ("code", RLLAVA_CLASSES["CodeExecuteTool"]), ("crop", "rollout.agent.tools="
+                        "[zoom]"), ("zoom", "rollout.agent.tools=[zoom]")) if k in low),
+        "a tool of your own registered with @register_tool (rollout.agent.plugins; docs/agents.md)")
 
 
 def load_class(spec: Any, key: str) -> type:
@@ -68,6 +83,11 @@ def load_class(spec: Any, key: str) -> type:
             module = importlib.import_module(module_name)
     except ConfigError:
         raise
+    except ModuleNotFoundError as e:
+        if (e.name or "").startswith("rllava.") and (e.name or "").split(".")[1] in ("ppo", "eval", "workflow"):
+            raise ConfigError(f"{key}: {spec} is written against RLLaVA's internals ({e.name}), which rllava does "
+                              f"not have; in rllava use {_equivalent(spec)}") from e
+        raise ConfigError(f"{key}: importing {spec} failed: {type(e).__name__}: {e}") from e
     except Exception as e:
         raise ConfigError(f"{key}: importing {spec} failed: {type(e).__name__}: {e}") from e
     cls = getattr(module, name, None)

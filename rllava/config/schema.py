@@ -1210,10 +1210,13 @@ class PPOConfig:
         if d.dataset_class is None:
             return ["data.dataset_kwargs is read only by data.dataset_class; leave it at null"] if kw else []
         if name is None:
+            agent = ("; RLLaVA's agent datasets (AgentSearchDataset, ...) keep rows whose solution holds a final "
+                     "<answer>...</answer> and answer with it: give such records (data.answer_key) and drop "
+                     "data.dataset_class (docs/agents.md)") if "Agent" in d.dataset_class else ""
             return [f"data.dataset_class={d.dataset_class}: rllava runs no dataset class of a file; it reads RLLaVA's "
                     f"expert-response classes by name ({', '.join(RLLAVA_TARGET_DATASETS)}). Put the fields in the "
                     "records and name them with data.prompt_key / answer_key / image_key / target_key, or build the "
-                    "expert text with data.expert_template (a Jinja template over the record's fields)"]
+                    f"expert text with data.expert_template (a Jinja template over the record's fields){agent}"]
         p = [f"data.dataset_kwargs.{k}: not a key of RLLaVA's {name} (keys: {', '.join(RLLAVA_TARGET_KWARGS)})"
              for k in kw if k not in RLLAVA_TARGET_KWARGS]
         if not isinstance(kw.get("target_key"), str):

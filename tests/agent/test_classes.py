@@ -137,6 +137,31 @@ def test_tool_file_errors(tmp_path, user_file, text, message):
     assert message.format(yaml=path, file=user_file) in str(e.value)
 
 
+RLLAVA_SEARCH_ENV = """from rllava.ppo.env.base import BaseEnv
+from rllava.eval.agent_search.tools.web_search import web_search_BOCHA_API
+
+
+class AgentSearchEnv(BaseEnv):
+    pass
+"""
+
+
+def test_rllavas_own_environment_files_name_rllavas_equivalent(tmp_path):
+    """RLLaVA's agent_search_env.py (its first lines, as in its repository) imports RLLaVA's internals and a web
+    search API: the error names the search tool over a local corpus, as docs/agents.md says."""
+    env_file = tmp_path / "agent_search_env.py"
+    env_file.write_text(RLLAVA_SEARCH_ENV)
+    path = _yaml(tmp_path, f"env:\n  class_name: \"{env_file}:AgentSearchEnv\"\n  config:\n    backend: bocha\n")
+    with pytest.raises(ConfigError) as e:
+        ClassEnv(path)
+    assert f"{env_file}:AgentSearchEnv is written against RLLaVA's internals (rllava.ppo), which rllava does not " \
+           "have; in rllava use rollout.agent.tools=[search] over a local corpus" in str(e.value)
+    code_env = tmp_path / "my_code_env.py"
+    code_env.write_text("import rllava.workflow.context\n")
+    with pytest.raises(ConfigError, match=r"in rllava use rollout.agent.tools=\[code\] \(the sandboxed code tool"):
+        ClassEnv(_yaml(tmp_path, f"env:\n  class_name: {code_env}:Whatever\n"))
+
+
 def test_environment_file_errors(tmp_path, user_file):
     with pytest.raises(ConfigError, match=r"NoStep has no step\(\) \(an environment has reset, extract_action"):
         ClassEnv(_yaml(tmp_path, f"env:\n  class_name: {user_file}:NoStep\n"))
