@@ -169,6 +169,7 @@ class AgentRollout(Rollout):
         e.ids, e.raw = e.ids + c.token_ids, e.raw + c.token_ids
         e.response_tokens += len(c.token_ids)
         e.turn_texts.append(text)
+        e.state.log.append({"turn": text, "call": None})
         e.turn_rewards.append(0.0)
         e.anchors.append(e.last_observation)
         if c.finish_reason == "length":  # cut mid-turn: no complete call to run
@@ -182,9 +183,15 @@ class AgentRollout(Rollout):
     def _observe(self, e: Episode, obs: Observation) -> None:
         """The environment's answer to the last turn: its reward, and (unless the episode ends) what it shows."""
         e.turn_rewards[-1] = obs.reward
+        entry = e.state.log[-1]
+        if len(e.state.calls) > sum(x["call"] is not None for x in e.state.log[:-1]):
+            entry["call"] = list(e.state.calls[-1])
         if obs.done:
             e.finish_reason = "stop"
             return
+        shown = len(e.state.images)
+        entry.update(observation=obs.text, error=obs.error, tool_reward=obs.reward,
+                     images=list(range(shown, shown + len(obs.images))))  # indices into the episode's images
         ids, raw, mm, sizes, images = self.encode_observation(obs, e.sample)
         if e.response_tokens + len(ids) >= self.budget:  # no room for the observation and one more token
             e.finish_reason = "length"

@@ -66,6 +66,8 @@ class AgentState:
     calls: list[tuple[str, Any]] = field(default_factory=list)  # (tool, arguments) of every call so far
     failed_calls: int = 0  # calls that were invalid or whose tool failed
     memory: dict = field(default_factory=dict)  # free space for a tool's own state
+    # per model turn, for a researcher reading samples.jsonl: its text, the call it made, what it was shown
+    log: list[dict] = field(default_factory=list)
 
 
 def parse_tags(text: str, names: list[str]) -> tuple[str, Any] | None:

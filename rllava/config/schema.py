@@ -886,7 +886,7 @@ class TrainerConfig:
     resume: str = "auto"  # rllava: auto (load_checkpoint_path, else the newest saved: see README) | none | PATH
     overwrite: bool = False  # rllava: a new run into an outputs_dir holding another run's outputs deletes them first
     hf_merge_lora: bool = True  # rllava: LoRA in an HF export: merged into the weights (false: base + adapter/)
-    samples_freq: int = 10  # rllava: write sample generations to <outputs_dir>/samples.jsonl every N steps; -1 = never
+    samples_freq: int = 10  # rllava: write sample generations to <outputs_dir>/samples.jsonl every N steps, the first and last step too; -1 = never
     samples_to_log: int = 4  # rllava: generations per write (prompt, images, ground truth, response, reward, parts)
     async_training: bool = False  # overlap rollout and training
     seed: int = 1  # rllava: model-init and sampling RNG seed

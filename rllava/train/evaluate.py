@@ -46,13 +46,22 @@ def headline(details: list[dict[str, float]]) -> tuple[str, list[float]]:
 
 def generation_row(t: Trajectory, reward: float | None, parts: dict[str, float] | None, dataset: PromptDataset) -> dict:
     """A generation as a researcher reads it: the record's index, prompt text, image files, ground truth,
-    response, reward and the reward's named parts (None without a reward, as in SFT)."""
+    response, reward and the reward's named parts (None without a reward, as in SFT); an agent's `turns` (each
+    turn's text, the call it made, the observation's text, whether it was an error, its tool reward and the
+    indices of the images it showed among the episode's, the record's first); a hybrid's `expert` ("prefix":
+    the response starts with the expert's tokens; "demonstration": a row for the SFT term only)."""
     images = normalize_image_list(dataset.records[t.sample.index][dataset.cfg.image_key]) if dataset.has_images else []
     images = [os.path.join(dataset.image_dir or "", x) if isinstance(x, str) else f"<{type(x).__name__}>"
               for x in images]
-    return {"index": t.sample.index, "prompt": t.sample.prompt, "images": images,
-            "ground_truth": t.sample.ground_truth, "response": t.response,
-            "reward": reward, "reward_parts": parts or None}
+    row = {"index": t.sample.index, "prompt": t.sample.prompt, "images": images,
+           "ground_truth": t.sample.ground_truth, "response": t.response,
+           "reward": reward, "reward_parts": parts or None}
+    if t.agent is not None and getattr(t.agent, "log", None):
+        row["turns"] = t.agent.log
+    expert = "demonstration" if t.sft_only else "prefix" if any(s.off_policy for s in t.segments) else None
+    if expert:
+        row["expert"] = expert
+    return row
 
 
 

@@ -165,16 +165,18 @@ def build_run(cfg, *, sft: bool = False, given: Given | None = None) -> Run:
 
 
 def sample_rows(batch: Batch, dataset: PromptDataset, k: int) -> list[dict]:
-    """`k` generations of a batch, from as many prompts as possible (`evaluate.generation_row`: prompt, image
-    files, ground truth, response, reward and its parts; None in SFT)."""
-    nth, seen = [], {}  # nth[j]: row j is the nth of its group
-    for g in batch.group_ids.tolist():
-        seen[g] = seen.get(g, 0) + 1
-        nth.append(seen[g])
+    """`k` generations of a batch, from as many prompts as possible, the policy's own before a hybrid's expert
+    rows (`evaluate.generation_row`: prompt, image files, ground truth, response, reward and its parts; None in
+    SFT)."""
+    rank, seen = [], {}  # rank[j]: (row j is a hybrid's expert row, it is the nth such row of its group)
+    for t, g in zip(batch.trajectories, batch.group_ids.tolist()):
+        expert = t.sft_only or any(s.off_policy for s in t.segments)
+        seen[g, expert] = seen.get((g, expert), 0) + 1
+        rank.append((expert, seen[g, expert]))
     scores = batch.scores.tolist() if batch.scores is not None else [None] * len(batch)
     parts = batch.reward_details or [None] * len(batch)
     return [E.generation_row(batch.trajectories[j], scores[j], parts[j], dataset)
-            for j in sorted(range(len(batch)), key=lambda j: nth[j])[:k]]
+            for j in sorted(range(len(batch)), key=lambda j: rank[j])[:k]]
 
 
 # A NaN in the probabilities sampled from: the weights went non-finite (torch's multinomial says so, deep down)
@@ -249,7 +251,7 @@ def _train_loop(run: Run, step: StepFn, name: str) -> str:
         tracker.log(metrics, i)
         bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in ("reward/mean", "actor/pg_loss")
                          if k in metrics})
-        if t.samples_freq > 0 and i % t.samples_freq == 0 and tracker.enabled:
+        if t.samples_freq > 0 and (i % t.samples_freq == 0 or i in (1, run.steps)) and tracker.enabled:
             tracker.log_samples(sample_rows(batch, run.train_set, t.samples_to_log), i)
         del batch  # nothing of a step outlives it (benchmarks/soak.py)
         if t.val_freq > 0 and (i % t.val_freq == 0 or i == run.steps):

@@ -111,6 +111,20 @@ def test_two_agentic_steps_with_rllavas_environment_file(tmp_path, tiny_model_di
         assert r["agent/turns_mean"] == 2 and r["agent/returned_images_mean"] == 1 and r["agent/tool_calls_mean"] == 2
 
 
+def test_agent_samples_show_each_turn_its_call_and_what_it_was_shown(tmp_path, tiny_model_dir, counting_dir,
+                                                                    distinct_reward, always_zoom):
+    """samples.jsonl of an agent run (a short run: its first and last step) holds each turn's text, the call it
+    made, the observation's text and the images it showed (indices among the episode's: the record's is 0)."""
+    out = str(tmp_path / "run")
+    agentic.main(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=2"))
+    samples = [json.loads(line) for line in open(os.path.join(out, "samples.jsonl"))]
+    assert sorted({s["step"] for s in samples}) == [1, 2]  # samples_freq=10: the first and the last step
+    for s in samples:
+        first = s["turns"][0]
+        assert first["call"] == ["zoom", "[0, 0, 40, 40]"] and first["images"] == [1] and first["error"] is False
+        assert first["turn"] and len(s["turns"]) >= 2 and s["turns"][-1].get("observation") is None
+
+
 def test_a_tool_from_a_users_file(tmp_path):
     path = tmp_path / "my_tools.py"
     path.write_text("from rllava.agent.tools import Observation, register_tool\n\n"

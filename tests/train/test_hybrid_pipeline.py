@@ -176,7 +176,8 @@ def test_chord_demonstration_rows(setup):
 def test_two_steps_of_each_hybrid(tmp_path, tiny_model_dir, counting_dir, answer_reward, method):
     """Each method's keys run 2 steps end to end; its schedule and weights are logged each step."""
     out = str(tmp_path / method)
-    rlvr.main(_args(tiny_model_dir, counting_dir, out, answer_reward, "trainer.max_steps=2", *METHODS[method]))
+    rlvr.main(_args(tiny_model_dir, counting_dir, out, answer_reward, "trainer.max_steps=2", "trainer.samples_to_log=64",
+                    *METHODS[method]))
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2] and os.path.isdir(os.path.join(out, "final"))
     expected = {"luffy": ["actor/off_pg_loss", "hybrid/prefix_tokens_mean"],
@@ -188,6 +189,9 @@ def test_two_steps_of_each_hybrid(tmp_path, tiny_model_dir, counting_dir, answer
     for r in rows:
         assert all(k in r for k in expected + ["hybrid/off_policy_token_share", "hybrid/sft_coef"]), (method, r)
     assert rows[0]["hybrid/off_policy_token_share"] > 0
+    if method == "luffy":  # samples.jsonl marks the rows that start with the expert's tokens
+        samples = [json.loads(line) for line in open(os.path.join(out, "samples.jsonl"))]
+        assert any(s.get("expert") == "prefix" for s in samples) and "expert" not in samples[0]  # the policy's first
     if method == "chord":
         assert [r["hybrid/mu"] for r in rows] == pytest.approx([0.0, 0.9])
     if method == "chord_phi":
