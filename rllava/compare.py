@@ -1,15 +1,18 @@
 """Compare runs: their curves overlaid, a table of final and best validation metrics, the config keys that differ.
 
-    python -m rllava.compare RUN_DIR RUN_DIR ... [--out DIR] [--group-by KEY ...]
+    python -m rllava.compare RUN_DIR RUN_DIR ... [--out DIR] [--group-by KEY ...] [--smoothing auto|0.9]
 
 - One PNG per metric in OUT (default ./compare): reward/mean, reward/accuracy_mean, every val/* and val_greedy/*
-  metric, the KL terms, actor/entropy, response_length/mean; left panel against the step, right panel against
+  metric, the KL terms, actor/entropy, response_length/mean (a metric every run logged as 0 is left out); the
+  training curves raw (thin) and smoothed (bold) as `rllava.plot` draws them, the validation metrics as measured;
+  left panel against the step, right panel against
   wall-clock (`time/elapsed_s` of metrics.jsonl, see rllava.train.tracker; a run logged before that field existed
   falls back to the running sum of `timing/step`, which leaves out validation and checkpoints, with a note).
   The legend names each run by its directory (the path below the runs' common parent when two share a name).
 - A table, printed and written to OUT/compare.md: each run's final (last logged) and best (highest, with its step)
   value of each validation metric but the response lengths, then the keys of the runs' config.yaml that differ.
-  Keys that say where and how a run was launched rather than what it trained (NOT_COMPARED) are left out.
+  Keys that say where and how a run was launched rather than what it trained (NOT_COMPARED) are left out, and a
+  path written relatively in one run and absolutely in another (the same file) is the same value.
 - `--group-by trainer.seed`: runs whose configs differ only in that key (and NOT_COMPARED) form one group, shown
   as the mean over its runs with a ± one standard deviation band per step, and as `mean ± std` over the runs'
   final and best values in the table (std: the sample standard deviation, n-1; 0 for a group of one). A group is
@@ -30,7 +33,7 @@ from omegaconf import OmegaConf
 
 from rllava.config.loader import _flatten
 from rllava.errors import RllavaError
-from rllava.plot import read_metrics
+from rllava.plot import SMOOTHING, ema, read_metrics, smoothing_arg
 
 CURVES = ["reward/mean", "reward/accuracy_mean", "actor/kl_loss", "actor/reward_kl", "actor/ppo_kl",
           "actor/entropy", "response_length/mean"]  # then every validation metric
@@ -59,11 +62,17 @@ def flat_config(text: str) -> dict:
 def config_changes(old: dict, new: dict) -> list[str]:
     """`key: old -> new` for every compared key that differs between two flat configs."""
     return [f"{k}: {show(old.get(k))} -> {show(new.get(k))}" for k in sorted(old.keys() | new.keys())
-            if k not in NOT_COMPARED and old.get(k) != new.get(k)]
+            if k not in NOT_COMPARED and show(old.get(k)) != show(new.get(k))]
 
 
 def show(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
+    """A config value as the table writes and compares it: a path (or `file.py:fn`) to an existing file as its
+    absolute path, so `./r.py:fn` and `/repo/r.py:fn` are one value (relative paths resolve from this directory,
+    where the runs are usually launched)."""
+    if not isinstance(value, str):
+        return json.dumps(value)
+    path, sep, fn = value.rpartition(":") if ".py:" in value else (value, "", "")
+    return os.path.abspath(path) + sep + fn if path and os.path.exists(path) else value
 
 
 def run_names(paths: list[str]) -> list[str]:
@@ -192,9 +201,10 @@ def table(runs: list[Run], groups: dict[str, list[Run]], grouped: bool) -> str:
     return "\n".join(out)
 
 
-def plot_metric(key: str, groups: dict[str, list[Run]], grouped: bool, out_dir: str) -> str:
+def plot_metric(key: str, groups: dict[str, list[Run]], grouped: bool, out_dir: str,
+                smoothing: float | None = SMOOTHING) -> str:
     """One PNG, two panels: `key` against the step and against wall-clock; a line per run (or per group's mean,
-    with a ± std band)."""
+    with a ± std band); a training curve raw and thin under its EMA (`rllava.plot.ema`)."""
     import matplotlib.pyplot as plt
 
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
@@ -209,9 +219,14 @@ def plot_metric(key: str, groups: dict[str, list[Run]], grouped: bool, out_dir: 
         mean, std = zip(*(mean_std([v for _, v in a]) for a in at))
         clock = [statistics.fmean(t for t, _ in a) / scale for a in at]
         marker = "o" if len(steps) < 30 else None
+        smooth = not key.startswith(VALIDATION) and (smoothing is None or smoothing > 0)
         for ax, x in ((by_step, steps), (by_time, clock)):
-            line, = ax.plot(x, mean, marker=marker, markersize=3, label=f"{name} (n={len(series)})" if grouped
-                            else name)
+            label = f"{name} (n={len(series)})" if grouped else name
+            if smooth:
+                raw, = ax.plot(x, mean, linewidth=0.8, alpha=0.35)
+                line, = ax.plot(x, ema(list(mean), smoothing), color=raw.get_color(), linewidth=2, label=label)
+            else:
+                line, = ax.plot(x, mean, marker=marker, markersize=3, label=label)
             if grouped and len(series) > 1:
                 ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                                 color=line.get_color(), alpha=0.2)
@@ -228,11 +243,13 @@ def plot_metric(key: str, groups: dict[str, list[Run]], grouped: bool, out_dir: 
     return path
 
 
-def compare(run_dirs: list[str], out_dir: str = "compare", group_by: list[str] | None = None) -> dict:
+def compare(run_dirs: list[str], out_dir: str = "compare", group_by: list[str] | None = None,
+            smoothing: float | None = SMOOTHING) -> dict:
     """Write the PNGs and OUT/compare.md; returns {"table": text, "notes": [...], "plots": [paths]}."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
+    ema([], smoothing)  # a bad weight fails before anything is read
     loaded = [load_run(p, n) for p, n in zip(run_dirs, run_names(run_dirs))]
     runs, notes = [r for r, _ in loaded], [n for _, n in loaded if n]
     grouped = bool(group_by)
@@ -241,8 +258,9 @@ def compare(run_dirs: list[str], out_dir: str = "compare", group_by: list[str] |
     logged = {k for r in runs for row in r.rows for k in row}
     metrics = [k for k in CURVES if k in logged] + sorted(k for k in logged if k.startswith(VALIDATION))
     os.makedirs(out_dir, exist_ok=True)
-    plots = [plot_metric(k, groups, grouped, out_dir) for k in metrics
-             if any(isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) for run in runs for r in run.rows)]
+    plots = [plot_metric(k, groups, grouped, out_dir, smoothing) for k in metrics  # logged, and not all 0
+             if any(isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) and r[k] != 0
+                    for run in runs for r in run.rows)]
     with open(os.path.join(out_dir, "compare.md"), "w") as f:
         f.write("\n".join([text, *notes]) + "\n")
     return {"table": text, "notes": notes, "plots": plots}
@@ -254,9 +272,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="compare", help="where the PNGs and compare.md go (default ./compare)")
     parser.add_argument("--group-by", action="append", default=[], metavar="KEY",
                         help="average runs that differ only in KEY (e.g. trainer.seed); repeatable")
+    parser.add_argument("--smoothing", "--ema", type=smoothing_arg, default=SMOOTHING,
+                        help="EMA weight over the training curves (default auto, as rllava.plot; 0 = off)")
     args = parser.parse_args(argv)
     try:
-        result = compare(args.run_dirs, args.out, args.group_by)
+        result = compare(args.run_dirs, args.out, args.group_by, args.smoothing)
     except RllavaError as e:
         print(f"rllava: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -1,11 +1,13 @@
 """Training curves as PNG files, from a run's metrics.jsonl:
 
-    python -m rllava.plot OUTPUTS_DIR [--smoothing 0.6]   -> OUTPUTS_DIR/plots/{reward,accuracy,kl,...}.png
+    python -m rllava.plot OUTPUTS_DIR [--smoothing auto|0.9] [--out DIR]  -> DIR (default OUTPUTS_DIR/plots)/*.png
 
 One figure per quantity a researcher checks first (reward or score, accuracy, the reward's own parts, KL, entropy,
-response length, losses) and one per validation metric (sampled and greedy on one axis, as measured). Training
-curves are drawn raw (thin) and smoothed (bold) by `ema`; titles carry the run's name (`run_name`). Quantities
-the run did not log are skipped, and so are KL series that stay 0 (a run without a KL term: no KL panel).
+response length, losses) and one per validation metric (sampled and greedy on one axis, as measured), each with
+its y-axis named. Training curves are drawn raw (thin) and smoothed (bold) by `ema`, by default with a weight
+that averages over ~5% of the run's steps (`auto_smoothing`: a trend through a few hundred noisy steps, the raw
+curve for a few dozen); titles carry the run's name (`run_name`). Quantities the run did not log are skipped,
+and so are series that stay 0 (a run without a KL term: no KL panel).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ PANELS = {
     "response_length": ["response_length/mean", "response_length/max"],
     "loss": ["actor/pg_loss", "critic/vf_loss"],
 }
-SMOOTHING = 0.6  # TensorBoard's default weight
+SMOOTHING = None  # auto_smoothing: the weight follows the run's length
+YLABELS = {"reward": "reward", "accuracy": "accuracy", "kl": "KL", "entropy": "entropy (nats / token)",
+           "response_length": "tokens", "loss": "loss", "reward_parts": "reward part"}
 
 
 @dataclass
@@ -37,6 +41,7 @@ class Panel:
     title: str
     keys: list[str]  # the series drawn, each a line over steps
     smooth: bool  # training curves: raw + EMA; validation: points as measured
+    ylabel: str = ""
 
 
 def read_metrics(outputs_dir: str) -> list[dict]:
@@ -70,10 +75,19 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [s for s, _ in points], [v for _, v in points]
 
 
-def ema(values: list[float], smoothing: float) -> list[float]:
+def auto_smoothing(n: int) -> float:
+    """The EMA weight whose window spans ~5% of `n` steps: w = 1 - 2 / (k + 1) with k = n // 20 (an EMA of weight w
+    averages like a k-step moving mean); 0 (the raw curve) below 40 steps, 0.87 at 300, 0.96 at 1000."""
+    k = max(1, n // 20)
+    return 1.0 - 2.0 / (k + 1)
+
+
+def ema(values: list[float], smoothing: float | None) -> list[float]:
     """TensorBoard's debiased exponential moving average: m_t = w m_{t-1} + (1 - w) x_t (m_0 = 0), shown as
     m_t / (1 - w^t), so the first point is x_1 itself. w = `smoothing` in [0, 1); 0 returns the values as they
-    are. A non-finite value is passed through and does not enter the average."""
+    are; None: `auto_smoothing(len(values))`. A non-finite value is passed through and does not enter the
+    average."""
+    smoothing = auto_smoothing(len(values)) if smoothing is None else smoothing
     if not 0.0 <= smoothing < 1.0:
         raise RllavaError(f"smoothing={smoothing}: expected a weight in [0, 1) (0 = no smoothing)")
     out, m, t = [], 0.0, 0
@@ -94,12 +108,13 @@ def panels(rows: list[dict], run: str) -> list[Panel]:
                                               and k != "reward/accuracy_mean")}
     out = []
     for name, want in specs.items():
-        present = [k for k in want if k in keys and (name != "kl" or any(series(rows, k)[1]))]  # KL: not all 0
+        present = [k for k in want if k in keys and any(series(rows, k)[1])]  # a series all 0 says nothing
         if present:
-            out.append(Panel(name, f"{name.replace('_', ' ')} · {run}", present, smooth=True))
+            out.append(Panel(name, f"{name.replace('_', ' ')} · {run}", present, True, YLABELS[name]))
     for metric in sorted({k.split("/", 1)[1] for k in keys if k.startswith(("val/", "val_greedy/"))}):
         present = [k for k in (f"val/{metric}", f"val_greedy/{metric}") if k in keys]
-        out.append(Panel(re.sub(r"[^\w.-]", "_", f"val_{metric}"), f"held-out {metric} · {run}", present, False))
+        out.append(Panel(re.sub(r"[^\w.-]", "_", f"val_{metric}"), f"held-out {metric} · {run}", present, False,
+                         metric))
     return out
 
 
@@ -113,19 +128,19 @@ def pyplot():
     return plt
 
 
-def draw(panel: Panel, rows: list[dict], smoothing: float = SMOOTHING):
+def draw(panel: Panel, rows: list[dict], smoothing: float | None = SMOOTHING):
     """One matplotlib Figure (Agg) for `panel`; training series raw and thin, their EMA bold in the same colour."""
     fig, ax = pyplot().subplots(figsize=(6, 4))
     for k in panel.keys:
         steps, values = series(rows, k)
         if not panel.smooth:
             ax.plot(steps, values, marker="o", markersize=3, label=k)
-        elif smoothing > 0:
+        elif smoothing is None or smoothing > 0:
             raw, = ax.plot(steps, values, linewidth=0.8, alpha=0.35)
             ax.plot(steps, ema(values, smoothing), color=raw.get_color(), linewidth=2, label=k)
         else:
             ax.plot(steps, values, label=k)
-    ax.set(xlabel="step", title=panel.title)
+    ax.set(xlabel="step", ylabel=panel.ylabel, title=panel.title)
     ax.xaxis.set_major_locator(pyplot().MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -133,11 +148,11 @@ def draw(panel: Panel, rows: list[dict], smoothing: float = SMOOTHING):
     return fig
 
 
-def plot(outputs_dir: str, smoothing: float = SMOOTHING) -> list[str]:
-    """Write the PNGs to outputs_dir/plots; returns their paths."""
+def plot(outputs_dir: str, smoothing: float | None = SMOOTHING, out_dir: str | None = None) -> list[str]:
+    """Write the PNGs to `out_dir` (default outputs_dir/plots); returns their paths."""
     ema([], smoothing)  # a bad weight fails before anything is written
     rows = read_metrics(outputs_dir)
-    out_dir = os.path.join(outputs_dir, "plots")
+    out_dir = out_dir or os.path.join(outputs_dir, "plots")
     os.makedirs(out_dir, exist_ok=True)
     written = []
     for panel in panels(rows, run_name(outputs_dir)):
@@ -148,14 +163,21 @@ def plot(outputs_dir: str, smoothing: float = SMOOTHING) -> list[str]:
     return written
 
 
+def smoothing_arg(text: str) -> float | None:
+    """--smoothing: `auto` (None) or a weight, checked by `ema`."""
+    return None if text == "auto" else float(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rllava.plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("outputs_dir", help="a run's trainer.outputs_dir (holding metrics.jsonl)")
-    parser.add_argument("--smoothing", "--ema", type=float, default=SMOOTHING,
-                        help=f"EMA weight in [0, 1) drawn over the raw training curves (default {SMOOTHING}; 0 = off)")
+    parser.add_argument("--smoothing", "--ema", type=smoothing_arg, default=SMOOTHING,
+                        help="EMA weight in [0, 1) drawn over the raw training curves (default auto: ~5%% of the "
+                             "run's steps; 0 = off)")
+    parser.add_argument("--out", default=None, help="where the PNGs go (default OUTPUTS_DIR/plots)")
     args = parser.parse_args(argv)
     try:
-        for path in plot(args.outputs_dir, args.smoothing):
+        for path in plot(args.outputs_dir, args.smoothing, args.out):
             print(path)
     except RllavaError as e:
         print(f"rllava: error: {e}", file=sys.stderr)

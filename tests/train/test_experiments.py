@@ -122,6 +122,28 @@ trainer.load_checkpoint_path, trainer.resume, trainer.overwrite)"""
     assert X.points(run, "val/accuracy")[1] == (4.0, 0.75)
 
 
+def test_compare_smooths_training_curves_skips_all_zero_metrics_and_knows_a_path_written_two_ways(tmp_path,
+                                                                                                  monkeypatch):
+    """A training curve is drawn raw (thin) under its EMA, a validation metric as measured; a metric every run
+    logged as 0 (KL off) gets no PNG; `./r.py:f` in one run and `/abs/r.py:f` in the other is one value."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.py").write_text("def f(response, ground_truth):\n    return 0.0\n")
+    rows = [{"step": s, "reward/mean": (s % 3) / 2, "actor/kl_loss": 0.0, "time/elapsed_s": float(s)}
+            for s in range(1, 61)] + [{"step": 60, "val/accuracy": 0.5, "time/elapsed_s": 61.0}]
+    runs = [_write_run(tmp_path / name, CONFIG.format(est="grpo", lr=1e-6, out=tmp_path / name, name=name).replace(
+                "reward:\n", f"reward:\n  reward_function: {fn}\n"), rows)
+            for name, fn in (("a", "./r.py:f"), ("b", f"{tmp_path}/r.py:f"))]
+    result = X.compare(runs, str(tmp_path / "cmp"), smoothing=0.5)
+    assert "config keys that differ: none" in result["table"]
+    assert sorted(os.path.basename(p) for p in result["plots"]) == ["reward_mean.png", "val_accuracy.png"]
+    fig = X.plot_metric("reward/mean", X.group_runs([X.load_run(runs[0], "a")[0]], []), False, str(tmp_path), 0.5)
+    assert os.path.isfile(fig)
+    from rllava import plot
+
+    assert plot.auto_smoothing(30) == 0.0 and plot.auto_smoothing(300) == pytest.approx(1 - 2 / 16)
+    assert plot.ema([1.0, 3.0] * 50, None) == plot.ema([1.0, 3.0] * 50, plot.auto_smoothing(100))
+
+
 def test_compare_bad_run_dirs_are_one_line(tmp_path, capsys):
     good = _write_run(tmp_path / "good", "trainer: {seed: 1}\n", [{"step": 1, "reward/mean": 0.0}])
     assert _exit(X.main, [good, str(tmp_path / "missing")]) == 2

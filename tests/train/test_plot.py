@@ -66,6 +66,17 @@ def test_draw_raw_and_ema_with_the_run_name(tmp_path):
     assert len(plot.draw(reward, rows, smoothing=0).axes[0].get_lines()) == 1  # smoothing off: the raw line
 
 
+def test_panels_name_their_y_axis_and_the_cli_writes_where_told(tmp_path):
+    out = _run(tmp_path, "counting_grpo")
+    rows = plot.read_metrics(out)
+    labels = {p.name: plot.draw(p, rows).axes[0].get_ylabel() for p in plot.panels(rows, "r")}
+    assert labels["reward"] == "reward" and labels["entropy"] == "entropy (nats / token)" and \
+        labels["val_accuracy"] == "accuracy"
+    res = subprocess.run([sys.executable, "-m", "rllava.plot", out, "--out", str(tmp_path / "figs"), "--smoothing",
+                          "auto"], capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == 0 and all(p.startswith(str(tmp_path / "figs")) for p in res.stdout.split()), res.stderr
+
+
 def test_run_name_falls_back_to_the_directory(tmp_path):
     assert plot.run_name(_run(tmp_path)) == "grpo_lr3e-6"  # no config.yaml
     (tmp_path / "b").mkdir()
