@@ -20,6 +20,7 @@ import functools
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from rllava import distributed as D
 from rllava.data.protocol import Batch, concat_mm
 from rllava.model.shared_prefix import layout_inputs, prefix_layout
 
@@ -113,22 +114,82 @@ def shared_prefix_inputs(model, batch: Batch, packed: bool):
     return (inputs if types is None else {**inputs, "mm_token_type_ids": types}), layout
 
 
+# each media kind a VLM's vision tower encodes: (its feature method, its pixel key, its grid key)
+MEDIA = {"image": ("get_image_features", "pixel_values", "image_grid_thw"),
+         "video": ("get_video_features", "pixel_values_videos", "video_grid_thw")}
+
+
+def _dummy_media(backbone, kind: str) -> dict:
+    """The smallest input of `kind` the VLM's vision tower takes: Qwen-VL, one 2 x 2-merged patch grid (a frame
+    pair for video); the modular VLM, one image of the tower's size."""
+    vision, param = backbone.config.vision_config, next(backbone.parameters())
+    _, pixels, grid = MEDIA[kind]
+    if hasattr(vision, "temporal_patch_size"):  # Qwen-VL: flattened patches and their (t, h, w) grid
+        m = getattr(vision, "spatial_merge_size", 2)
+        width = getattr(vision, "in_channels", 3) * vision.temporal_patch_size * vision.patch_size ** 2
+        return {pixels: torch.zeros(m * m, width, device=param.device), grid: torch.tensor([[1, m, m]], device=param.device)}
+    size = getattr(vision, "image_size", 224)
+    return {pixels: torch.zeros(1, getattr(vision, "num_channels", 3), size, size, device=param.device)}
+
+
+def _tensors(x):
+    if torch.is_tensor(x):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
+    elif isinstance(x, dict) or hasattr(x, "values"):
+        for y in x.values():
+            yield from _tensors(y)
+
+
+def _media_first(backbone, inputs: dict) -> tuple[dict, torch.Tensor | None]:
+    """Under FSDP2 / DeepSpeed ZeRO-3 on several ranks every rank must run the same collectives in the same order,
+    but the vision tower's shards are gathered only where a micro-batch holds an image (or a video): a rank of
+    text-only rows would skip them (gloo: `Received data size doesn't match expected size`; NCCL: a hang). So on
+    several ranks a VLM encodes each media kind it takes before its forward, always in the same order (image,
+    then video): the rows' own media, given to the forward as `mm_encoder_outputs`, or, where the rows hold none
+    of a kind, the smallest input of that kind, whose outputs come back as 0 x their sum (added to the hidden
+    states: nothing changes but the tower's zero gradient, reduced like the rest). Returns (the forward's inputs,
+    that zero or None). One rank, or a model without images: the inputs as they are."""
+    vision = getattr(backbone.config, "vision_config", None)
+    if D.world_size() == 1 or vision is None or not hasattr(backbone, "get_image_features"):
+        return inputs, None
+    inputs, encoded, zero = dict(inputs), {}, None
+    for kind, (method, pixels, grid) in MEDIA.items():
+        if not hasattr(backbone, method):
+            continue
+        if inputs.get(pixels) is not None:
+            args = {pixels: inputs.pop(pixels), **({grid: inputs[grid]} if inputs.get(grid) is not None else {})}
+            encoded[kind] = getattr(backbone, method)(**args, return_dict=True)
+        else:
+            out = getattr(backbone, method)(**_dummy_media(backbone, kind), return_dict=True)
+            part = 0.0 * sum(t.float().sum() for t in _tensors(out) if t.is_floating_point())
+            zero = part if zero is None else zero + part
+    return ({**inputs, "mm_encoder_outputs": encoded} if encoded else inputs), zero
+
+
 def trained_hidden(model, batch: Batch, *, padding_free: bool = False,
                    shared_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(h [N, H], target [B, T-1]): the backbone's last hidden state at every position t whose next token is
-    trained (target[b, t] = loss_mask[b, t+1]), in row-major order. Shared by the LM head and the critic."""
+    trained (target[b, t] = loss_mask[b, t+1]), in row-major order. Shared by the LM head and the critic.
+    Every rank runs the same collectives whatever its rows hold (`_media_first`)."""
     backbone, _ = _backbone_and_head(model)
     target = batch.loss_mask[:, 1:] > 0
     shared = shared_prefix_inputs(model, batch, padding_free) if shared_prefix else None
     if shared is not None:
         inputs, layout = shared
+        inputs, zero = _media_first(backbone, inputs)
         hidden = backbone(**inputs, use_cache=False).last_hidden_state  # [R, L, H]
-        return hidden.flatten(0, 1)[layout.index.to(hidden.device)[:, :-1][target]], target
-    if not padding_free:
-        hidden = backbone(**model_inputs(model, batch), use_cache=False).last_hidden_state  # [B, T, H]
-        return hidden[:, :-1][target], target
-    hidden = backbone(**packed_inputs(model, batch), use_cache=False).last_hidden_state[0]  # [L, H]
-    return hidden[packed_index(batch.attention_mask)[:, :-1][target]], target
+        hidden = hidden.flatten(0, 1)[layout.index.to(hidden.device)[:, :-1][target]]
+    elif not padding_free:
+        inputs, zero = _media_first(backbone, model_inputs(model, batch))
+        hidden = backbone(**inputs, use_cache=False).last_hidden_state[:, :-1][target]  # [B, T, H] -> [N, H]
+    else:
+        inputs, zero = _media_first(backbone, packed_inputs(model, batch))
+        hidden = backbone(**inputs, use_cache=False).last_hidden_state[0]  # [L, H]
+        hidden = hidden[packed_index(batch.attention_mask)[:, :-1][target]]
+    return (hidden if zero is None else hidden + zero.to(hidden.dtype)), target
 
 
 # Trained tokens per LM-head chunk (actor.logprob_chunk_size): at 4096 tokens of a 152k vocabulary the log-prob

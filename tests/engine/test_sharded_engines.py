@@ -97,6 +97,18 @@ def test_actor_update_on_two_ranks_matches_one_process(tmp_path, tiny_model_dir,
         torch.testing.assert_close(fsdp["weights"][k], v, rtol=1e-4, atol=1e-6, msg=k)
 
 
+def _rlvr_on_ranks(nproc: int, out, model: str, reward: str, *extra: str) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node=nproc -m rllava.train.pipeline.rlvr` on the tiny counting config: 4 prompts a
+    step, 2 per mini-batch, 2 steps, KL in the loss, one metrics file; `extra` keys last."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
+           "rllava.train.pipeline.rlvr", "config=examples/tasks/counting/tiny_cpu.yaml",
+           f"actor.model.model_path={model}", "data.train_batch_size=4", "actor.ppo_mini_batch_size=2",
+           "trainer.max_steps=2", f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]", "algorithm.use_kl_loss=true",
+           "actor.kl_loss_coef=0.1", f"reward.reward_function={reward}", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
 @pytest.mark.parametrize("nproc, strategy", [
     (2, ["actor.strategy=fsdp2"]),
     pytest.param(2, ["actor.strategy=fsdp2", "algorithm.ref_reset_freq=1", "actor.ppo_mini_batch_size=4"],
@@ -117,16 +129,10 @@ def test_rlvr_pipeline_on_two_ranks(tmp_path, tiny_model_dir, counting_dir, dist
     gathered, one metrics file, one `final/` that plain transformers loads. (And DeepSpeed in one process,
     with a DeepSpeed critic.)"""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
-           "rllava.train.pipeline.rlvr", "config=examples/tasks/counting/tiny_cpu.yaml",
-           f"actor.model.model_path={tiny_model_dir}", f"data.train_files={counting_dir}/train.jsonl",
-           f"data.val_files={counting_dir}/val.jsonl", "data.max_samples=16", "data.train_batch_size=4",
-           "actor.ppo_mini_batch_size=2", "rollout.n=4", "trainer.max_steps=2", "trainer.val_freq=2",
-           "data.val_batch_size=8", "trainer.val_generations_to_log=1000", f"trainer.outputs_dir={out}",
-           "trainer.logger=[jsonl]", *strategy, "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1",
-           f"reward.reward_function={distinct_reward}"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    res = _rlvr_on_ranks(nproc, out, tiny_model_dir, distinct_reward, f"data.train_files={counting_dir}/train.jsonl",
+                         f"data.val_files={counting_dir}/val.jsonl", "data.max_samples=16", "rollout.n=4",
+                         "trainer.val_freq=2", "data.val_batch_size=8", "trainer.val_generations_to_log=1000",
+                         *strategy)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]  # rank 0 alone writes
@@ -147,6 +153,33 @@ def test_rlvr_pipeline_on_two_ranks(tmp_path, tiny_model_dir, counting_dir, dist
     after = load_file(out / "final" / "model.safetensors")
     assert before.keys() == after.keys() and sum(not torch.equal(before[k], after[k]) for k in before) > len(before) // 2
     AutoModelForImageTextToText.from_pretrained(out / "final")
+
+
+@pytest.mark.parametrize("strategy", [["actor.strategy=fsdp2"],
+                                      pytest.param(["actor.strategy=deepspeed", "actor.deepspeed.zero_stage=3",
+                                                    "actor.deepspeed.torch_dtype=fp32"], marks=DEEPSPEED)],
+                         ids=["fsdp2", "deepspeed3"])
+def test_text_only_and_image_records_mixed_over_two_ranks(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
+                                                          strategy):
+    """Math sets mix text-only and image records: rank 0's prompts hold images, rank 1's none (contiguous shares,
+    no shuffle). Each rank must run the same collectives, the vision tower's included (a rank without an image
+    runs it on the smallest input, times 0): without that, gloo stops at the first step with `Received data size
+    doesn't match expected size` (NCCL hangs)."""
+    records = [json.loads(line) for line in open(os.path.join(counting_dir, "train.jsonl"))][:16]
+    with open(tmp_path / "mixed.jsonl", "w") as f:
+        for i, r in enumerate(records):
+            if i % 4 < 2:  # images: absolute paths
+                r = {**r, "images": [os.path.join(counting_dir, x) for x in r["images"]]}
+            else:  # text only
+                r = {**r, "images": [], "problem": r["problem"].replace("<image>", "")}
+            f.write(json.dumps(r) + "\n")
+    out = tmp_path / "run"
+    res = _rlvr_on_ranks(2, out, tiny_model_dir, distinct_reward, f"data.train_files={tmp_path}/mixed.jsonl",
+                         "data.val_files=null", "data.shuffle=false", "rollout.n=2", "trainer.val_freq=-1",
+                         "trainer.val_before_train=false", *strategy)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]
 
 
 def test_deepspeed_not_installed_is_one_line_error(monkeypatch):

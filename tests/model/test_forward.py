@@ -155,6 +155,43 @@ def test_padding_free_matches_padded_vlm(tmp_path, tiny_model_dir, arch):
     _assert_same(_values_and_grads(model, lambda: run(True)), _values_and_grads(model, lambda: run(False)))
 
 
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen3_vl"])
+def test_media_encoded_first_on_several_ranks_changes_nothing(tmp_path, tiny_model_dir, monkeypatch, arch):
+    """On several ranks a VLM encodes its media before the forward, image then video (the rows' own, or the
+    smallest input times 0), so every rank runs the vision tower in one sequence whatever its rows hold: the
+    log-probs, entropy and gradients are those of the plain forward, and text-only rows give the tower a zero
+    gradient (where the plain forward gives it none)."""
+    from rllava import distributed as D
+
+    path = tiny_model_dir if arch == "qwen2_vl" else build_tiny(arch, str(tmp_path / arch), size="small")
+    model = _vlm(path).train()
+    sequences = []
+    for rows in (ROWS[:4], [ROWS[1], ROWS[5]]):  # with images; text only
+        batch = _vlm_batch(path, rows)
+
+        def run():
+            return token_logprobs(model, batch, temperature=0.7, with_entropy=True, entropy_grad=True,
+                                  padding_free=True)
+
+        with monkeypatch.context() as m:
+            plain = _values_and_grads(model, run)
+            m.setattr(D, "world_size", lambda: 2)
+            calls = []
+            for name in ("get_image_features", "get_video_features"):
+                method = getattr(model.model, name)
+                m.setattr(model.model, name, lambda *a, _m=method, _n=name, **kw: calls.append(_n) or _m(*a, **kw))
+            first = _values_and_grads(model, run)
+        sequences.append(calls)
+        (va, ga), (vb, gb) = plain, first
+        for x, y in zip(va, vb, strict=True):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+        for name in gb:
+            torch.testing.assert_close(gb[name], ga.get(name, torch.zeros_like(gb[name])), atol=1e-5, rtol=1e-5,
+                                       msg=name)
+        assert any("visual" in n for n in gb)
+    assert sequences[0] == sequences[1] and sequences[0][:2] == ["get_image_features", "get_video_features"]
+
+
 def test_padding_free_matches_padded_text_lm():
     model, batch = _text_lm_and_batch()
     model.train()
