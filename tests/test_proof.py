@@ -62,8 +62,8 @@ def test_results_gather_every_task_run_into_the_folder(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_grpo_lifts_each_task(tmp_path, name):
-    """`make proof`, one task at a time (each <= 20 minutes on 2 CPU cores; agent_search prints how often it
-    searches and uses the result, before and after)."""
+    """`make proof`, one task at a time (each <= 20 minutes on 2 CPU cores, agent_code about an hour: a jail per
+    code call; agent_search prints how often it searches and uses the result, before and after)."""
     task = TASKS[name]
     s = run_task(task, str(tmp_path / name))
     print(results_table([s]))
