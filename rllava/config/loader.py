@@ -27,7 +27,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rllava.config.schema import ConfigError, PPOConfig
+from rllava.config.schema import USER_KEYS, ConfigError, PPOConfig
 
 # Other names for canonical keys (from RLLaVA scripts and common habits). Rewritten before merging.
 ALIASES = {
@@ -237,11 +237,27 @@ def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
     the chosen actor.strategy.
     """
     config_path, dotlist = _split_args(sys.argv[1:] if args is None else args)
-    cfg = copy.deepcopy(_defaults())
+    cfg, said = copy.deepcopy(_defaults()), set()
     if config_path is not None:
-        _merge(cfg, _none_strings(_overrides(_load_yaml(config_path), f"in {config_path}")), f"in {config_path}")
-    _merge(cfg, _none_strings(_empty_strings(_overrides(_command_line(dotlist), COMMAND_LINE))), COMMAND_LINE)
-    return _validated(cfg)
+        from_file = _none_strings(_overrides(_load_yaml(config_path), f"in {config_path}"))
+        _merge(cfg, from_file, f"in {config_path}")
+        if not _shipped(config_path):  # a base file of this repository's examples is not the user's choice
+            said |= set(from_file)
+    from_cli = _none_strings(_empty_strings(_overrides(_command_line(dotlist), COMMAND_LINE)))
+    _merge(cfg, from_cli, COMMAND_LINE)
+    token = USER_KEYS.set(said | set(from_cli))  # warnings about ignored keys: only for these
+    try:
+        return _validated(cfg)
+    finally:
+        USER_KEYS.reset(token)
+
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
+
+
+def _shipped(path: str) -> bool:
+    """A config file of this repository's examples/ (RLLaVA's base config, a task's recipe)."""
+    return os.path.realpath(path).startswith(os.path.realpath(EXAMPLES) + os.sep)
 
 
 def _command_line(dotlist: list[str]) -> DictConfig:

@@ -13,6 +13,8 @@ The file is long because it mirrors all ~220 of RLLaVA's keys, one commented lin
 
 from __future__ import annotations
 
+import contextvars
+
 import difflib
 import math
 import os
@@ -1117,16 +1119,16 @@ class PPOConfig:
               + self._hybrid_problems() + self._agent_problems() + self._reference_problems())
         if p:
             raise ConfigError(p)
-        for role in ("actor", "critic"):
+        for role in ("actor", "critic"):  # warnings: only about keys the user set (USER_KEYS)
             section = getattr(self, role)
-            ignored = section.ignored_keys(role) if section is not None else []
+            ignored = [k for k in (section.ignored_keys(role) if section is not None else []) if _said(k)]
             if ignored:
                 warnings.warn(f"{', '.join(ignored)} ignored: {role}.strategy={section.strategy}", stacklevel=2)
-        ignored = self._rollout_ignored_keys()
+        ignored = [k for k in self._rollout_ignored_keys() if _said(k)]
         if ignored:
             warnings.warn(f"{', '.join(ignored)} ignored: rollout.name={self.rollout.name}", stacklevel=2)
         for key, is_on, why in NO_EFFECT_KEYS:
-            if (self.critic is not None or not key.startswith("critic.")) and is_on(get_key(self, key)):
+            if (self.critic is not None or not key.startswith("critic.")) and is_on(get_key(self, key)) and _said(key):
                 warnings.warn(f"{key}={_show(get_key(self, key))} has no effect: {why}", stacklevel=2)
 
     def _derived_problems(self) -> list[str]:
@@ -1291,6 +1293,17 @@ class PPOConfig:
             if is_on(value):
                 p.append(f"{key}={_show(value)} is not available yet in rllava; set {key}={off}")
         return p
+
+
+# The keys the user set (the command line, a config file not shipped in examples/), while `load_config` validates:
+# a key the run ignores is warned about only if the user set it (RLLaVA's base config sets vLLM keys a CPU run
+# never reads). None (outside load_config, e.g. a PPOConfig built in Python): every key.
+USER_KEYS: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("rllava_user_keys", default=None)
+
+
+def _said(key: str) -> bool:
+    keys = USER_KEYS.get()
+    return keys is None or key in keys or any(key.startswith(k + ".") or k.startswith(key + ".") for k in keys)
 
 
 _DEFAULTS: Any = None

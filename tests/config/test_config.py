@@ -18,6 +18,8 @@ from rllava.config import (
 )
 from rllava.config.schema import NOT_BUILT_YET
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 # RLLaVA's examples/config.yaml (snapshot 4753d4a), verbatim.
 EXAMPLE_YAML = """\
 data:
@@ -274,6 +276,16 @@ def test_example_config_loads_every_key_with_its_value(tmp_path):
     assert cfg.trainer.save_freq == 20
 
 
+def test_examples_config_is_rllavas_value_for_value():
+    """A RLLaVA script says config=examples/config.yaml: what it does not set must mean what it meant there."""
+    ours = _leaves(OmegaConf.to_container(OmegaConf.load(os.path.join(REPO, "examples", "config.yaml"))))
+    assert ours == _leaves(OmegaConf.to_container(OmegaConf.create(EXAMPLE_YAML)))  # RLLaVA's file, as data
+    with warnings.catch_warnings(record=True) as said:  # its vLLM keys are not the user's: no warning
+        warnings.simplefilter("always")
+        load_config(["config=" + os.path.join(REPO, "examples", "config.yaml")])
+    assert [str(w.message) for w in said] == []
+
+
 @pytest.mark.parametrize("args, message", [
     ("trainer.resume=none trainer.load_checkpoint_path=ck", "trainer.resume=none contradicts trainer.load_checkpoint_path=ck"),
     ("trainer.resume=a trainer.load_checkpoint_path=b", "trainer.resume=a and trainer.load_checkpoint_path=b name different"),
@@ -314,6 +326,26 @@ def test_a_command_line_value_that_is_not_yaml_is_its_text():
                        "actor.optim.lr=3e-4", "trainer.logger=[console,jsonl]"])
     assert cfg.data.expert_template == "{{ thinking }} {{ answer }}"
     assert cfg.actor.optim.lr == 3e-4 and cfg.trainer.logger == ["console", "jsonl"]
+
+
+def test_warnings_only_about_keys_the_user_set(tmp_path):
+    """A key the run ignores is warned about when the user set it (command line, a config file of theirs), not
+    when a base config of examples/ carries it (RLLaVA's base sets vLLM keys a run with rollout.name=hf never
+    reads)."""
+    base = os.path.join(REPO, "examples", "config.yaml")
+    mine = _write(tmp_path, open(base).read())  # the same file, copied: the user's now
+    with warnings.catch_warnings(record=True) as shipped:
+        warnings.simplefilter("always")
+        load_config([f"config={base}", "rollout.name=hf"])
+    with warnings.catch_warnings(record=True) as copied:
+        warnings.simplefilter("always")
+        load_config([f"config={mine}", "rollout.name=hf"])
+    with warnings.catch_warnings(record=True) as cli:
+        warnings.simplefilter("always")
+        load_config([f"config={base}", "rollout.name=hf", "rollout.vllm.gpu_memory_utilization=0.5"])
+    assert [str(w.message) for w in shipped] == []
+    assert any("rollout.vllm.gpu_memory_utilization ignored: rollout.name=hf" in str(w.message) for w in copied)
+    assert [str(w.message) for w in cli] == ["rollout.vllm.gpu_memory_utilization ignored: rollout.name=hf"]
 
 
 def test_a_tilde_in_a_path_key_is_the_home_directory(tmp_path, monkeypatch):

@@ -64,8 +64,8 @@ def test_outputs_dir_belongs_to_one_run(tmp_path, tiny_model_dir, counting_dir, 
     assert "config.yaml" in before and any(k.startswith("final") for k in before)
 
     _fails(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=2"), capsys,
-           f"trainer.outputs_dir={out} already holds another run's outputs (config.yaml, metrics.jsonl, final): "
-           "choose another trainer.outputs_dir, or set trainer.overwrite=true")
+           f"trainer.outputs_dir={out} already holds another run's outputs (config.yaml, metrics.jsonl, "
+           "samples.jsonl, final): choose another trainer.outputs_dir, or set trainer.overwrite=true")
     _fails(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.overwrite=true",
                  f"data.train_files={tmp_path}/missing.jsonl"), capsys, "missing.jsonl")
     assert _snapshot(out) == before  # neither start rewrote config.yaml or appended to metrics.jsonl
