@@ -8,11 +8,12 @@ unprivileged user (`test_the_suite_holds_for_an_unprivileged_user`). Where the j
 tests skip with the reason, and `test_no_jail_is_a_startup_error_naming_what_is_missing` asserts the error."""
 
 import os
-import signal
+import shlex
+import shutil
 import socket
 import subprocess
 import sys
-import time
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -344,7 +345,7 @@ def _as_user_command(uid: int, command: list[str]) -> list[str] | None:
     """`command` run as `uid` (no supplementary groups), in a mount namespace where the directories on the way
     to this interpreter and to the checkout that `uid` may not enter (e.g. /root, 0700) are made enterable: a
     0755 tmpfs over the first such one, with the needed subtree bound back. None where that cannot be done."""
-    if os.geteuid() != 0 or not shutil_which("unshare") or not shutil_which("setpriv"):
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv"):
         return None
     steps = []
     for target in sorted({os.path.realpath(sys.base_prefix), REPO, os.path.realpath(sys.prefix)}):
@@ -359,29 +360,14 @@ def _as_user_command(uid: int, command: list[str]) -> list[str] | None:
                              f"mount --bind {stash}/{rest} {path}/{rest}")
                 break
     inner = " && ".join(steps + [f"exec setpriv --reuid {uid} --regid {uid} --clear-groups " +
-                                 " ".join(map(shlex_quote, command))])
+                                 " ".join(map(shlex.quote, command))])
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner]
-
-
-def shutil_which(name):
-    import shutil
-
-    return shutil.which(name)
-
-
-def shlex_quote(s):
-    import shlex
-
-    return shlex.quote(s)
 
 
 @pytest.mark.skipif(os.environ.get(NONROOT_RUN) is not None, reason="already the unprivileged run")
 def test_the_suite_holds_for_an_unprivileged_user():
     """Cases 8 and 9: as a non-root trainer, the same guarantees come from a user namespace (the call runs as
     65534 inside it; kill(-1) finds no process of the trainer's): this whole file, run as uid 4242."""
-    import shutil
-    import tempfile
-
     uid, home = 4242, tempfile.mkdtemp(prefix="rllava-unprivileged-")
     command = _as_user_command(uid, [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                                      "--basetemp", os.path.join(home, "t"), os.path.abspath(__file__)])
@@ -437,13 +423,13 @@ def test_no_jail_is_a_startup_error_naming_what_is_missing(bwrap, tmp_path, monk
     assert "\n" not in message and "allow_weaker=true" in message
     assert {"missing": "apt-get install bubblewrap", "refused": "unprivileged_userns_clone",
             "old": "bubblewrap 0.6 is too old: 0.8 or newer"}[bwrap] in message
-    tool, temps = Code(wall_s=5, allow_weaker=True), set(os.listdir(tempfile_dir()))
+    tool, temps = Code(wall_s=5, allow_weaker=True), set(os.listdir(tempfile.gettempdir()))
     with caplog.at_level("WARNING"):
         first = run_code("print('weak')", [], tool.limits, allow_weaker=True)
         deep = run_code("import os\nfor i in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\nprint('deep')\n",
                         [], tool.limits, allow_weaker=True)
     assert first.ok and first.stdout.strip() == "weak" and deep.ok, deep.text()
-    assert first.guards["jail"].startswith("none") and set(os.listdir(tempfile_dir())) == temps
+    assert first.guards["jail"].startswith("none") and set(os.listdir(tempfile.gettempdir())) == temps
     warnings = [r.getMessage() for r in caplog.records if "weaker than promised" in r.getMessage()]
     assert len(warnings) == 1 and "files, network and processes" in warnings[0]
     snippet = tmp_path / "s.py"
@@ -456,16 +442,10 @@ def test_no_jail_is_a_startup_error_naming_what_is_missing(bwrap, tmp_path, monk
     assert cli.returncode == 0 and "hi" in cli.stdout and "weaker than promised" in cli.stderr
 
 
-def tempfile_dir():
-    import tempfile
-
-    return tempfile.gettempdir()
-
-
 def test_root_without_cap_sys_admin_never_reaches_the_network(tmp_path):
     """Case 10's container: root without CAP_SYS_ADMIN either gets the full jail (through a user namespace) or
     the start-up error; the socket layer is never the only guard."""
-    if os.geteuid() != 0 or not shutil_which("setpriv"):
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.skip("needs root and setpriv")
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
