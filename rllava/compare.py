@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 
 from rllava.config.loader import _flatten
 from rllava.errors import RllavaError
-from rllava.plot import SMOOTHING, ema, read_metrics, smoothing_arg
+from rllava.plot import SMOOTHING, ema, read_metrics, smoothed, smoothing_arg
 
 CURVES = ["reward/mean", "reward/accuracy_mean", "actor/kl_loss", "actor/reward_kl", "actor/ppo_kl",
           "actor/entropy", "response_length/mean"]  # then every validation metric
@@ -223,8 +223,7 @@ def plot_metric(key: str, groups: dict[str, list[Run]], grouped: bool, out_dir: 
         for ax, x in ((by_step, steps), (by_time, clock)):
             label = f"{name} (n={len(series)})" if grouped else name
             if smooth:
-                raw, = ax.plot(x, mean, linewidth=0.8, alpha=0.35)
-                line, = ax.plot(x, ema(list(mean), smoothing), color=raw.get_color(), linewidth=2, label=label)
+                line = smoothed(ax, x, mean, smoothing, label)
             else:
                 line, = ax.plot(x, mean, marker=marker, markersize=3, label=label)
             if grouped and len(series) > 1:

@@ -135,17 +135,25 @@ def draw(panel: Panel, rows: list[dict], smoothing: float | None = SMOOTHING):
         steps, values = series(rows, k)
         if not panel.smooth:
             ax.plot(steps, values, marker="o", markersize=3, label=k)
-        elif smoothing is None or smoothing > 0:
-            raw, = ax.plot(steps, values, linewidth=0.8, alpha=0.35)
-            ax.plot(steps, ema(values, smoothing), color=raw.get_color(), linewidth=2, label=k)
         else:
-            ax.plot(steps, values, label=k)
+            smoothed(ax, steps, values, smoothing, k)
     ax.set(xlabel="step", ylabel=panel.ylabel, title=panel.title)
     ax.xaxis.set_major_locator(pyplot().MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def smoothed(ax, x, values, smoothing: float | None, label: str):
+    """A training curve: raw (thin, faint) under its EMA (bold, the same colour), or raw alone at smoothing 0;
+    returns the labelled line (rllava.compare draws its curves the same way)."""
+    if smoothing == 0:
+        line, = ax.plot(x, values, label=label)
+        return line
+    raw, = ax.plot(x, values, linewidth=0.8, alpha=0.35)
+    line, = ax.plot(x, ema(list(values), smoothing), color=raw.get_color(), linewidth=2, label=label)
+    return line
 
 
 def plot(outputs_dir: str, smoothing: float | None = SMOOTHING, out_dir: str | None = None) -> list[str]:

@@ -57,6 +57,7 @@ from itertools import count
 
 from PIL import Image
 
+from rllava.agent.sandbox_init import ERRNO_LIMITS
 from rllava.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -488,9 +489,15 @@ def _first_pid(status_r: int, deadline: float) -> int | None:
 
 
 def _exchange(proc, request: bytes, result_r: int, limits: Limits, deadline: float, seen: dict) -> None:
+    with selectors.DefaultSelector() as sel:
+        _pump(sel, proc, request, result_r, limits, deadline, seen)
+
+
+def _pump(sel, proc, request: bytes, result_r: int, limits: Limits, deadline: float, seen: dict) -> None:
+    """Write the request, read stdout / stderr / the report (keeping what the limits allow) until every pipe is
+    closed, the wall clock is past, or the output is over `file_mb`."""
     keep = {"stdout": 4 * limits.output_chars + 4, "stderr": 4 * limits.output_chars + 4,
             "result": (1 << 16) + limits.max_images * ((limits.file_mb << 20) + 1)}
-    sel = selectors.DefaultSelector()
     for f, name in ((proc.stdout.fileno(), "stdout"), (proc.stderr.fileno(), "stderr"), (result_r, "result")):
         os.set_blocking(f, False)
         sel.register(f, selectors.EVENT_READ, name)
@@ -506,8 +513,10 @@ def _exchange(proc, request: bytes, result_r: int, limits: Limits, deadline: flo
             if key.data == "stdin":
                 try:
                     todo = todo[os.write(key.fd, todo):]
-                except (BrokenPipeError, BlockingIOError) as e:
-                    todo = todo if isinstance(e, BlockingIOError) else todo[:0]
+                except BlockingIOError:
+                    continue
+                except BrokenPipeError:  # the first process is gone: nothing more to send
+                    todo = todo[:0]
                 if not todo:
                     sel.unregister(key.fd)
                     proc.stdin.close()
@@ -570,7 +579,7 @@ def _result(seen: dict, hits: dict, limits: Limits, guards: dict) -> Result:
     return result
 
 
-LABELS = {"memory limit", "open files limit", "file size limit", "disk limit", "process limit"}
+LABELS = {*ERRNO_LIMITS.values(), "memory limit", "process limit"}  # what sandbox_init.limit_of can say
 
 
 def _report(data: bytes) -> tuple[dict | None, list[tuple[str, bytes]]]:

@@ -1096,9 +1096,10 @@ class PPOConfig:
         if self.algorithm.strategy == "mix_chord" and self.actor.policy_loss.loss_mode == "vanilla":
             self.actor.policy_loss.loss_mode = "chord"  # RLLaVA's CHORD task selects CHORD this way
         d, kw = self.data, self.data.dataset_kwargs or {}
-        if rllava_target_dataset(d.dataset_class) and isinstance(kw.get("target_key"), str):
+        target_class = rllava_target_dataset(d.dataset_class)
+        if target_class and isinstance(kw.get("target_key"), str):
             # RLLaVA's expert-response datasets as rllava's keys: the field (the Clevr class: field + "\n" + answer)
-            if rllava_target_dataset(d.dataset_class) == "RLHFDatasetWithTargetClevr":
+            if target_class == "RLHFDatasetWithTargetClevr":
                 d.expert_template = d.expert_template or "{{ %s }}\n{{ answer }}" % kw["target_key"]
             else:
                 d.target_key = d.target_key or kw["target_key"]

@@ -74,6 +74,12 @@ class Trajectory:
     def num_response_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.segments if s.trained)
 
+    @property
+    def expert(self) -> str | None:
+        """A hybrid's expert row: "demonstration" (for the SFT term only), "prefix" (it starts with the expert's
+        tokens); None for the policy's own."""
+        return "demonstration" if self.sft_only else "prefix" if any(s.off_policy for s in self.segments) else None
+
 
 # Which stage fills each optional Batch field, for the error when it is read before being set.
 _PRODUCED_BY = {"scores": "reward", "advantages": "advantage", "old_logprobs": "old log-prob",

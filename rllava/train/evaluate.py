@@ -58,9 +58,8 @@ def generation_row(t: Trajectory, reward: float | None, parts: dict[str, float] 
            "reward": reward, "reward_parts": parts or None}
     if t.agent is not None and getattr(t.agent, "log", None):
         row["turns"] = t.agent.log
-    expert = "demonstration" if t.sft_only else "prefix" if any(s.off_policy for s in t.segments) else None
-    if expert:
-        row["expert"] = expert
+    if t.expert:
+        row["expert"] = t.expert
     return row
 
 

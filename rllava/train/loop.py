@@ -158,7 +158,7 @@ def build_run(cfg, *, sft: bool = False, given: Given | None = None) -> Run:
         reward.close()
         reward = None
     # agents' SFT replays the expert's turns through the agent driver (its tools make the observations)
-    rollout = B.build_rollout(cfg, processor, device, env) if reward is not None or (sft and agent_on(cfg)) else None
+    rollout = B.build_rollout(cfg, processor, device, env) if reward is not None or env is not None else None
     B.seed_sampling(cfg)
     return Run(cfg, device, outputs_dir, model, processor, train_set, val_set, sampler, steps, actor, None,
                rollout, reward, resume_from, fresh=fresh, engines={"actor": actor.engine})
@@ -170,7 +170,7 @@ def sample_rows(batch: Batch, dataset: PromptDataset, k: int) -> list[dict]:
     SFT)."""
     rank, seen = [], {}  # rank[j]: (row j is a hybrid's expert row, it is the nth such row of its group)
     for t, g in zip(batch.trajectories, batch.group_ids.tolist()):
-        expert = t.sft_only or any(s.off_policy for s in t.segments)
+        expert = t.expert is not None
         seen[g, expert] = seen.get((g, expert), 0) + 1
         rank.append((expert, seen[g, expert]))
     scores = batch.scores.tolist() if batch.scores is not None else [None] * len(batch)

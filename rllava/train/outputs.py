@@ -121,12 +121,12 @@ def _stopped_before_a_checkpoint(cfg, outputs_dir: str) -> bool:
         return not identity_changes(f.read(), config_to_yaml(cfg))
 
 
-def claim(cfg, outputs_dir: str, resuming: bool, fresh: bool = False) -> None:
-    """Right before the first step: delete the old run's files (`fresh`: what `check_outputs` said; never when
-    resuming), the leftovers of a killed final save, and write this run's config.yaml. Rank 0 writes; every
+def claim(cfg, outputs_dir: str, resuming: bool, fresh: bool) -> None:
+    """Right before the first step: delete the old run's files (`fresh`: what `check_outputs` said, i.e.
+    trainer.overwrite or the same run started again; never when resuming), the leftovers of a killed final save, and write this run's config.yaml. Rank 0 writes; every
     rank waits."""
     if D.is_main():
-        if (fresh or cfg.trainer.overwrite) and not resuming:
+        if fresh and not resuming:
             for name in RUN_FILES:
                 _remove(os.path.join(outputs_dir, name))
             root = C.checkpoint_root(cfg, outputs_dir)
