@@ -32,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vs_trl import REPO, _counting, bench_env, ensure_trl_venv, run_trl  # noqa: E402
+from vs_trl import REPO, _counting, bench_env, ensure_trl_venv, keys_for, run_trl  # noqa: E402
 
 CONFIG = "examples/tasks/counting/tiny_cpu.yaml"
 LR, NEW_TOKENS = 1e-4, 10  # at the proof's 3e-4 TRL collapses within 40 steps (docs/performance.md)
@@ -56,7 +56,7 @@ def run_rllava(sft: str, common: list[str], run_dir: str, budget: float, marks: 
     cmd = [sys.executable, "-m", "rllava.train.pipeline.rlvr", *rl_keys(common, lr), f"actor.model.model_path={sft}",
            "trainer.max_steps=100000", "trainer.val_before_train=false", "trainer.val_freq=-1",
            "trainer.save_freq=1", "trainer.save_limit=3", "actor.checkpoint.save_contents=[hf_model]",
-           f"trainer.outputs_dir={run_dir}"]
+           *keys_for(run_dir)]
     metrics, checkpoints = os.path.join(run_dir, "metrics.jsonl"), os.path.join(run_dir, "checkpoints")
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "log.txt"), "w") as log:
@@ -90,7 +90,7 @@ def run_rllava(sft: str, common: list[str], run_dir: str, budget: float, marks: 
 def evaluate(model: str, common: list[str], out: str, env: dict) -> dict:
     """Held-out sampled and greedy accuracy of the model directory `model` (one val_only run)."""
     cmd = [sys.executable, "-m", "rllava.train.pipeline.rlvr", *rl_keys(common), f"actor.model.model_path={model}",
-           "trainer.val_only=true", f"trainer.outputs_dir={out}"]
+           "trainer.val_only=true", *keys_for(out)]
     with open(out + ".log", "w") as log:
         subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
     row = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))][-1]

@@ -131,13 +131,19 @@ def run_trl(model_dir: str, data_dir: str, run_dir: str, steps: int, *, lr: floa
 
 # ---- rllava's side ---------------------------------------------------------------------------------------------
 
+def keys_for(run_dir: str) -> list[str]:
+    from rllava.train.outputs import keys_for as keys  # rllava's venv only: this file also runs in TRL's
+
+    return keys(run_dir)
+
+
 def rllava_command(model_dir: str, data_dir: str, run_dir: str, steps: int, keys: list[str]) -> list[str]:
     return [sys.executable, "-m", "rllava.train.pipeline.rlvr", "config=examples/tasks/counting/tiny_cpu.yaml",
             f"actor.model.model_path={model_dir}", f"data.train_files={data_dir}/train.jsonl",
             f"data.val_files={data_dir}/val.jsonl", f"data.max_response_length={NEW_TOKENS}",
             f"data.train_batch_size={PROMPTS}", f"rollout.n={K}", f"actor.optim.lr={LR}",
             "actor.optim.lr_scheduler_type=constant", f"trainer.max_steps={steps}", "trainer.val_before_train=false",
-            "trainer.val_freq=-1", "trainer.logger=[jsonl]", f"trainer.outputs_dir={run_dir}",
+            "trainer.val_freq=-1", "trainer.logger=[jsonl]", *keys_for(run_dir),
             "trainer.overwrite=true", f"reward.reward_function={os.path.abspath(__file__)}:compute_score", *keys]
 
 

@@ -95,7 +95,8 @@ def load_run(path: str, name: str) -> tuple[Run, str | None]:
         raise RllavaError(f"{os.path.join(path, 'metrics.jsonl')}: not a metrics file ({e})") from e
     config_file = os.path.join(path, "config.yaml")
     if not os.path.isfile(config_file):
-        raise RllavaError(f"{config_file} does not exist: give the trainer.outputs_dir of a run")
+        raise RllavaError(f"{config_file} does not exist: give a run's folder, "
+                          "<trainer.outputs_dir>/<project_name>/<experiment_name>")
     try:
         with open(config_file) as f:
             config = flat_config(f.read())
@@ -267,7 +268,8 @@ def compare(run_dirs: list[str], out_dir: str = "compare", group_by: list[str] |
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rllava.compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs' trainer.outputs_dir")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                        help="runs' folders (<outputs_dir>/<project_name>/<experiment_name>)")
     parser.add_argument("--out", default="compare", help="where the PNGs and compare.md go (default ./compare)")
     parser.add_argument("--group-by", action="append", default=[], metavar="KEY",
                         help="average runs that differ only in KEY (e.g. trainer.seed); repeatable")

@@ -47,7 +47,8 @@ class Panel:
 def read_metrics(outputs_dir: str) -> list[dict]:
     path = os.path.join(outputs_dir, "metrics.jsonl")
     if not os.path.isfile(path):
-        raise RllavaError(f"{path} does not exist: give the trainer.outputs_dir of a run")
+        raise RllavaError(f"{path} does not exist: give a run's folder, "
+                          "<trainer.outputs_dir>/<project_name>/<experiment_name>")
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
@@ -178,7 +179,8 @@ def smoothing_arg(text: str) -> float | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rllava.plot", description=__doc__.split("\n\n")[0])
-    parser.add_argument("outputs_dir", help="a run's trainer.outputs_dir (holding metrics.jsonl)")
+    parser.add_argument("outputs_dir", help="a run's folder, <outputs_dir>/<project_name>/<experiment_name> "
+                        "(holding metrics.jsonl)")
     parser.add_argument("--smoothing", "--ema", type=smoothing_arg, default=SMOOTHING,
                         help="EMA weight in [0, 1) drawn over the raw training curves (default auto: ~5%% of the "
                              "run's steps; 0 = off)")

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from rllava.data.synthetic import make_dataset
 from rllava.model.tiny import build_tiny
 from rllava.plot import read_metrics, series
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -90,7 +91,7 @@ def warm_up(task: Task, out: str, common: list[str], sft_steps: int | None = Non
     return _run("rllava.train.pipeline.sft", [
         f"config={_configs(task)}/tiny_cpu_sft.yaml", f"actor.model.model_path={os.path.join(out, 'model')}",
         *common, *([f"trainer.max_steps={sft_steps}"] if sft_steps else []), "trainer.val_freq=0",
-        f"trainer.outputs_dir={os.path.join(out, 'sft')}", "trainer.overwrite=true"])  # fresh model and data
+        *keys_for(os.path.join(out, "sft")), "trainer.overwrite=true"])  # fresh model and data
 
 
 def train_rl(task: Task, out: str, common: list[str], name: str = "grpo", keys: tuple[str, ...] = (),
@@ -100,7 +101,7 @@ def train_rl(task: Task, out: str, common: list[str], name: str = "grpo", keys: 
         f"config={_configs(task)}/tiny_cpu.yaml", f"actor.model.model_path={os.path.join(out, 'sft', 'final')}",
         *common, *([f"trainer.max_steps={rl_steps}"] if rl_steps else []),
         *([f"trainer.val_freq={val_freq}"] if val_freq else []), "trainer.val_before_train=true", *keys,
-        f"trainer.outputs_dir={os.path.join(out, name)}", "trainer.overwrite=true"])
+        *keys_for(os.path.join(out, name)), "trainer.overwrite=true"])
 
 
 def _configs(task: Task) -> str:

@@ -8,9 +8,10 @@
   `data.train_files=[a.jsonl,b.jsonl],[c.jsonl]` is an axis of two lists, `k="a,b"` one string. Every point is
   checked by the config loader before the first run starts.
 - Each point runs through the normal CLI (`python -m rllava.train.pipeline.<pipeline> config=... k=v ...`), one
-  after another, into OUT/<name> (OUT default outputs/sweep_<trainer.experiment_name>), where <name> is the
+  after another, into OUT/<name>, where OUT is the run folder of the config (RLLaVA's layout:
+  <trainer.outputs_dir>/<project_name>/<experiment_name>; `--out DIR` sets trainer.outputs_dir) and <name> is the
   point's values, e.g. `adv_estimator=grpo+seed=1`; its stdout and stderr are appended to OUT/<name>/train.log.
-  The sweep sets trainer.outputs_dir, experiment_name (<the config's>/<name>), resume and overwrite itself.
+  The sweep sets experiment_name (<the config's>/<name>), resume and overwrite itself.
 - Launched again, the sweep skips a point whose dir holds `final/` (and stops with one line if that run's config
   differs from the point's), resumes one that holds checkpoints (trainer.resume=auto) and restarts one that holds
   a run's outputs but no checkpoint (trainer.overwrite=true).
@@ -41,7 +42,7 @@ from rllava.compare import compare, config_changes, flat_config, short_keys
 from rllava.config import config_to_yaml, load_config
 from rllava.errors import RllavaError
 
-SET_BY_SWEEP = ("trainer.outputs_dir", "trainer.experiment_name", "trainer.resume", "trainer.overwrite",
+SET_BY_SWEEP = ("trainer.experiment_name", "trainer.resume", "trainer.overwrite",
                 "trainer.save_checkpoint_path", "trainer.load_checkpoint_path")
 SEED_KEYS = ("trainer.seed", "data.seed", "rollout.seed")  # axes averaged over by the final compare
 PIPELINES = ("rlvr", "sft", "sft_rl", "agentic")
@@ -88,7 +89,8 @@ def expand(args: list[str]) -> tuple[list[str], dict[str, list[str]]]:
             raise RllavaError(f"{key} is given twice: give it once, its values separated by commas")
         seen.add(key)
         if key in SET_BY_SWEEP:
-            raise RllavaError(f"{key} is set by the sweep for each run (runs go to --out DIR/<name>): drop it")
+            raise RllavaError(f"{key} is set by the sweep for each run (runs go to <outputs_dir>/<project_name>/"
+                              "<experiment_name>/<name>): drop it")
         values = split_values(value)
         if len(values) == 1:
             fixed.append(arg)
@@ -109,9 +111,10 @@ def point_name(values: dict[str, str]) -> str:
     return re.sub(r"[^A-Za-z0-9._=+@-]+", "-", "+".join(parts)) or "run"
 
 
-def plan(fixed: list[str], axes: dict[str, list[str]], out: str | None) -> tuple[str, list[Point]]:
+def plan(fixed: list[str], axes: dict[str, list[str]]) -> tuple[str, list[Point]]:
     """Every point of the grid, its config checked, its dir and what to do there; (sweep dir, points)."""
     from rllava.train import checkpoint as C  # torch: only once the grid parses
+    from rllava.train.builders import run_outputs_dir
     from rllava.train import outputs as O
 
     def checked(args: list[str], name: str):
@@ -123,19 +126,17 @@ def plan(fixed: list[str], axes: dict[str, list[str]], out: str | None) -> tuple
     combos = [dict(zip(axes, vs)) for vs in itertools.product(*axes.values())]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # said again in each run's log
-        if out is None:  # named after the first point's experiment_name
-            first = checked([*fixed, *fixed_of(combos[0])], point_name(combos[0]))
-            out = os.path.join("outputs", f"sweep_{first.trainer.experiment_name}")
-        points, names = [], {}
+        out, points, names = None, [], {}
         for values in combos:
             name = point_name(values)
             if name in names:
                 raise RllavaError(f"two points of the grid get the name {name} ({names[name]} and {values}): "
                                   "make their values differ in letters, digits or . _ - @ +")
             names[name] = values
-            run_dir = os.path.join(out, name)
-            args = [*fixed, *fixed_of(values), f"trainer.outputs_dir={run_dir}"]
+            args = [*fixed, *fixed_of(values)]
             cfg = checked(args, name)
+            out = out or run_outputs_dir(cfg)  # the sweep dir: the first point's run folder
+            run_dir = os.path.join(run_outputs_dir(cfg), name)
             args.append(f"trainer.experiment_name={cfg.trainer.experiment_name}/{name}")
             point = Point(name, args, run_dir)
             if os.path.isdir(os.path.join(run_dir, "final")):
@@ -200,7 +201,11 @@ def last_line(path: str) -> str:
 def sweep(args: list[str], out: str | None = None, parallel: bool = False, pipeline: str = "rlvr") -> int:
     """Run the grid (see the module docstring); returns the exit status."""
     fixed, axes = expand(args)
-    out, points = plan(fixed, axes, out)
+    if out is not None:
+        if any(a.startswith("trainer.outputs_dir=") for a in fixed):
+            raise RllavaError("--out sets trainer.outputs_dir: give one of them")
+        fixed.append(f"trainer.outputs_dir={out}")
+    out, points = plan(fixed, axes)
     gpus = visible_gpus() if parallel else []
     if parallel and not gpus:
         raise RllavaError("--parallel runs one run per GPU and this machine shows none (CUDA_VISIBLE_DEVICES, "
@@ -260,7 +265,8 @@ def sweep(args: list[str], out: str | None = None, parallel: bool = False, pipel
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rllava.sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", metavar="KEY=V1,V2", help="config=FILE, fixed and swept keys")
-    parser.add_argument("--out", help="the sweep dir (default outputs/sweep_<trainer.experiment_name>)")
+    parser.add_argument("--out", help="trainer.outputs_dir of every run: the runs go to "
+                        "OUT/<project_name>/<experiment_name>/<name>")
     parser.add_argument("--parallel", action="store_true", help="one run per GPU at a time")
     parser.add_argument("--pipeline", default="rlvr", choices=PIPELINES, help="rllava.train.pipeline.<name>")
     args = parser.parse_intermixed_args(argv)

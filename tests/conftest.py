@@ -90,11 +90,12 @@ def straight_and_resumed(tmp_path, monkeypatch):
     """`run(stop_at, args) -> (outputs of a straight rlvr run, outputs of the same run stopped right after
     checkpoint `stop_at`, as if the job hit its time limit, and resumed with trainer.resume=auto)`."""
     from rllava.train import checkpoint as C
+    from rllava.train.outputs import keys_for
     from rllava.train.pipeline import rlvr
 
     def run(stop_at: int, args: list[str]) -> tuple[str, str]:
         straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
-        rlvr.main([*args, f"trainer.outputs_dir={straight}"])
+        rlvr.main([*args, *keys_for(straight)])
         save = C.save_checkpoint
 
         def save_then_stop(run_, step):
@@ -105,9 +106,9 @@ def straight_and_resumed(tmp_path, monkeypatch):
 
         monkeypatch.setattr(C, "save_checkpoint", save_then_stop)
         with pytest.raises(SystemExit):
-            rlvr.main([*args, f"trainer.outputs_dir={stopped}"])
+            rlvr.main([*args, *keys_for(stopped)])
         monkeypatch.setattr(C, "save_checkpoint", save)
-        rlvr.main([*args, f"trainer.outputs_dir={stopped}"])
+        rlvr.main([*args, *keys_for(stopped)])
         return straight, stopped
 
     return run

@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from rllava.train.pipeline import rlvr
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,7 +35,7 @@ def run(tmp_path, tiny_model_dir, counting_dir, distinct_reward, capsys, monkeyp
         argv = [config, f"actor.model.model_path={tiny_model_dir}",
                 f"data.train_files={data_dir}/train.jsonl", "data.val_files=", "data.max_samples=8",
                 "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2", "trainer.max_steps=1",
-                "trainer.val_before_train=false", "trainer.logger=[jsonl]", f"trainer.outputs_dir={tmp_path}/run",
+                "trainer.val_before_train=false", "trainer.logger=[jsonl]", *keys_for(f"{tmp_path}/run"),
                 "data.max_response_length=4", f"reward.reward_function={distinct_reward}", *overrides]
         capsys.readouterr()
         try:
@@ -193,7 +194,7 @@ def test_runtime_unwritable_dir_and_an_earlier_runs_outputs(run, tmp_path):
     assert run()[0] == 0
     config = (tmp_path / "run" / "config.yaml").read_text()
     code, err = run("actor.optim.lr=1e-4")  # another run into the same dir: stopped before writing anything
-    assert code == 2 and "trainer.outputs_dir" in one_line(err)
+    assert code == 2 and "already holds another run's outputs" in one_line(err)
     assert (tmp_path / "run" / "config.yaml").read_text() == config
     assert run("actor.optim.lr=1e-4", "trainer.overwrite=true")[0] == 0
 
@@ -225,7 +226,7 @@ def test_runtime_sigint_mid_step_exits_130(tmp_path, tiny_model_dir, counting_di
                           f"actor.model.model_path={tiny_model_dir}", f"data.train_files={counting_dir}/train.jsonl",
                           "data.val_files=", "data.max_samples=8", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2",
                           "rollout.n=2", "trainer.max_steps=2", "trainer.val_before_train=false", "trainer.logger=[jsonl]",
-                          f"trainer.outputs_dir={out}", f"reward.reward_function={tmp_path}/r.py:compute_score"],
+                          *keys_for(out), f"reward.reward_function={tmp_path}/r.py:compute_score"],
                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal (a
     # suite started with `&` from a script hands its children SIGINT ignored, and Python then keeps it ignored)

@@ -93,9 +93,9 @@ def test_the_python_api_example_runs(tmp_path):
     done = subprocess.run([sys.executable, os.path.join(CUSTOM, "python_api.py"), "--out", str(out), "--steps", "2"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"trained model: {out / 'run' / 'final'}" in done.stdout
-    rows = [json.loads(line) for line in open(out / "run" / "metrics.jsonl")]
+    assert f"trained model: {out / 'custom' / 'run' / 'final'}" in done.stdout
+    rows = [json.loads(line) for line in open(out / "custom" / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]
-    cfg = as_config(str(out / "run" / "config.yaml"))
+    cfg = as_config(str(out / "custom" / "run" / "config.yaml"))
     assert cfg.algorithm.adv_estimator == "centered" and cfg.actor.model.model_path == str(out / "model")
-    assert os.path.isfile(out / "run" / "final" / "model.safetensors")
+    assert os.path.isfile(out / "custom" / "run" / "final" / "model.safetensors")

@@ -14,6 +14,7 @@ from rllava.config import load_config
 from rllava.data.synthetic import make_counting
 from rllava.model.tiny import build_tiny
 from rllava.train.pipeline import rlvr, sft
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 60
@@ -29,7 +30,7 @@ def warm(tmp_path_factory):
     os.chdir(REPO)
     out = sft.train(load_config([f"config=examples/tasks/counting/tiny_cpu_sft.yaml", f"actor.model.model_path={model}",
                                f"data.train_files={data['train']}", f"data.val_files={data['val']}",
-                               "trainer.max_steps=50", "trainer.val_freq=0", f"trainer.outputs_dir={root / 'sft'}",
+                               "trainer.max_steps=50", "trainer.val_freq=0", *keys_for(str(root / "sft")),
                                "trainer.logger=[jsonl]"]))
     return os.path.join(out, "final"), data
 
@@ -39,7 +40,7 @@ def _lift(warm, tmp_path, *extra, key="val/accuracy"):
     out = rlvr.train(load_config([
         "config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={model}",
         f"data.train_files={data['train']}", f"data.val_files={data['val']}", f"trainer.max_steps={STEPS}",
-        f"trainer.val_freq={STEPS}", "trainer.val_greedy=false", f"trainer.outputs_dir={tmp_path / 'rl'}",
+        f"trainer.val_freq={STEPS}", "trainer.val_greedy=false", *keys_for(str(tmp_path / "rl")),
         "trainer.logger=[jsonl]", *extra]))
     vals = [r for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if key in r]
     start, end = vals[0][key], vals[-1][key]

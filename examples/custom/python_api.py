@@ -65,7 +65,7 @@ def main(argv=None) -> str:
     config.reward.reward_function = os.path.join(HERE, "reward.py") + ":compute_score"
     config.algorithm.adv_estimator = "centered"  # the class registered above
     config.trainer.max_steps = args.steps
-    config.trainer.outputs_dir = os.path.join(out, "run")
+    config.trainer.outputs_dir = out  # the run writes <outputs_dir>/<project_name>/<experiment_name>: out/custom/run
 
     pipeline = RLVRPipeline(model, config, train, val)
     outputs_dir = pipeline.run()  # rollout -> reward -> advantage -> update, args.steps times; then final/

@@ -10,6 +10,7 @@ FOLDER=${2:?usage: tiny_cpu.sh TASK FOLDER [key=value ...]}
 shift 2
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-outputs/tiny_cpu/${TASK}}
+RUNS=(trainer.outputs_dir=$(dirname ${OUT}) trainer.project_name=$(basename ${OUT}))  # runs in ${OUT}/<experiment_name>
 
 python -m rllava.model.tiny --arch ${ARCH:-qwen2_vl} --size demo --out ${OUT}/model
 python -m rllava.data.synthetic ${TASK} --out ${OUT}/data --train ${TRAIN:-4000} --val ${VAL:-200}
@@ -24,7 +25,7 @@ python -m rllava.train.pipeline.sft \
   actor.model.model_path=${OUT}/model \
   data.train_files=${OUT}/data/train.jsonl \
   data.val_files=${OUT}/data/val.jsonl \
-  trainer.outputs_dir=${OUT}/sft \
+  "${RUNS[@]}" trainer.experiment_name=sft \
   ${SFT_STEPS:+trainer.max_steps=${SFT_STEPS}}
 
 torchrun --standalone --nproc_per_node=1 -m rllava.train.pipeline.rlvr \
@@ -32,7 +33,7 @@ torchrun --standalone --nproc_per_node=1 -m rllava.train.pipeline.rlvr \
   actor.model.model_path=${OUT}/sft/final \
   data.train_files=${OUT}/data/train.jsonl \
   data.val_files=${OUT}/data/val.jsonl \
-  trainer.outputs_dir=${OUT}/grpo \
+  "${RUNS[@]}" trainer.experiment_name=grpo \
   ${RL_STEPS:+trainer.max_steps=${RL_STEPS}} \
   "${AGENT[@]}" \
   "$@"

@@ -129,7 +129,7 @@ class DataConfig:
     num_workers: int = 0  # rllava default 0 (RLLaVA: 8 DataLoader workers): batches are encoded in the training process; > 0 warns
     filter_overlong_prompts: bool = True  # drop records whose prompt exceeds max_prompt_length
     filter_overlong_prompts_workers: int = 1  # rllava default 1 (RLLaVA: 16): the filter runs in the training process; > 1 warns
-    dataset_class: Optional[str] = None  # RLLaVA's expert-response dataset "path/custom_datasets.py:RLHFDatasetWithTarget[Clevr]", read by class name (its file is not run)
+    dataset_class: Optional[str] = None  # RLLaVA's "path/custom_datasets.py:RLHFDatasetWithTarget[Clevr]" (expert response) or "...:AgentSearchDataset" (final-answer rows), read by class name (its file is not run)
     dataset_kwargs: Optional[dict[str, Any]] = None  # its keyword arguments: target_key (the expert field), max_target_length (8192), strip_target_think_tag (true)
     max_samples: int = -1  # rllava: use only the first N records (quick runs); -1 = all
     target_key: Optional[str] = None  # rllava: record field with a reference response (SFT target, expert)
@@ -881,7 +881,7 @@ class TrainerConfig:
     save_freq: int = -1  # checkpoint every N steps and at the last step (<dir>/global_step_N); -1 or 0 = never
     save_limit: int = -1  # checkpoints kept, the newest; -1 = all
     save_model_only: bool = False  # save weights only (no optimizer, LR schedule, RNG): resume is then not exact
-    outputs_dir: Optional[str] = None  # rllava meaning: None = outputs/<experiment_name> (RLLaVA: project/exp)
+    outputs_dir: Optional[str] = None  # a run writes <outputs_dir>/<project_name>/<experiment_name>; None = outputs
     save_checkpoint_path: Optional[str] = None  # None = <outputs_dir>/checkpoints
     load_checkpoint_path: Optional[str] = None  # checkpoint to resume from (a global_step_N dir, or a dir of them)
     find_last_checkpoint: bool = True  # resume=auto: resume from the newest checkpoint in save_checkpoint_path
@@ -899,6 +899,11 @@ class TrainerConfig:
         p: list[str] = []
         _positive(p, f"{prefix}.total_epochs", self.total_epochs)
         _positive(p, f"{prefix}.max_steps", self.max_steps, None)
+        for key in ("project_name", "experiment_name"):  # folders of the outputs: <outputs_dir>/<project>/<exp>
+            name = str(getattr(self, key))
+            if not name or os.path.isabs(name) or ".." in name.split("/") or name in (".", "./"):
+                p.append(f"{prefix}.{key}={name!r} names the run's folder under trainer.outputs_dir: give a "
+                         "relative name without '..'")
         _each_choice(p, f"{prefix}.logger", self.logger, LOGGERS)
         if len(set(self.logger)) != len(self.logger):
             p.append(f"{prefix}.logger={self.logger} lists a logger twice")
@@ -940,9 +945,21 @@ RLLAVA_TARGET_KWARGS = {"target_key": None, "max_target_length": 8192, "sample_t
                         "strip_target_think_tag": True}
 
 
-def rllava_target_dataset(spec: str | None) -> str | None:
-    """The RLLaVA class `data.dataset_class` names ("path/custom_datasets.py:Class" or "Class"), or None."""
+# RLLaVA's agent-search dataset (its examples/tasks/agent_search/agent_search_dataset.py), read by name too: only
+# records whose `solution` field (else data.answer_key) holds a final <answer>...</answer> are kept, and the ground
+# truth is the text inside those tags (rllava.data.dataset.final_answer_rows). It takes no dataset_kwargs.
+RLLAVA_AGENT_DATASET = "AgentSearchDataset"
+
+
+def rllava_dataset(spec: str | None) -> str | None:
+    """The RLLaVA class `data.dataset_class` names ("path/file.py:Class" or "Class") if rllava reads it, or None."""
     name = (spec or "").rpartition(":")[2]
+    return name if name in (*RLLAVA_TARGET_DATASETS, RLLAVA_AGENT_DATASET) else None
+
+
+def rllava_target_dataset(spec: str | None) -> str | None:
+    """The RLLaVA expert-response class `data.dataset_class` names, or None."""
+    name = rllava_dataset(spec)
     return name if name in RLLAVA_TARGET_DATASETS else None
 
 # Keys of features whose issues have not landed yet: any change from the default is an error naming the feature.
@@ -1207,19 +1224,18 @@ class PPOConfig:
         return p
 
     def _dataset_class_problems(self) -> list[str]:
-        """data.dataset_class / dataset_kwargs: RLLaVA's expert-response dataset classes, by name."""
+        """data.dataset_class / dataset_kwargs: RLLaVA's expert-response and agent-search dataset classes, by name."""
         d, kw = self.data, self.data.dataset_kwargs or {}
-        name = rllava_target_dataset(d.dataset_class)
+        name = rllava_dataset(d.dataset_class)
         if d.dataset_class is None:
             return ["data.dataset_kwargs is read only by data.dataset_class; leave it at null"] if kw else []
         if name is None:
-            agent = ("; RLLaVA's agent datasets (AgentSearchDataset, ...) keep rows whose solution holds a final "
-                     "<answer>...</answer> and answer with it: give such records (data.answer_key) and drop "
-                     "data.dataset_class (docs/agents.md)") if "Agent" in d.dataset_class else ""
             return [f"data.dataset_class={d.dataset_class}: rllava runs no dataset class of a file; it reads RLLaVA's "
-                    f"expert-response classes by name ({', '.join(RLLAVA_TARGET_DATASETS)}). Put the fields in the "
-                    "records and name them with data.prompt_key / answer_key / image_key / target_key, or build the "
-                    f"expert text with data.expert_template (a Jinja template over the record's fields){agent}"]
+                    f"classes by name ({', '.join((*RLLAVA_TARGET_DATASETS, RLLAVA_AGENT_DATASET))}). Put the fields "
+                    "in the records and name them with data.prompt_key / answer_key / image_key / target_key, or "
+                    "build the expert text with data.expert_template (a Jinja template over the record's fields)"]
+        if name == RLLAVA_AGENT_DATASET:
+            return [f"data.dataset_kwargs: RLLaVA's {name} takes none; leave it at null"] if kw else []
         p = [f"data.dataset_kwargs.{k}: not a key of RLLaVA's {name} (keys: {', '.join(RLLAVA_TARGET_KWARGS)})"
              for k in kw if k not in RLLAVA_TARGET_KWARGS]
         if not isinstance(kw.get("target_key"), str):

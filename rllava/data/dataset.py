@@ -29,6 +29,7 @@ import jinja2
 from rllava.data.images import load_image, normalize_image_list, resize_to_pixel_bounds, stored_size
 from rllava.data.protocol import Sample
 from rllava.data.records import DataError, base_dir, check_keys, check_values, load_records
+from rllava.config.schema import RLLAVA_AGENT_DATASET, rllava_dataset
 from rllava.data.video import VideoSpec, load_video
 from rllava.model.processor import get_tokenizer
 
@@ -124,6 +125,27 @@ def _expected_tokens(processor, mm: dict, kind: str) -> int | None:
     return None
 
 
+FINAL_ANSWER = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL)
+
+
+def final_answer_rows(records, spec: str, answer_key: str):
+    """RLLaVA's AgentSearchDataset (data.dataset_class=...:AgentSearchDataset): keep the records whose `solution`
+    field (else data.answer_key) is text holding a final "<answer>" (its RFT mix also has rows whose solution is
+    only a gold <search> step); RLLaVA's examples/tasks/agent_search/agent_search_dataset.py, `_load_data`."""
+    key = "solution" if "solution" in records.column_names else answer_key
+    kept = records.filter(lambda r: isinstance(r.get(key), str) and "<answer>" in r[key])
+    if not len(kept):
+        raise DataError(f"{spec}: data.dataset_class={RLLAVA_AGENT_DATASET} keeps records whose {key!r} holds a "
+                        f"final <answer>...</answer>, and none of the {len(records)} does")
+    return kept
+
+
+def final_answer(value):
+    """AgentSearchDataset's ground truth: the text inside <answer>...</answer>, else the whole text (stripped)."""
+    match = FINAL_ANSWER.search(value) if isinstance(value, str) else None
+    return match.group(1).strip() if match else str(value).strip()
+
+
 CHECKED_AT_START = 8  # records built and encoded at start-up when data.filter_overlong_prompts does not encode all
 MARKER_SCAN = 64  # records whose prompts are scanned for <image>/<video> markers when the key matches no field
 
@@ -139,6 +161,9 @@ class PromptDataset:
                  target_key: str | None = None, limit_images: int = 0, records=None, key: str | None = None):
         self.spec, self.cfg, self.processor, self.target_key = spec, data_cfg, processor, target_key
         self.records = load_records(spec, max_samples=data_cfg.max_samples, given=records, key=key)
+        self.final_answers = rllava_dataset(data_cfg.dataset_class) == RLLAVA_AGENT_DATASET
+        if self.final_answers:
+            self.records = final_answer_rows(self.records, spec, data_cfg.answer_key)
         required = {"data.prompt_key": data_cfg.prompt_key, "data.answer_key": data_cfg.answer_key}
         if target_key:
             required["data.target_key"] = target_key
@@ -246,10 +271,11 @@ class PromptDataset:
                 videos.append(load_video(obj, self.video_spec, base_dir=self.image_dir,
                                          where=f"{where}, {self.cfg.video_key}[{j}]"))
         extra = {k: v for k, v in fields.items() if k not in (self.cfg.prompt_key, self.cfg.answer_key)}
+        answer = record[self.cfg.answer_key]
         keys = {"image": self.cfg.image_key, "video": self.cfg.video_key}
         content = _content(prompt, {"image": len(images), "video": len(videos)}, where, keys)
         return Sample(index=row, messages=[{"role": "user", "content": content}], images=images, videos=videos,
-                      ground_truth=record[self.cfg.answer_key], extra=extra,
+                      ground_truth=final_answer(answer) if self.final_answers else answer, extra=extra,
                       target=record[self.target_key] if self.target_key else None, image_sizes=image_sizes,
                       source=self.spec)
 

@@ -65,8 +65,11 @@ DISTRIBUTED_STRATEGIES = ("fsdp", "fsdp2", "deepspeed")
 
 
 def run_outputs_dir(cfg: PPOConfig) -> str:
-    """trainer.outputs_dir, default outputs/<trainer.experiment_name>."""
-    return cfg.trainer.outputs_dir or os.path.join("outputs", cfg.trainer.experiment_name)
+    """RLLaVA's layout: <trainer.outputs_dir>/<project_name>/<experiment_name>, so runs sharing an outputs_dir
+    (RLLaVA's scripts all say outputs) each get their own folder. No outputs_dir: outputs/<project>/<experiment>
+    (RLLaVA: <project>/<experiment> in the working directory, which in a clone is the package's own folder)."""
+    t = cfg.trainer
+    return os.path.join(t.outputs_dir or "outputs", t.project_name, t.experiment_name)
 
 
 def check_world_size(cfg: PPOConfig, world: int) -> None:

@@ -1,8 +1,9 @@
-"""An outputs dir belongs to one run.
+"""A run's folder belongs to one run.
 
-A run writes `trainer.outputs_dir` (config.yaml, metrics.jsonl, samples.jsonl, val_generations.jsonl,
-tensorboard/, wandb/, final/) and its checkpoint root (`trainer.save_checkpoint_path`, default
-outputs_dir/checkpoints). A new run pointed at a dir that already holds a run's outputs either
+A run writes its folder, <trainer.outputs_dir>/<project_name>/<experiment_name> as in RLLaVA (config.yaml,
+metrics.jsonl, samples.jsonl, val_generations.jsonl, tensorboard/, wandb/, final/) and its checkpoint root
+(`trainer.save_checkpoint_path`, default <that folder>/checkpoints). A new run whose folder already holds a
+run's outputs either
 
 - continues that run: it resumes from one of the checkpoints (`trainer.resume=auto` finds them) and names
   the same model, data, reward and algorithm (`IDENTITY` below; other keys, e.g. max_steps, may change), or
@@ -38,6 +39,15 @@ IDENTITY = ("actor.model.model_path", "data.train_files", "data.prompt_key", "da
 STALE_PREFIXES = (".final.tmp-",)  # what a kill during the final save leaves (rllava.utils.fs.atomic_directory)
 
 
+def keys_for(run_dir: str) -> list[str]:
+    """The keys that make a run write exactly `run_dir` (RLLaVA's layout: <outputs_dir>/<project>/<experiment>),
+    for tools that place runs themselves (rllava.proof, benchmarks/)."""
+    run_dir = os.path.abspath(run_dir)
+    project = os.path.dirname(run_dir)
+    return [f"trainer.outputs_dir={os.path.dirname(project)}", f"trainer.project_name={os.path.basename(project)}",
+            f"trainer.experiment_name={os.path.basename(run_dir)}"]
+
+
 def held_outputs(cfg, outputs_dir: str) -> list[str]:
     """The names of a run's outputs present in `outputs_dir` and its checkpoint root (`checkpoints/` if any)."""
     held = [name for name in RUN_FILES if os.path.exists(os.path.join(outputs_dir, name))]
@@ -47,14 +57,14 @@ def held_outputs(cfg, outputs_dir: str) -> list[str]:
     return held
 
 
-def check_writable(path: str, key: str = "trainer.outputs_dir") -> None:
+def check_writable(path: str, key: str = "the run's folder (trainer.outputs_dir)") -> None:
     """Create `path` (an empty directory holds no run) and write a probe file there; else one line."""
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".rllava-write-test-"):
             pass
     except OSError as e:
-        raise RllavaError(f"{key}={path} is not writable: {e.strerror or e}") from e
+        raise RllavaError(f"{key} {path} is not writable: {e.strerror or e}") from e
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -86,14 +96,13 @@ def check_outputs(cfg, outputs_dir: str, resume_from: str | None) -> bool:
                           "from: drop one of the two")
     again = bool(held) and not t.overwrite and resume_from is None and _stopped_before_a_checkpoint(cfg, outputs_dir)
     if again and D.is_main():
-        print(f"trainer.outputs_dir={outputs_dir} holds this run, stopped before its first checkpoint: starting it "
-              "again", flush=True)
+        print(f"{outputs_dir} holds this run, stopped before its first checkpoint: starting it again", flush=True)
     if held and not t.overwrite and not again:
         if resume_from is None:
             hint = (" (its checkpoints: trainer.resume=auto continues it)"
                     if C.list_checkpoints(C.checkpoint_root(cfg, outputs_dir)) else "")
-            raise RllavaError(f"trainer.outputs_dir={outputs_dir} already holds another run's outputs "
-                              f"({', '.join(held)}){hint}: choose another trainer.outputs_dir, or set "
+            raise RllavaError(f"{outputs_dir} already holds another run's outputs ({', '.join(held)}){hint}: "
+                              "choose another trainer.experiment_name (or outputs_dir), or set "
                               "trainer.overwrite=true to delete them and start over")
         previous = os.path.join(outputs_dir, "config.yaml")
         previous = previous if os.path.isfile(previous) else os.path.join(resume_from, "config.yaml")
@@ -101,8 +110,8 @@ def check_outputs(cfg, outputs_dir: str, resume_from: str | None) -> bool:
             with open(previous) as f:
                 changes = identity_changes(f.read(), config_to_yaml(cfg))
             if changes:
-                raise RllavaError(f"trainer.outputs_dir={outputs_dir} holds a run this config does not continue "
-                                  f"({'; '.join(changes)}): choose another trainer.outputs_dir, or set "
+                raise RllavaError(f"{outputs_dir} holds a run this config does not continue ({'; '.join(changes)}): "
+                                  "choose another trainer.experiment_name (or outputs_dir), or set "
                                   "trainer.overwrite=true to delete that run and start over")
     check_writable(outputs_dir)
     if root != os.path.abspath(os.path.join(outputs_dir, "checkpoints")) and t.save_freq > 0:

@@ -14,6 +14,7 @@ from rllava.config import ConfigError, load_config
 from rllava.engine.inference.base import Completion
 from rllava.train import builders as B
 from rllava.train.pipeline import agentic, rlvr
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -59,7 +60,7 @@ def _args(model, data, out, reward, *extra):
     return ["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={model}",
             f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", "data.max_samples=16",
             "data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=2", "data.max_response_length=64",
-            "rollout.agent.tools=[zoom]", "rollout.max_turns=3", f"trainer.outputs_dir={out}",
+            "rollout.agent.tools=[zoom]", "rollout.max_turns=3", *keys_for(out),
             "trainer.logger=[jsonl]", f"reward.reward_function={reward}", "trainer.val_before_train=false",
             "trainer.val_freq=-1", *extra]
 
@@ -229,7 +230,7 @@ def test_multi_turn_sft_replays_expert_turns(tmp_path, tiny_model_dir, counting_
               f"data.train_files={data}", "data.val_files=null", "data.target_key=turns", "data.train_batch_size=4",
               "actor.ppo_mini_batch_size=4",
               "data.max_response_length=64", "rollout.agent.tools=[zoom]", "trainer.max_steps=2",
-              f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]"])
+              *keys_for(out), "trainer.logger=[jsonl]"])
     assert len(replayed) == 8 and all(len(t.agent.images) == 2 and t.mm_inputs["image_grid_thw"].shape[0] == 2
                                       for t in replayed)
     assert [s.trained for s in replayed[0].segments] == [False, True, False, True]

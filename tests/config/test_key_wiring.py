@@ -7,9 +7,10 @@ import shutil
 import pytest
 import torch
 
-from rllava.config import load_config
+from rllava.config import ConfigError, load_config
 from rllava.train import builders as B
 from rllava.train import checkpoint as C
+from rllava.train.outputs import keys_for
 
 CPU = torch.device("cpu")
 
@@ -153,7 +154,6 @@ def test_shared_prefix_reaches_actor_reference_and_critic(tiny_model_dir):
     """actor.model.shared_prefix: on by default under sdpa, off when false or (by default) under
     flash_attention_2, where asking for it is a start-up error; critic.model.shared_prefix likewise."""
     from rllava.algorithms.ppo import build_algorithm
-    from rllava.config import ConfigError
     from rllava.model.loader import build_policy
 
     base = [f"actor.model.model_path={tiny_model_dir}", "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1"]
@@ -183,7 +183,13 @@ def test_trainer_keys_for_steps_names_and_checkpoints(tmp_path, monkeypatch):
     cfg = _quiet(["trainer.total_epochs=3", "trainer.experiment_name=exp7", "trainer.project_name=proj7",
                   f"trainer.save_checkpoint_path={tmp_path}/ck"])
     assert B.total_steps(cfg, type("S", (), {"__len__": lambda self: 4})()) == 12  # 3 epochs of 4 batches
-    assert B.run_outputs_dir(cfg) == os.path.join("outputs", "exp7")
+    assert B.run_outputs_dir(cfg) == os.path.join("outputs", "proj7", "exp7")  # RLLaVA's layout
+    assert B.run_outputs_dir(_quiet(["trainer.outputs_dir=~/runs", "trainer.experiment_name=a/b"])) == \
+        os.path.expanduser("~/runs/rllava/a/b")
+    for bad in ("trainer.experiment_name=../up", "trainer.project_name=/abs", "trainer.experiment_name="):
+        with pytest.raises(ConfigError, match=f"{bad.split('=')[0]}=.* names the run's folder under "
+                                              "trainer.outputs_dir: give a relative name without '..'"):
+            _quiet([bad])
     started = []
     monkeypatch.setattr("rllava.train.tracker.start_wandb", lambda *a: started.append(a[:2]))
     B.build_tracker(_quiet(["trainer.project_name=proj7", "trainer.logger=[wandb]"]), str(tmp_path))
@@ -204,7 +210,7 @@ def _run(tmp_path, model, data, *extra):
     rlvr.main(["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={model}",
                f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", "data.max_samples=4",
                "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2", "data.val_batch_size=4",
-               "trainer.max_steps=1", "trainer.val_freq=-1", f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]",
+               "trainer.max_steps=1", "trainer.val_freq=-1", *keys_for(out), "trainer.logger=[jsonl]",
                *extra])
     return out
 

@@ -12,6 +12,7 @@ import torch
 from rllava.config import ConfigError, load_config
 from rllava.config.schema import resolve_strategy
 from rllava.train import builders as B
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -227,7 +228,7 @@ def test_fsdp2_on_one_plain_process_runs_as_a_world_of_one(tmp_path, tiny_model_
                         f"actor.model.model_path={tiny_model_dir}", f"data.train_files={counting_dir}/train.jsonl",
                         "data.max_samples=8", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2",
                         "trainer.max_steps=1", "trainer.val_before_train=false", "trainer.val_freq=-1",
-                        "actor.strategy=fsdp2", f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]"],
+                        "actor.strategy=fsdp2", *keys_for(out), "trainer.logger=[jsonl]"],
                        cwd=REPO, env={**env, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -265,3 +265,24 @@ def _png():
     buf = io.BytesIO()
     Image.new("RGB", (8, 8), (1, 2, 3)).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def test_rllava_agent_search_dataset_keeps_final_answer_rows(tmp_path, counting_dir, processor):
+    """RLLaVA's AgentSearchDataset, by name: rows whose `solution` holds a final <answer> (its RFT mix also has
+    gold-<search>-only rows), the ground truth being the text inside the tags (agent_search_dataset.py)."""
+    rows = [json.loads(line) for line in open(f"{counting_dir}/train.jsonl")][:5]
+    rows[1]["solution"] = "<think>look it up</think><search> red day 3</search>"  # a search step: dropped
+    rows[3]["solution"] = None
+    rows[4]["solution"] = "<think>so</think>\n<answer>\n two words \n</answer>"
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "images").symlink_to(f"{counting_dir}/images")
+    cfg = _cfg(answer_key="solution", dataset_class="examples/tasks/agent_search/agent_search_dataset.py:"
+               "AgentSearchDataset")
+    ds = PromptDataset(str(path), cfg, processor)
+    assert len(ds) == 3 and [ds[i].ground_truth for i in range(3)] == [rows[0]["answer"], rows[2]["answer"],
+                                                                     "two words"]
+    (tmp_path / "e.jsonl").write_text(json.dumps(rows[1]) + "\n")
+    with pytest.raises(DataError, match=r"e.jsonl: data.dataset_class=AgentSearchDataset keeps records whose "
+                                        r"'solution' holds a final <answer>...</answer>, and none of the 1 does"):
+        PromptDataset(str(tmp_path / "e.jsonl"), cfg, processor)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
+from rllava.train.outputs import keys_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -103,7 +104,7 @@ def _rlvr_on_ranks(nproc: int, out, model: str, reward: str, *extra: str) -> sub
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
            "rllava.train.pipeline.rlvr", "config=examples/tasks/counting/tiny_cpu.yaml",
            f"actor.model.model_path={model}", "data.train_batch_size=4", "actor.ppo_mini_batch_size=2",
-           "trainer.max_steps=2", f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]", "algorithm.use_kl_loss=true",
+           "trainer.max_steps=2", *keys_for(out), "trainer.logger=[jsonl]", "algorithm.use_kl_loss=true",
            "actor.kl_loss_coef=0.1", f"reward.reward_function={reward}", *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})

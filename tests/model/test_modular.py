@@ -23,6 +23,7 @@ from rllava.model.loader import ModelLoadError, build_policy, freeze, load_model
 from rllava.model.modular import compose
 from rllava.model.processor import get_tokenizer, load_processor
 from rllava.model.tiny import CHAT_TEMPLATE, build_tiny, build_tokenizer
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -236,7 +237,7 @@ def test_rlvr_two_steps_train_the_unfrozen_parts(tmp_path, tinyllava_dir, counti
                f"data.train_files={counting_dir}/train.jsonl", f"data.val_files={counting_dir}/val.jsonl",
                "data.max_samples=16", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
                "actor.ppo_micro_batch_size=8", "rollout.n=4", "trainer.max_steps=2", "trainer.val_freq=2",
-               "data.val_batch_size=8", f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]",
+               "data.val_batch_size=8", *keys_for(out), "trainer.logger=[jsonl]",
                f"reward.reward_function={reward}:compute_score", "actor.model.freeze_vision_tower=true",
                "actor.model.padding_free=true"])
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]

@@ -12,6 +12,7 @@ from rllava.data.protocol import Sample, Segment, Trajectory
 from rllava.errors import RllavaError
 from rllava.reward.function import RewardError
 from rllava.reward.models import JudgeReward, build_model_reward, model_sources
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU = torch.device("cpu")
@@ -298,7 +299,7 @@ def test_rl_steps_with_only_a_reward_model_and_with_both(tmp_path, tiny_model_di
                    f"data.train_files={counting_dir}/train.jsonl", f"data.val_files={counting_dir}/val.jsonl",
                    "data.max_samples=8", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=4",
                    "trainer.max_steps=1", "trainer.val_before_train=false", "trainer.val_freq=-1",
-                   f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]", f"reward.model.model_path={rm_dir}", *extra])
+                   *keys_for(out), "trainer.logger=[jsonl]", f"reward.model.model_path={rm_dir}", *extra])
         return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl")) if "reward/mean" in line][0]
 
     alone = run("alone", "reward.reward_function=null")

@@ -19,6 +19,7 @@ from rllava.errors import RllavaError
 from rllava.model.processor import load_processor
 from rllava.train import builders as B
 from rllava.train.pipeline import rlvr
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,7 +28,7 @@ def _args(model, data, out, reward, *extra):
     return ["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={model}",
             f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", "data.max_samples=8",
             "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=4", "data.max_response_length=8",
-            "trainer.max_steps=2", "trainer.val_freq=2", "data.val_batch_size=8", f"trainer.outputs_dir={out}",
+            "trainer.max_steps=2", "trainer.val_freq=2", "data.val_batch_size=8", *keys_for(out),
             "trainer.logger=[jsonl]", f"reward.reward_function={reward}", *extra]
 
 

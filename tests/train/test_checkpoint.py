@@ -16,6 +16,7 @@ from rllava import export as X
 from rllava.data.sampler import EpochSampler
 from rllava.train import checkpoint as C
 from rllava.train.pipeline import rlvr
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -25,7 +26,7 @@ def _args(model, data, out, reward, *extra):
     return ["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={model}",
             f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", "data.max_samples=16",
             "data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=2", "data.val_batch_size=16",
-            f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]", f"reward.reward_function={reward}",
+            *keys_for(out), "trainer.logger=[jsonl]", f"reward.reward_function={reward}",
             "trainer.val_before_train=false", "trainer.val_freq=-1", *extra]
 
 

@@ -147,13 +147,13 @@ def test_compare_smooths_training_curves_skips_all_zero_metrics_and_knows_a_path
 def test_compare_bad_run_dirs_are_one_line(tmp_path, capsys):
     good = _write_run(tmp_path / "good", "trainer: {seed: 1}\n", [{"step": 1, "reward/mean": 0.0}])
     assert _exit(X.main, [good, str(tmp_path / "missing")]) == 2
-    assert capsys.readouterr().err == (f"rllava: error: {tmp_path}/missing/metrics.jsonl does not exist: give the "
-                                       "trainer.outputs_dir of a run\n")
+    assert capsys.readouterr().err == (f"rllava: error: {tmp_path}/missing/metrics.jsonl does not exist: give a run's "
+                                       "folder, <trainer.outputs_dir>/<project_name>/<experiment_name>\n")
     _write_run(tmp_path / "noconfig", "", [])
     os.remove(tmp_path / "noconfig" / "config.yaml")
     assert _exit(X.main, [good, str(tmp_path / "noconfig")]) == 2
-    assert capsys.readouterr().err == (f"rllava: error: {tmp_path}/noconfig/config.yaml does not exist: give the "
-                                       "trainer.outputs_dir of a run\n")
+    assert capsys.readouterr().err == (f"rllava: error: {tmp_path}/noconfig/config.yaml does not exist: give a run's "
+                                       "folder, <trainer.outputs_dir>/<project_name>/<experiment_name>\n")
     torn = _write_run(tmp_path / "torn", "trainer: {seed: 1}\n", [{"step": 1}])
     with open(os.path.join(torn, "metrics.jsonl"), "a") as f:
         f.write('{"step": 2, "rew')
@@ -187,7 +187,7 @@ def test_sweep_grid_parsing():
         "model_path=Qwen2-VL-2B+train_files=-a-b-"
     assert S.command("sft_rl", ["k=v"]) == [sys.executable, "-m", "rllava.train.pipeline.sft_rl", "k=v"]
     assert all(importlib.util.find_spec(f"rllava.train.pipeline.{p}") for p in S.PIPELINES)
-    for args, message in ((["trainer.outputs_dir=a,b"], "trainer.outputs_dir is set by the sweep"),
+    for args, message in ((["trainer.experiment_name=a,b"], "trainer.experiment_name is set by the sweep"),
                           (["trainer.seed=1,2", "trainer.seed=3"], "trainer.seed is given twice"),
                           (["trainer.seed=1,"], "an empty value between commas"),
                           (["config=a.yaml,b.yaml"], "one config file per sweep"),
@@ -201,7 +201,8 @@ def test_sweep_grid_parsing():
 FAKE = """
 import json, os, sys, time
 args = dict(a.split("=", 1) for a in sys.argv[1:])
-out, seed = args["trainer.outputs_dir"], args["trainer.seed"]
+# the run's folder, RLLaVA's layout: <outputs_dir>/<project_name>/<experiment_name>
+out, seed = os.path.join(args["trainer.outputs_dir"], "rllava", args["trainer.experiment_name"]), args["trainer.seed"]
 start = time.time()
 time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
 with open(os.path.join(os.path.dirname(out), "calls.jsonl"), "a") as f:
@@ -231,20 +232,21 @@ def fake_pipeline(monkeypatch):
 
 
 def test_sweep_reports_failures_resumes_and_restarts(tmp_path, fake_pipeline, capsys):
-    out = str(tmp_path / "sweep")
+    root = str(tmp_path / "outputs")
+    out = f"{root}/rllava/counting_tiny_cpu"  # the sweep dir: the config's run folder
     os.makedirs(f"{out}/seed=3/checkpoints/global_step_1")  # stopped after a checkpoint: resumed
     open(f"{out}/seed=3/checkpoints/global_step_1/trainer_state.json", "w").write("{}")
     os.makedirs(f"{out}/seed=4")  # died before its first checkpoint: restarted
     open(f"{out}/seed=4/metrics.jsonl", "w").write("")
     args = ["config=examples/tasks/counting/tiny_cpu.yaml", "trainer.seed=1,2,3,4", "trainer.max_steps=2",
-            "--out", out]
+            "--out", root]
     assert _exit(S.main, args) == 1
     printed = capsys.readouterr()
     calls = fake_pipeline(out)
     assert [c["seed"] for c in calls] == ["1", "2", "3", "4"] and all(c["gpu"] is None for c in calls)
     assert set(fake_pipeline.pipelines) == {"rlvr"}
     assert calls[0]["args"] == ["config=examples/tasks/counting/tiny_cpu.yaml", "trainer.max_steps=2",
-                                "trainer.seed=1", f"trainer.outputs_dir={out}/seed=1",
+                                f"trainer.outputs_dir={root}", "trainer.seed=1",
                                 "trainer.experiment_name=counting_tiny_cpu/seed=1"]
     assert calls[2]["args"][-1] == "trainer.resume=auto" and calls[3]["args"][-1] == "trainer.overwrite=true"
     assert f"  seed=2: FAILED (exit status 2): rllava: error: boom\n    log: {out}/seed=2/train.log" in printed.out
@@ -270,11 +272,11 @@ def test_sweep_reports_failures_resumes_and_restarts(tmp_path, fake_pipeline, ca
 def test_sweep_parallel_gives_each_run_its_own_gpu(tmp_path, fake_pipeline, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     monkeypatch.setenv("FAKE_SLEEP", "1")
-    out = str(tmp_path / "sweep")
+    out = str(tmp_path / "outputs")
     assert _exit(S.main, ["config=examples/tasks/counting/tiny_cpu.yaml", "trainer.seed=1,3", "--parallel",
                           "--out", out, "--pipeline", "sft_rl"]) == 0
     assert fake_pipeline.pipelines == ["sft_rl", "sft_rl"]
-    a, b = fake_pipeline(out)
+    a, b = fake_pipeline(os.path.join(out, "rllava", "counting_tiny_cpu"))
     assert {a["gpu"], b["gpu"]} == {"3", "5"}
     assert a["start"] < b["end"] and b["start"] < a["end"]  # at the same time
 
@@ -317,7 +319,8 @@ def test_sweep_two_by_two_grid_then_relaunch_skips_it(tmp_path, tiny_model_dir, 
             "data.max_samples=4", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2",
             "data.val_batch_size=8", "data.max_response_length=4", "trainer.max_steps=2", "trainer.val_freq=2",
             "trainer.val_greedy=false", "trainer.logger=[jsonl]", f"reward.reward_function={reward}:compute_score",
-            "algorithm.adv_estimator=grpo,rloo", "trainer.seed=1,2", "--out", out]
+            "algorithm.adv_estimator=grpo,rloo", "trainer.seed=1,2", "--out", str(tmp_path / "outputs")]
+    out = str(tmp_path / "outputs" / "rllava" / "counting_tiny_cpu")  # the config's run folder
     assert _exit(S.main, [*args, "--parallel"]) == 0
     printed = capsys.readouterr().out
     names = ["adv_estimator=grpo+seed=1", "adv_estimator=grpo+seed=2", "adv_estimator=rloo+seed=1",

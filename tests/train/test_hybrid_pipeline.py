@@ -18,6 +18,7 @@ from rllava.model.processor import get_tokenizer, load_processor
 from rllava.roles.rollout import Rollout
 from rllava.train.hybrid import Hybrid, expert_rows_per_step
 from rllava.train.pipeline import rlvr
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -57,7 +58,7 @@ def _args(model, data, out, reward, *extra):
     return ["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={model}",
             f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", "data.max_samples=16",
             "data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=4", "data.target_key=solution",
-            f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]", f"reward.reward_function={reward}",
+            *keys_for(out), "trainer.logger=[jsonl]", f"reward.reward_function={reward}",
             "trainer.val_before_train=false", "trainer.val_freq=-1", *extra]
 
 

@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 
 from rllava.model.tiny import build_tiny
 from rllava.train.pipeline import rlvr
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -22,7 +23,7 @@ def run_two_steps(model_dir, data_dir, out, *extra):
                f"data.train_files={data_dir}/train.jsonl", f"data.val_files={data_dir}/val.jsonl",
                "data.max_samples=8", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=4",
                "trainer.max_steps=2", "trainer.val_freq=2", "data.val_batch_size=8", "algorithm.use_kl_loss=true",
-               "actor.kl_loss_coef=0.1", f"reward.reward_function={reward}:compute_score", f"trainer.outputs_dir={out}",
+               "actor.kl_loss_coef=0.1", f"reward.reward_function={reward}:compute_score", *keys_for(out),
                "trainer.logger=[jsonl]", *extra])
     return load_file(os.path.join(model_dir, "model.safetensors")), \
         load_file(os.path.join(out, "final", "model.safetensors"))

@@ -17,6 +17,7 @@ from rllava.train.evaluate import headline
 from rllava.train.pipeline import rlvr
 from rllava.train.pipeline.rlvr import batch_metrics
 from rllava.train.tracker import Tracker
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,7 +34,7 @@ def _rows(out: str, name: str = "metrics.jsonl") -> list[dict]:
 
 def test_tensorboard_console_samples_and_plots(tmp_path, tiny_model_dir, counting_dir, capsys, monkeypatch):
     monkeypatch.chdir(REPO)
-    out = str(tmp_path / "run")
+    out = str(tmp_path / "distinct_chars")  # keys_for: its experiment_name
     # A float reward with a named part (no accuracy part): logged as a score, its part beside it. A random model
     # never answers right, so it rewards what its samples do vary in: distinct characters.
     reward = tmp_path / "distinct.py"
@@ -42,10 +43,9 @@ def test_tensorboard_console_samples_and_plots(tmp_path, tiny_model_dir, countin
     rlvr.main(["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={tiny_model_dir}",
                f"data.train_files={counting_dir}/train.jsonl", f"data.val_files={counting_dir}/val.jsonl",
                "data.max_samples=8", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=2",
-               "trainer.max_steps=2", "trainer.val_freq=2", f"trainer.outputs_dir={out}",
+               "trainer.max_steps=2", "trainer.val_freq=2", *keys_for(out),
                "trainer.logger=[console,jsonl,tensorboard]", f"reward.reward_function={reward}:compute_score",
-               "trainer.samples_freq=1", "trainer.samples_to_log=3", "trainer.val_generations_to_log=2",
-               "trainer.experiment_name=distinct_chars"])
+               "trainer.samples_freq=1", "trainer.samples_to_log=3", "trainer.val_generations_to_log=2"])
     steps = [r for r in _rows(out) if "reward/mean" in r]
 
     # tensorboard: real event files, read back with tensorboard's own reader
@@ -97,7 +97,8 @@ def test_plot_without_metrics_is_one_line(tmp_path):
     res = subprocess.run([sys.executable, "-m", "rllava.plot", str(tmp_path)], capture_output=True, text=True,
                          cwd=REPO)
     assert res.returncode == 2 and res.stderr.strip() == (
-        f"rllava: error: {tmp_path}/metrics.jsonl does not exist: give the trainer.outputs_dir of a run")
+        f"rllava: error: {tmp_path}/metrics.jsonl does not exist: give a run's folder, "
+        "<trainer.outputs_dir>/<project_name>/<experiment_name>")
 
 
 def test_rewind_drops_what_a_stopped_run_logged_after_its_checkpoint(tmp_path):

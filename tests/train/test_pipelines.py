@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from rllava.train.pipeline import rlvr, sft
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -20,7 +21,7 @@ def _args(model, data, out, *extra):
             f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", "data.max_samples=16",
             "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8",
             "rollout.n=4", "trainer.max_steps=2", "trainer.val_freq=2", "data.val_batch_size=8",
-            f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]", *extra]
+            *keys_for(out), "trainer.logger=[jsonl]", *extra]
 
 
 def _metrics(out):

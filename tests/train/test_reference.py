@@ -18,6 +18,7 @@ from rllava.model.loader import build_reference
 from rllava.roles.actor import MicroBatching, compute_logprobs
 from rllava.roles.reference import Reference
 from rllava.train.pipeline import rlvr
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -82,7 +83,7 @@ def _run(out, model, data, reward, *extra, strategy="single"):
     cmd = [sys.executable, *launch, "-m", "rllava.train.pipeline.rlvr", "config=examples/tasks/counting/tiny_cpu.yaml",
            f"actor.model.model_path={model}", f"data.train_files={data}/train.jsonl", "data.max_samples=16",
            "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=4", "trainer.val_before_train=false",
-           "trainer.val_freq=-1", f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]", "actor.optim.lr=3e-3",
+           "trainer.val_freq=-1", *keys_for(out), "trainer.logger=[jsonl]", "actor.optim.lr=3e-3",
            f"reward.reward_function={reward}", f"actor.strategy={strategy}", *extra]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -16,6 +16,7 @@ from rllava.errors import RllavaError
 from rllava.train import checkpoint as C
 from rllava.train.cli import run_cli, user_message
 from rllava.train.pipeline import rlvr
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -25,7 +26,7 @@ def _args(model, data, out, reward, *extra):
     return ["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={model}",
             f"data.train_files={data}/train.jsonl", "data.val_files=null", "data.max_samples=8",
             "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=2", "data.max_response_length=8",
-            f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]", f"reward.reward_function={reward}",
+            *keys_for(out), "trainer.logger=[jsonl]", f"reward.reward_function={reward}",
             "trainer.val_before_train=false", "trainer.val_freq=-1", "trainer.max_steps=1", *extra]
 
 
@@ -64,8 +65,8 @@ def test_outputs_dir_belongs_to_one_run(tmp_path, tiny_model_dir, counting_dir, 
     assert "config.yaml" in before and any(k.startswith("final") for k in before)
 
     _fails(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=2"), capsys,
-           f"trainer.outputs_dir={out} already holds another run's outputs (config.yaml, metrics.jsonl, "
-           "samples.jsonl, final): choose another trainer.outputs_dir, or set trainer.overwrite=true")
+           f"{out} already holds another run's outputs (config.yaml, metrics.jsonl, samples.jsonl, final): "
+           "choose another trainer.experiment_name (or outputs_dir), or set trainer.overwrite=true")
     _fails(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.overwrite=true",
                  f"data.train_files={tmp_path}/missing.jsonl"), capsys, "missing.jsonl")
     assert _snapshot(out) == before  # neither start rewrote config.yaml or appended to metrics.jsonl
@@ -99,7 +100,7 @@ def test_unwritable_outputs_dir_is_one_line(tmp_path, tiny_model_dir, counting_d
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     _fails(_args(tiny_model_dir, counting_dir, str(blocker / "out"), distinct_reward), capsys,
-           f"trainer.outputs_dir={blocker}/out is not writable: Not a directory")
+           f"the run's folder (trainer.outputs_dir) {blocker}/out is not writable: Not a directory")
 
 
 def test_disk_errors_are_one_line_naming_the_path(capsys, monkeypatch):

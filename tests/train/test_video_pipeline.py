@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from rllava.train.pipeline import rlvr
+from rllava.train.outputs import keys_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -20,7 +21,7 @@ def test_rlvr_two_steps_on_videos(tmp_path, tiny_model_dir, counting_videos_dir,
                "actor.ppo_micro_batch_size=8", "rollout.n=4", "trainer.max_steps=2", "trainer.val_freq=2",
                "data.val_batch_size=8", "data.video_key=videos", "data.video_fps=2", "data.video_max_frames=4",
                "data.video_max_pixels=3136", f"reward.reward_function={distinct_reward}",
-               "actor.model.padding_free=true", f"trainer.outputs_dir={out}", "trainer.logger=[jsonl]"])
+               "actor.model.padding_free=true", *keys_for(out), "trainer.logger=[jsonl]"])
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     steps = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in steps] == [1, 2] and [r["step"] for r in rows if "val/accuracy" in r] == [0, 2]

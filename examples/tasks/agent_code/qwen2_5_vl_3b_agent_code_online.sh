@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED=1
 MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-VL-3B-Instruct}
 DATA=${DATA:-data/MAT/MAT-Training/rft_agent_code_1k.json}
 IMAGE_DIR=${IMAGE_DIR:-data/MAT/MAT-Training/rft_agent_code_1k_images}
-OUTPUT_DIR=${OUTPUT_DIR:-outputs/qwen2_5_vl_3b_agent_code_online}
+OUTPUT_DIR=${OUTPUT_DIR:-outputs}  # the run writes ${OUTPUT_DIR}/<project_name>/<experiment_name>
 export TENSORBOARD_DIR=${OUTPUT_DIR}
 
 torchrun --nproc_per_node=${NPROC:-1} -m rllava.train.pipeline.rlvr \

@@ -4,8 +4,8 @@
 # written after the same observation (discounted returns, gamma = rollout.discount); a failed search call costs
 # its turn 0.1. From the repository root:
 #   bash examples/tasks/agent_search/qwen2_5_vl_3b_agent_search_gigpo.sh [key=value ...]
-OUTPUT_DIR=${OUTPUT_DIR:-outputs/qwen2_5_vl_3b_agent_search_gigpo} exec bash \
-  examples/tasks/agent_search/qwen2_5_vl_3b_agent_search_online.sh \
+exec bash examples/tasks/agent_search/qwen2_5_vl_3b_agent_search_online.sh \
+  trainer.experiment_name=qwen2_5_vl_3b_agent_search_gigpo \
   algorithm.adv_estimator=gigpo \
   algorithm.norm_adv_by_std_in_grpo=false \
   rollout.discount=0.95 \

@@ -12,7 +12,7 @@ MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2-VL-2B-Instruct}
 TRAIN_SET=${TRAIN_SET:-data/refcoco/train.jsonl}
 VAL_SET=${VAL_SET:-data/refcoco/val.jsonl}
 EXPERIMENT=${EXPERIMENT:-qwen2_vl_2b_grounding_grpo}
-OUTPUT_DIR=${OUTPUT_DIR:-outputs/${EXPERIMENT}}
+OUTPUT_DIR=${OUTPUT_DIR:-outputs}  # the run writes ${OUTPUT_DIR}/<project_name>/<experiment_name>
 export TENSORBOARD_DIR=${OUTPUT_DIR}
 
 torchrun --nproc_per_node=${NPROC:-2} -m rllava.train.pipeline.rlvr \

@@ -7,7 +7,7 @@
 set -x
 export PYTHONUNBUFFERED=1
 MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-VL-3B-Instruct}
-OUTPUT_DIR=${OUTPUT_DIR:-outputs/qwen2_5_vl_3b_geoqa8k_grpo}
+OUTPUT_DIR=${OUTPUT_DIR:-outputs}  # the run writes ${OUTPUT_DIR}/<project_name>/<experiment_name>
 export TENSORBOARD_DIR=${OUTPUT_DIR}
 
 torchrun --nproc_per_node=${NPROC:-4} -m rllava.train.pipeline.rlvr \
