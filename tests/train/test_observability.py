@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -108,6 +109,9 @@ def test_rewind_drops_what_a_stopped_run_logged_after_its_checkpoint(tmp_path):
         tracker.log({"reward/mean": float(step)}, step)
     tracker.log_samples([{"response": "x"}], 3)
     tracker.close()
+    # tensorboard reads event files in name order: <seconds>.<host>.<pid>.<a per-process counter>; a resumed run
+    # is a new process a second later at least, while here the counter may go 9 -> 10 ("10" < "9") in one second
+    time.sleep(1.1)
     tracker = Tracker(["jsonl", "tensorboard"], out, "p", "e", {})  # resumed from the checkpoint of step 2
     tracker.rewind(2)
     tracker.log({"reward/mean": 30.0}, 3)
