@@ -149,12 +149,12 @@ def test_rllava_script_resolves_every_key_it_does_not_set_as_rllava(script, tmp_
     """Every key of RLLaVA's schema that neither the script nor the CPU swaps set resolves to what RLLaVA would
     have used: its examples/config.yaml's value, else its schema default. The only exceptions are rllava's
     deliberate default differences (RLLAVA_DIFFERENCES), each a row of docs/rllava_scripts.md's table."""
-    from tests.config.test_config import RLLAVA_DIFFERENCES, RLLAVA_SCHEMA, _get, _parse_schema_block
+    from tests.config.test_config import RLLAVA_DIFFERENCES, RLLAVA_SCHEMA, _get, _leaves, _parse_schema_block
 
     monkeypatch.chdir(REPO)
     keys = _keys(script)
     swaps = [*_swaps(keys, tiny_model_dir, counting_dir, "/tmp/unused"), *DATA_FIELDS.get(script, [])]
-    base = {k: v for k, v in _leaves(OmegaConf.to_container(OmegaConf.from_dotlist(_keys("config")))).items()}
+    base = _leaves(OmegaConf.to_container(OmegaConf.from_dotlist(_keys("config"))))
     rllava = {**_parse_schema_block(RLLAVA_SCHEMA), **base}  # what RLLaVA resolves before the script's keys
     set_here = {k.split("=", 1)[0] for k in [*keys, *swaps]}
     with warnings.catch_warnings():
@@ -175,13 +175,3 @@ def test_rllava_script_resolves_every_key_it_does_not_set_as_rllava(script, tmp_
             wrong.append(f"{key} resolves to {_get(cfg, key)!r}, RLLaVA's is {want!r}")
         checked += 1
     assert not wrong and checked > 150, "\n".join(wrong)
-
-
-def _leaves(node, prefix=""):
-    out = {}
-    for k, v in node.items():
-        if isinstance(v, dict) and v:
-            out.update(_leaves(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
