@@ -246,7 +246,8 @@ def gpg(scores, group_ids, mask):
 
 @register_adv_estimator("gigpo")
 def gigpo(scores, group_ids, mask, *, turn_index, turn_anchors, turn_rewards, discount: float = 0.95,
-          step_advantage_w: float = 1.0, norm_adv_by_std_in_grpo: bool = True, eps: float = 1e-6):
+          step_advantage_w: float = 1.0, norm_adv_by_std_in_grpo: bool = True,
+          gigpo_mean_std_cross_steps: bool = False, eps: float = 1e-6):
     """GiGPO, group-in-group policy optimisation for multi-turn agents (Feng et al. 2025, arXiv:2505.10978):
     an episode-level group advantage plus a step-level one among the turns of the group that were written
     after the same observation (the "anchor state": the prompt for every first turn).
@@ -259,6 +260,16 @@ def gigpo(scores, group_ids, mask, *, turn_index, turn_anchors, turn_rewards, di
 
     gamma = rollout.discount, w = algorithm.step_advantage_w; `norm_adv_by_std_in_grpo=False` drops both
     divisions (the paper's mean_norm). A turn alone with its anchor has A_step = 0.
+
+    A_ep takes the mean and std of R over the episodes of the group, one value per episode (the paper's Eq. 3).
+    verl-agent's default (gigpo/core_gigpo.py episode_norm_reward, compute_mean_std_cross_steps=True, more stable
+    by its authors' note) takes them over its batch rows, one per turn: an episode of n turns counts n times, so
+    longer episodes weigh more (and a group holding a single episode of several turns gets A_ep = 0). Set
+    `algorithm.gigpo_mean_std_cross_steps=true` for that; the std is then the unbiased one over the turn rows.
+
+    Reference: verl-agent's gigpo/core_gigpo.py@29e3e8b (langfengQ/verl-agent) L174-383: episode_norm_reward,
+    the anchor-state step groups and the discounted step returns. Differs: the default episode statistics (the
+    paper's, above; verl-agent's under the option).
     """
     B, K = len(scores), int(turn_index.max()) + 1 if turn_index.numel() else 0
     on = turn_index >= 0
@@ -283,5 +294,16 @@ def gigpo(scores, group_ids, mask, *, turn_index, turn_anchors, turn_rewards, di
     mean, std, _ = group_stats(g, step_group)
     a_step = torch.zeros_like(G)
     a_step[valid] = (g - mean) / (std + eps) if norm_adv_by_std_in_grpo else g - mean
-    a_ep = grpo(scores, group_ids, torch.ones(B, 1), norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, eps=eps)[:, 0]
+    if gigpo_mean_std_cross_steps:  # verl-agent: each episode's R once per turn row (n_i = its number of turns)
+        n_turns = valid.sum(-1).to(scores.dtype)
+        _, gid = torch.unique(group_ids, return_inverse=True)
+        n_rows = scores.new_zeros(int(gid.max()) + 1 if B else 0).index_add(0, gid, n_turns)[gid]  # per group
+        mean = group_mean(scores, group_ids, weights=n_turns)
+        var = group_mean((scores - mean) ** 2, group_ids, weights=n_turns) * n_rows / (n_rows - 1).clamp(min=1)
+        std = var.sqrt()
+        single = n_rows <= 1  # one row: no baseline (mean 0, std 1), as verl-agent
+        mean, std = torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
+        a_ep = (scores - mean) / (std + eps) if norm_adv_by_std_in_grpo else scores - mean
+    else:
+        a_ep = grpo(scores, group_ids, torch.ones(B, 1), norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, eps=eps)[:, 0]
     return (a_ep[:, None] + step_advantage_w * a_step.gather(1, turn_index.clamp(min=0))) * mask * on

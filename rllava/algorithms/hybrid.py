@@ -7,8 +7,8 @@ A hybrid trains on two kinds of tokens in one batch: the policy's own (on-policy
     method  expert tokens                                  from (rllava.train.hybrid)              select with
     LUFFY   RL in the group, shaped f(p) = p/(p+gamma),    n_prefix of the K responses are the     loss_mode=luffy
             no clip (arXiv:2504.14945)                     expert's (prefix_strategy=random)
-    SRFT    LUFFY's shaped RL + SFT x 0.5 exp(-H); own     as LUFFY                                loss_mode=srft
-            correct rollouts x 0.1 exp(H) (arXiv:2506.19767)
+    SRFT    LUFFY's shaped RL + SFT x 0.5 exp(-H_i); own   as LUFFY                                loss_mode=srft
+            correct rollouts x 0.1 exp(H_i) (arXiv:2506.19767)
     CHORD   SFT x mu(t) (CHORD-phi: x phi(p)), RL x        expert_data_ratio of the rows are       loss_mode=chord
             (1 - mu(t)) (arXiv:2508.11408)                 demonstrations
     HPT     SFT x sft_loss_coef where a prompt was solved  a demonstration replaces the group      loss_mode=hpt
@@ -68,8 +68,9 @@ def phi(p: torch.Tensor) -> torch.Tensor:
 
 def reshape(ratio: torch.Tensor, logprobs: torch.Tensor, kind: str, *, weight: float = 0.1,
             pow_exp: float = 0.5) -> torch.Tensor:
-    """RLLaVA's / LUFFY's ratio shaping (`actor.off_policy_reshape`, `actor.on_policy_reshape`) of a ratio r
-    (for expert tokens r = p = pi(y_t), as pi_old of the expert is taken to be 1):
+    """LUFFY's (and RLLaVA's) shaping of the expert's probability (`actor.off_policy_reshape`; LUFFY's
+    mix_core_alg.py L106-121), r = p = pi(y_t) as pi_old of the expert is taken to be 1 (the policy's own ratio:
+    `on_policy_ratio`):
 
         no_reshape     r                    logp     weight * log p          p_logp  weight * log p + r
         square_root    sqrt(r)              pow      r ** pow_exp            p_div_p_<gamma>  r / (r + gamma)
@@ -89,6 +90,32 @@ def reshape(ratio: torch.Tensor, logprobs: torch.Tensor, kind: str, *, weight: f
     if kind.startswith("p_div_p_"):
         return ratio / (ratio + float(kind[len("p_div_p_"):]))
     raise ValueError(f"unknown reshape {kind!r} (choose no_reshape|logp|p_logp|square_root|pow|p_div_p_<gamma>)")
+
+
+def on_policy_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, kind: str, *, weight: float = 0.1,
+                    pow_exp: float = 0.5) -> torch.Tensor:
+    """LUFFY's shaping of the policy's own ratio r = p / p_old (`actor.on_policy_reshape`; LUFFY's
+    luffy/verl/verl/mix_src/mix_core_alg.py L62-87, `compute_token_on_off_policy_loss`):
+
+        no_reshape  r        logp  log r        p_logp  r + weight log r        square_root  sqrt(r)
+        pow         r ** pow_exp                p_div_p_<gamma>  f(p) / f(p_old),  f(p) = p / (p + gamma)
+
+    RLLaVA shapes r the way it shapes the expert's p instead (its `_reshape_ratio`): `rllava_logp` = weight log p,
+    `rllava_p_logp` = weight log p + r, `rllava_p_div_p_<gamma>` = r / (r + gamma) (`reshape` on r). At r = 1,
+    p_div_p_0.1 gives LUFFY the gradient gamma / (p + gamma) d log p, RLLaVA's 1 / 1.1^2 x 0.1 whatever p."""
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    if kind.startswith("rllava_"):
+        return reshape(ratio, logprobs, kind[len("rllava_"):], weight=weight, pow_exp=pow_exp)
+    if kind == "logp":
+        return log_ratio
+    if kind == "p_logp":
+        return ratio + weight * log_ratio
+    if kind.startswith("p_div_p_"):
+        gamma = float(kind[len("p_div_p_"):])
+        p, p_old = torch.exp(logprobs), torch.exp(old_logprobs)
+        return (p / (p + gamma)) / (p_old / (p_old + gamma))
+    return reshape(ratio, logprobs, kind, weight=weight, pow_exp=pow_exp)  # no_reshape, square_root, pow: the same
 
 
 def hint_probability(step: int, *, steps: int, start: float, end: float) -> float:
@@ -113,21 +140,28 @@ def chunk_bounds(n_tokens: int, chunks: int) -> list[int]:
     return bounds
 
 
-def srft_weights(mean_entropy: float) -> tuple[float, float]:
-    """SRFT's entropy-aware weights (Fu et al. 2025, arXiv:2506.19767), from the mean token entropy H (detached):
+def srft_weights(entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SRFT's entropy-aware weights (Fu et al. 2025, arXiv:2506.19767), from a sequence's mean token entropy H
+    (detached; one weight per sequence, as the reference computes them: RLLaVA's rllava/ppo/plugins/policy_loss.py
+    `compute_policy_loss_srft`, `H_coef = masked_mean(entropy, response_mask, dim=-1)`):
 
-        w_SFT = 0.5 exp(-H)   on the demonstration's NLL: an uncertain policy learns less from it
-        w_RL  = 0.1 exp(+H)   on the policy's own correct rollouts: an uncertain policy reinforces them more"""
-    return 0.5 * math.exp(-mean_entropy), 0.1 * math.exp(mean_entropy)
+        w_SFT = 0.5 exp(-H)   on a demonstration's NLL: an uncertain policy learns less from it
+        w_RL  = 0.1 exp(+H)   on a correct rollout of the policy's own: an uncertain policy reinforces it more"""
+    return 0.5 * torch.exp(-entropy), 0.1 * torch.exp(entropy)
+
+
+def sequence_entropy(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """SRFT's H per sequence: the mean token entropy (detached) over each row's trained tokens, [B, T] -> [B, 1]."""
+    return ((entropy.detach() * mask).sum(-1) / mask.sum(-1).clamp(min=1)).unsqueeze(-1)
 
 
 def _on_policy_loss(inp: LossInputs, on: torch.Tensor, loss_remove_clip: bool, reshape_kind: str,
                     reshape_weight: float, reshape_pow_exp: float, clip_ratio_low: float, clip_ratio_high: float):
-    """-A r on the policy's tokens (r shaped by actor.on_policy_reshape), PPO-clipped unless loss_remove_clip;
-    returns (per-token loss, clipped mask)."""
+    """-A r on the policy's tokens (r shaped by actor.on_policy_reshape: `on_policy_ratio`), PPO-clipped unless
+    loss_remove_clip; returns (per-token loss, clipped mask)."""
     adv = inp.need("advantages", "hybrid")
-    log_ratio = (inp.logprobs - inp.need("old_logprobs", "hybrid")).clamp(-20.0, 20.0)
-    ratio = reshape(torch.exp(log_ratio), inp.logprobs, reshape_kind, weight=reshape_weight, pow_exp=reshape_pow_exp)
+    ratio = on_policy_ratio(inp.logprobs, inp.need("old_logprobs", "hybrid"), reshape_kind, weight=reshape_weight,
+                            pow_exp=reshape_pow_exp)
     if loss_remove_clip:
         return -adv * ratio, torch.zeros_like(on, dtype=torch.bool)
     loss, clipped = _clipped_surrogate(adv, ratio, clip_ratio_low, clip_ratio_high)
@@ -181,6 +215,11 @@ def luffy(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: floa
     aggregation's token count; rllava's normaliser still counts it).
     Metrics: `on_pg_loss`, `off_pg_loss`, `on_policy_prob`, `off_policy_prob` (mean p on each side),
     `pg_clipfrac` (own tokens), `ppo_kl`.
+
+    Reference: LUFFY's luffy/verl/verl/mix_src/mix_core_alg.py `compute_token_on_off_policy_loss` L59-155 (read at
+    TheRoadQaQ/LUFFY@c4eab08, a copy of ElliottYan/LUFFY); `actor.on_policy_reshape` has LUFFY's meaning
+    (`on_policy_ratio`; RLLaVA's under `rllava_<kind>`). Differs: `actor.all_max_clip` keeps the dropped tokens in
+    the normaliser's count (LUFFY and RLLaVA drop them from it too).
     """
     off = inp.off_policy if inp.off_policy is not None else torch.zeros_like(inp.mask)
     off, on = inp.mask * off, inp.mask * (1 - off)
@@ -197,29 +236,37 @@ def srft(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float
          loss_remove_clip: bool = False, off_policy_reshape: str = "p_div_p_0.1",
          off_policy_reshape_weight: float = 0.1, off_policy_reshape_pow_exp: float = 0.5,
          off_policy_max_clip: float = -1, off_policy_min_clip: float = -1, srft_type: str = "paper",
-         clip_upper_bound: float = 1.0, all_max_clip: float = -1):
-    """SRFT's RL terms (Fu et al. 2025, arXiv:2506.19767); its SFT term 0.5 exp(-H) NLL on the demonstration is
-    added by the Actor (`sft_token_weights`). With H = the mean token entropy of this micro-batch's own tokens
-    (detached) and w_RL = 0.1 exp(H):
+         clip_upper_bound: float = 1.0, all_max_clip: float = -1, success_reward_threshold: float = 1.0):
+    """SRFT's RL terms (Fu et al. 2025, arXiv:2506.19767); its SFT term 0.5 exp(-H_i) NLL on demonstration i is
+    added by the Actor (`sft_token_weights`). With H_i = rollout i's mean token entropy (detached) and
+    w_RL,i = 0.1 exp(H_i):
 
         expert tokens:                    L_t = -A_t f(p_t)                 (LUFFY's shaped off-policy term)
-        own tokens of a correct rollout:  L_t = -w_RL g_t                  (A_t > 0: reinforce, weighted)
+        own tokens of a correct rollout:  L_t = -w_RL,i g_t                 (reinforce, weighted by its entropy)
         own tokens of a wrong rollout:    L_t = +g_t                        (push down)
 
-    where g_t = log p_t (`actor.srft_type=paper`), p_t (`exp`), r_t (`classic_rl`) or log p_t - log p_old
-    (`minus_old`). The ratio of `classic_rl` is clamped to [1 - eps_low, max(clip_upper_bound, 1 + eps_high)] on the
-    pessimistic side unless `actor.loss_remove_clip` (RLLaVA clamps log p to that range too, which leaves a wrong
-    rollout's tokens without gradient; rllava does not). A rollout counts as correct when its advantage is > 0.
-    `actor.off_policy_max_clip` / `off_policy_min_clip` / `all_max_clip` as in `luffy`.
-    Metrics: as `luffy`, plus `srft_on_coef` (w_RL) and `srft_entropy` (H).
+    A rollout is correct when its reward reaches `algorithm.success_reward_threshold` (the reference: reward == 1,
+    `correct_answer_mask = token_level_scores.sum(-1) == 1`, RLLaVA's rllava/ppo/plugins/policy_loss.py
+    `compute_policy_loss_srft`), whatever its advantage: in a group where every rollout is right GRPO's
+    advantages are 0, and SRFT still reinforces them. g_t = log p_t (`actor.srft_type=paper`), p_t (`exp`), r_t
+    (`classic_rl`) or log p_t - log p_old (`minus_old`). The ratio of `classic_rl` is clamped to
+    [1 - eps_low, max(clip_upper_bound, 1 + eps_high)] on the pessimistic side unless `actor.loss_remove_clip`
+    (RLLaVA clamps log p to that range too, which leaves a wrong rollout's tokens without gradient; rllava does
+    not). `actor.off_policy_max_clip` / `off_policy_min_clip` / `all_max_clip` as in `luffy`.
+    Metrics: as `luffy`, plus `srft_on_coef` (mean w_RL of the own rollouts) and `srft_entropy` (their mean H).
+
+    Reference: RLLaVA's rllava/ppo/plugins/policy_loss.py `compute_policy_loss_srft` L356-485 (TinyLoopX/RLLaVA@4753d4a;
+    SRFT's own mix actor computes the same H_i, weights and reward-based correctness). Differs: the clamp above
+    (RLLaVA's clamps log p, so a wrong rollout's tokens get no gradient under `srft_type=paper` unless
+    `actor.loss_remove_clip`); the SFT coefficient `actor.sft_loss_coef` (default 1, the reference's implicit 1).
     """
     off = inp.off_policy if inp.off_policy is not None else torch.zeros_like(inp.mask)
     off, on = inp.mask * off, inp.mask * (1 - off)
     adv = inp.need("advantages", "srft")
-    entropy = mean_entropy(inp.need("entropy", "srft"), on, inp.mask)
+    entropy = sequence_entropy(inp.need("entropy", "srft"), inp.mask)
     _, on_coef = srft_weights(entropy)
-    correct = (adv * on).sum(-1, keepdim=True) > 0
-    on_adv = torch.where(correct, torch.full_like(adv, on_coef), torch.full_like(adv, -1.0))
+    correct = (inp.need("scores", "srft") >= success_reward_threshold).unsqueeze(-1)
+    on_adv = torch.where(correct, on_coef.to(adv.dtype).expand_as(adv), torch.full_like(adv, -1.0))
     old = inp.old_logprobs if inp.old_logprobs is not None else inp.logprobs.detach()
     g = {"exp": torch.exp(inp.logprobs), "classic_rl": torch.exp((inp.logprobs - old).clamp(-20.0, 20.0)),
          "minus_old": inp.logprobs - old}.get(srft_type, inp.logprobs)
@@ -233,11 +280,26 @@ def srft(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float
                                         off_policy_reshape_pow_exp, off_policy_max_clip, off_policy_min_clip)
     loss = _drop_confident(torch.where(off > 0, off_loss, on_loss), inp.logprobs, all_max_clip)
     metrics = _hybrid_metrics(inp, on, off, on_loss, off_loss, clipped)
-    metrics.update(srft_on_coef=on_coef, srft_entropy=entropy)
+    own = on.sum(-1, keepdim=True) > 0  # the rows holding own tokens
+    metrics.update(srft_on_coef=masked_mean(on_coef, own), srft_entropy=masked_mean(entropy, own))
     return loss, metrics
 
 
 PAPERS = {"chord": "arXiv:2508.11408", "hpt": "arXiv:2509.04419", "uft": "arXiv:2505.16984"}
+# The reference implementation each follows and where rllava differs (tests/algorithms/test_parity_hybrids.py)
+REFERENCES = {
+    "chord": "Trinity-RFT's trinity/algorithm/policy_loss_fn/chord_policy_loss.py `MIXCHORDPolicyLossFn` L202-228 "
+             "(mu schedule L14-31, phi L62-67; read at yanxi-chen/Trinity-RFT@9051d63). Differs: no dual clip on the "
+             "RL term (Trinity caps -A r at -3 A for A < 0, always); update t runs mu(t - 1) (Trinity: mu(t)); "
+             "normalised over the mini-batch (Trinity: per micro-batch, then averaged).",
+    "hpt": "TsinghuaC3I/Unify-Post-Training hpt/verl/verl/mix_src/mix_trainer.py L394-407 (the switch), mix_actor.py "
+           "L135-165 (SFT token-mean + PG). Differs: solved = reward >= algorithm.success_reward_threshold (HPT: "
+           "== 1); the authors' train.sh runs no clip and the token sum / the max length without dividing by the "
+           "number of sequences, while examples/algorithms/hpt.sh runs the reference's yaml defaults (clip, "
+           "token-mean).",
+    "uft": "liumy2010/UFT verl/workers/actor/dp_actor.py L249-284 (PPO on the continuation + sft_loss_coef x "
+           "token-mean NLL of the hint). Differs: update t draws hints with p(t - 1) (UFT: p(t), t from 1).",
+}
 
 
 def _ppo_on_own_tokens(name: str):
@@ -256,7 +318,8 @@ def _ppo_on_own_tokens(name: str):
     loss.__doc__ = (f"{name.upper()}'s RL term ({PAPERS[name]}), on the policy's own tokens; its expert tokens get "
                     "the SFT term instead (see the module docstring):\n\n"
                     "        L_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high))   "
-                    "(-A_t r_t with actor.loss_remove_clip)\n")
+                    "(-A_t r_t with actor.loss_remove_clip)\n\n"
+                    f"    Reference: {REFERENCES[name]}\n")
     return register_policy_loss(name)(loss)
 
 
@@ -265,19 +328,13 @@ hpt = _ppo_on_own_tokens("hpt")
 uft = _ppo_on_own_tokens("uft")
 
 
-def mean_entropy(entropy: torch.Tensor, on_mask: torch.Tensor, mask: torch.Tensor) -> float:
-    """SRFT's H: the mean token entropy (detached) of the micro-batch's own tokens, or of all its trained tokens
-    when it holds none of the policy's (a micro-batch of demonstrations)."""
-    use = on_mask if on_mask.sum() > 0 else mask
-    return masked_mean(entropy.detach(), use).item() if use.sum() > 0 else 0.0
-
-
-def sft_token_weights(loss_mode: str, logprobs: torch.Tensor, entropy: torch.Tensor, on_mask: torch.Tensor,
-                      mask: torch.Tensor, *, enable_phi_function: bool = False) -> torch.Tensor:
+def sft_token_weights(loss_mode: str, logprobs: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor, *,
+                      enable_phi_function: bool = False) -> torch.Tensor:
     """The per-token weight of the SFT term's -log p on expert tokens (detached), before its coefficient:
-    CHORD-phi: phi(p) (CHORD without phi and HPT, UFT: 1); SRFT: 0.5 exp(-H) (`mean_entropy`)."""
+    CHORD-phi: phi(p) (CHORD without phi and HPT, UFT: 1); SRFT: 0.5 exp(-H_i), H_i the demonstration row's mean
+    token entropy over its trained tokens `mask` (`sequence_entropy`)."""
     if loss_mode == "srft":
-        return torch.full_like(logprobs, srft_weights(mean_entropy(entropy, on_mask, mask))[0])
+        return srft_weights(sequence_entropy(entropy, mask))[0].to(logprobs.dtype).expand_as(logprobs)
     if loss_mode == "chord" and enable_phi_function:
         return phi(torch.exp(logprobs.detach()))
     return torch.ones_like(logprobs)

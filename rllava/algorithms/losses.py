@@ -26,6 +26,7 @@ class LossInputs:
     rollout_logprobs: torch.Tensor | None = None  # [B, T] as reported by the rollout engine
     entropy: torch.Tensor | None = None  # [B, T]
     off_policy: torch.Tensor | None = None  # [B, T] 1 on expert-written tokens (SFT+RL hybrids), else None
+    scores: torch.Tensor | None = None  # [B] each row's reward (SRFT: a rollout is correct when it reaches a threshold)
 
     def need(self, name: str, loss: str) -> torch.Tensor:
         value = getattr(self, name)
@@ -152,7 +153,18 @@ def geo_mean(inp: LossInputs, *, clip_ratio_low: float = 0.4, clip_ratio_high: f
         token-mean               -> sum_i L_i / N_tokens       (the paper's, scaled by N_seqs / N_tokens)
         seq-mean-token-sum-norm  -> mean_i L_i / L_max         (the paper's, constant scale)
         seq-mean-token-mean      -> mean_i L_i / |o_i|         (down-weights long sequences; not the paper's)
+    Use seq-mean-token-sum, as examples/algorithms/gmpo.sh does: the paper's objective, and what the authors'
+    train_zero_math_gmpo.py (one sequence per micro-batch, gradients averaged) and verl's geo_mean (torch.mean of
+    L_i) optimise. token-mean divides it by the batch's mean length N_tokens / N_seqs, which varies per batch (the
+    KL and entropy terms are aggregated alike, so their balance with L_i does not change).
+    One sign per sequence, that of A_i (A_i = 0 counts as positive), as in the paper and the authors' code; verl's
+    geo_mean takes sign(A_t) per token, which differs only when a sequence's advantages vary over its tokens (not
+    with outcome advantages such as GRPO's).
     Metrics: `pg_clipfrac` (tokens whose log-ratio clip is active, zero gradient), `ppo_kl`.
+
+    Reference: the GMPO authors' callsys/GMPO@205b2bf train_zero_math_gmpo.py L675-701 (the loss; one sequence per
+    micro-batch, L620-623; their script runs --beta 0: no KL, where gmpo.sh keeps grpo.sh's). Differs: the sign per
+    sequence vs verl's per token, above.
     """
     adv, log_ratio = _log_ratio(inp, "geo_mean")
     seq_adv = _seq_mean(adv, inp.mask)
@@ -260,7 +272,14 @@ def sapo(inp: LossInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05):
     w = 1 at rho = 1 (on-policy it is the plain policy gradient) and decays smoothly as rho leaves 1, faster for
     a larger tau; tau_neg > tau_pos damps negative-advantage tokens more (the paper: their gradients spread over
     many unsampled tokens and destabilise training). Defaults are the paper's / verl's (tau_pos 1.0, tau_neg 1.05).
+    The paper's objective is (1/G) sum_i (1/|y_i|) sum_t f(rho_it) A_it: `actor.loss_agg_mode=seq-mean-token-mean`,
+    which verl's SAPO loss forces whatever its config says and examples/algorithms/sapo.sh sets; rllava takes the
+    mode from the config, and the default token-mean weighs long sequences more.
     Metrics: `sapo_weight` = mean gradient weight w (1 = on-policy), `ppo_kl`.
+
+    Reference: verl's verl/trainer/ppo/core_algos.py@b178a3c `compute_policy_loss_sapo` L1364-1397. Differs: the
+    aggregation comes from actor.loss_agg_mode (verl forces seq-mean-token-mean; so does sapo.sh), and the KL term,
+    if on, is aggregated the same way (verl: by its own mode).
     """
     adv, log_ratio = _log_ratio(inp, "sapo")
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))

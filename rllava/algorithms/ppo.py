@@ -39,11 +39,12 @@ class PPO:
         # The pool of hyperparameters an estimator may declare (keyword-only, by these names).
         self.adv_params = {"norm_adv_by_std_in_grpo": algorithm_cfg.norm_adv_by_std_in_grpo,
                            "gamma": algorithm_cfg.gamma, "lam": algorithm_cfg.lam,
-                           "discount": discount, "step_advantage_w": algorithm_cfg.step_advantage_w}
+                           "discount": discount, "step_advantage_w": algorithm_cfg.step_advantage_w,
+                           "gigpo_mean_std_cross_steps": algorithm_cfg.gigpo_mean_std_cross_steps}
         # The pool for policy losses: RLLaVA's actor.* and actor.policy_loss.* names.
         self.loss_params = {
             "clip_ratio_low": actor_cfg.clip_ratio_low, "clip_ratio_high": actor_cfg.clip_ratio_high,
-            "clip_ratio_c": actor_cfg.clip_ratio_c,
+            "clip_ratio_c": actor_cfg.clip_ratio_c, "success_reward_threshold": algorithm_cfg.success_reward_threshold,
             **{k: getattr(actor_cfg, k) for k in HYBRID_LOSS_KEYS},  # read by the SFT+RL hybrid losses
             **{k: v for k, v in vars(actor_cfg.policy_loss).items() if k != "loss_mode"},
         }

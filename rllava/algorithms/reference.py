@@ -22,6 +22,11 @@ SOURCES = {
     "lam": "`algorithm.lam`", "clip_ratio_low": "`actor.clip_ratio_low`", "clip_ratio_high": "`actor.clip_ratio_high`",
     "clip_ratio_c": "`actor.clip_ratio_c`", "token_rewards": "token rewards (KL-shaped if `algorithm.use_kl_in_reward`)",
     "values": "critic values", "baseline_scores": "greedy-rollout reward (made by the rollout stage)",
+    "discount": "`rollout.discount`", "step_advantage_w": "`algorithm.step_advantage_w`",
+    "gigpo_mean_std_cross_steps": "`algorithm.gigpo_mean_std_cross_steps`",
+    "turn_index": "agent rollout: each token's turn", "turn_anchors": "agent rollout: the observation before each turn",
+    "turn_rewards": "agent rollout: each turn's tool reward",
+    "success_reward_threshold": "`algorithm.success_reward_threshold`",
     **{k: f"`actor.{k}`" for k in HYBRID_LOSS_KEYS},
 }
 
@@ -57,11 +62,25 @@ def _rows(table: dict) -> list[str]:
     return rows
 
 
+def _reference(doc: str) -> str:
+    """The docstring's `Reference: ...` paragraph (the implementation it follows, and where rllava differs)."""
+    match = re.search(r"Reference: (.*?)(?:\n\s*\n|\Z)", doc, re.S)
+    return " ".join(match.group(1).split()) if match else ""
+
+
+def _reference_section() -> list[str]:
+    rows = [f"- `{name}`: {_reference(fn.__doc__ or '')}" for table in (ADV_ESTIMATORS, POLICY_LOSSES)
+            for name, fn in sorted(table.items()) if _reference(fn.__doc__ or "")]
+    return ["## Reference implementations, and where rllava differs", "",
+            "Each has a parity test whose expected numbers come from the reference's formula "
+            "(`tests/algorithms/test_parity_*.py`).", "", *rows, ""]
+
+
 def _hybrid_section() -> list[str]:
     """The hybrids: the method table of `rllava.algorithms.hybrid`'s docstring, then its schedules and weights."""
     doc = H.__doc__.split("\n\n")
     rows = [f"| `{f.__name__}` | {_formula(f.__doc__)} | {_paper(f.__doc__)} |"
-            for f in (H.mu_schedule, H.phi, H.reshape, H.hint_probability, H.srft_weights)]
+            for f in (H.mu_schedule, H.phi, H.reshape, H.on_policy_ratio, H.hint_probability, H.srft_weights)]
     return ["## SFT+RL hybrids (CHORD, LUFFY, UFT, HPT, SRFT)", "", doc[1], "", "```", doc[2].strip("\n"), "```", "",
             doc[3], "", "| schedule / weight | formula | paper |", "|---|---|---|", *rows, ""]
 
@@ -86,6 +105,7 @@ def render() -> str:
         head, *_rows(POLICY_LOSSES),
         "",
         *_hybrid_section(),
+        *_reference_section(),
     ])
 
 

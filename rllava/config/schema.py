@@ -178,6 +178,7 @@ class AlgorithmConfig:
     adv_estimator: str = "grpo"  # advantage estimator, by registered name (gae, grpo, rloo, ...)
     norm_adv_by_std_in_grpo: bool = True  # False gives Dr.GRPO's advantage
     step_advantage_w: float = 1.0  # GiGPO (adv_estimator=gigpo): weight of the step-level advantage (verl-agent's name)
+    gigpo_mean_std_cross_steps: bool = False  # GiGPO: episode mean/std over turns (verl-agent's default), not episodes (paper Eq. 3)
     use_kl_loss: bool = True  # add actor.kl_loss_coef * KL(policy || ref) to the actor loss (builds a reference model)
     kl_penalty: str = "kl"  # KL estimator in the reward: kl|k1|abs|mse|k2|low_var_kl|k3|full (exact, over the vocabulary)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
@@ -192,7 +193,7 @@ class AlgorithmConfig:
     # SFT+RL hybrids (docs/algorithms.md; actor.policy_loss.loss_mode=luffy|srft|uft|hpt|chord)
     unify_strategy: str = "none"  # HPT: none | switch (SFT on a demonstration where a prompt is unsolved) | soft (always)
     switch_gate: int = 0  # HPT switch: a prompt solved this many times or fewer trains on its demonstration
-    success_reward_threshold: float = 1.0  # HPT: a rollout scoring at least this counts as solved
+    success_reward_threshold: float = 1.0  # HPT, SRFT: a rollout scoring at least this counts as solved (correct)
     prefix_strategy: str = "none"  # LUFFY/SRFT: random (expert prefixes in the group) | UFT: hint | none
     min_prefix_ratio: float = 0.0  # random: shortest expert prefix (fraction); hint: final chunk probability p
     max_prefix_ratio: float = 1.0  # random: longest expert prefix (fraction); hint: initial chunk probability p
@@ -476,7 +477,7 @@ class ActorConfig:
     off_policy_max_clip: float = -1  # LUFFY/SRFT: upper clamp of the shaped expert ratio; -1 = off
     off_policy_min_clip: float = -1  # LUFFY/SRFT: lower clamp of the shaped expert ratio; -1 = off
     all_max_clip: float = -1  # LUFFY/SRFT: no loss on tokens with p above this; -1 = off
-    on_policy_reshape: str = "no_reshape"  # LUFFY: shaping of the own tokens' ratio (same choices)
+    on_policy_reshape: str = "no_reshape"  # LUFFY's shaping of the own ratio r: logp = log r, p_logp, p_div_p_<g> = f(p)/f(p_old); rllava_<kind>: RLLaVA's (as off_policy_reshape, on r)
     on_policy_reshape_weight: float = 0.1  # weight of the logp / p_logp shapings
     on_policy_reshape_pow_exp: float = 0.5  # exponent of the pow shaping
     srft_type: str = "paper"  # SRFT's own-token term: paper (log p) | exp (p) | classic_rl (ratio) | minus_old
@@ -974,10 +975,11 @@ def agent_on(c) -> bool:
 
 # GiGPO's keys at the values that describe what happens without it (RLLaVA's agent scripts set discount=1.0):
 # accepted with any estimator; any other value asks for per-turn credit only GiGPO gives.
-NO_CREDIT = {"rollout.discount": 1.0, "algorithm.step_advantage_w": 0.0}
+NO_CREDIT = {"rollout.discount": 1.0, "algorithm.step_advantage_w": 0.0, "algorithm.gigpo_mean_std_cross_steps": False}
 
 # Agent keys: read only when the agent driver runs; a key changed from its default otherwise is an error.
-AGENT_KEYS = ["rollout.max_turns", "rollout.discount", "algorithm.step_advantage_w", "rollout.agent.tool_kwargs", "rollout.agent.tool_format",
+AGENT_KEYS = ["rollout.max_turns", "rollout.discount", "algorithm.step_advantage_w",
+              "algorithm.gigpo_mean_std_cross_steps", "rollout.agent.tool_kwargs", "rollout.agent.tool_format",
               "rollout.agent.answer_tag", "rollout.agent.invalid_call_penalty", "rollout.agent.observation_role",
               "rollout.agent.plugins", "rollout.agent.tool_workers"]
 
@@ -987,6 +989,10 @@ def _loss_in(*modes: str) -> Callable[[Any], bool]:
 
 HYBRIDS = ("luffy", "srft", "uft", "hpt", "chord")  # rllava.algorithms.hybrid.HYBRID_LOSSES
 RESHAPES = ("no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_<gamma>")  # rllava.algorithms.hybrid.reshape
+
+
+# The on-policy shapings whose meaning LUFFY and RLLaVA differ on (rllava.algorithms.hybrid.on_policy_ratio)
+ON_POLICY_LUFFY = {"logp": "log r", "p_logp": "r + weight log r", "p_div_p": "f(p) / f(p_old), f(p) = p / (p + gamma)"}
 
 
 def _is_reshape(kind: str) -> bool:
@@ -1018,8 +1024,9 @@ HYBRID_READERS: list[tuple[list[str], Callable[[Any], bool], str]] = [
       "algorithm.mu_valley", "algorithm.enable_phi_function", "data.expert_files", "data.expert_batch_size"],
      _loss_in("chord"), "CHORD (actor.policy_loss.loss_mode=chord or algorithm.strategy=mix_chord)"),
     (["algorithm.unify_strategy"], _loss_in("hpt"), "HPT (actor.policy_loss.loss_mode=hpt)"),
-    (["algorithm.switch_gate", "algorithm.success_reward_threshold"], lambda c: c.algorithm.unify_strategy != "none",
-     "HPT's algorithm.unify_strategy=switch|soft"),
+    (["algorithm.switch_gate"], lambda c: c.algorithm.unify_strategy != "none", "HPT's algorithm.unify_strategy=switch|soft"),
+    (["algorithm.success_reward_threshold"], lambda c: c.algorithm.unify_strategy != "none" or _loss_in("srft")(c),
+     "HPT's algorithm.unify_strategy=switch|soft and SRFT (actor.policy_loss.loss_mode=srft)"),
     (["algorithm.prefix_strategy"], _loss_in("luffy", "srft", "uft"),
      "LUFFY, SRFT and UFT (actor.policy_loss.loss_mode=luffy|srft|uft)"),
     (["algorithm.min_prefix_ratio", "algorithm.max_prefix_ratio", "algorithm.n_prefix",
@@ -1201,8 +1208,16 @@ class PPOConfig:
                              f"algorithm.unify_strategy={a.unify_strategy}); leave it at {_show(_default_of(key))}")
         for key in ("actor.off_policy_reshape", "actor.on_policy_reshape"):
             value = get_key(self, key)
-            if value is not None and not _is_reshape(value):
-                p.append(f"{key}={value} is not a shaping: one of {', '.join(RESHAPES)} (e.g. p_div_p_0.1)")
+            own = key == "actor.on_policy_reshape" and isinstance(value, str) and value.startswith("rllava_")
+            if value is not None and not _is_reshape(value[len("rllava_"):] if own else value):
+                more = " (or RLLaVA's rllava_logp, rllava_p_logp, rllava_p_div_p_<gamma>)" if "on_" in key else ""
+                p.append(f"{key}={value} is not a shaping: one of {', '.join(RESHAPES)}{more} (e.g. p_div_p_0.1)")
+        shaped = self.actor.on_policy_reshape
+        kind = "p_div_p" if shaped.startswith("p_div_p_") else shaped
+        if kind in ON_POLICY_LUFFY and _said("actor.on_policy_reshape"):
+            warnings.warn(f"actor.on_policy_reshape={shaped} shapes the own ratio r = p / p_old as LUFFY does "
+                          f"({ON_POLICY_LUFFY[kind]}); RLLaVA's meaning is actor.on_policy_reshape=rllava_{shaped}",
+                          stacklevel=3)
         _choice(p, "actor.srft_type", self.actor.srft_type, ["paper", "exp", "classic_rl", "minus_old"])
         if mode not in HYBRIDS:
             return p
@@ -1261,7 +1276,7 @@ class PPOConfig:
                     f"e.g. [search, zoom]); leave it at {_show(_default_of(key))}"
                     for key in AGENT_KEYS if get_key(self, key) not in (_default_of(key), NO_CREDIT.get(key))]
         p = [f"{key}={_show(get_key(self, key))} is read only by GiGPO's per-turn credit (algorithm.adv_estimator="
-             f"gigpo); leave it at {_show(_default_of(key))}" for key in ("rollout.discount", "algorithm.step_advantage_w")
+             f"gigpo); leave it at {_show(_default_of(key))}" for key in NO_CREDIT
              if self.algorithm.adv_estimator != "gigpo" and get_key(self, key) not in (_default_of(key), NO_CREDIT[key])]
         given = [k for k in ("rollout.agent.tools", "rollout.tool_config_path", "rollout.env_config_path")
                  if get_key(self, k)]

@@ -248,7 +248,7 @@ class Actor:
             logprobs=logprobs, mask=mask, advantages=micro.advantages,
             old_logprobs=micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach(),
             ref_logprobs=micro.ref_logprobs, rollout_logprobs=micro.rollout_logprobs, entropy=entropy,
-            off_policy=micro.off_policy_mask)
+            off_policy=micro.off_policy_mask, scores=micro.scores)
         per_token, metrics = self.algorithm.policy_loss(inputs)
         if self.rollout_is != "none":  # reweight by pi_old / pi_rollout: the engine sampled, the trainer scores
             sampled = mask if micro.off_policy_mask is None else mask * (1 - micro.off_policy_mask)  # not expert
@@ -262,9 +262,7 @@ class Actor:
         loss = rl_coef * pg_loss
         out = {f"actor/{k}": v for k, v in metrics.items()}
         if sft_mask is not None:  # the hybrid's SFT term on expert tokens: -w_t log p_t over its own tokens
-            trained = micro.loss_mask
-            weights = sft_token_weights(self.expert.loss_mode, logprobs, entropy,
-                                        trained * (1 - micro.off_policy_mask), trained,
+            weights = sft_token_weights(self.expert.loss_mode, logprobs, entropy, micro.loss_mask,
                                         enable_phi_function=self.expert.enable_phi_function)
             sft_loss = aggregate(-weights * logprobs, sft_mask, "token-mean" if self.expert.token_level_sft
                                  else "seq-mean-token-mean", max_len=self.max_response_length,

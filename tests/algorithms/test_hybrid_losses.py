@@ -1,5 +1,6 @@
 """SFT+RL hybrid schedules, weights and losses (rllava.algorithms.hybrid) against hand-computed values."""
 
+import dataclasses
 import math
 
 import pytest
@@ -24,11 +25,10 @@ def test_mu_schedule_warms_up_decays_and_stays():
 def test_phi_weights_uncertain_tokens_most():
     assert phi(torch.tensor([0.5, 0.9, 0.0, 1.0])).tolist() == pytest.approx([0.25, 0.09, 0.0, 0.0])
     lp = torch.log(torch.tensor([[0.5, 0.9]]))
-    w = sft_token_weights("chord", lp, torch.zeros_like(lp), torch.zeros_like(lp), torch.ones_like(lp),
-                          enable_phi_function=True)
+    w = sft_token_weights("chord", lp, torch.zeros_like(lp), torch.ones_like(lp), enable_phi_function=True)
     assert w.tolist()[0] == pytest.approx([0.25, 0.09]) and not w.requires_grad
-    assert sft_token_weights("chord", lp, lp, lp, lp).tolist()[0] == [1.0, 1.0]  # phi off
-    assert sft_token_weights("hpt", lp, lp, lp, lp).tolist()[0] == [1.0, 1.0]
+    assert sft_token_weights("chord", lp, lp, lp).tolist()[0] == [1.0, 1.0]  # phi off
+    assert sft_token_weights("hpt", lp, lp, lp).tolist()[0] == [1.0, 1.0]
 
 
 def test_reshapes():
@@ -76,19 +76,26 @@ def test_luffy_group_advantages_include_the_injected_expert_sample():
 
 
 def test_srft_weights_and_terms():
-    assert srft_weights(0.0) == pytest.approx((0.5, 0.1))
-    assert srft_weights(1.0) == pytest.approx((0.5 / math.e, 0.1 * math.e))
-    # row 1: a correct rollout (A > 0), row 2: a wrong one, row 3: the expert sample; entropy 1 on own tokens
-    inp = _inputs([0.5, 0.5, 0.2], [1.0, -1.0, 1.0], [0, 0, 1], entropy=[1.0, 1.0, 3.0])
-    inp = LossInputs(**{**inp.__dict__, "logprobs": inp.logprobs.reshape(3, 1), "mask": torch.ones(3, 1),
-                        "advantages": inp.advantages.reshape(3, 1), "old_logprobs": inp.old_logprobs.reshape(3, 1),
-                        "off_policy": inp.off_policy.reshape(3, 1), "entropy": inp.entropy.reshape(3, 1)})
+    """Per-sequence weights from each row's own entropy; correctness from the reward, not the advantage: row 1 is
+    correct with A = 0 (an all-correct group), row 2 wrong with A > 0 (all its group wrong but it less so)."""
+    assert srft_weights(torch.tensor(0.0))[0].item() == pytest.approx(0.5)
+    assert [w.item() for w in srft_weights(torch.tensor(1.0))] == pytest.approx([0.5 / math.e, 0.1 * math.e])
+    lp = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.2, 0.4]], dtype=torch.float64)).requires_grad_()
+    inp = LossInputs(logprobs=lp, mask=torch.ones(3, 2), advantages=torch.tensor([[0.0] * 2, [1.0] * 2, [1.0] * 2]),
+                     old_logprobs=lp.detach(), off_policy=torch.tensor([[0.0] * 2, [0.0] * 2, [1.0] * 2]),
+                     entropy=torch.tensor([[0.5, 1.5], [2.0, 2.0], [3.0, 1.0]]), scores=torch.tensor([1.0, 0.0, 1.0]))
     loss, m = srft(inp)
-    w_rl = 0.1 * math.e
-    assert loss[:, 0].tolist() == pytest.approx([-w_rl * math.log(0.5), math.log(0.5), -0.2 / 0.3])
-    assert m["srft_on_coef"] == pytest.approx(w_rl) and m["srft_entropy"] == pytest.approx(1.0)
-    w = sft_token_weights("srft", inp.logprobs, inp.entropy, 1 - inp.off_policy, inp.mask)
-    assert w[2, 0].item() == pytest.approx(0.5 / math.e)  # w_SFT from the own tokens' entropy
+    w_rl = 0.1 * math.e  # row 1's mean entropy (0.5 + 1.5) / 2 = 1
+    assert loss[0].tolist() == pytest.approx([-w_rl * math.log(0.5)] * 2) and loss[1].tolist() == pytest.approx(
+        [math.log(0.5)] * 2)
+    assert loss[2].tolist() == pytest.approx([-0.2 / 0.3, -0.4 / 0.5])
+    assert m["srft_on_coef"].item() == pytest.approx((w_rl + 0.1 * math.exp(2)) / 2)
+    assert m["srft_entropy"].item() == pytest.approx(1.5)
+    w = sft_token_weights("srft", inp.logprobs, inp.entropy, inp.mask)
+    assert w[2].tolist() == pytest.approx([0.5 * math.exp(-2)] * 2)  # the demonstration row's own entropy (3 + 1) / 2
+    inp = dataclasses.replace(inp, scores=torch.tensor([0.5, 0.0, 1.0]))
+    assert srft(inp, success_reward_threshold=0.5)[0][0].tolist() == pytest.approx([-w_rl * math.log(0.5)] * 2)
+    assert srft(inp)[0][0].tolist() == pytest.approx([math.log(0.5)] * 2)  # 0.5 < 1: wrong
 
 
 def test_hint_schedule_and_chunks():

@@ -235,6 +235,16 @@ def test_luffy_prefix_draws_resume_exactly(tiny_model_dir, counting_dir, answer_
     assert [r["hybrid/prefix_tokens_mean"] for r in _rows(stopped)] == draws and len(set(draws)) > 1
 
 
+def test_srft_reads_the_success_threshold_and_luffy_names_both_on_policy_meanings():
+    srft = ["actor.policy_loss.loss_mode=srft", "algorithm.prefix_strategy=random", "data.target_key=s"]
+    assert load_config([*srft, "algorithm.success_reward_threshold=0.5"]).algorithm.success_reward_threshold == 0.5
+    luffy = ["actor.policy_loss.loss_mode=luffy", "algorithm.prefix_strategy=random", "data.target_key=s"]
+    with pytest.warns(UserWarning, match=r"actor.on_policy_reshape=p_div_p_0.1 shapes the own ratio r = p / p_old as "
+                                         r"LUFFY does .*; RLLaVA's meaning is actor.on_policy_reshape=rllava_p_div_p_0.1"):
+        load_config([*luffy, "actor.on_policy_reshape=p_div_p_0.1"])
+    assert load_config([*luffy, "actor.on_policy_reshape=rllava_logp"]).actor.on_policy_reshape == "rllava_logp"
+
+
 @pytest.mark.parametrize("args, message", [
     (["actor.policy_loss.loss_mode=luffy", "data.target_key=solution"],
      "actor.policy_loss.loss_mode=luffy trains on expert prefixes: set algorithm.prefix_strategy=random"),
@@ -258,6 +268,10 @@ def test_luffy_prefix_draws_resume_exactly(tiny_model_dir, counting_dir, answer_
       "actor.srft_type=papr"], "actor.srft_type=papr is not one of: paper, exp, classic_rl, minus_old"),
     (["actor.policy_loss.loss_mode=srft", "algorithm.prefix_strategy=random", "data.target_key=s",
       "actor.clip_upper_bound=2"], "actor.clip_upper_bound=2.0 is read only by SRFT's ratio term"),
+    (["algorithm.success_reward_threshold=0.5"], "algorithm.success_reward_threshold=0.5 is read only by HPT's "
+                                                 "algorithm.unify_strategy=switch|soft and SRFT"),
+    (["actor.policy_loss.loss_mode=luffy", "algorithm.prefix_strategy=random", "data.target_key=s",
+      "actor.on_policy_reshape=rllava_sqrt"], "actor.on_policy_reshape=rllava_sqrt is not a shaping"),
     (["actor.policy_loss.loss_mode=hpt", "algorithm.unify_strategy=switch", "data.target_key=s", "critic.strategy=auto"],
      "actor.policy_loss.loss_mode=hpt (an SFT+RL hybrid) runs without a critic"),
 ])
