@@ -289,9 +289,9 @@ PAPERS = {"chord": "arXiv:2508.11408", "hpt": "arXiv:2509.04419", "uft": "arXiv:
 # The reference implementation each follows and where rllava differs (tests/algorithms/test_parity_hybrids.py)
 REFERENCES = {
     "chord": "Trinity-RFT's trinity/algorithm/policy_loss_fn/chord_policy_loss.py `MIXCHORDPolicyLossFn` L202-228 "
-             "(mu schedule L14-31, phi L62-67; read at yanxi-chen/Trinity-RFT@9051d63). Differs: no dual clip on the "
-             "RL term (Trinity caps -A r at -3 A for A < 0, always); update t runs mu(t - 1) (Trinity: mu(t)); "
-             "normalised over the mini-batch (Trinity: per micro-batch, then averaged).",
+             "(mu schedule L14-31, phi L62-67, the dual clip of its GRPO term ppo_policy_loss.py L71-76; read at "
+             "yanxi-chen/Trinity-RFT@9051d63). Differs: update t runs mu(t - 1) (Trinity: mu(t)); normalised over "
+             "the mini-batch (Trinity: per micro-batch, then averaged).",
     "hpt": "TsinghuaC3I/Unify-Post-Training hpt/verl/verl/mix_src/mix_trainer.py L394-407 (the switch), mix_actor.py "
            "L135-165 (SFT token-mean + PG). Differs: solved = reward >= algorithm.success_reward_threshold (HPT: "
            "== 1); the authors' train.sh runs no clip and the token sum / the max length without dividing by the "
@@ -302,28 +302,46 @@ REFERENCES = {
 }
 
 
+def _own_ppo(inp: LossInputs, low: float, high: float, remove_clip: bool, dual_clip_c: float | None = None):
+    """PPO's clipped surrogate on the policy's own tokens (no clip with actor.loss_remove_clip), for A < 0 capped
+    at -A c when `dual_clip_c` is given; (per-token loss, metrics)."""
+    on = inp.mask
+    per_token, clipped = _on_policy_loss(inp, on, remove_clip, "no_reshape", 0.1, 0.5, low, high)
+    if dual_clip_c is not None:
+        adv = inp.advantages
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip_c), per_token)
+    return per_token, {"pg_clipfrac": masked_mean(clipped.float(), on),
+                       "ppo_kl": masked_mean((inp.old_logprobs - inp.logprobs).detach(), on)}
+
+
+def _doc(name: str, formula: str) -> str:
+    return (f"{name.upper()}'s RL term ({PAPERS[name]}), on the policy's own tokens; its expert tokens get the SFT "
+            f"term instead (see the module docstring):\n\n        {formula}\n\n    Reference: {REFERENCES[name]}\n")
+
+
 def _ppo_on_own_tokens(name: str):
-    """The RL half of CHORD, HPT and UFT: PPO's clipped surrogate (no clip with actor.loss_remove_clip) on the
-    policy's own tokens; the expert tokens are trained by the SFT term only (`rllava.roles.actor`)."""
+    """The RL half of HPT and UFT: PPO's clipped surrogate on the policy's own tokens (`_own_ppo`); the expert
+    tokens are trained by the SFT term only (`rllava.roles.actor`)."""
 
     def loss(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
              loss_remove_clip: bool = False):
-        on = inp.mask
-        per_token, clipped = _on_policy_loss(inp, on, loss_remove_clip, "no_reshape", 0.1, 0.5, clip_ratio_low,
-                                             clip_ratio_high)
-        return per_token, {"pg_clipfrac": masked_mean(clipped.float(), on),
-                           "ppo_kl": masked_mean((inp.old_logprobs - inp.logprobs).detach(), on)}
+        return _own_ppo(inp, clip_ratio_low, clip_ratio_high, loss_remove_clip)
 
     loss.__name__ = name
-    loss.__doc__ = (f"{name.upper()}'s RL term ({PAPERS[name]}), on the policy's own tokens; its expert tokens get "
-                    "the SFT term instead (see the module docstring):\n\n"
-                    "        L_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high))   "
-                    "(-A_t r_t with actor.loss_remove_clip)\n\n"
-                    f"    Reference: {REFERENCES[name]}\n")
+    loss.__doc__ = _doc(name, "L_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high))   (-A_t r_t with "
+                              "actor.loss_remove_clip)")
     return register_policy_loss(name)(loss)
 
 
-chord = _ppo_on_own_tokens("chord")
+@register_policy_loss("chord")
+def chord(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+          loss_remove_clip: bool = False, clip_ratio_c: float = 3.0):
+    return _own_ppo(inp, clip_ratio_low, clip_ratio_high, loss_remove_clip,
+                    None if loss_remove_clip else clip_ratio_c)
+
+
+chord.__doc__ = _doc("chord", "L_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high)), capped at -A_t c "
+                              "for A_t < 0 (dual clip, c = actor.clip_ratio_c; -A_t r_t with actor.loss_remove_clip)")
 hpt = _ppo_on_own_tokens("hpt")
 uft = _ppo_on_own_tokens("uft")
 

@@ -161,9 +161,9 @@ DEMOS = torch.tensor([False, False, False, True, True])
 
 @pytest.mark.parametrize("ratio_above_dual_clip", [
     pytest.param(False, id="ratios_below_3"),
-    pytest.param(True, id="ratio_above_dual_clip", marks=pytest.mark.xfail(strict=True, reason=(
-        "rllava's chord RL term has no dual clip; Trinity's CHORD GRPO term caps -A r at -A * 3 where A < 0 "
-        "(ppo_policy_loss.py L71-76, clip_ratio_c = 3 always on in MIXCHORDPolicyLossFn)"))),
+    # Trinity's CHORD GRPO term caps -A r at -A * 3 where A < 0 (ppo_policy_loss.py L71-76, clip_ratio_c = 3 always
+    # on in MIXCHORDPolicyLossFn): so does rllava's chord (actor.clip_ratio_c)
+    pytest.param(True, id="ratio_above_dual_clip"),
 ])
 def test_chord_matches_trinity_mix_chord(monkeypatch, ratio_above_dual_clip):
     """CHORD-mu (examples/algorithms/chord.sh's schedule): L = (1 - mu) L_GRPO + mu L_SFT, L_GRPO = token-mean
