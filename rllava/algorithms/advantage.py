@@ -50,6 +50,11 @@ def grpo(scores, group_ids, mask, *, norm_adv_by_std_in_grpo: bool = True, eps: 
     std is the unbiased group standard deviation. `norm_adv_by_std_in_grpo=False` drops the division
     (Dr.GRPO, arXiv:2503.20783). A group of identical rewards gets A = 0 (no signal). A group of size 1 has no
     baseline: mean := 0, std := 1, so A_i = r_i (verl/RLLaVA's rule).
+
+    Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_grpo_outcome_advantage` L266-330.
+    Differs: nothing in the formula (unbiased std, (std + eps) with eps 1e-6, a group of one: mean 0, std 1). The
+    group mean is summed from the group minimum, so equal rewards give exactly A = 0; verl's torch.mean can be an
+    ulp off, which its std division turns into A = 0.056 for seven float32 rewards of 0.7.
     """
     mean, std, n = group_stats(scores, group_ids)
     single = n == 1
@@ -117,6 +122,11 @@ def gae(scores, group_ids, mask, *, token_rewards, values, gamma: float = 1.0, l
         A   <- (A - mean A) / std A              (over all response tokens of the batch, as PPO does)
 
     Needs the critic's `values` and the token rewards (score at the last token, minus KL when in the reward).
+
+    Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_gae_advantage_return` L214-262, whitened
+    by verl/utils/torch_functional.py `masked_whiten` L322-339. Differs: nothing in the formula (masked positions are
+    skipped, unbiased variance, rsqrt(var + 1e-8)); rllava's advantages are 0 on masked positions, where verl's hold
+    values that its loss masks out.
     """
     adv, _ = gae_returns(token_rewards, values, mask, gamma=gamma, lam=lam)
     return masked_whiten(adv, mask)
@@ -131,6 +141,10 @@ def dr_grpo(scores, group_ids, mask):
 
     The paper's other half, a constant length normaliser, is `actor.loss_agg_mode=seq-mean-token-sum-norm`.
     A group of size 1 has no baseline: A_i = r_i.
+
+    Reference: sail-sg/understand-r1-zero train_zero_math.py@dfca49d `compute_monte_carlo_advantages` L293-308
+    (critic_type=drgrpo; its normaliser, masked_sum / generate_max_length, L286-291). Differs: groups are taken by id,
+    of any size (the reference reshapes into equal groups of num_samples); a group of one gets A = r (reference: 0).
     """
     return (scores - group_baseline(scores, group_ids))[:, None] * mask
 
@@ -143,6 +157,9 @@ def rloo(scores, group_ids, mask):
         A_i = r_i - (sum_g r - r_i) / (n_g - 1)  =  n_g / (n_g - 1) * (r_i - mean_g(r))
 
     A group of size 1 has no other sample: A_i = r_i.
+
+    Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_rloo_outcome_advantage` L476-525.
+    Differs: nothing in the formula (a group of one: A = r in both).
     """
     mean, _, n = group_stats(scores, group_ids)
     adv = torch.where(n > 1, (scores - mean) * n / (n - 1).clamp(min=1), scores)
@@ -162,6 +179,9 @@ def grpo_passk(scores, group_ids, mask, *, norm_adv_by_std_in_grpo: bool = True,
     with std_g the unbiased group std; no division if not `norm_adv_by_std_in_grpo`. A tie for the best gives
     margin 0, so the whole group gets 0 (also with eps = 0). A group of size 1 has no runner-up: 0 (verl
     raises instead). This is not Chen et al.'s analytical pass@k advantage, which credits every response.
+
+    Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_grpo_passk_outcome_advantage`
+    L360-419. Differs: a group of one gets A = 0 (verl raises ValueError); otherwise nothing in the formula.
     """
     _, std, _ = group_stats(scores, group_ids)
     adv = torch.zeros_like(scores)
@@ -184,6 +204,10 @@ def reinforce_plus_plus(scores, group_ids, mask, *, token_rewards, gamma: float 
         G_t = sum_{k >= t} gamma^(k-t) r_k,     A = (G - mean G) / std G   over all response tokens
 
     The return does not run across a masked position (it restarts after a gap, as verl's resets after EOS).
+
+    Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c
+    `compute_reinforce_plus_plus_outcome_advantage` L582-618 (whitened by `masked_whiten`). Differs: nothing in the
+    formula (both restart the return at every masked position and whiten over all response tokens of the batch).
     """
     return masked_whiten(discounted_returns(token_rewards, mask, gamma), mask)
 
@@ -195,6 +219,9 @@ def reinforce_plus_plus_baseline(scores, group_ids, mask):
         A_i = r_i - mean_g(r)  (broadcast over tokens),   A = (A - mean A) / std A   over all response tokens
 
     A group of size 1 has no baseline (A_i = r_i before whitening), as in verl.
+
+    Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c
+    `compute_reinforce_plus_plus_baseline_outcome_advantage` L422-473. Differs: nothing in the formula.
     """
     return masked_whiten((scores - group_baseline(scores, group_ids))[:, None] * mask, mask)
 
@@ -208,6 +235,11 @@ def remax(scores, group_ids, mask, *, baseline_scores):
 
     verl subtracts the baseline from the undiscounted return-to-go of the token rewards; with an outcome reward
     and no KL in the reward that is r_i at every token, so `scores` is used directly.
+
+    Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_remax_outcome_advantage` L621-654.
+    Differs: every token gets the sequence's total reward minus b, verl's token t its return-to-go from t minus b;
+    equal for an outcome reward, but with algorithm.use_kl_in_reward rllava's token t also carries the KL penalties
+    of the tokens before it (shaped rewards [-0.1, -0.2, 0.7], b = 0.5: verl [-0.1, 0.0, 0.2], rllava -0.1 each).
     """
     return (scores - baseline_scores)[:, None] * mask
 
@@ -221,6 +253,10 @@ def opo(scores, group_ids, mask):
         b_g = sum_{j in g} |o_j| r_j / sum_{j in g} |o_j|,     A_i = r_i - b_g
 
     A group of size 1 has no baseline: A_i = r_i (as in verl). All-masked rows weigh nothing.
+
+    Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_opo_outcome_advantage` L528-579.
+    Differs: nothing in the formula; a group whose responses are all empty (total length 0) gets its minimum reward
+    as baseline, where verl divides 0 by 0 (NaN).
     """
     lengths = mask.sum(-1).to(scores.dtype)
     return (scores - group_baseline(scores, group_ids, weights=lengths))[:, None] * mask
@@ -236,6 +272,12 @@ def gpg(scores, group_ids, mask):
 
     A group of size 1 has no baseline (A_i = alpha r_i, as in verl) and counts as carrying signal iff r_i != 0.
     verl computes alpha = B / #{nonzero rewards} instead, a proxy that differs from the paper's count.
+
+    Reference: AMAP-ML/GPG open-r1/src/open_r1/gpg_trainer.py@e096da8 `_generate_and_score_completions` L614-626
+    (A = r - mean_g; 1/alpha = groups of unequal rewards / groups) and `compute_loss` L315-316, as its train.sh runs
+    them (--scale_rewards False --adjust_gd). Differs: alpha scales the advantage (the reference divides the loss, a
+    KL term too; its recipes run beta = 0) and counts samples (the same ratio for equal-size groups); no resampling
+    until 1/alpha >= min_inverse_alpha; a group of one (the reference has none) is valid iff r != 0.
     """
     _, gid = torch.unique(group_ids, return_inverse=True)
     adv = scores - group_baseline(scores, group_ids)

@@ -85,6 +85,9 @@ def vanilla(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: fl
     Metrics: `pg_clipfrac` = fraction of tokens where the clipped branch is active (its gradient is zero),
     `pg_clipfrac_lower` = fraction capped by the dual clip, `ppo_kl` = mean(logp_old - logp) (k1 estimate of
     KL(old || new)).
+
+    Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_policy_loss_vanilla` L1159-1250.
+    Differs: nothing in the formula (log rho clamped to [-20, 20], the dual clip only for A < 0, c = clip_ratio_c).
     """
     adv, log_ratio = _log_ratio(inp, "vanilla")
     loss_clip, clipped = _clipped_surrogate(adv, torch.exp(log_ratio), clip_ratio_low, clip_ratio_high)
@@ -108,6 +111,12 @@ def dapo(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float
     and so slows entropy collapse. DAPO's token-level loss is `actor.loss_agg_mode=token-mean`; its dynamic
     sampling and overlong shaping live outside the loss.
     Metrics: `pg_clipfrac`, `ppo_kl` as in `vanilla`.
+
+    Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_policy_loss_vanilla` L1159-1250 with
+    DAPO's clip_ratio_low 0.2 / clip_ratio_high 0.28 (docs/algo/dapo.md L55-56). Differs: no dual clip (the paper's
+    objective has none); verl's vanilla always has one and its DAPO scripts set clip_ratio_c=10 (e.g.
+    verl/experimental/fully_async_policy/shell/dapo_7b_math_fsdp2_8_8.sh L99): for A < 0 and rho > 10 verl caps the
+    loss at -10 A, rllava's keeps growing as -A rho.
     """
     adv, log_ratio = _log_ratio(inp, "dapo")
     loss, clipped = _clipped_surrogate(adv, torch.exp(log_ratio), clip_ratio_low, clip_ratio_high)
@@ -127,6 +136,11 @@ def gspo(inp: LossInputs, *, clip_ratio_low: float = 3e-4, clip_ratio_high: floa
     `actor.loss_agg_mode=seq-mean-token-mean`. eps are taken from actor.clip_ratio_low / clip_ratio_high; the
     paper uses 3e-4 / 4e-4 (the defaults here) - PPO's 0.2 would almost never clip a length-normalised ratio.
     Metrics: `pg_clipfrac` (fraction of tokens in clipped sequences), `ppo_kl` (token-level k1).
+
+    Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_policy_loss_gspo` L1253-1326.
+    Differs: each token's log rho is clamped to [-20, 20] before the sequence mean and log s_it is not capped (verl:
+    unclamped tokens, log s_it capped at 10); the aggregation comes from actor.loss_agg_mode (verl forces
+    seq-mean-token-mean).
     """
     adv, log_ratio = _log_ratio(inp, "gspo")
     log_seq = _seq_mean(log_ratio, inp.mask).detach().unsqueeze(-1)
@@ -184,7 +198,12 @@ def gpg(inp: LossInputs):
         L_t = -A_t logp_t
 
     Needs no old log-probs. GPG's group-mean advantage and its valid-sample
-    correction belong to the advantage estimator, not to this loss."""
+    correction belong to the advantage estimator, not to this loss.
+
+    Reference: AMAP-ML/GPG open-r1/src/open_r1/gpg_trainer.py@e096da8 `compute_loss` L299-303 (as volcengine/verl
+    verl/trainer/ppo/core_algos.py@b178a3c `compute_policy_loss_gpg` L1414-1447). Differs: nothing in the formula;
+    the reference's division of the loss by 1/alpha (L315-316) is the `gpg` estimator's alpha here.
+    """
     return -inp.need("advantages", "gpg") * inp.logprobs, {}
 
 
@@ -201,6 +220,12 @@ def clip_cov(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: f
 
     The draw uses torch's global RNG (torch.randperm on the CPU generator); seed it with torch.manual_seed.
     Metrics: `pg_clipfrac` (PPO clip), `clip_cov_frac` (fraction of tokens in I), `ppo_kl`.
+
+    Reference: the authors' PRIME-RL/Entropy-Mechanism-of-RL verl/trainer/ppo/core_algos.py@8850579
+    `compute_policy_loss_clip_cov` L469-518 (volcengine/verl@b178a3c L1450-1552 is the same). Differs: a token in I
+    keeps its loss value with the gradient stopped (the reference multiplies it by 0: same gradient and, for the same
+    RNG state, the same I; another reported loss); log rho is clamped to [-20, 20]; `pg_clipfrac` is PPO's clip
+    fraction (the reference's is the fraction in I, here `clip_cov_frac`).
     """
     adv, log_ratio = _log_ratio(inp, "clip_cov")
     loss, clipped = _clipped_surrogate(adv, torch.exp(log_ratio), clip_ratio_low, clip_ratio_high)
@@ -226,6 +251,12 @@ def kl_cov(inp: LossInputs, *, kl_cov_ratio: float = 0.0002, ppo_kl_coef: float 
         L_t   = -A_t rho_t + ppo_kl_coef |logp_t - logp_old_t| * [t in I]     (no clipping anywhere)
 
     Metrics: `kl_cov_frac` (fraction of tokens in I), `ppo_kl` (k1), `ppo_kl_abs` = mean |logp - logp_old|.
+
+    Reference: the authors' PRIME-RL/Entropy-Mechanism-of-RL verl/trainer/ppo/core_algos.py@8850579
+    `compute_policy_loss_kl_cov` L426-467 (volcengine/verl@b178a3c L1555-1632: the same, k as a fraction). Differs:
+    ppo_kl_coef defaults to 0.1 (kl_cov.sh too), where the authors' recipes and verl use 1; kl_cov_ratio is a
+    fraction, as verl's (the authors' k_percent 0.2 for 7B / 0.02 for 32B is 0.002 / 0.0002); log rho is clamped to
+    [-20, 20].
     """
     adv, log_ratio = _log_ratio(inp, "kl_cov")
     cov = _centered_cov(adv, inp.logprobs, inp.mask).flatten()
@@ -251,6 +282,10 @@ def cispo(inp: LossInputs, *, cispo_clip_ratio_low: float = 1.0, cispo_clip_rati
     cispo_clip_ratio_low = 1.0 (bound 0, i.e. none), cispo_clip_ratio_high = 0.28 (the paper gives no value;
     0.28 is DAPO's eps_high - tune it). Only the gradient is meaningful; the loss value is not a surrogate value.
     Metrics: `pg_clipfrac` (tokens whose weight is truncated; they still have gradient), `ppo_kl`.
+
+    Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_policy_loss_cispo` L1721-1779.
+    Differs: nothing in the formula; its bounds are their own keys, cispo_clip_ratio_low 1.0 (no lower bound, as the
+    paper) and cispo_clip_ratio_high 0.28, where verl reuses PPO's actor.clip_ratio_low / clip_ratio_high.
     """
     adv, log_ratio = _log_ratio(inp, "cispo")
     ratio = torch.exp(log_ratio)
@@ -324,6 +359,10 @@ def sft(inp: LossInputs):
     """Supervised fine-tuning: negative log-likelihood of the target tokens (what the SFT pipeline trains).
 
         L_t = -log pi(y_t | y_<t, x)
+
+    Reference: volcengine/verl verl/trainer/fsdp_sft_trainer.py@b178a3c `_compute_loss_and_backward` L372-467.
+    Differs: nothing per token; verl takes each micro-batch's token mean and averages the micro-batches (L465-467),
+    rllava aggregates by actor.loss_agg_mode over the mini-batch's counts.
     """
     return -inp.logprobs, {}
 

@@ -72,8 +72,10 @@ def _reference_section() -> list[str]:
     rows = [f"- `{name}`: {_reference(fn.__doc__ or '')}" for table in (ADV_ESTIMATORS, POLICY_LOSSES)
             for name, fn in sorted(table.items()) if _reference(fn.__doc__ or "")]
     return ["## Reference implementations, and where rllava differs", "",
-            "Each has a parity test whose expected numbers come from the reference's formula "
-            "(`tests/algorithms/test_parity_*.py`).", "", *rows, ""]
+            "The SFT+RL hybrids, SAPO, GMPO and GiGPO have parity tests whose expected numbers come from the "
+            "reference's formula (`tests/algorithms/test_parity_hybrids.py`, `test_parity_rl.py`); the others are "
+            "tested against hand-computed examples (`tests/algorithms/test_advantage.py`, `test_losses.py`).",
+            "", *rows, ""]
 
 
 def _hybrid_section() -> list[str]:
