@@ -159,3 +159,31 @@ def test_seed_models_have_their_published_sizes(name, billions):
     with memory.fake_mode():
         model, _ = memory.policy_from_config(_cfg(name))
         assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, abs=0.006)
+
+
+def test_a_run_that_does_not_fit_gets_changes_each_planned_again(tiny_model_dir, capsys, monkeypatch):
+    """Just under the step's peak: each single change is re-planned; checkpointing (the update's activations) and
+    a smaller update micro-batch fit; the CLI lists them, and what it does not count yet."""
+    args = [f"config={TINY_CPU}", f"actor.model.model_path={tiny_model_dir}"]
+    peak = max(r["peak"] for r in memory.plan(load_config(args), device="cpu"))
+    tried = dict(memory.suggest(args, peak - 1, device="cpu"))
+    assert list(tried) == memory.fixes(load_config(args)) and list(tried)[:2] == [
+        "actor.model.enable_gradient_checkpointing=true", "actor.ppo_micro_batch_size=32"]
+    assert tried["actor.model.enable_gradient_checkpointing=true"] < peak and tried["actor.ppo_micro_batch_size=32"] < peak
+    assert tried["actor.log_prob_micro_batch_size=32"] == peak  # not the phase at the peak: no help
+    again = max(r["peak"] for r in memory.plan(load_config([*args, "actor.ppo_micro_batch_size=32"]), device="cpu"))
+    assert tried["actor.ppo_micro_batch_size=32"] == again  # re-planned, not guessed
+
+    def fake_plan(cfg, gpu_bytes=None, device="cuda"):  # every change helps a little, none enough alone
+        return [{"phase": "update", "peak": 100 - 10 * len(memory.fixes(cfg)) ** 0}]
+    monkeypatch.setattr(memory, "plan", fake_plan)
+    assert memory.suggest(args, 50)[-1] == (" ".join(memory.fixes(load_config(args))), 90)  # then all together
+    monkeypatch.undo()
+    monkeypatch.setattr(memory, "suggest", lambda overrides, gpu: [("actor.ppo_micro_batch_size=32", 10)])
+    memory.main([*args, "--gpu-memory", "1MiB", "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1"])
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out and "changes, each planned again:\n  actor.ppo_micro_batch_size=32: step peak " in out
+    assert "note: not counted yet: the reference model (algorithm.use_kl_loss / use_kl_in_reward)" in out
+    with pytest.raises(SystemExit):
+        memory.main([*args, "actor.model.use_peft=true"])
+    assert "does not plan LoRA yet" in capsys.readouterr().err
