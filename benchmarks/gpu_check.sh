@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The one-shot GPU check (issue 34) on a bare GPU machine: install what it lacks, then run benchmarks/gpu_check.py.
+#
+#     bash benchmarks/gpu_check.sh              # from the repo root; the table goes to $OUT/gpu_check.md
+#
+# The GPU machines have PyTorch, transformers, peft and accelerate but no internet. rllava also needs the rest of
+# pyproject.toml's dependencies (transformers >= 5, tokenizers, omegaconf, datasets, jinja2, pillow, safetensors,
+# tqdm, numpy, peft; tensorboard, matplotlib, av and math-verify are not used by this check). Whatever of those is
+# missing there is installed from ./wheels/ (pip install --no-index --find-links wheels), which you fill on the
+# machine with internet, for the GPU image's Python (this script prints it, and what is missing, in seconds when a
+# wheel is absent: run it once with an empty wheels/ to find out, for little device time):
+#
+#     pip download --only-binary=:all: --no-deps -d wheels --python-version 3.X --platform manylinux2014_x86_64 \
+#         omegaconf antlr4-python3-runtime PyYAML                 # + what the first try reported missing, e.g.
+#         # datasets pyarrow dill multiprocess xxhash fsspec pandas (transformers 4.x there: transformers
+#         # huggingface_hub tokenizers safetensors)
+#
+# Only the missing ones are installed (pip resolves against what is there first). wheels/ travels with the working
+# tree (untracked, not ignored: keep it under the device tool's 64 MiB, never commit it; pyarrow alone is ~40 MiB).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+OUT=${OUT:-.}
+
+check='import transformers, sys
+assert int(transformers.__version__.split(".")[0]) >= 5, f"transformers {transformers.__version__} < 5"
+import rllava.train.pipeline.rlvr, rllava.memory'
+if ! (cd /tmp && $PY -c "import rllava" 2>/dev/null); then  # not installed (gpu_check.py would manage without)
+    $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . \
+        || echo "note: pip install -e . failed; gpu_check.py puts the repo on sys.path itself"
+fi
+if ! $PY -c "$check" 2>/dev/null; then
+    missing=()
+    for pair in transformers:transformers tokenizers:tokenizers omegaconf:omegaconf datasets:datasets \
+                jinja2:jinja2 PIL:pillow safetensors:safetensors tqdm:tqdm numpy:numpy peft:peft; do
+        $PY -c "import ${pair%%:*}" 2>/dev/null || missing+=("${pair##*:}")
+    done
+    if $PY -c "import transformers" 2>/dev/null && \
+        ! $PY -c "import transformers; assert int(transformers.__version__.split('.')[0]) >= 5"; then
+        missing+=("transformers>=5,<6")  # 4.x there: bring transformers, huggingface_hub, tokenizers wheels
+    fi
+    echo "python $($PY -c 'import sys; print(sys.version.split()[0])');" \
+         "missing: ${missing[*]:-none (see the error below)}"
+    if [ ${#missing[@]} -gt 0 ]; then
+        [ -d wheels ] || { echo "no wheels/ folder: fill it as the top of this script says"; exit 3; }
+        $PY -m pip install --no-index --find-links wheels "${missing[@]}"
+    fi
+    $PY -c "$check"  # still failing: its error ends the script here
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+mkdir -p "$OUT"
+timeout 540 $PY benchmarks/gpu_check.py --out "$OUT/gpu_check.md" --root "${ROOT:-/tmp/rllava-gpu-check}" "$@"
