@@ -10,6 +10,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 import learning_vs_trl  # noqa: E402
+import memory_plans  # noqa: E402
 import vs_trl  # noqa: E402
 
 
@@ -47,3 +48,10 @@ def test_learning_report_names_when_rllava_reaches_trl():
     assert "trivially" not in text
     results["curves"]["trl"][-1] = (90, at(0.1))
     assert "met trivially" in learning_vs_trl.report(results)
+
+
+def test_memory_plans_reads_the_command_line_a_seed_script_launches(monkeypatch):
+    monkeypatch.chdir(REPO)
+    args = memory_plans.pipeline_args(os.path.join(REPO, "examples/tasks/grounding/qwen2_vl_2b_grounding_vllm_online.sh"))
+    cfg = load_config(args)
+    assert cfg.actor.model.model_path == "Qwen/Qwen2-VL-2B-Instruct" and cfg.rollout.name == "vllm"

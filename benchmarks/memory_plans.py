@@ -1,0 +1,67 @@
+"""The memory planner on every seed task script: the peak of one step of each, and how long the plan took.
+
+    python benchmarks/memory_plans.py [--gpu-memory 24GiB] [--scripts examples/tasks/math/*.sh ...]
+
+Each `examples/tasks/*/*.sh` (the tiny CPU ones aside) is run by bash with `python` and `torchrun` replaced by
+functions that print their arguments, so what is planned is the command line the script would launch, variables
+expanded and nothing executed; its keys go through `load_config` and `rllava.memory.plan` (one device, the HF
+engine: see that module's docstring), timed on this machine. A table row per script: model, the phase at the
+peak, the step's peak and whether it fits `--gpu-memory`, the seconds the plan took (issue 34: each under a
+minute on this 2-core CPU) and what the plan does not count yet (`rllava.memory.unplanned`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import subprocess
+import sys
+import time
+import warnings
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STUB = ('python() { printf "%s\\x1f" "$@"; printf "\\n"; }; torchrun() { printf "%s\\x1f" "$@"; printf "\\n"; }; '
+        'export -f python torchrun; bash "$0"')
+
+
+def pipeline_args(script: str) -> list[str]:
+    """The key=value arguments of the `-m rllava.train.pipeline.X` command `script` launches."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NPROC", "MODEL_PATH", "OUTPUT_DIR", "OUT")}
+    out = subprocess.run(["bash", "-c", STUB, script], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    for line in out.splitlines():
+        argv = line.split("\x1f")[:-1]
+        if "-m" in argv and argv[argv.index("-m") + 1].startswith("rllava.train.pipeline."):
+            return argv[argv.index("-m") + 2:]
+    raise SystemExit(f"{script}: launches no rllava.train.pipeline module")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpu-memory", default="24GiB")
+    parser.add_argument("--scripts", nargs="+", default=None)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, REPO)
+    from rllava import memory
+    from rllava.config import load_config
+
+    gpu = memory.parse_size(args.gpu_memory)
+    scripts = args.scripts or sorted(p for p in glob.glob(os.path.join(REPO, "examples/tasks/*/*.sh"))
+                                     if "tiny_cpu" not in p)
+    print(f"| script | model | peak phase | step peak | fits {args.gpu_memory} | plan s | not counted yet |\n"
+          "|---|---|---|---|---|---|---|")
+    for script in scripts:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = load_config(pipeline_args(script))
+        start = time.time()
+        rows = memory.plan(cfg, gpu)
+        top = max(rows, key=lambda r: r["peak"])
+        print(f"| {os.path.relpath(script, REPO)} | {cfg.actor.model.model_path} | {top['phase']} | "
+              f"{memory.show(top['peak'])} | {'yes' if top['fits'] else 'no'} | {time.time() - start:.0f} | "
+              f"{'; '.join(memory.unplanned(cfg)) or '-'} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
