@@ -11,6 +11,8 @@ keeps the peak by kind (parameters, gradients, optimizer state, activations, tem
                 rollout.micro_batch_size prompts x rollout.n samples x (max_prompt_length + max_response_length).
   old log-prob  a forward without grad of actor.log_prob_micro_batch_size sequences (LM head chunked by
                 actor.logprob_chunk_size, as rllava.model.forward runs it).
+  ref log-prob  with a KL (algorithm.use_kl_loss, use_kl_in_reward): the same on the frozen reference (a copy of
+                the starting weights, resident in every phase), ref.log_prob_micro_batch_size sequences.
   update        a forward + backward of actor.ppo_micro_batch_size sequences, gradient checkpointing as
                 configured, beside the gradients of the mini-batch's earlier micro-batches where it has several.
   optimizer     gradient clipping and torch.optim.AdamW's step (foreach kernels, as on CUDA): 2 states per
@@ -221,6 +223,7 @@ class Step:
     gen_prompts: int  # prompts per HF generate call (rollout.micro_batch_size)
     n: int  # samples per prompt
     logprob_rows: int  # sequences per old-log-prob forward
+    ref_rows: int  # sequences per reference log-prob forward (ref.log_prob_micro_batch_size)
     update_rows: int  # sequences per update forward + backward
     accumulates: bool  # several micro-batches per mini-batch: the later ones run beside the earlier ones' gradients
     chunk: int  # actor.logprob_chunk_size
@@ -235,7 +238,7 @@ def step_of(cfg, config) -> Step:
     return Step(prompt=d.max_prompt_length, response=d.max_response_length,
                 grid=image_grid(config, d.max_pixels, d.max_prompt_length),
                 gen_prompts=min(cfg.rollout.micro_batch_size, d.train_batch_size), n=cfg.rollout.n,
-                logprob_rows=min(a.log_prob_micro_batch_size, rows),
+                logprob_rows=min(a.log_prob_micro_batch_size, rows), ref_rows=min(cfg.ref.log_prob_micro_batch_size, rows),
                 update_rows=min(a.ppo_micro_batch_size, a.ppo_mini_batch_size * cfg.rollout.n, rows),
                 accumulates=a.ppo_micro_batch_size < min(a.ppo_mini_batch_size * cfg.rollout.n, rows),
                 chunk=a.logprob_chunk_size, max_grad_norm=a.max_grad_norm,
@@ -259,10 +262,10 @@ def prefill_pass(model, step: Step) -> None:
         getattr(model, model.base_model_prefix)(**model_inputs(model, step, step.gen_prompts, 0), use_cache=False)
 
 
-def logprob_pass(model, step: Step) -> None:
-    """(b) old log-probs: one micro-batch forward without grad."""
+def logprob_pass(model, step: Step, rows: int | None = None) -> None:
+    """(b) old log-probs (and the reference's, `rows` = its micro-batch): one micro-batch forward without grad."""
     with torch.no_grad():
-        response_logprobs(model, model_inputs(model, step, step.logprob_rows, step.response), step.response,
+        response_logprobs(model, model_inputs(model, step, rows or step.logprob_rows, step.response), step.response,
                           chunk_size=step.chunk, with_entropy=False)
 
 
@@ -291,6 +294,12 @@ class PeakTracker(MemTracker):
     """torch's MemTracker keeping only the device-wide peak: it skips the per-module peaks, which cost a pass over
     every module of the model at every op (minutes for a 3B model)."""
 
+    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+        # a frozen parameter (the reference, a frozen tower) takes no gradient hook: torch refuses one; a module
+        # mixing both leaves its parameters to its submodules' hooks
+        return super()._track_module_params_and_buffers(
+            module, install_grad_hooks=install_grad_hooks and all(p.requires_grad for p in module.parameters()))
+
     def _update_peak_stats(self, peak_state) -> None:
         for dev, snap in self._curr_mem_snap.items():
             if self._peak_mem.get(dev, 0) < snap["Total"]:
@@ -309,24 +318,30 @@ def tracked(run, *external) -> dict[str, int]:
     return {**{c: sum(snap.get(k, 0) for k in kinds) for c, kinds in COLUMNS.items()}, "peak": snap.get("Total", 0)}
 
 
-def run_phases(model, optimizer, step: Step, kv_bytes: int = 0) -> list[dict]:
+def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None) -> list[dict]:
     """One row per phase of the step: its peak bytes by kind, `kv_cache` added to the rollout's. Runs on a real
-    or a fake model alike. The optimizer state exists from the start (a step after the first)."""
+    or a fake model alike. The optimizer state exists from the start (a step after the first); the frozen
+    reference `ref`, if any, is resident in every phase and has a log-prob pass of its own."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:  # AdamW's states, as a previous step left them
         p.grad = torch.zeros_like(p)
     optimizer.step()
     model.zero_grad(set_to_none=True)
-    resident = [optimizer] if step.optimizer_on_device[0] else []
+    frozen = [ref] if ref is not None else []
+    resident = [*frozen, optimizer] if step.optimizer_on_device[0] else frozen
     rows = [dict(phase="rollout", **tracked(lambda: prefill_pass(model, step), model, *resident)),
             dict(phase="old log-prob", **tracked(lambda: logprob_pass(model, step), model, *resident))]
-    resident = [optimizer] if step.optimizer_on_device[1] else []
+    if ref is not None:
+        rows.append(dict(phase="ref log-prob", **tracked(lambda: logprob_pass(ref, step, step.ref_rows), model,
+                                                         *resident)))
+    resident = [*frozen, optimizer] if step.optimizer_on_device[1] else frozen
     for p in trainable if step.accumulates else []:  # a later micro-batch: the earlier ones' gradients are held
         p.grad = torch.zeros_like(p)
     rows.append(dict(phase="update", **tracked(lambda: update_pass(model, step), model, *resident)))
     rows.append(dict(phase="optimizer", **tracked(lambda: optimizer_pass(model, optimizer, step), model, *resident)))
-    extra = rows[3]["optimizer"] - rows[2]["optimizer"]  # MemTracker counts the step's scratch as optimizer state
-    rows[3]["optimizer"], rows[3]["temporaries"] = rows[2]["optimizer"], rows[3]["temporaries"] + extra
+    update, opt = rows[-2], rows[-1]
+    extra = opt["optimizer"] - update["optimizer"]  # MemTracker counts the step's scratch as optimizer state
+    opt["optimizer"], opt["temporaries"] = update["optimizer"], opt["temporaries"] + extra
     for row in rows:
         row["kv_cache"] = kv_bytes if row["phase"] == "rollout" else 0
         row["peak"] += row["kv_cache"]
@@ -350,11 +365,23 @@ def policy_from_config(cfg, device: str = "cuda"):
 
 def unplanned(cfg) -> list[str]:
     """What this config's step holds that the planner does not count yet (issue 34), for the table's footer."""
-    return [what for what, on in (("the reference model (algorithm.use_kl_loss / use_kl_in_reward)",
-                                   cfg.algorithm.use_kl_loss or cfg.algorithm.use_kl_in_reward),
-                                  ("the critic", cfg.critic is not None),
+    return [what for what, on in (("the critic", cfg.critic is not None),
                                   (f"rollout.name={cfg.rollout.name}'s own reservation (planned as the HF engine)",
                                    cfg.rollout.name != "hf")) if on]
+
+
+def reference(cfg, policy):
+    """The frozen reference policy rllava builds when a KL uses it (rllava.train.builders.build_reference_role):
+    a copy of the policy's starting weights, or ref.model_path's; None without a KL."""
+    if not (cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0) and not cfg.algorithm.use_kl_in_reward:
+        return None
+    from rllava.model.loader import auto_class
+
+    same = not cfg.ref.model_path or cfg.ref.model_path == cfg.actor.model.model_path
+    config = policy.config if same else model_config(cfg.ref.model_path)
+    ref = auto_class(config).from_config(config, dtype=policy.dtype,
+                                         attn_implementation=cfg.actor.model.attn_implementation)
+    return ref.requires_grad_(False).eval()
 
 
 def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda") -> list[dict]:
@@ -366,7 +393,7 @@ def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda") -> list[dict]:
         model, config = policy_from_config(cfg, device)
         step = step_of(cfg, config)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
-        rows = run_phases(model, optimizer, step, kv_cache_bytes(config, step, model.dtype))
+        rows = run_phases(model, optimizer, step, kv_cache_bytes(config, step, model.dtype), reference(cfg, model))
     for row in rows:
         row["fits"] = None if gpu_bytes is None else row["peak"] <= gpu_bytes
     return rows

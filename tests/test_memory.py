@@ -180,10 +180,25 @@ def test_a_run_that_does_not_fit_gets_changes_each_planned_again(tiny_model_dir,
     assert memory.suggest(args, 50)[-1] == (" ".join(memory.fixes(load_config(args))), 90)  # then all together
     monkeypatch.undo()
     monkeypatch.setattr(memory, "suggest", lambda overrides, gpu: [("actor.ppo_micro_batch_size=32", 10)])
-    memory.main([*args, "--gpu-memory", "1MiB", "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1"])
+    memory.main([*args, "--gpu-memory", "1MiB", "rollout.name=vllm"])
     out = capsys.readouterr().out
     assert "does NOT fit" in out and "changes, each planned again:\n  actor.ppo_micro_batch_size=32: step peak " in out
-    assert "note: not counted yet: the reference model (algorithm.use_kl_loss / use_kl_in_reward)" in out
+    assert "note: not counted yet: rollout.name=vllm's own reservation (planned as the HF engine)" in out
     with pytest.raises(SystemExit):
         memory.main([*args, "actor.model.use_peft=true"])
     assert "does not plan LoRA yet" in capsys.readouterr().err
+
+
+def test_a_kl_adds_the_frozen_reference_to_every_phase_and_a_pass_of_its_own(tiny_model_dir):
+    """As rllava.train.builders.build_reference_role: a KL in the loss (non-zero coefficient) or in the reward
+    builds a frozen copy of the starting weights; a frozen vision tower plans too (no gradient there)."""
+    plain = {r["phase"]: r for r in memory.plan(_cfg(tiny_model_dir), device="cpu")}
+    kl = {r["phase"]: r for r in memory.plan(_cfg(tiny_model_dir, "algorithm.use_kl_loss=true",
+                                                  "actor.kl_loss_coef=0.1"), device="cpu")}
+    assert list(kl) == ["rollout", "old log-prob", "ref log-prob", "update", "optimizer"]
+    assert all(kl[p]["parameters"] == 2 * plain[p]["parameters"] for p in plain)
+    assert "ref log-prob" not in {r["phase"] for r in memory.plan(_cfg(tiny_model_dir, "algorithm.use_kl_loss=true",
+                                                                       "actor.kl_loss_coef=0"), device="cpu")}
+    frozen = {r["phase"]: r for r in memory.plan(_cfg(tiny_model_dir, "actor.model.freeze_vision_tower=true"),
+                                                 device="cpu")}
+    assert frozen["optimizer"]["gradients"] < plain["optimizer"]["gradients"]
