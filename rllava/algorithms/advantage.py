@@ -26,12 +26,14 @@ def group_mean(x: torch.Tensor, group_ids: torch.Tensor, weights: torch.Tensor |
     return (lo + num / torch.where(den > 0, den, torch.ones_like(den)))[gid]
 
 
-def group_stats(scores: torch.Tensor, group_ids: torch.Tensor):
-    """Per-sequence (group mean, group unbiased std, group size), each [B], vectorised over groups."""
+def group_stats(scores: torch.Tensor, group_ids: torch.Tensor, weights: torch.Tensor | None = None):
+    """Per-sequence (group mean, group unbiased std, group size), each [B], vectorised over groups; `weights`: each
+    sequence counts that many times (GiGPO's statistics over turn rows)."""
     _, gid, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    n = counts.to(scores.dtype)[gid]
-    mean = group_mean(scores, group_ids)
-    var = group_mean((scores - mean) ** 2, group_ids) * n / (n - 1).clamp(min=1)
+    n = (counts.to(scores.dtype) if weights is None else
+         scores.new_zeros(len(counts)).index_add(0, gid, weights.to(scores.dtype)))[gid]
+    mean = group_mean(scores, group_ids, weights)
+    var = group_mean((scores - mean) ** 2, group_ids, weights) * n / (n - 1).clamp(min=1)
     return mean, var.sqrt(), n
 
 
@@ -337,12 +339,7 @@ def gigpo(scores, group_ids, mask, *, turn_index, turn_anchors, turn_rewards, di
     a_step = torch.zeros_like(G)
     a_step[valid] = (g - mean) / (std + eps) if norm_adv_by_std_in_grpo else g - mean
     if gigpo_mean_std_cross_steps:  # verl-agent: each episode's R once per turn row (n_i = its number of turns)
-        n_turns = valid.sum(-1).to(scores.dtype)
-        _, gid = torch.unique(group_ids, return_inverse=True)
-        n_rows = scores.new_zeros(int(gid.max()) + 1 if B else 0).index_add(0, gid, n_turns)[gid]  # per group
-        mean = group_mean(scores, group_ids, weights=n_turns)
-        var = group_mean((scores - mean) ** 2, group_ids, weights=n_turns) * n_rows / (n_rows - 1).clamp(min=1)
-        std = var.sqrt()
+        mean, std, n_rows = group_stats(scores, group_ids, weights=valid.sum(-1))
         single = n_rows <= 1  # one row: no baseline (mean 0, std 1), as verl-agent
         mean, std = torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
         a_ep = (scores - mean) / (std + eps) if norm_adv_by_std_in_grpo else scores - mean

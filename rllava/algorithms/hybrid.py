@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from rllava.algorithms.losses import LossInputs, _clipped_surrogate, masked_mean
+from rllava.algorithms.losses import LossInputs, _clipped_surrogate, _seq_mean, masked_mean
 from rllava.algorithms.registry import register_policy_loss
 
 # What each hybrid loss does with the expert (off-policy) tokens: RL (shaped), SFT, or both.
@@ -152,7 +152,7 @@ def srft_weights(entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def sequence_entropy(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """SRFT's H per sequence: the mean token entropy (detached) over each row's trained tokens, [B, T] -> [B, 1]."""
-    return ((entropy.detach() * mask).sum(-1) / mask.sum(-1).clamp(min=1)).unsqueeze(-1)
+    return _seq_mean(entropy.detach(), mask).unsqueeze(-1)
 
 
 def _on_policy_loss(inp: LossInputs, on: torch.Tensor, loss_remove_clip: bool, reshape_kind: str,
