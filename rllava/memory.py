@@ -373,9 +373,11 @@ def unplanned(cfg) -> list[str]:
 def reference(cfg, policy):
     """The frozen reference policy rllava builds when a KL uses it (rllava.train.builders.build_reference_role):
     a copy of the policy's starting weights, or ref.model_path's; None without a KL."""
-    if not (cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0) and not cfg.algorithm.use_kl_in_reward:
-        return None
     from rllava.model.loader import auto_class
+    from rllava.train.builders import needs_reference
+
+    if not needs_reference(cfg):
+        return None
 
     same = not cfg.ref.model_path or cfg.ref.model_path == cfg.actor.model.model_path
     config = policy.config if same else model_config(cfg.ref.model_path)

@@ -336,10 +336,15 @@ def _rollout_is(cfg: PPOConfig, sft: bool) -> dict:
     return {"rollout_is": "none" if sft else level, "rollout_is_cap": cap}
 
 
+def needs_reference(cfg: PPOConfig) -> bool:
+    """A KL uses the frozen reference: in the loss (algorithm.use_kl_loss, non-zero actor.kl_loss_coef) or in the
+    reward (algorithm.use_kl_in_reward)."""
+    return bool(cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0) or cfg.algorithm.use_kl_in_reward
+
+
 def build_reference_role(cfg: PPOConfig, policy, device: torch.device, engine=None) -> Reference | None:
-    """Built only when a KL uses it: in the loss (algorithm.use_kl_loss, non-zero actor.kl_loss_coef) or in
-    the reward (algorithm.use_kl_in_reward)."""
-    if not (cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0) and not cfg.algorithm.use_kl_in_reward:
+    """Built only when a KL uses it (`needs_reference`)."""
+    if not needs_reference(cfg):
         return None
     m = cfg.actor.model
     batching = MicroBatching(cfg.ref.log_prob_micro_batch_size,
