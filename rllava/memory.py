@@ -1,47 +1,67 @@
 """Will it fit? The device memory of one configured RL step, planned without weights and without a GPU:
 
-    python -m rllava.memory config=examples/tasks/counting/tiny_cpu.yaml k=v ... [--gpu-memory 24GiB]
+    python -m rllava.memory config=examples/tasks/counting/tiny_cpu.yaml k=v ... [--gpu-memory 24GiB] [--world-size N]
 
 The policy is built from its config.json under torch's FakeTensorMode (tensors with shapes and dtypes, no
-storage) and each phase of one step runs on it under torch's `MemTracker`, which adds up every live tensor and
-keeps the peak by kind (parameters, gradients, optimizer state, activations, temporaries):
+storage), with the config's training switches (frozen parts, LoRA, gradient checkpointing), and each phase of
+one step runs on it under torch's `MemTracker`, which adds up every live tensor and keeps the peak by kind
+(parameters, gradients, optimizer state, activations, temporaries). The forward passes are rllava's own
+(`rllava.model.forward._token_logprobs` on a Batch of the planned shapes): the chunked LM head
+(actor.logprob_chunk_size), padding_free and shared_prefix run as configured.
 
   rollout       HF engine: a prefill forward (no grad) of one generate call's prompts, and its KV cache, counted
                 from the config: 2 (K, V) x layers x kv_heads x head_dim x dtype bytes per token, for
                 rollout.micro_batch_size prompts x rollout.n samples x (max_prompt_length + max_response_length).
-  old log-prob  a forward without grad of actor.log_prob_micro_batch_size sequences (LM head chunked by
-                actor.logprob_chunk_size, as rllava.model.forward runs it).
+                vLLM / SGLang: the engine's reservation, rollout.vllm.gpu_memory_utilization (SGLang:
+                rollout.sglang.mem_fraction_static) x --gpu-memory, beside what the trainer keeps on the device
+                (not its weights and gradients with actor.fsdp.offload_params). Outside the rollout the engine
+                sleeps (vLLM sleep(level=1), SGLang release_memory_occupation): none of it is on the device.
+  old log-prob  a forward without grad of one micro-batch: actor.log_prob_micro_batch_size sequences, or with
+                actor.model.dynamic_batching as many full-length ones as actor.log_prob_max_token_len_per_gpu holds.
   ref log-prob  with a KL (algorithm.use_kl_loss, use_kl_in_reward): the same on the frozen reference (a copy of
-                the starting weights, resident in every phase), ref.log_prob_micro_batch_size sequences.
-  update        a forward + backward of actor.ppo_micro_batch_size sequences, gradient checkpointing as
-                configured, beside the gradients of the mini-batch's earlier micro-batches where it has several.
+                the starting weights, resident in every phase; for LoRA without ref.model_path the policy itself,
+                adapters off), ref.log_prob_micro_batch_size (or ref.log_prob_max_token_len_per_gpu) sequences.
+  update        a forward + backward of one micro-batch (actor.ppo_micro_batch_size, or
+                actor.ppo_max_token_len_per_gpu tokens), beside the gradients of the mini-batch's earlier
+                micro-batches where it has several.
   optimizer     gradient clipping and torch.optim.AdamW's step (foreach kernels, as on CUDA): 2 states per
-                trainable parameter, in the parameters' dtype; none on the device with
-                actor.fsdp.enable_cpu_offload (the step runs on the host), outside the update with
-                actor.fsdp.offload_optimizer.
+                trainable parameter, in the parameters' dtype; none on the device with actor.fsdp.enable_cpu_offload
+                (the step runs on the host), outside the update with actor.fsdp.offload_optimizer.
+
+FSDP2 (actor.strategy fsdp / fsdp2, or auto with --world-size > 1): rllava's own `shard_model` shards the model
+over a fake process group of --world-size ranks (FSDP2's mixed precision and reshard_after_forward as
+configured; the reference sharded too) and torch's `FSDPMemTracker` tracks it; each rank plans its share of the
+batch (train_batch_size x n / N rows, mini-batches likewise). With actor.fsdp.enable_cpu_offload the shards, their
+gradients and Adam's states are on the host (CPUOffloadPolicy): tracked, but not counted on the device. For HF
+generate every unit is gathered for the whole rollout, as rllava does. DeepSpeed plans as FSDP2 (ZeRO-3's sharding).
 
 Every phase holds the weights, and the optimizer state a previous step left. Every sequence is as long as the
 config allows, every prompt holds one square image as large as data.max_pixels and max_prompt_length allow
-(Qwen-VL: one token per merged (patch x 2)^2 pixels; the image's tokens count in the prompt's length). One
-device. Not counted: the CUDA context and the allocator's cache and fragmentation (~1-2 GiB on a real GPU),
-the generate loop's own transients.
+(Qwen-VL: one token per merged (patch x 2)^2 pixels; the image's tokens count in the prompt's length), and the
+rollout.n samples of a prompt share it; padding_free therefore saves nothing here (no sequence is short). Not
+counted: the CUDA context and the allocator's cache and fragmentation (~1-2 GiB on a real GPU), the generate
+loop's own transients, a critic (named under the table).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
+import itertools
 import math
 import os
 import re
 import sys
+import types
 from dataclasses import dataclass
 
 import torch
 import torch._subclasses.fake_tensor as fake_tensor
 import torch.utils._pytree as pytree
 from torch._guards import active_fake_mode
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from rllava.errors import RllavaError
@@ -81,6 +101,13 @@ SEED_MODELS: dict[str, dict] = {
     # fine-tune, same architecture) and the printed module tree (acproject/duorou docs/qwen2.5vl_graph.md)
     "Qwen/Qwen2.5-VL-7B-Instruct": _seed("qwen2_5_vl", False, (152064, 3584, 18944, 28, 28, 4),
                                          dict(out_hidden_size=3584, **_QWEN2_5_VISION)),
+    # Qwen/Qwen3-VL-2B-Instruct/config.json: torchtitan's experiments/qwen3_vl/__init__.py ("2B") and an HF-format
+    # copy inlined in openvino.genai's qwen3_vl_spec_test.cpp, identical here (the 4B's vision tower, merged into
+    # 2048; a Qwen3-1.7B-shaped language model)
+    "Qwen/Qwen3-VL-2B-Instruct": _seed("qwen3_vl", True, (151936, 2048, 6144, 28, 16, 8),
+                                       dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16,
+                                            out_hidden_size=2048, num_position_embeddings=2304,
+                                            deepstack_visual_indexes=[5, 11, 17])),
     # Qwen/Qwen3-VL-4B-Instruct/config.json: two public copies (text encoders built on it), identical here
     "Qwen/Qwen3-VL-4B-Instruct": _seed("qwen3_vl", True, (151936, 2560, 9728, 36, 32, 8),
                                        dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16,
@@ -150,17 +177,28 @@ def model_inputs(model, step: "Step", rows: int, response: int) -> dict:
     return _constants(inputs)
 
 
-def response_logprobs(model, inputs: dict, response: int, *, chunk_size: int, with_entropy: bool) -> torch.Tensor:
-    """log p of each response token, as rllava.model.forward computes it: the backbone's last hidden states at
-    the positions whose next token is trained ([N, H]), then the LM head `chunk_size` tokens at a time."""
-    from rllava.model.forward import logprobs_from_hidden
+def plan_batch(model, step: "Step", rows: int):
+    """A rllava Batch of `rows` trajectories of the planned shapes: consecutive groups of rollout.n rows share
+    their prompt and its image (as a group's samples do), each response as long as the config allows but the
+    last row's, one token shorter (a batch is padded)."""
+    from rllava.data.protocol import Batch, Segment, Trajectory
 
-    backbone, head = getattr(model, model.base_model_prefix), model.get_output_embeddings()
-    hidden = backbone(**inputs, use_cache=False).last_hidden_state[:, -response - 1:-1]
-    labels = inputs["input_ids"][:, -response:].reshape(-1)
-    lp, _ = logprobs_from_hidden(head, hidden.reshape(-1, hidden.shape[-1]), labels, with_entropy=with_entropy,
-                                 chunk_size=chunk_size)
-    return lp
+    media = []
+    for _ in range(-(-rows // step.n)):  # one image (the same tensors) per group
+        one = model_inputs(model, step, 1, step.response)
+        media.append({k: one[k] for k in ("pixel_values", "image_grid_thw") if k in one})
+    ids = _real_values(one["input_ids"])[0].tolist()
+    trajectories = [Trajectory(sample=None, group_id=i // step.n, mm_inputs=media[i // step.n],
+                               segments=[Segment(ids[:step.prompt], trained=False),
+                                         Segment(ids[step.prompt:], trained=True)]) for i in range(rows)]
+    with fake_tensor.unset_fake_temporarily():
+        mask = torch.ones(rows, len(ids), dtype=torch.long)
+        mask[-1, -1] = 0
+        loss_mask = mask.float()
+        loss_mask[:, :step.prompt] = 0
+        tensors = dict(input_ids=torch.tensor([ids] * rows), attention_mask=mask, loss_mask=loss_mask,
+                       group_ids=torch.arange(rows) // step.n)
+    return Batch(trajectories=trajectories, **_constants(tensors))
 
 
 def _constants(tree):
@@ -173,16 +211,37 @@ def _constants(tree):
                                 mode.fake_tensor_converter.from_real_tensor(mode, t, make_constant=True), tree)
 
 
-def _on_real_values(fn):
-    """`fn` run on the real values of its (constant) arguments, outside the fake mode: transformers' vision_utils
-    helpers compute index tensors from the image grids with ops a fake tensor cannot answer (.tolist(), nonzero)."""
+def _real_values(x):
+    """`x` with each fake constant replaced by its real value (inside tuples, lists, dicts and the tensor fields
+    of a dataclass such as a Batch)."""
+    if isinstance(x, fake_tensor.FakeTensor):
+        return x if x.constant is None else x.constant
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: _real_values(getattr(x, f.name)) for f in dataclasses.fields(x)
+                                         if f.init and torch.is_tensor(getattr(x, f.name))})
+    if isinstance(x, (tuple, list)):
+        return type(x)(_real_values(v) for v in x)
+    return {k: _real_values(v) for k, v in x.items()} if isinstance(x, dict) else x
+
+
+def _on_real_values(fn, counted: tuple[str, ...] = ()):
+    """`fn` run on the real values of its (constant) arguments, outside the fake mode: index arithmetic a fake
+    tensor cannot answer (.tolist(), nonzero) in transformers' vision helpers and get_rope_index, and rllava's
+    shared-prefix layout. Its output tensors come back as fake constants, each holding a fake tensor of its size
+    for as long as it lives (the tracker counts that: on a GPU they are on the device); `counted`: output
+    entries that need no values (the shared-prefix mask), made again as plain fake tensors."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        args, kwargs = pytree.tree_map_only(fake_tensor.FakeTensor, lambda t: t if t.constant is None else t.constant,
-                                            (args, kwargs))
         with fake_tensor.unset_fake_temporarily():
-            out = fn(*args, **kwargs)
-        return _constants(out)
+            out = fn(*_real_values(args), **_real_values(kwargs))
+        redo = {k: out.pop(k) for k in counted}
+        made = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and not isinstance(t, fake_tensor.FakeTensor)]
+        out = _constants(out)
+        if active_fake_mode() is not None:
+            for t in pytree.tree_leaves(out):
+                if isinstance(t, fake_tensor.FakeTensor) and any(t.constant is m for m in made):
+                    t.rllava_storage = torch.empty(t.shape, dtype=t.dtype)
+        return {**out, **{k: torch.zeros(t.shape, dtype=t.dtype) for k, t in redo.items()}} if counted else out
     run.rllava_original = fn
     return run
 
@@ -196,54 +255,114 @@ def _vision_helpers():
             for name in list(vars(mod)) if name.startswith("get_vision_")]
 
 
+def _module_to(self, *args, **kwargs):
+    """nn.Module.to under the planner's fake mode: each parameter and buffer replaced by its converted copy (torch
+    cannot swap a fake parameter in place, as nn.Module.to does; peft moves each new adapter to its layer's
+    device and dtype)."""
+    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+    for module in self.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                new = None if t is None else t.to(device=device, dtype=dtype if t.is_floating_point() else None)
+                if new is not t:
+                    table[name] = torch.nn.Parameter(new, t.requires_grad) if table is module._parameters else new
+    return self
+
+
 @contextlib.contextmanager
 def fake_mode():
-    """FakeTensorMode in which a Qwen-VL forward runs: integer tensors up to 2^24 elements stay constants, and
-    transformers' `get_vision_*` helpers run on real values (`_on_real_values`; a modeling module imported inside
-    binds the wrapped helper, and is restored on exit too)."""
-    for mod, name in _vision_helpers():
-        if getattr(mod, name).__module__ == "transformers.vision_utils":
-            setattr(mod, name, _on_real_values(getattr(mod, name)))
-    limit, fake_tensor.CONSTANT_NUMEL_LIMIT = fake_tensor.CONSTANT_NUMEL_LIMIT, 1 << 24
+    """FakeTensorMode in which rllava's training forward runs on a Qwen-VL: integer tensors up to 2^24 elements
+    stay constants; transformers' `get_vision_*` helpers (a modeling module imported inside binds the wrapped
+    one) and rllava's shared-prefix layout run on real values (`_on_real_values`); all restored on exit."""
+    import rllava.model.forward as forward
+
+    patches = [(mod, name, _on_real_values(getattr(mod, name))) for mod, name in _vision_helpers()
+               if getattr(mod, name).__module__ == "transformers.vision_utils"]
+    patches += [(forward, "prefix_layout", _on_real_values(forward.prefix_layout)),
+                (forward, "layout_inputs", _on_real_values(forward.layout_inputs, counted=("attention_mask",))),
+                (torch.nn.Module, "to", _module_to), (fake_tensor, "CONSTANT_NUMEL_LIMIT", 1 << 24)]
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
+    for mod, name, new in patches:
+        setattr(mod, name, new)
     try:
         with fake_tensor.FakeTensorMode(allow_non_fake_inputs=True):
             yield
     finally:
-        fake_tensor.CONSTANT_NUMEL_LIMIT = limit
+        for mod, name, old in saved:
+            setattr(mod, name, old)
         for mod, name in _vision_helpers():
             setattr(mod, name, getattr(getattr(mod, name), "rllava_original", getattr(mod, name)))
 
 
+@contextlib.contextmanager
+def fake_world(world: int):
+    """A fake process group of `world` ranks (this process is rank 0; collectives return at once) and its CPU
+    device mesh, for FSDP2 to shard over; made outside the fake mode."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    try:
+        yield init_device_mesh("cpu", (world,))
+    finally:
+        dist.destroy_process_group()
+
+
 @dataclass
 class Step:
-    """The sizes of one configured step that decide its memory (read from the config by `step_of`)."""
+    """The sizes and switches of one configured step that decide its memory on one rank (read by `step_of`)."""
     prompt: int
     response: int
     grid: tuple[int, int]
     gen_prompts: int  # prompts per HF generate call (rollout.micro_batch_size)
     n: int  # samples per prompt
     logprob_rows: int  # sequences per old-log-prob forward
-    ref_rows: int  # sequences per reference log-prob forward (ref.log_prob_micro_batch_size)
+    ref_rows: int  # sequences per reference log-prob forward
     update_rows: int  # sequences per update forward + backward
     accumulates: bool  # several micro-batches per mini-batch: the later ones run beside the earlier ones' gradients
-    chunk: int  # actor.logprob_chunk_size
+    forward: dict  # rllava.model.forward._token_logprobs keywords: chunk_size, padding_free, shared_prefix
     max_grad_norm: float
     optimizer_on_device: tuple[bool, bool]  # (between updates, during the update): offload_optimizer / cpu optimizer
+    fsdp: bool = False  # sharded by FSDP2 over `world` ranks
+    host_shards: bool = False  # FSDP2 with CPUOffloadPolicy (enable_cpu_offload): shards, grads and Adam on the host
+    engine: str = "hf"  # rollout.name
+    engine_fraction: float = 0.0  # vLLM / SGLang: the share of the GPU the engine reserves while it samples
+    params_off_in_rollout: bool = False  # offload_params: the trainer's weights on the host while vLLM/SGLang sample
 
 
-def step_of(cfg, config) -> Step:
-    """`Step` from rllava's config `cfg` and the model's transformers `config`."""
-    a, d, fsdp = cfg.actor, cfg.data, cfg.actor.fsdp
-    rows = d.train_batch_size * cfg.rollout.n
+def _rows(fixed: int, budget: int, length: int, dynamic: bool, cap: int) -> int:
+    """Sequences per forward: `fixed`, or with dynamic batching as many full-length rows as `budget` tokens hold
+    (rllava.roles.actor.token_budget_groups: at least one), at most `cap`."""
+    return max(1, min(budget // length if dynamic else fixed, cap))
+
+
+def step_of(cfg, config, world: int = 1) -> Step:
+    """`Step` of one rank from rllava's config `cfg`, the model's transformers `config` and the number of ranks."""
+    from rllava.config.schema import resolve_strategy
+
+    a, d, fsdp, m, r = cfg.actor, cfg.data, cfg.actor.fsdp, cfg.actor.model, cfg.rollout
+    rows = max(1, d.train_batch_size * r.n // world)
+    mini = max(1, min(a.ppo_mini_batch_size * r.n // world, rows))
+    length, dyn = d.max_prompt_length + d.max_response_length, m.dynamic_batching
+    update = _rows(a.ppo_micro_batch_size, a.ppo_max_token_len_per_gpu, length, dyn, mini)
+    sharded = resolve_strategy(a.strategy, world) != "single"
+    host_opt = fsdp.enable_cpu_offload
     return Step(prompt=d.max_prompt_length, response=d.max_response_length,
                 grid=image_grid(config, d.max_pixels, d.max_prompt_length),
-                gen_prompts=min(cfg.rollout.micro_batch_size, d.train_batch_size), n=cfg.rollout.n,
-                logprob_rows=min(a.log_prob_micro_batch_size, rows), ref_rows=min(cfg.ref.log_prob_micro_batch_size, rows),
-                update_rows=min(a.ppo_micro_batch_size, a.ppo_mini_batch_size * cfg.rollout.n, rows),
-                accumulates=a.ppo_micro_batch_size < min(a.ppo_mini_batch_size * cfg.rollout.n, rows),
-                chunk=a.logprob_chunk_size, max_grad_norm=a.max_grad_norm,
-                optimizer_on_device=(not (fsdp.offload_optimizer or fsdp.enable_cpu_offload),
-                                     not fsdp.enable_cpu_offload))
+                gen_prompts=max(1, min(r.micro_batch_size, d.train_batch_size // world)), n=r.n,
+                logprob_rows=_rows(a.log_prob_micro_batch_size, a.log_prob_max_token_len_per_gpu, length, dyn, rows),
+                ref_rows=_rows(cfg.ref.log_prob_micro_batch_size, cfg.ref.log_prob_max_token_len_per_gpu, length, dyn,
+                               rows),
+                update_rows=update, accumulates=update < mini,
+                forward=dict(chunk_size=a.logprob_chunk_size, padding_free=m.padding_free,
+                             shared_prefix=m.use_shared_prefix),
+                max_grad_norm=a.max_grad_norm,
+                optimizer_on_device=(not (fsdp.offload_optimizer or host_opt), not host_opt),
+                fsdp=sharded, host_shards=sharded and host_opt, engine=r.name,
+                engine_fraction={"vllm": r.vllm.gpu_memory_utilization,
+                                 "sglang": r.sglang.mem_fraction_static or 0.0}.get(r.name, 0.0),
+                params_off_in_rollout=fsdp.offload_params)
 
 
 def kv_cache_bytes(config, step: Step, dtype: torch.dtype) -> int:
@@ -255,44 +374,76 @@ def kv_cache_bytes(config, step: Step, dtype: torch.dtype) -> int:
     return 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * tokens * dtype.itemsize
 
 
-def prefill_pass(model, step: Step) -> None:
+def prefill_pass(model, step: Step) -> int:
     """(a) the rollout's prefill: one generate call's prompts through the backbone, no grad (the KV cache it
-    writes is counted by `kv_cache_bytes`)."""
+    writes is counted by `kv_cache_bytes`). Under FSDP2 every unit is gathered first, for the whole rollout, as
+    rllava's rollout_phase does: returns the gathered weights' bytes (the tracker files them as activations)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    groups = [g for g in (m._get_fsdp_state()._fsdp_param_group for m in model.modules() if isinstance(m, FSDPModule))
+              if g is not None]
+    for group in groups:
+        group.unshard()
+        group.wait_for_unshard()
+    gathered = sum(p.unsharded_param.numel() * p.unsharded_param.element_size() for g in groups for p in g.fsdp_params)
     with torch.no_grad():
         getattr(model, model.base_model_prefix)(**model_inputs(model, step, step.gen_prompts, 0), use_cache=False)
+    for group in groups:
+        group.reshard()
+    return gathered
 
 
 def logprob_pass(model, step: Step, rows: int | None = None) -> None:
-    """(b) old log-probs (and the reference's, `rows` = its micro-batch): one micro-batch forward without grad."""
+    """(b) old log-probs (and the reference's, `rows` = its micro-batch): one micro-batch forward without grad,
+    rllava's training forward (`_token_logprobs`) with the configured chunking and layout."""
+    model.eval()
     with torch.no_grad():
-        response_logprobs(model, model_inputs(model, step, rows or step.logprob_rows, step.response), step.response,
-                          chunk_size=step.chunk, with_entropy=False)
+        model(plan_batch(model, step, rows or step.logprob_rows), **step.forward)
+
+
+def ref_pass(ref, step: Step) -> None:
+    """(b') the reference's log-probs: its own micro-batch; a LoRA policy's base runs with its adapters off."""
+    from rllava.model.lora import adapters_disabled
+
+    with adapters_disabled(ref):
+        logprob_pass(ref, step, step.ref_rows)
 
 
 def update_pass(model, step: Step) -> None:
     """(c) the update: one micro-batch forward (with the entropy, as the actor's loss) and backward."""
     model.train()
-    lp = response_logprobs(model, model_inputs(model, step, step.update_rows, step.response), step.response,
-                           chunk_size=step.chunk, with_entropy=True)
-    (-lp.mean()).backward()
+    logprobs, _ = model(plan_batch(model, step, step.update_rows), with_entropy=True, **step.forward)
+    (-logprobs.sum()).backward()
 
 
 def optimizer_pass(model, optimizer, step: Step) -> None:
-    """(d) clip the gradients, step AdamW (on the device), drop the gradients (zero_grad(set_to_none=True))."""
-    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], step.max_grad_norm,
-                                   foreach=True)
+    """(d) clip the gradients, step AdamW (on the device), drop the gradients (zero_grad(set_to_none=True)).
+    The norm is taken over each rank's own shards, as FSDP2's clip does (its all-reduce is of one number; a
+    fake DTensor's clip would copy the gradients). FSDP2's shards on the host: all of it runs there."""
+    from torch.distributed.tensor import DTensor
+
+    if step.host_shards:
+        return model.zero_grad(set_to_none=True)
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters()
+             if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    torch._foreach_mul_(grads, (step.max_grad_norm / (norm + 1e-6)).clamp(max=1.0))
     if step.optimizer_on_device[1]:
         optimizer.step()
     model.zero_grad(set_to_none=True)
 
 
-COLUMNS = {"parameters": ("Parameter", "Buffer"), "gradients": ("Gradient",), "optimizer": ("Optstate",),
-           "activations": ("Activation",), "temporaries": ("Temp", "Other")}
+# the kinds torch's trackers file tensors under (MemTracker's, then FSDPMemTracker's), by column of the table
+COLUMNS = {"parameters": ("Parameter", "Buffer", "Sharded Param", "Unsharded Param"),
+           "gradients": ("Gradient", "Sharded Grad", "Unsharded Grad"), "optimizer": ("Optstate", "OptState"),
+           "activations": ("Activation",), "temporaries": ("Temp", "Other", "All Gather", "Reduce Scatter", "Inputs")}
 
 
-class PeakTracker(MemTracker):
-    """torch's MemTracker keeping only the device-wide peak: it skips the per-module peaks, which cost a pass over
-    every module of the model at every op (minutes for a 3B model)."""
+class _DevicePeak:
+    """torch's memory trackers keeping only the peak of what is on the device: `host` kinds (COLUMNS' names) are
+    tracked but live in host memory in this phase. They skip the per-module peaks, which cost a pass over every
+    module at every op (minutes for a 3B model)."""
+    host: tuple[str, ...] = ()
 
     def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
         # a frozen parameter (the reference, a frozen tower) takes no gradient hook: torch refuses one; a module
@@ -300,52 +451,113 @@ class PeakTracker(MemTracker):
         return super()._track_module_params_and_buffers(
             module, install_grad_hooks=install_grad_hooks and all(p.requires_grad for p in module.parameters()))
 
+    def _on_device(self, snap: dict) -> int:
+        return snap["Total"] - sum(snap.get(k, 0) for k in self.host)
+
+    def __enter__(self):
+        super().__enter__()  # its peak so far is the Total on entry: only what is on the device counts here
+        self._peak_mem = {dev: self._on_device(snap) for dev, snap in self._peak_mem_snap.items()}
+        return self
+
     def _update_peak_stats(self, peak_state) -> None:
         for dev, snap in self._curr_mem_snap.items():
-            if self._peak_mem.get(dev, 0) < snap["Total"]:
-                self._peak_mem[dev], self._peak_mem_snap[dev] = snap["Total"], dict(snap)
+            if self._peak_mem.get(dev, 0) < self._on_device(snap):
+                self._peak_mem[dev], self._peak_mem_snap[dev] = self._on_device(snap), dict(snap)
 
 
-def tracked(run, *external) -> dict[str, int]:
-    """The peak bytes of `run()` and, at that peak, the bytes of each kind (COLUMNS), measured by torch's
-    MemTracker; `external`: the model / optimizer whose tensors exist before `run` (counted too)."""
-    tracker = PeakTracker()
-    tracker.track_external(*external)
+class PeakTracker(_DevicePeak, MemTracker):
+    def _pre_fw_hook(self, module, inputs) -> None:
+        try:
+            super()._pre_fw_hook(module, inputs)
+        except NotImplementedError:  # a second forward of the root (several micro-batches): torch's per-module
+            self.reset_mod_stats()  # stats refuse it; the device-wide peak goes on
+            super()._pre_fw_hook(module, inputs)
+
+
+class FSDPPeakTracker(_DevicePeak, FSDPMemTracker):
+    def track_external(self, *modules) -> None:
+        """The shards of other FSDP2 modules (the reference; torch's FSDPMemTracker tracks its root's only)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for unit in (u for m in modules for u in m.modules() if isinstance(u, FSDPModule)):
+            if unit._get_fsdp_state()._fsdp_param_group:
+                self._instrument_fsdp_sharded_params_grads(unit._get_fsdp_state()._fsdp_param_group)
+
+
+def tracked(run, model, optimizer, *external, host: tuple[str, ...] = ()) -> dict[str, int]:
+    """The peak bytes on the device of `run()` and, at that peak, the bytes of each kind (COLUMNS), measured by
+    torch's MemTracker (FSDPMemTracker for an FSDP2 model); `model`, `optimizer` and `external` (modules) exist
+    before `run` and are counted too, except the kinds in `host`."""
+    from torch.distributed.fsdp import FSDPModule
+
+    tracker = FSDPPeakTracker(model, optimizer) if isinstance(model, FSDPModule) else PeakTracker()
+    tracker.host = host
+    tracker.track_external(*external, *(() if isinstance(model, FSDPModule) else (model, optimizer)))
     with tracker:
         run()
-    snap = {k.value if hasattr(k, "value") else k: v for dev in tracker.get_tracker_snapshot("peak").values()
-            for k, v in dev.items()}
-    return {**{c: sum(snap.get(k, 0) for k in kinds) for c, kinds in COLUMNS.items()}, "peak": snap.get("Total", 0)}
+    snap = {k: v for dev in tracker.get_tracker_snapshot("peak").values() for k, v in dev.items()}
+    row = {c: sum(snap.get(k, 0) for k in kinds if k not in host) for c, kinds in COLUMNS.items()}
+    return {**row, "peak": sum(row.values())}
 
 
-def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None) -> list[dict]:
-    """One row per phase of the step: its peak bytes by kind, `kv_cache` added to the rollout's. Runs on a real
-    or a fake model alike. The optimizer state exists from the start (a step after the first); the frozen
-    reference `ref`, if any, is resident in every phase and has a log-prob pass of its own."""
+def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None, gpu_bytes: int | None = None) -> list[dict]:
+    """One row per phase of the step: its peak bytes by kind on one device. Runs on a real or a fake model alike
+    (whose `forward` is rllava's `_token_logprobs`: see `plannable`). The optimizer state exists from the start
+    (a step after the first); the frozen reference `ref`, if any, is resident in every phase and has a log-prob
+    pass of its own (`ref` is `model` itself for LoRA's adapter-free base). `kv_bytes`: the HF engine's KV cache,
+    added to the rollout; vLLM / SGLang reserve step.engine_fraction of `gpu_bytes` instead."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:  # AdamW's states, as a previous step left them
         p.grad = torch.zeros_like(p)
     optimizer.step()
     model.zero_grad(set_to_none=True)
-    frozen = [ref] if ref is not None else []
-    resident = [*frozen, optimizer] if step.optimizer_on_device[0] else frozen
-    rows = [dict(phase="rollout", **tracked(lambda: prefill_pass(model, step), model, *resident)),
-            dict(phase="old log-prob", **tracked(lambda: logprob_pass(model, step), model, *resident))]
+    frozen = [ref] if ref is not None and ref is not model else []
+    shards = ("Sharded Param", "Sharded Grad", "OptState") if step.host_shards else ()
+    opt_off = ("Optstate", "OptState")
+
+    def phase(name, run, *host):
+        return dict(phase=name, **tracked(run, model, optimizer, *frozen, host=tuple(set(shards + host))))
+
+    between = () if step.optimizer_on_device[0] else opt_off
+    if step.engine == "hf":
+        gathered = []
+        rows = [phase("rollout", lambda: gathered.append(prefill_pass(model, step)), *between)]
+        moved = min(gathered[0], rows[0]["activations"])  # FSDP2's gathered weights are parameters
+        rows[0].update(kv_cache=kv_bytes, parameters=rows[0]["parameters"] + moved,
+                       activations=rows[0]["activations"] - moved)
+    else:  # the engine samples on its own copy; the trainer's weights stay unless offload_params moves them
+        weights = ("Parameter", "Buffer", "Gradient", "Sharded Param", "Sharded Grad") if step.params_off_in_rollout else ()
+        rows = [phase("rollout", lambda: None, *between, *weights)]
+        rows[0]["kv_cache"] = int(step.engine_fraction * gpu_bytes)
+    rows.append(phase("old log-prob", lambda: logprob_pass(model, step), *between))
     if ref is not None:
-        rows.append(dict(phase="ref log-prob", **tracked(lambda: logprob_pass(ref, step, step.ref_rows), model,
-                                                         *resident)))
-    resident = [*frozen, optimizer] if step.optimizer_on_device[1] else frozen
+        rows.append(phase("ref log-prob", lambda: ref_pass(ref, step), *between))
+    during = () if step.optimizer_on_device[1] else opt_off
     for p in trainable if step.accumulates else []:  # a later micro-batch: the earlier ones' gradients are held
         p.grad = torch.zeros_like(p)
-    rows.append(dict(phase="update", **tracked(lambda: update_pass(model, step), model, *resident)))
-    rows.append(dict(phase="optimizer", **tracked(lambda: optimizer_pass(model, optimizer, step), model, *resident)))
+    rows.append(phase("update", lambda: update_pass(model, step), *during))
+    rows.append(phase("optimizer", lambda: optimizer_pass(model, optimizer, step), *during))
     update, opt = rows[-2], rows[-1]
-    extra = opt["optimizer"] - update["optimizer"]  # MemTracker counts the step's scratch as optimizer state
-    opt["optimizer"], opt["temporaries"] = update["optimizer"], opt["temporaries"] + extra
+    extra = opt["optimizer"] - update["optimizer"] + opt["activations"]  # the step's scratch: MemTracker files it
+    opt["optimizer"], opt["activations"], opt["temporaries"] = update["optimizer"], 0, opt["temporaries"] + extra
+    # as optimizer state, FSDPMemTracker as activations
     for row in rows:
-        row["kv_cache"] = kv_bytes if row["phase"] == "rollout" else 0
+        row.setdefault("kv_cache", 0)
         row["peak"] += row["kv_cache"]
     return rows
+
+
+def plannable(model):
+    """`model` as the planner runs it: its forward is rllava's training forward (`_token_logprobs` on a Batch),
+    so that an FSDP2 root's hooks run around it as around rllava's registered forward method; Qwen-VL's
+    get_rope_index on real values (it reads the ids)."""
+    from rllava.model.forward import _token_logprobs
+
+    backbone = getattr(model, model.base_model_prefix)
+    if hasattr(backbone, "get_rope_index"):
+        backbone.get_rope_index = _on_real_values(backbone.get_rope_index)
+    model.forward = types.MethodType(_token_logprobs, model)
+    return model
 
 
 def policy_from_config(cfg, device: str = "cuda"):
@@ -364,71 +576,103 @@ def policy_from_config(cfg, device: str = "cuda"):
 
 
 def unplanned(cfg) -> list[str]:
-    """What this config's step holds that the planner does not count yet (issue 34), for the table's footer."""
-    return [what for what, on in (("the critic", cfg.critic is not None),
-                                  (f"rollout.name={cfg.rollout.name}'s own reservation (planned as the HF engine)",
-                                   cfg.rollout.name != "hf")) if on]
+    """What this config's step holds that the planner does not count, or counts another way, for the table."""
+    from rllava.config.schema import resolve_strategy
+
+    return [what for what, on in (
+        ("the critic", cfg.critic is not None),
+        ("DeepSpeed: planned as FSDP2's sharding (ZeRO-3's)", resolve_strategy(cfg.actor.strategy) == "deepspeed"),
+        ("actor.model.enable_activation_offload: checkpointed activations planned on the device",
+         cfg.actor.model.enable_activation_offload)) if on]
 
 
-def reference(cfg, policy):
+def reference(cfg, policy, shard=None):
     """The frozen reference policy rllava builds when a KL uses it (rllava.train.builders.build_reference_role):
-    a copy of the policy's starting weights, or ref.model_path's; None without a KL."""
+    a copy of the policy's starting weights, or ref.model_path's; the policy itself for LoRA without
+    ref.model_path (its adapters off); None without a KL. `shard`: FSDP2's, as the engine's shard_frozen."""
     from rllava.model.loader import auto_class
     from rllava.train.builders import needs_reference
 
     if not needs_reference(cfg):
         return None
-
+    if cfg.actor.model.use_peft and not cfg.ref.model_path:
+        return policy
     same = not cfg.ref.model_path or cfg.ref.model_path == cfg.actor.model.model_path
     config = policy.config if same else model_config(cfg.ref.model_path)
     ref = auto_class(config).from_config(config, dtype=policy.dtype,
                                          attn_implementation=cfg.actor.model.attn_implementation)
-    return ref.requires_grad_(False).eval()
+    ref = ref.requires_grad_(False).eval()
+    return plannable(shard(ref) if shard else ref)
 
 
-def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda") -> list[dict]:
-    """The phase rows of one step of `cfg` (see the module docstring), each with `fits` (None: no GPU size)."""
-    if cfg.actor.model.use_peft:
-        raise RllavaError("actor.model.use_peft=true: the planner does not plan LoRA yet (issue 34); plan the "
-                          "full-parameter run, an upper bound")
-    with fake_mode():
+def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1) -> list[dict]:
+    """The phase rows of one step of `cfg` on one of `world` ranks (see the module docstring), each with `fits`
+    (None: no GPU size)."""
+    from rllava.config.schema import resolve_strategy
+    from rllava.engine.train.fsdp2 import mixed_precision_policy, shard_model
+
+    strategy = resolve_strategy(cfg.actor.strategy, world)
+    if world > 1 and strategy == "single":
+        raise RllavaError(f"--world-size {world} with actor.strategy=single: several ranks shard with fsdp2 "
+                          "(actor.strategy=auto or fsdp2)")
+    if cfg.rollout.name != "hf" and gpu_bytes is None:
+        raise RllavaError(f"rollout.name={cfg.rollout.name} reserves a fraction of the GPU while it samples: give "
+                          "--gpu-memory")
+    with (fake_world(world) if strategy != "single" else contextlib.nullcontext()) as mesh, fake_mode():
         model, config = policy_from_config(cfg, device)
-        step = step_of(cfg, config)
+        step = step_of(cfg, config, world)
+        shard = None if mesh is None else functools.partial(
+            shard_model, device=torch.device("cpu"), mp=mixed_precision_policy(cfg.actor.fsdp.mixed_precision),
+            cpu_offload=cfg.actor.fsdp.enable_cpu_offload, mesh=mesh)
+        kv = kv_cache_bytes(config, step, model.dtype)
+        model = plannable(shard(model, reshard_after_forward=cfg.actor.fsdp.reshard_after_forward) if shard else model)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
-        rows = run_phases(model, optimizer, step, kv_cache_bytes(config, step, model.dtype), reference(cfg, model))
+        rows = run_phases(model, optimizer, step, kv, reference(cfg, model, shard), gpu_bytes)
     for row in rows:
         row["fits"] = None if gpu_bytes is None else row["peak"] <= gpu_bytes
     return rows
 
 
-def fixes(cfg) -> list[str]:
-    """The single changes that lower a step's peak, least intrusive first: gradient checkpointing, halving each
-    micro-batch, the optimizer on the host (actor.fsdp.enable_cpu_offload)."""
+def fixes(cfg, world: int = 1) -> list[tuple[str, list[str], int]]:
+    """The single changes that lower a step's peak, least intrusive first, as (what, overrides, world size):
+    gradient checkpointing, halving each micro-batch, the optimizer on the host (actor.fsdp.enable_cpu_offload:
+    under FSDP2 the shards too), LoRA, twice the GPUs (FSDP2)."""
+    from rllava.config.schema import resolve_strategy
+
     a, out = cfg.actor, []
     if not a.model.enable_gradient_checkpointing:
         out.append("actor.model.enable_gradient_checkpointing=true")
-    for key, value in (("actor.ppo_micro_batch_size", a.ppo_micro_batch_size),
-                       ("actor.log_prob_micro_batch_size", a.log_prob_micro_batch_size),
-                       ("rollout.micro_batch_size", cfg.rollout.micro_batch_size)):
-        if value > 1:
-            out.append(f"{key}={value // 2}")
+    if a.model.dynamic_batching:
+        out += [f"{key}={value // 2}" for key, value in (("actor.ppo_max_token_len_per_gpu", a.ppo_max_token_len_per_gpu),
+                ("actor.log_prob_max_token_len_per_gpu", a.log_prob_max_token_len_per_gpu))]
+    else:
+        out += [f"{key}={value // 2}" for key, value in (("actor.ppo_micro_batch_size", a.ppo_micro_batch_size),
+                ("actor.log_prob_micro_batch_size", a.log_prob_micro_batch_size)) if value > 1]
+    if cfg.rollout.name == "hf" and cfg.rollout.micro_batch_size > 1:
+        out.append(f"rollout.micro_batch_size={cfg.rollout.micro_batch_size // 2}")
     if not a.fsdp.enable_cpu_offload:
         out.append("actor.fsdp.enable_cpu_offload=true")
-    return out
+    if not a.model.use_peft:
+        out.append("actor.model.use_peft=true")
+    changes = [(c, [c], world) for c in out]
+    if resolve_strategy(a.strategy, 2) != "single":
+        changes.append((f"--world-size {2 * world}", [], 2 * world))
+    return changes
 
 
-def suggest(overrides: list[str], gpu_bytes: int, device: str = "cuda") -> list[tuple[str, int]]:
+def suggest(overrides: list[str], gpu_bytes: int, device: str = "cuda", world: int = 1) -> list[tuple[str, int]]:
     """(change, step peak) of each of `fixes` re-planned on top of the command line's `overrides` (not guessed),
     then, if none fits alone, of all of them together."""
     from rllava.config import load_config
 
-    def peak(extra: list[str]) -> int:
-        return max(r["peak"] for r in plan(load_config([*overrides, *extra]), None, device))
+    def peak(extra: list[str], ranks: int) -> int:
+        return max(r["peak"] for r in plan(load_config([*overrides, *extra]), gpu_bytes, device, ranks))
 
-    changes = fixes(load_config(overrides))
-    tried = [(change, peak([change])) for change in changes]
+    changes = fixes(load_config(overrides), world)
+    tried = [(what, peak(extra, ranks)) for what, extra, ranks in changes]
     if changes and not any(p <= gpu_bytes for _, p in tried):
-        tried.append((" ".join(changes), peak(changes)))
+        tried.append((" ".join(what for what, _, _ in changes),
+                      peak([o for _, extra, _ in changes for o in extra], max(r for _, _, r in changes))))
     return tried
 
 
@@ -462,19 +706,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rllava.memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="config=FILE and key=value overrides, as for training")
     parser.add_argument("--gpu-memory", type=str, default=None, help="the GPU's memory, e.g. 24GiB or 80GB")
+    parser.add_argument("--world-size", type=int, default=1, help="GPUs the run shards over (FSDP2), as torchrun's")
     args = parser.parse_intermixed_args(argv)
     try:
         from rllava.config import load_config
 
         gpu = parse_size(args.gpu_memory) if args.gpu_memory else None
         cfg = load_config(args.overrides)
+        if args.world_size < 1:
+            raise RllavaError(f"--world-size={args.world_size} must be at least 1")
         for what in unplanned(cfg):
-            print(f"note: not counted yet: {what}")
-        rows = plan(cfg, gpu)
+            print(f"note: {what}")
+        rows = plan(cfg, gpu, world=args.world_size)
         print(table(rows, gpu))
         if gpu and max(r["peak"] for r in rows) > gpu:
             print("changes, each planned again:")
-            for change, peak in suggest(args.overrides, gpu):
+            for change, peak in suggest(args.overrides, gpu, world=args.world_size):
                 print(f"  {change}: step peak {show(peak)} ({'fits' if peak <= gpu else 'does NOT fit'})")
     except RllavaError as e:
         print(f"rllava: error: {e}", file=sys.stderr)

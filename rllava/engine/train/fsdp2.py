@@ -58,11 +58,12 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard_model(model: torch.nn.Module, device: torch.device, *, mp: MixedPrecisionPolicy | None = None,
-                cpu_offload: bool = False, reshard_after_forward: bool = True) -> torch.nn.Module:
-    """fully_shard each unit, then the root (whose parameters are whatever no unit took: embeddings, head)."""
+                cpu_offload: bool = False, reshard_after_forward: bool = True, mesh=None) -> torch.nn.Module:
+    """fully_shard each unit, then the root (whose parameters are whatever no unit took: embeddings, head).
+    `mesh`: the ranks' device mesh (None: all ranks of the default process group)."""
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
     kwargs = dict(mp_policy=mp or MixedPrecisionPolicy(), offload_policy=offload,
-                  reshard_after_forward=reshard_after_forward)
+                  reshard_after_forward=reshard_after_forward, mesh=mesh)
     if not cpu_offload:
         model.to(device)
     for unit in shard_units(model):
