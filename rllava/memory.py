@@ -416,20 +416,41 @@ def update_pass(model, step: Step) -> None:
     (-logprobs.sum()).backward()
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A rank's own part of an FSDP2 shard (DTensor), or the tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def adam_states(optimizer) -> None:
+    """AdamW's states as its first step makes them (step, exp_avg, exp_avg_sq per parameter), without the step."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                  "exp_avg_sq": torch.zeros_like(p)}
+
+
+@torch.no_grad()
 def optimizer_pass(model, optimizer, step: Step) -> None:
     """(d) clip the gradients, step AdamW (on the device), drop the gradients (zero_grad(set_to_none=True)).
-    The norm is taken over each rank's own shards, as FSDP2's clip does (its all-reduce is of one number; a
-    fake DTensor's clip would copy the gradients). FSDP2's shards on the host: all of it runs there."""
-    from torch.distributed.tensor import DTensor
+    Both run on each rank's own shards, as under FSDP2 (whose clip all-reduces one number): torch's foreach
+    kernels on the local tensors (on fake DTensors the clip would copy the gradients, and the step's sharding
+    propagation takes a minute at 3B). FSDP2's shards on the host: all of it runs there."""
+    from torch.optim.adam import adam
 
     if step.host_shards:
         return model.zero_grad(set_to_none=True)
-    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters()
-             if p.grad is not None]
+    params = [p for p in model.parameters() if p.grad is not None]
+    grads = [_local(p.grad) for p in params]
     norm = torch.nn.utils.get_total_norm(grads, foreach=True)
     torch._foreach_mul_(grads, (step.max_grad_norm / (norm + 1e-6)).clamp(max=1.0))
     if step.optimizer_on_device[1]:
-        optimizer.step()
+        g, states = optimizer.param_groups[0], [optimizer.state[p] for p in params]
+        adam([_local(p) for p in params], grads, *([_local(s[k]) for s in states]
+                              for k in ("exp_avg", "exp_avg_sq")), [], [s["step"] for s in states], foreach=True,
+                              decoupled_weight_decay=True, amsgrad=False, beta1=g["betas"][0], beta2=g["betas"][1],
+                              lr=g["lr"], weight_decay=g["weight_decay"], eps=g["eps"], maximize=False)
     model.zero_grad(set_to_none=True)
 
 
@@ -507,10 +528,7 @@ def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None, gpu_by
     pass of its own (`ref` is `model` itself for LoRA's adapter-free base). `kv_bytes`: the HF engine's KV cache,
     added to the rollout; vLLM / SGLang reserve step.engine_fraction of `gpu_bytes` instead."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    for p in trainable:  # AdamW's states, as a previous step left them
-        p.grad = torch.zeros_like(p)
-    optimizer.step()
-    model.zero_grad(set_to_none=True)
+    adam_states(optimizer)  # as a previous step left them
     frozen = [ref] if ref is not None and ref is not model else []
     shards = ("Sharded Param", "Sharded Grad", "OptState") if step.host_shards else ()
     opt_off = ("Optstate", "OptState")

@@ -52,6 +52,8 @@ def test_learning_report_names_when_rllava_reaches_trl():
 
 def test_memory_plans_reads_the_command_line_a_seed_script_launches(monkeypatch):
     monkeypatch.chdir(REPO)
-    args = memory_plans.pipeline_args(os.path.join(REPO, "examples/tasks/grounding/qwen2_vl_2b_grounding_vllm_online.sh"))
+    args, world = memory_plans.pipeline_args(os.path.join(REPO, "examples/tasks/grounding/"
+                                                              "qwen2_vl_2b_grounding_vllm_online.sh"))
     cfg = load_config(args)
     assert cfg.actor.model.model_path == "Qwen/Qwen2-VL-2B-Instruct" and cfg.rollout.name == "vllm"
+    assert world == 2  # torchrun --nproc_per_node=${NPROC:-2}
