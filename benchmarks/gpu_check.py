@@ -22,8 +22,8 @@ Measured, per run:
                    logprobs (old log-prob), Actor.update less its optimizer steps (update) and the train engine's
                    optimizer_step (optimizer); the peak stats are reset as each phase starts (a nested phase: the
                    outer one's peak so far is kept, and reset again after it); the max over the 3 steps. CPU: n/a.
-  planned          rllava.memory.plan(cfg) for the same config, the same phase names (one device; fsdp2 as one rank
-                   holds everything, so the plan is the single-device one).
+  planned          rllava.memory.plan(cfg) for the same config, the same phase names (fsdp2: one rank, planned
+                   through FSDP2 itself; made before the run's own process group exists).
   tokens/s         rllava's `perf/tokens_per_s` (prompt + response tokens of a step / step seconds), mean of steps
                    after the first (the first compiles kernels), from the run's metrics.jsonl.
   MFU              6 x trainable params x update tokens (attention-masked tokens of the batch, each forwarded and

@@ -14,7 +14,8 @@ one step runs on it under torch's `MemTracker`, which adds up every live tensor 
                 rollout.micro_batch_size prompts x rollout.n samples x (max_prompt_length + max_response_length).
                 vLLM / SGLang: the engine's reservation, rollout.vllm.gpu_memory_utilization (SGLang:
                 rollout.sglang.mem_fraction_static) x --gpu-memory, beside what the trainer keeps on the device
-                (not its weights and gradients with actor.fsdp.offload_params). Outside the rollout the engine
+                (not its weights and gradients with actor.fsdp.offload_params), and one weight-sync bucket
+                (rollout.bucket_size MB: the policy reaches the engine a bucket at a time). Outside the rollout the engine
                 sleeps (vLLM sleep(level=1), SGLang release_memory_occupation): none of it is on the device.
   old log-prob  a forward without grad of one micro-batch: actor.log_prob_micro_batch_size sequences, or with
                 actor.model.dynamic_batching as many full-length ones as actor.log_prob_max_token_len_per_gpu holds.
@@ -269,18 +270,26 @@ def _module_to(self, *args, **kwargs):
     return self
 
 
+def _same_shapes(a, b) -> bool:
+    """shared_prefix._same_media for planned rows (a group's rows share its image by construction; FSDP2's mixed
+    precision casts each row's pixels apart, and fake pixels have no values to compare)."""
+    return a.mm_inputs.keys() == b.mm_inputs.keys() and all(
+        a.mm_inputs[k].shape == b.mm_inputs[k].shape for k in a.mm_inputs)
+
+
 @contextlib.contextmanager
 def fake_mode():
     """FakeTensorMode in which rllava's training forward runs on a Qwen-VL: integer tensors up to 2^24 elements
     stay constants; transformers' `get_vision_*` helpers (a modeling module imported inside binds the wrapped
     one) and rllava's shared-prefix layout run on real values (`_on_real_values`); all restored on exit."""
     import rllava.model.forward as forward
+    import rllava.model.shared_prefix as shared_prefix
 
     patches = [(mod, name, _on_real_values(getattr(mod, name))) for mod, name in _vision_helpers()
                if getattr(mod, name).__module__ == "transformers.vision_utils"]
     patches += [(forward, "prefix_layout", _on_real_values(forward.prefix_layout)),
                 (forward, "layout_inputs", _on_real_values(forward.layout_inputs, counted=("attention_mask",))),
-                (torch.nn.Module, "to", _module_to), (fake_tensor, "CONSTANT_NUMEL_LIMIT", 1 << 24)]
+                (torch.nn.Module, "to", _module_to), (shared_prefix, "_same_media", _same_shapes), (fake_tensor, "CONSTANT_NUMEL_LIMIT", 1 << 24)]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     for mod, name, new in patches:
         setattr(mod, name, new)
@@ -302,6 +311,9 @@ def fake_world(world: int):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    if dist.is_initialized():
+        raise RllavaError("the planner shards over a fake process group of its own: plan before torch.distributed "
+                          "is initialised (or in another process)")
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
         yield init_device_mesh("cpu", (world,))
@@ -329,6 +341,7 @@ class Step:
     engine: str = "hf"  # rollout.name
     engine_fraction: float = 0.0  # vLLM / SGLang: the share of the GPU the engine reserves while it samples
     params_off_in_rollout: bool = False  # offload_params: the trainer's weights on the host while vLLM/SGLang sample
+    sync_bucket: int = 0  # vLLM / SGLang: bytes of one weight-sync bucket (rollout.bucket_size MB, whole tensors)
 
 
 def _rows(fixed: int, budget: int, length: int, dynamic: bool, cap: int) -> int:
@@ -362,7 +375,7 @@ def step_of(cfg, config, world: int = 1) -> Step:
                 fsdp=sharded, host_shards=sharded and host_opt, engine=r.name,
                 engine_fraction={"vllm": r.vllm.gpu_memory_utilization,
                                  "sglang": r.sglang.mem_fraction_static or 0.0}.get(r.name, 0.0),
-                params_off_in_rollout=fsdp.offload_params)
+                params_off_in_rollout=fsdp.offload_params, sync_bucket=r.bucket_size * 2 ** 20)
 
 
 def kv_cache_bytes(config, step: Step, dtype: torch.dtype) -> int:
@@ -547,6 +560,8 @@ def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None, gpu_by
         weights = ("Parameter", "Buffer", "Gradient", "Sharded Param", "Sharded Grad") if step.params_off_in_rollout else ()
         rows = [phase("rollout", lambda: None, *between, *weights)]
         rows[0]["kv_cache"] = int(step.engine_fraction * gpu_bytes)
+        rows[0]["temporaries"] += step.sync_bucket  # the weight sync's gathered bucket, beside the woken engine
+        rows[0]["peak"] += step.sync_bucket
     rows.append(phase("old log-prob", lambda: logprob_pass(model, step), *between))
     if ref is not None:
         rows.append(phase("ref log-prob", lambda: ref_pass(ref, step), *between))
@@ -653,8 +668,9 @@ def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1
 
 def fixes(cfg, world: int = 1) -> list[tuple[str, list[str], int]]:
     """The single changes that lower a step's peak, least intrusive first, as (what, overrides, world size):
-    gradient checkpointing, halving each micro-batch, the optimizer on the host (actor.fsdp.enable_cpu_offload:
-    under FSDP2 the shards too), LoRA, twice the GPUs (FSDP2)."""
+    gradient checkpointing, halving each micro-batch (or token budget), the optimizer on the host
+    (actor.fsdp.enable_cpu_offload: under FSDP2 the shards too), LoRA, FSDP2 on the same GPUs (one device: so
+    that the offload takes the weights too), twice the GPUs."""
     from rllava.config.schema import resolve_strategy
 
     a, out = cfg.actor, []
@@ -673,6 +689,9 @@ def fixes(cfg, world: int = 1) -> list[tuple[str, list[str], int]]:
     if not a.model.use_peft:
         out.append("actor.model.use_peft=true")
     changes = [(c, [c], world) for c in out]
+    if resolve_strategy(a.strategy, world) == "single":  # FSDP2 on these GPUs: with the offload, weights on the host
+        sharded = ["actor.strategy=fsdp2"] + ([] if a.fsdp.enable_cpu_offload else ["actor.fsdp.enable_cpu_offload=true"])
+        changes.append((" ".join(sharded), sharded, world))
     if resolve_strategy(a.strategy, 2) != "single":
         changes.append((f"--world-size {2 * world}", [], 2 * world))
     return changes

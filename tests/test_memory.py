@@ -205,6 +205,7 @@ def test_a_vllm_rollout_is_its_reservation_and_sleeps_outside_it(tiny_model_dir,
                                                         "rollout.vllm.gpu_memory_utilization=0.4",
                                                         f"actor.fsdp.offload_params={offload}"), gpu, device="cpu")}
         assert rows["rollout"]["kv_cache"] == int(0.4 * gpu) and rows["rollout"]["activations"] == 0
+        assert rows["rollout"]["temporaries"] == 512 * 2 ** 20  # one weight-sync bucket (rollout.bucket_size)
         assert (rows["rollout"]["parameters"] == 0) == (offload == "true")
         assert all(rows[p]["kv_cache"] == 0 for p in rows if p != "rollout")
     with pytest.raises(SystemExit):
