@@ -42,7 +42,11 @@ CALIBRATED = {  # what each calibration case changes (on top of the tiny countin
 }
 
 
-@pytest.mark.parametrize("case", list(CALIBRATED))
+SLOW_CASES = ("checkpointing", "accumulating", "no shared prefix")  # `make test-slow` (the fast suite's time)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c
+                                  for c in CALIBRATED])
 def test_planned_peaks_match_rllavas_real_step_within_10_percent(tiny_model_dir, case):
     """Calibration: the plan (fake weights) against rllava's own code run for real on CPU, real weights and
     tensors of the same shapes, under torch's MemTracker in real mode: the old log-probs of the whole batch as
@@ -78,7 +82,8 @@ def test_planned_peaks_match_rllavas_real_step_within_10_percent(tiny_model_dir,
         assert planned[phase] == pytest.approx(peak, rel=0.10), phase
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.fixture(scope="module", params=["qwen2_vl", pytest.param("qwen2_5_vl", marks=pytest.mark.slow),
+                                        pytest.param("qwen3_vl", marks=pytest.mark.slow)])
 def tiny_vlm(request, tiny_model_dir, tmp_path_factory):
     """The tiny Qwen2-VL of conftest, and tiny Qwen2.5-VL (windowed vision attention) and Qwen3-VL (DeepStack)."""
     from rllava.model.tiny import build_tiny
@@ -165,9 +170,10 @@ def test_seed_models_have_their_published_sizes(name, billions):
         assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, abs=0.006)
 
 
-def test_a_run_that_does_not_fit_gets_changes_each_planned_again(tiny_model_dir, capsys, monkeypatch):
+@pytest.mark.slow  # ~20 s: a dozen plans
+def test_a_run_that_does_not_fit_gets_changes_each_planned_again(tiny_model_dir):
     """Just under the step's peak: each single change is re-planned; checkpointing (the update's activations), a
-    smaller update micro-batch, LoRA and a second GPU fit; the CLI lists them, and what it counts another way."""
+    smaller update micro-batch, LoRA and a second GPU fit."""
     args = [f"config={TINY_CPU}", f"actor.model.model_path={tiny_model_dir}"]
     peak = max(r["peak"] for r in memory.plan(load_config(args), device="cpu"))
     tried = dict(memory.suggest(args, peak - 1, device="cpu"))
@@ -182,10 +188,18 @@ def test_a_run_that_does_not_fit_gets_changes_each_planned_again(tiny_model_dir,
     two = max(r["peak"] for r in memory.plan(load_config(args), device="cpu", world=2))
     assert tried["--world-size 2"] == two
 
+
+def test_changes_are_tried_alone_then_together_and_printed(tiny_model_dir, capsys, monkeypatch):
+    """When no single change fits, all of them together are planned; the CLI lists each change's peak and what the
+    plan counts another way."""
+    args = [f"config={TINY_CPU}", f"actor.model.model_path={tiny_model_dir}"]
+
     def fake_plan(cfg, gpu_bytes=None, device="cuda", world=1):  # every change helps a little, none enough alone
         return [{"phase": "update", "peak": 90 if world > 1 or len(memory.fixes(cfg)) else 100}]
     monkeypatch.setattr(memory, "plan", fake_plan)
     changes = memory.fixes(load_config(args))
+    assert "actor.strategy=fsdp2 actor.fsdp.enable_cpu_offload=true" in [w for w, _, _ in changes]  # FSDP2 here
+    assert changes[-1][:2] == ("--world-size 2", []) and changes[-1][2] == 2  # then 2 GPUs
     assert memory.suggest(args, 50)[-1] == (" ".join(w for w, _, _ in changes), 90)  # then all together
     monkeypatch.undo()
     monkeypatch.setattr(memory, "suggest", lambda overrides, gpu, world: [("actor.ppo_micro_batch_size=32", 10)])

@@ -8,11 +8,11 @@ works with any aggregation. Names follow RLLaVA (`actor.policy_loss.loss_mode`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
+from rllava.algorithms.correction import rollout_importance_weights  # noqa: F401 (moved there; importable here)
 from rllava.algorithms.registry import register_policy_loss
 
 
@@ -324,34 +324,47 @@ def sapo(inp: LossInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05):
                                        "ppo_kl": masked_mean(-log_ratio.detach(), inp.mask)}
 
 
-def rollout_importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, *,
-                               cap: float, level: str = "token") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Truncated importance sampling (TIS) for the rollout/trainer mismatch: the rollout engine (vLLM, SGLang)
-    samples from pi_rollout, which differs numerically from the trainer's pi_old, so each token is reweighted
-    (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training",
-    https://fengyao.notion.site/off-policy-rl ; verl's TIS / rollout correction):
+@register_policy_loss("decoupled_ppo")
+def decoupled_ppo(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                  clip_ratio_c: float | None = None, behav_imp_weight_cap: float | None = None):
+    """Decoupled PPO (Fu et al. 2025, "AReaL", arXiv:2505.24298, eq. 5): three policies - the behaviour policy that
+    sampled (the rollout engine's log-probs, `rollout_logprobs`), the proximal policy the update is held near (the
+    trainer's log-probs before the update, `old_logprobs`) and pi_theta:
 
-        token    : w_t = min(exp(logp_old_t - logp_rollout_t), cap)
-        sequence : w_i = min(exp(sum_t (logp_old_t - logp_rollout_t)), cap)   (product over masked tokens, in
-                   log space), broadcast to the sequence's tokens
+        r_t = exp(logp_t - logp_prox_t),   w_t = exp(logp_prox_t - logp_behav_t)   (no grad)
+        L_t = w_t * max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high))   (dual clip -A c for A < 0 when
+              clip_ratio_c is given, as `vanilla`)
+        w_t > behav_imp_weight_cap  ->  w_t = 0   (the token is filtered out; it still counts in the normaliser)
 
-    Returns detached weights [B, T] (1 on masked-out tokens) to multiply any loss's per-token loss, and metrics
-    over masked tokens: `rollout_is_mean`, `rollout_is_truncated_frac`, `rollout_log_ratio_abs` = mean |log ratio|.
+    PPO's clip acts on the step from pi_prox, the off-policyness of the sample is corrected by w. With
+    rollout_logprobs == old_logprobs (w = 1) it is `vanilla`. Do not combine with algorithm.rollout_is (that would
+    weight by the same ratio twice); algorithm.rollout_rs composes. behav_imp_weight_cap (actor.policy_loss.*)
+    None = no filter (AReaL's default; AReaL requires > 1). clip_ratio_c comes from the config pool (actor.
+    clip_ratio_c, 3.0), so rllava's runs use AReaL's dual clip c_clip = 3.0; called bare, there is none.
+    Metrics: `pg_clipfrac`, `ppo_kl` (k1 of KL(prox || theta)), `behav_imp_weight` (mean w over kept tokens),
+    `behav_approx_kl` = mean (logp_prox - logp_behav) over kept tokens, `behav_filtered_frac` (tokens over the cap).
+
+    Reference: inclusionAI/AReaL areal/utils/functional/functional.py@61d1bbb `ppo_actor_loss_fn` L144-233 (the
+    last version with behav_imp_weight_cap; since 03d7115 the cap is its RejectionSamplingConfig). Differs: the
+    aggregation comes from actor.loss_agg_mode (AReaL: token sum over the original token count, = token-mean); AReaL's
+    importance_sampling_level=sequence (GSPO ratio) is `gspo`'s here, not an option of this loss.
     """
+    adv, log_ratio = _log_ratio(inp, "decoupled_ppo")
+    behav = inp.need("rollout_logprobs", "decoupled_ppo")
+    loss, clipped = _clipped_surrogate(adv, torch.exp(log_ratio), clip_ratio_low, clip_ratio_high)
+    if clip_ratio_c is not None:
+        loss = torch.where(adv < 0, torch.minimum(loss, -adv * clip_ratio_c), loss)
     with torch.no_grad():
-        valid = mask > 0
-        log_ratio = torch.where(valid, old_logprobs - rollout_logprobs, torch.zeros_like(old_logprobs))
-        if level == "token":
-            log_w = log_ratio
-        elif level == "sequence":
-            log_w = log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)
-        else:
-            raise ValueError(f"unknown importance-sampling level {level!r} (choose token|sequence)")
-        truncated = log_w > math.log(cap)
-        weights = torch.where(valid, torch.exp(log_w.clamp(max=math.log(cap))), torch.ones_like(log_w))
-    return weights, {"rollout_is_mean": masked_mean(weights, mask),
-                     "rollout_is_truncated_frac": masked_mean(truncated.float(), mask),
-                     "rollout_log_ratio_abs": masked_mean(log_ratio.abs(), mask)}
+        behav_kl = inp.old_logprobs - behav
+        weight = torch.exp(behav_kl.clamp(max=20.0))
+        kept = (weight <= behav_imp_weight_cap) if behav_imp_weight_cap is not None else torch.ones_like(
+            weight, dtype=torch.bool)
+        weight = torch.where(kept, weight, torch.zeros_like(weight))
+    kept_mask = inp.mask * kept
+    metrics = _ppo_metrics(clipped, log_ratio, inp.mask)
+    metrics.update(behav_imp_weight=masked_mean(weight, kept_mask), behav_approx_kl=masked_mean(behav_kl, kept_mask),
+                   behav_filtered_frac=masked_mean((~kept).float(), inp.mask))
+    return loss * weight, metrics
 
 
 @register_policy_loss("sft")

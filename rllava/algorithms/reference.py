@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import re
 
+from rllava.algorithms import correction as C
 from rllava.algorithms import hybrid as H
 from rllava.algorithms import ppo as _ppo  # noqa: F401  (registers the built-in estimators and losses)
 from rllava.algorithms.hybrid import HYBRID_LOSS_KEYS
@@ -87,6 +88,19 @@ def _hybrid_section() -> list[str]:
             doc[3], "", "| schedule / weight | formula | paper |", "|---|---|---|", *rows, ""]
 
 
+def _correction_section() -> list[str]:
+    """Rollout correction (`rllava.algorithms.correction`): applied by the Actor to any loss's RL term."""
+    rows = [f"| `{f.__name__}` | {keys} | {_formula(f.__doc__)} |" for f, keys in (
+        (C.rollout_importance_weights, "`algorithm.rollout_is`, `algorithm.rollout_is_cap` (or "
+                                       "`actor.tis_imp_ratio_cap`)"),
+        (C.rollout_rejection_mask, "`algorithm.rollout_rs`, `algorithm.rollout_rs_threshold`"),
+        (C.mismatch_metrics, "(on with any correction or `decoupled_ppo`)"))]
+    refs = [f"- `{f.__name__}`: {_reference(f.__doc__)}"
+            for f in (C.rollout_importance_weights, C.rollout_rejection_mask, C.mismatch_metrics)]
+    return ["## Rollout correction (`algorithm.rollout_is`, `algorithm.rollout_rs`)", "", C.__doc__.split("\n\n")[0]
+            .replace("\n", " "), "", "| function | reads | formula |", "|---|---|---|", *rows, "", *refs, ""]
+
+
 def render() -> str:
     head = "| name | reads | formula | paper |\n|---|---|---|---|"
     return "\n".join([
@@ -107,6 +121,7 @@ def render() -> str:
         head, *_rows(POLICY_LOSSES),
         "",
         *_hybrid_section(),
+        *_correction_section(),
         *_reference_section(),
     ])
 

@@ -217,6 +217,13 @@ class AlgorithmConfig:
     # none | token | sequence (actor.tis_imp_ratio_cap > 0, RLLaVA's key, means token with that cap)
     rollout_is: str = "none"
     rollout_is_cap: float = 2.0  # truncation of the importance weight
+    # rllava (verl's rollout correction, rllava.algorithms.correction): rejection sampling, tokens or sequences whose
+    # trainer/sampler divergence is out of bounds leave the loss. Comma-separated options, all must pass: token_k1..3,
+    # seq_sum_k1..3, seq_mean_k1..3 (seq_mean_k1 = geometric-mean ratio), seq_max_k2|k3 (one bad token vetoes its row)
+    rollout_rs: Optional[str] = None  # rllava (verl): rejection sampling, e.g. seq_mean_k1 or token_k1,seq_max_k3
+    # one for all options or one per option, comma-separated: k1 ratio bounds "lower_upper" (or "upper": lower =
+    # 1/upper), k2/k3 an upper bound; verl's presets: seq_sum_k1 0.5_2.0, seq_mean_k1 0.999_1.001, seq_mean_k3 0.01
+    rollout_rs_threshold: Optional[str] = None  # per option: k1 "lower_upper" ratio bounds, k2/k3 upper; no default
 
     def check(self, prefix: str = "algorithm") -> list[str]:
         p: list[str] = []
@@ -230,6 +237,16 @@ class AlgorithmConfig:
             p.append(f"{prefix}.filter_low={self.filter_low} is above {prefix}.filter_high={self.filter_high}")
         _choice(p, f"{prefix}.rollout_is", self.rollout_is, ["none", "token", "sequence"])
         _positive(p, f"{prefix}.rollout_is_cap", self.rollout_is_cap)
+        if self.rollout_rs is not None:
+            from rllava.algorithms.correction import parse_rs_thresholds  # imported on use
+            try:
+                parse_rs_thresholds(self.rollout_rs, self.rollout_rs_threshold)
+            except ValueError as e:
+                p.append(f"{prefix}.rollout_rs={self.rollout_rs}, {prefix}.rollout_rs_threshold="
+                         f"{_show(self.rollout_rs_threshold)}: {e}")
+        elif self.rollout_rs_threshold is not None:
+            p.append(f"{prefix}.rollout_rs_threshold={self.rollout_rs_threshold} is read only with "
+                     f"{prefix}.rollout_rs set (e.g. seq_mean_k1)")
         _choice(p, f"{prefix}.unify_strategy", self.unify_strategy, ["none", "switch", "soft"])
         _choice(p, f"{prefix}.strategy", self.strategy, ["none", "mix_chord"])
         _between(p, f"{prefix}.expert_data_ratio", self.expert_data_ratio, 0.0, 0.99)
@@ -416,6 +433,9 @@ class PolicyLossConfig:
     cispo_clip_ratio_high: float = 0.28  # rllava, cispo: IS weight cap 1 + this
     tau_pos: float = 1.0  # sapo: gate temperature for tokens with a positive advantage (verl's name)
     tau_neg: float = 1.05  # sapo: gate temperature for tokens with a negative advantage (verl's name)
+    # decoupled_ppo (AReaL's name): tokens whose behaviour weight pi_prox / pi_behav exceeds it are filtered out;
+    # None = no filter (AReaL's default), else > 1
+    behav_imp_weight_cap: Optional[float] = None  # decoupled_ppo: drop tokens with pi_prox/pi_behav above (> 1)
 
 
 @dataclass
@@ -507,6 +527,12 @@ class ActorConfig:
         _choice(p, f"{prefix}.kl_loss_type", self.kl_loss_type, KL_TYPES)
         for name in ("tau_pos", "tau_neg"):
             _positive(p, f"{prefix}.policy_loss.{name}", getattr(self.policy_loss, name))
+        cap = self.policy_loss.behav_imp_weight_cap
+        if cap is not None and not cap > 1:
+            p.append(f"{prefix}.policy_loss.behav_imp_weight_cap={cap} must be > 1 (or null: no filter)")
+        elif cap is not None and self.policy_loss.loss_mode != "decoupled_ppo":
+            p.append(f"{prefix}.policy_loss.behav_imp_weight_cap={cap} is read only by actor.policy_loss.loss_mode="
+                     f"decoupled_ppo (this run: {self.policy_loss.loss_mode})")
         p += self.model.check(f"{prefix}.model")
         p += self.optim.check(f"{prefix}.optim")
         p += self.checkpoint.check(f"{prefix}.checkpoint")
@@ -1142,6 +1168,10 @@ class PPOConfig:
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")
         p += (self._derived_problems() + self._not_built_problems() + self._planned_problems()
               + self._hybrid_problems() + self._agent_problems() + self._reference_problems())
+        if self.actor.policy_loss.loss_mode == "decoupled_ppo" and (
+                self.algorithm.rollout_is != "none" or self.actor.tis_imp_ratio_cap > 0):
+            p.append("actor.policy_loss.loss_mode=decoupled_ppo already weights each token by pi_old / pi_rollout: "
+                     "leave algorithm.rollout_is=none and actor.tis_imp_ratio_cap=-1 (algorithm.rollout_rs composes)")
         if p:
             raise ConfigError(p)
         for role in ("actor", "critic"):  # warnings: only about keys the user set (USER_KEYS)

@@ -14,7 +14,8 @@ import torch
 
 from rllava import distributed as D
 from rllava.algorithms.hybrid import EXPERT_IN_RL, EXPERT_IN_SFT, sft_token_weights
-from rllava.algorithms.losses import LossInputs, aggregate, kl_penalty, masked_mean, rollout_importance_weights
+from rllava.algorithms.correction import mismatch_metrics, rollout_importance_weights, rollout_rejection_mask
+from rllava.algorithms.losses import LossInputs, aggregate, kl_penalty, masked_mean
 from rllava.data.protocol import Batch
 from rllava.model.forward import LOGPROB_CHUNK, token_logprobs
 
@@ -179,6 +180,7 @@ class Actor:
                  log_prob_micro_batch_size: int, loss_agg_mode: str, max_response_length: int,
                  temperature: float, use_kl_loss: bool, kl_loss_coef: float, kl_loss_type: str,
                  entropy_coeff: float, rollout_is: str = "none", rollout_is_cap: float = 2.0,
+                 rollout_rs: str | None = None, rollout_rs_threshold: str | None = None,
                  padding_free: bool = False, shared_prefix: bool = False, max_token_len: int | None = None,
                  log_prob_max_token_len: int | None = None, logprob_chunk_size: int = LOGPROB_CHUNK,
                  expert: ExpertLoss | None = None):
@@ -195,6 +197,7 @@ class Actor:
         self.use_kl_loss, self.kl_loss_coef, self.kl_loss_type = use_kl_loss, kl_loss_coef, kl_loss_type
         self.entropy_coeff = entropy_coeff
         self.rollout_is, self.rollout_is_cap = rollout_is, rollout_is_cap  # truncated IS: none | token | sequence
+        self.rollout_rs, self.rollout_rs_threshold = rollout_rs, rollout_rs_threshold  # rejection sampling; None: off
         self.expert = expert  # a hybrid's treatment of expert tokens; None: every trained token is RL-trained
         # the Reference, for a full-vocabulary KL loss (kl_loss_type=full): its forward runs on every micro-batch of
         # the update (no grad), since the loss needs its whole distribution at each position, not one log-prob
@@ -234,6 +237,31 @@ class Actor:
             return self.expert.masks(micro.loss_mask, micro.off_policy_mask)
         return micro.loss_mask, None
 
+    def _rollout_correction(self, micro: Batch, mask: torch.Tensor, old: torch.Tensor):
+        """(RL-term mask less the rejected tokens, IS weights or None, metrics): rollout correction
+        (`rllava.algorithms.correction`) of the tokens the rollout engine sampled (not a hybrid's expert tokens)
+        between pi_rollout, which sampled, and pi_old, the trainer's. Rejection (algorithm.rollout_rs) drops tokens /
+        rows from the mask of every term of the RL loss (policy, KL, entropy), as verl drops them from response_mask;
+        the aggregation's normalisers still count them. Also logs the sampler/trainer mismatch (`mismatch_*`) with
+        any correction on or the decoupled_ppo loss."""
+        decoupled = getattr(self.algorithm, "loss_name", None) == "decoupled_ppo"
+        if self.rollout_is == "none" and self.rollout_rs is None and not decoupled:
+            return mask, None, {}
+        rollout = micro.need("rollout_logprobs")
+        sampled = mask if micro.off_policy_mask is None else mask * (1 - micro.off_policy_mask)  # not expert
+        metrics = mismatch_metrics(old, rollout, sampled)
+        if self.rollout_rs is not None:
+            keep, rs_metrics = rollout_rejection_mask(old, rollout, sampled, options=self.rollout_rs,
+                                                      thresholds=self.rollout_rs_threshold)
+            mask, sampled = mask * keep, sampled * keep
+            metrics.update(rs_metrics)
+        weights = None
+        if self.rollout_is != "none":  # reweight by pi_old / pi_rollout: the engine sampled, the trainer scores
+            weights, is_metrics = rollout_importance_weights(old, rollout, sampled, cap=self.rollout_is_cap,
+                                                             level=self.rollout_is)
+            metrics.update(is_metrics)
+        return mask, weights, metrics
+
     def _backward(self, micro: Batch, norm: dict, rl_coef: float = 1.0, sft_coef: float = 1.0,
                   has: tuple[bool, bool] = (True, True)) -> dict[str, float | torch.Tensor]:
         """One micro-batch's loss, backward; its metrics (`has`: whether it holds any token of the RL term, of
@@ -244,18 +272,16 @@ class Actor:
             chunk_size=self.logprob_chunk_size, ref_hidden=self.reference.hidden(micro) if full else None,
             **self.micro_batching.layout)
         mask, sft_mask = self._masks(micro)
+        old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
+        mask, weights, corr_metrics = self._rollout_correction(micro, mask, old)
         inputs = LossInputs(
-            logprobs=logprobs, mask=mask, advantages=micro.advantages,
-            old_logprobs=micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach(),
+            logprobs=logprobs, mask=mask, advantages=micro.advantages, old_logprobs=old,
             ref_logprobs=micro.ref_logprobs, rollout_logprobs=micro.rollout_logprobs, entropy=entropy,
             off_policy=micro.off_policy_mask, scores=micro.scores)
         per_token, metrics = self.algorithm.policy_loss(inputs)
-        if self.rollout_is != "none":  # reweight by pi_old / pi_rollout: the engine sampled, the trainer scores
-            sampled = mask if micro.off_policy_mask is None else mask * (1 - micro.off_policy_mask)  # not expert
-            weights, is_metrics = rollout_importance_weights(inputs.old_logprobs, micro.need("rollout_logprobs"),
-                                                             sampled, cap=self.rollout_is_cap, level=self.rollout_is)
+        if weights is not None:
             per_token = per_token * weights
-            metrics.update(is_metrics)
+        metrics.update(corr_metrics)
         agg = dict(mode=self.loss_agg_mode, max_len=self.max_response_length, num_tokens=norm["num_tokens"],
                    num_seqs=norm["num_seqs"])
         pg_loss = aggregate(per_token, mask, **agg)

@@ -329,11 +329,14 @@ def _actor_batching(cfg: PPOConfig) -> dict:
 
 
 def _rollout_is(cfg: PPOConfig, sft: bool) -> dict:
-    """algorithm.rollout_is / rollout_is_cap; RLLaVA's actor.tis_imp_ratio_cap > 0 means token level, that cap."""
+    """algorithm.rollout_is / rollout_is_cap (RLLaVA's actor.tis_imp_ratio_cap > 0 means token level, that cap) and
+    algorithm.rollout_rs / rollout_rs_threshold (rejection sampling); none of them in SFT."""
     level, cap = cfg.algorithm.rollout_is, cfg.algorithm.rollout_is_cap
     if cfg.actor.tis_imp_ratio_cap > 0:
         level, cap = ("token" if level == "none" else level), cfg.actor.tis_imp_ratio_cap
-    return {"rollout_is": "none" if sft else level, "rollout_is_cap": cap}
+    return {"rollout_is": "none" if sft else level, "rollout_is_cap": cap,
+            "rollout_rs": None if sft else cfg.algorithm.rollout_rs,
+            "rollout_rs_threshold": cfg.algorithm.rollout_rs_threshold}
 
 
 def needs_reference(cfg: PPOConfig) -> bool:
