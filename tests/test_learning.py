@@ -59,7 +59,7 @@ ESTIMATORS = {
 LOSSES = {
     "vanilla": [], "dapo": ["actor.clip_ratio_high=0.28"], "gspo": ["actor.clip_ratio_low=3e-4", "actor.clip_ratio_high=4e-4"],
     "geo_mean": ["actor.clip_ratio_low=0.4", "actor.clip_ratio_high=0.4"], "gpg": [], "clip_cov": [], "kl_cov": [],
-    "cispo": [], "sapo": [],
+    "cispo": [], "sapo": [], "decoupled_ppo": ["actor.policy_loss.behav_imp_weight_cap=5.0"],
 }
 
 
