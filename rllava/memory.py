@@ -614,7 +614,9 @@ def unplanned(cfg) -> list[str]:
 
     return [what for what, on in (
         ("the critic", cfg.critic is not None),
-        ("DeepSpeed: planned as FSDP2's sharding (ZeRO-3's)", resolve_strategy(cfg.actor.strategy) == "deepspeed"),
+        (f"DeepSpeed: planned as FSDP2 (ZeRO-3's sharding) with the actor.fsdp.* offload switches; its ZeRO-"
+         f"{cfg.actor.deepspeed.zero_stage} and actor.deepspeed.enable_cpu_offload are not planned",
+         resolve_strategy(cfg.actor.strategy) == "deepspeed"),
         ("actor.model.enable_activation_offload: checkpointed activations planned on the device",
          cfg.actor.model.enable_activation_offload)) if on]
 

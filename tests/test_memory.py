@@ -206,7 +206,8 @@ def test_changes_are_tried_alone_then_together_and_printed(tiny_model_dir, capsy
     memory.main([*args, "--gpu-memory", "1MiB", "actor.strategy=deepspeed"])
     out = capsys.readouterr().out
     assert "does NOT fit" in out and "changes, each planned again:\n  actor.ppo_micro_batch_size=32: step peak " in out
-    assert "note: DeepSpeed: planned as FSDP2's sharding (ZeRO-3's)" in out
+    assert "note: DeepSpeed: planned as FSDP2 (ZeRO-3's sharding) with the actor.fsdp.* offload switches; its ZeRO-3 " \
+        "and actor.deepspeed.enable_cpu_offload are not planned" in out
 
 
 def test_a_vllm_rollout_is_its_reservation_and_sleeps_outside_it(tiny_model_dir, capsys):
