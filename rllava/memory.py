@@ -15,8 +15,8 @@ one step runs on it under torch's `MemTracker`, which adds up every live tensor 
                 vLLM / SGLang: the engine's reservation, rollout.vllm.gpu_memory_utilization (SGLang:
                 rollout.sglang.mem_fraction_static) x --gpu-memory, beside what the trainer keeps on the device
                 (not its weights and gradients with actor.fsdp.offload_params), and one weight-sync bucket
-                (rollout.bucket_size MB: the policy reaches the engine a bucket at a time). Outside the rollout the engine
-                sleeps (vLLM sleep(level=1), SGLang release_memory_occupation): none of it is on the device.
+                (rollout.bucket_size MB: the policy reaches the engine a bucket at a time). Outside the rollout
+                the engine sleeps (vLLM sleep(level=1), SGLang release_memory_occupation): none of it is on the device.
   old log-prob  a forward without grad of one micro-batch: actor.log_prob_micro_batch_size sequences, or with
                 actor.model.dynamic_batching as many full-length ones as actor.log_prob_max_token_len_per_gpu holds.
   ref log-prob  with a KL (algorithm.use_kl_loss, use_kl_in_reward): the same on the frozen reference (a copy of
@@ -236,7 +236,8 @@ def _on_real_values(fn, counted: tuple[str, ...] = ()):
         with fake_tensor.unset_fake_temporarily():
             out = fn(*_real_values(args), **_real_values(kwargs))
         redo = {k: out.pop(k) for k in counted}
-        made = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and not isinstance(t, fake_tensor.FakeTensor)]
+        made = [t for t in pytree.tree_leaves(out)
+                if isinstance(t, torch.Tensor) and not isinstance(t, fake_tensor.FakeTensor)]
         out = _constants(out)
         if active_fake_mode() is not None:
             for t in pytree.tree_leaves(out):
@@ -289,7 +290,8 @@ def fake_mode():
                if getattr(mod, name).__module__ == "transformers.vision_utils"]
     patches += [(forward, "prefix_layout", _on_real_values(forward.prefix_layout)),
                 (forward, "layout_inputs", _on_real_values(forward.layout_inputs, counted=("attention_mask",))),
-                (torch.nn.Module, "to", _module_to), (shared_prefix, "_same_media", _same_shapes), (fake_tensor, "CONSTANT_NUMEL_LIMIT", 1 << 24)]
+                (torch.nn.Module, "to", _module_to), (shared_prefix, "_same_media", _same_shapes),
+                (fake_tensor, "CONSTANT_NUMEL_LIMIT", 1 << 24)]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     for mod, name, new in patches:
         setattr(mod, name, new)
@@ -336,7 +338,6 @@ class Step:
     forward: dict  # rllava.model.forward._token_logprobs keywords: chunk_size, padding_free, shared_prefix
     max_grad_norm: float
     optimizer_on_device: tuple[bool, bool]  # (between updates, during the update): offload_optimizer / cpu optimizer
-    fsdp: bool = False  # sharded by FSDP2 over `world` ranks
     host_shards: bool = False  # FSDP2 with CPUOffloadPolicy (enable_cpu_offload): shards, grads and Adam on the host
     engine: str = "hf"  # rollout.name
     engine_fraction: float = 0.0  # vLLM / SGLang: the share of the GPU the engine reserves while it samples
@@ -372,7 +373,7 @@ def step_of(cfg, config, world: int = 1) -> Step:
                              shared_prefix=m.use_shared_prefix),
                 max_grad_norm=a.max_grad_norm,
                 optimizer_on_device=(not (fsdp.offload_optimizer or host_opt), not host_opt),
-                fsdp=sharded, host_shards=sharded and host_opt, engine=r.name,
+                host_shards=sharded and host_opt, engine=r.name,
                 engine_fraction={"vllm": r.vllm.gpu_memory_utilization,
                                  "sglang": r.sglang.mem_fraction_static or 0.0}.get(r.name, 0.0),
                 params_off_in_rollout=fsdp.offload_params, sync_bucket=r.bucket_size * 2 ** 20)
@@ -557,7 +558,8 @@ def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None, gpu_by
         rows[0].update(kv_cache=kv_bytes, parameters=rows[0]["parameters"] + moved,
                        activations=rows[0]["activations"] - moved)
     else:  # the engine samples on its own copy; the trainer's weights stay unless offload_params moves them
-        weights = ("Parameter", "Buffer", "Gradient", "Sharded Param", "Sharded Grad") if step.params_off_in_rollout else ()
+        weights = (("Parameter", "Buffer", "Gradient", "Sharded Param", "Sharded Grad")
+                   if step.params_off_in_rollout else ())
         rows = [phase("rollout", lambda: None, *between, *weights)]
         rows[0]["kv_cache"] = int(step.engine_fraction * gpu_bytes)
         rows[0]["temporaries"] += step.sync_bucket  # the weight sync's gathered bucket, beside the woken engine
@@ -570,10 +572,8 @@ def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None, gpu_by
         p.grad = torch.zeros_like(p)
     rows.append(phase("update", lambda: update_pass(model, step), *during))
     rows.append(phase("optimizer", lambda: optimizer_pass(model, optimizer, step), *during))
-    update, opt = rows[-2], rows[-1]
-    extra = opt["optimizer"] - update["optimizer"] + opt["activations"]  # the step's scratch: MemTracker files it
-    opt["optimizer"], opt["activations"], opt["temporaries"] = update["optimizer"], 0, opt["temporaries"] + extra
-    # as optimizer state, FSDPMemTracker as activations
+    opt = rows[-1]  # no activation lives in the optimizer phase: what the trackers file so is the step's scratch
+    opt["activations"], opt["temporaries"] = 0, opt["temporaries"] + opt["activations"]
     for row in rows:
         row.setdefault("kv_cache", 0)
         row["peak"] += row["kv_cache"]
@@ -679,8 +679,9 @@ def fixes(cfg, world: int = 1) -> list[tuple[str, list[str], int]]:
     if not a.model.enable_gradient_checkpointing:
         out.append("actor.model.enable_gradient_checkpointing=true")
     if a.model.dynamic_batching:
-        out += [f"{key}={value // 2}" for key, value in (("actor.ppo_max_token_len_per_gpu", a.ppo_max_token_len_per_gpu),
-                ("actor.log_prob_max_token_len_per_gpu", a.log_prob_max_token_len_per_gpu))]
+        out += [f"{key}={value // 2}" for key, value in (
+            ("actor.ppo_max_token_len_per_gpu", a.ppo_max_token_len_per_gpu),
+            ("actor.log_prob_max_token_len_per_gpu", a.log_prob_max_token_len_per_gpu))]
     else:
         out += [f"{key}={value // 2}" for key, value in (("actor.ppo_micro_batch_size", a.ppo_micro_batch_size),
                 ("actor.log_prob_micro_batch_size", a.log_prob_micro_batch_size)) if value > 1]
@@ -692,7 +693,9 @@ def fixes(cfg, world: int = 1) -> list[tuple[str, list[str], int]]:
         out.append("actor.model.use_peft=true")
     changes = [(c, [c], world) for c in out]
     if resolve_strategy(a.strategy, world) == "single":  # FSDP2 on these GPUs: with the offload, weights on the host
-        sharded = ["actor.strategy=fsdp2"] + ([] if a.fsdp.enable_cpu_offload else ["actor.fsdp.enable_cpu_offload=true"])
+        sharded = ["actor.strategy=fsdp2"]
+        if not a.fsdp.enable_cpu_offload:
+            sharded.append("actor.fsdp.enable_cpu_offload=true")
         changes.append((" ".join(sharded), sharded, world))
     if resolve_strategy(a.strategy, 2) != "single":
         changes.append((f"--world-size {2 * world}", [], 2 * world))

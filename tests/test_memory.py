@@ -161,7 +161,8 @@ def test_seed_model_by_name_plans_every_phase():
 
 @pytest.mark.parametrize("name, billions", [
     ("Qwen/Qwen2-VL-2B-Instruct", 2.21), ("Qwen/Qwen2-VL-7B-Instruct", 8.29), ("Qwen/Qwen2.5-VL-3B-Instruct", 3.75),
-    ("Qwen/Qwen2.5-VL-7B-Instruct", 8.29), ("Qwen/Qwen3-VL-2B-Instruct", 2.13), ("Qwen/Qwen3-VL-4B-Instruct", 4.44), ("Qwen/Qwen3-VL-8B-Instruct", 8.77),
+    ("Qwen/Qwen2.5-VL-7B-Instruct", 8.29), ("Qwen/Qwen3-VL-2B-Instruct", 2.13), ("Qwen/Qwen3-VL-4B-Instruct", 4.44),
+    ("Qwen/Qwen3-VL-8B-Instruct", 8.77),
 ])
 def test_seed_models_have_their_published_sizes(name, billions):
     """Each seed's config, built without weights, has the parameter count its hub page publishes."""

@@ -19,14 +19,12 @@ import math
 
 import torch
 
+from rllava.algorithms.losses import masked_mean
+
 SAFETY_BOUND = 20.0  # log-ratios are clamped to [-20, 20] before exp, as verl's rollout_corr_helper.py L75
 
 RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
               "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
-
-
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
 def rollout_importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, *,
@@ -60,10 +58,10 @@ def rollout_importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: tor
         truncated = log_w > math.log(cap)
         weights = torch.where(valid, torch.exp(log_w.clamp(max=math.log(cap))), torch.ones_like(log_w))
         top = torch.where(valid, log_w, torch.full_like(log_w, -torch.inf)).max().clamp(max=SAFETY_BOUND)
-    return weights, {"rollout_is_mean": _masked_mean(weights, mask),
+    return weights, {"rollout_is_mean": masked_mean(weights, mask),
                      "rollout_is_max": torch.exp(top) if bool(valid.any()) else torch.ones(()),
-                     "rollout_is_truncated_frac": _masked_mean(truncated.float(), mask),
-                     "rollout_log_ratio_abs": _masked_mean(log_ratio.abs(), mask)}
+                     "rollout_is_truncated_frac": masked_mean(truncated.float(), mask),
+                     "rollout_log_ratio_abs": masked_mean(log_ratio.abs(), mask)}
 
 
 def parse_rs_thresholds(options: str, thresholds: str | float | None) -> dict[str, tuple[float | None, float]]:
@@ -143,11 +141,11 @@ def rollout_rejection_mask(old_logprobs: torch.Tensor, rollout_logprobs: torch.T
                 s = torch.where(valid, s, torch.full_like(s, -torch.inf)).amax(-1, keepdim=True)
             ok = (s >= math.log(lower)) & (s <= math.log(upper)) if k == "k1" else s <= upper
             ok = ok.expand_as(lr) | ~valid
-            metrics[f"rollout_rs_{option}_masked_fraction"] = _masked_mean((~ok).float(), mask)
+            metrics[f"rollout_rs_{option}_masked_fraction"] = masked_mean((~ok).float(), mask)
             keep &= ok
         rows = valid.any(-1)
         rejected_rows = (~keep & valid).any(-1)
-        metrics["rollout_rs_masked_fraction"] = _masked_mean((~keep).float(), mask)
+        metrics["rollout_rs_masked_fraction"] = masked_mean((~keep).float(), mask)
         metrics["rollout_rs_seq_masked_fraction"] = rejected_rows.float().sum() / rows.float().sum().clamp(min=1)
     return keep.to(mask.dtype), metrics
 
@@ -182,10 +180,10 @@ def mismatch_metrics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor,
         def over_rows(x: torch.Tensor) -> torch.Tensor:
             return (x * rows).sum() / n_rows
 
-        return {"mismatch_kl": _masked_mean(-lr, mask),
-                "mismatch_k3_kl": _masked_mean(torch.exp(lr) - lr - 1, mask),
+        return {"mismatch_kl": masked_mean(-lr, mask),
+                "mismatch_k3_kl": masked_mean(torch.exp(lr) - lr - 1, mask),
                 "mismatch_log_ppl_diff": over_rows(seq_rollout - seq_old),
-                "mismatch_chi2_token": _masked_mean(torch.exp(lr_safe).square(), mask) - 1.0,
+                "mismatch_chi2_token": masked_mean(torch.exp(lr_safe).square(), mask) - 1.0,
                 "mismatch_chi2_seq": over_rows(torch.exp(2.0 * seq_sum)) - 1.0,
                 "mismatch_training_ppl": over_rows(torch.exp(-seq_old)),
                 "mismatch_rollout_ppl": over_rows(torch.exp(-seq_rollout))}

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rllava.algorithms.correction import rollout_importance_weights  # noqa: F401 (moved there; importable here)
 from rllava.algorithms.registry import register_policy_loss
 
 

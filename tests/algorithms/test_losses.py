@@ -3,8 +3,9 @@ import math
 import pytest
 import torch
 
+from rllava.algorithms.correction import rollout_importance_weights
 from rllava.algorithms.losses import (LossInputs, aggregate, cispo, clip_cov, dapo, geo_mean, gpg, gspo, kl_cov,
-                                      kl_penalty, rollout_importance_weights, sapo, vanilla)
+                                      kl_penalty, sapo, vanilla)
 from rllava.algorithms.registry import POLICY_LOSSES, call_with_params
 
 
