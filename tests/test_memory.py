@@ -133,7 +133,19 @@ def test_cli_prints_the_table(tiny_model_dir, capsys):
     assert "of 24.00 GiB: fits" in out
 
 
+def test_cli_world_size_plans_fsdp2_on_that_many_ranks(tiny_model_dir, capsys):
+    """--world-size 2: each rank holds half of Adam's states (the shards), the table says so."""
+    args = [f"config={TINY_CPU}", f"actor.model.model_path={tiny_model_dir}"]
+    memory.main([*args, "--world-size", "2"])
+    two = memory.plan(load_config(args), device="cuda", world=2)
+    one = memory.plan(load_config([*args, "actor.strategy=fsdp2"]), device="cuda", world=1)
+    assert two[-1]["optimizer"] == pytest.approx(one[-1]["optimizer"] / 2, rel=0.01)
+    assert memory.show(max(r["peak"] for r in two)) in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--world-size", "0"], "--world-size=0 must be at least 1"),
+    (["--world-size", "2", "actor.strategy=single"], "--world-size 2 with actor.strategy=single"),
     (["--gpu-memory", "lots"], "--gpu-memory='lots'"),
     (["actor.model.model_path=nobody/nothing"], "not a model the planner knows"),
 ])
