@@ -16,6 +16,10 @@ import torch
 import torch.distributed as dist
 
 _joined = False  # this process joined a process group (init); see `exit`
+# trainer.rollout_ranks (asynchronous RL): the launch's processes split into two worlds, the trainers (the first
+# ranks) and the rollout ranks (the last N); each runs as a world of its own (RANK / WORLD_SIZE rewritten, so
+# every collective, FSDP2's mesh and DCP stay within it), and `bridge()` joins all of them for weights and batches
+_split: dict = {}
 
 
 def world_size() -> int:
@@ -30,19 +34,51 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def split_roles(rollout_ranks: int) -> str:
+    """Under torchrun with `rollout_ranks` > 0: this process's role ("train" or "rollout") in its own world, the
+    rollout ranks being the last `rollout_ranks` of the launch. Call before `init` (which joins that world)."""
+    if rollout_ranks <= 0 or _split:
+        return _split.get("role", "train")
+    store, grank, world = next(dist.rendezvous("env://"))  # torchrun's store (its agent's, or rank 0's)
+    trainers = world - rollout_ranks
+    role = "train" if grank < trainers else "rollout"
+    sub_rank, sub_world = (grank, trainers) if role == "train" else (grank - trainers, rollout_ranks)
+    _split.update(role=role, store=store, rank=grank, world=world, trainers=trainers)
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(sub_rank), str(sub_world)
+    return role
+
+
+def role() -> str:
+    return _split.get("role", "train")
+
+
+def bridge():
+    """(gloo group of every process of the launch, this process's rank in it, number of trainers); made once."""
+    if "bridge" not in _split:
+        _split["bridge"] = dist.ProcessGroupGloo(dist.PrefixStore("rllava_bridge", _split["store"]), _split["rank"],
+                                                 _split["world"])
+    return _split["bridge"], _split["rank"], _split["trainers"]
+
+
 def init(device: str = "auto") -> torch.device:
     """Join the process group when launched with several processes; return this rank's device."""
     cuda = torch.cuda.is_available() and device in ("auto", "cuda")
     if device not in ("auto", "cuda"):
         chosen = torch.device(device)
     elif cuda:
-        chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        # rollout ranks beyond the GPUs there are (a 1-GPU async test run) share them
+        chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(chosen)
     else:
         chosen = torch.device("cpu")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        global _joined
-        dist.init_process_group("nccl" if chosen.type == "cuda" else "gloo")
+    backend = "nccl" if chosen.type == "cuda" else "gloo"
+    global _joined
+    if _split and not dist.is_initialized():  # this role's own world, on the launch's store
+        dist.init_process_group(backend, store=dist.PrefixStore(f"rllava_{_split['role']}", _split["store"]),
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+        _joined = True
+    elif int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group(backend)
         _joined = True
     return chosen
 
@@ -120,6 +156,8 @@ def close() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    if "bridge" in _split:  # trainers and rollout ranks leave together
+        _split.pop("bridge").barrier().wait()
     gc.collect()
 
 

@@ -917,7 +917,12 @@ class TrainerConfig:
     hf_merge_lora: bool = True  # rllava: LoRA in an HF export: merged into the weights (false: base + adapter/)
     samples_freq: int = 10  # rllava: write sample generations to <outputs_dir>/samples.jsonl every N steps, the first and last step too; -1 = never
     samples_to_log: int = 4  # rllava: generations per write (prompt, images, ground truth, response, reward, parts)
-    async_training: bool = False  # overlap rollout and training
+    # Asynchronous RL (rllava.train.async_rl): the last `rollout_ranks` processes of a torchrun launch generate and
+    # score while the others train; batch s is sampled by the weights of update max(0, s-1-max_staleness, the last
+    # checkpointed step before s), so max_staleness=0 is the synchronous run
+    async_training: bool = False  # overlap rollout and training (needs rollout_ranks >= 1, torchrun)
+    max_staleness: int = 1  # rllava: updates the sampling policy may lag behind the trained one (async_training)
+    rollout_ranks: int = 0  # rllava: processes of the launch that generate (async_training); the others train
     seed: int = 1  # rllava: model-init and sampling RNG seed
     val_greedy: bool = False  # rllava: also validate greedily, logged under val_greedy/
     device: str = "auto"  # rllava: auto | cpu | cuda (auto = cuda when available)
@@ -941,6 +946,14 @@ class TrainerConfig:
         _positive(p, f"{prefix}.save_limit", self.save_limit, -1)
         _positive(p, f"{prefix}.samples_freq", self.samples_freq, -1, 0)
         _positive(p, f"{prefix}.samples_to_log", self.samples_to_log)
+        _positive(p, f"{prefix}.max_staleness", self.max_staleness, 0)
+        _positive(p, f"{prefix}.rollout_ranks", self.rollout_ranks, 0)
+        if self.async_training and self.rollout_ranks < 1:
+            p.append(f"{prefix}.async_training=true generates in processes of their own: set {prefix}.rollout_ranks "
+                     "(e.g. 1) and launch with torchrun --nproc_per_node=<trainers + rollout_ranks>")
+        if self.rollout_ranks and not self.async_training:
+            p.append(f"{prefix}.rollout_ranks={self.rollout_ranks} is for {prefix}.async_training=true; set it, or "
+                     f"{prefix}.rollout_ranks=0")
         if self.resume == "none" and self.load_checkpoint_path:
             p.append(f"{prefix}.resume=none contradicts {prefix}.load_checkpoint_path={self.load_checkpoint_path}")
         if self.resume not in ("auto", "none") and self.load_checkpoint_path not in (None, self.resume):
@@ -956,7 +969,6 @@ ENGINE_OFFLOAD_KEYS = ("fsdp.enable_cpu_offload", "fsdp.offload_params", "fsdp.o
 
 NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("actor.model.ulysses_size", lambda v: v > 1, "1"),
-    ("trainer.async_training", lambda v: v, "false"),
     ("actor.checkpoint.async_save", lambda v: v, "false"),  # checkpoints are written synchronously
     ("rollout.async_mode", lambda v: v, "false"),
     ("rollout.partial_rollout", lambda v: v, "false"),

@@ -48,6 +48,7 @@ class Segment:
     trained: bool  # written by the policy (in the loss) or given (prompt, observation)
     off_policy: bool = False  # written by someone else (expert) but trained
     logprobs: list[float] | None = None  # rollout engine's sampling log-probs, for trained segments
+    version: int | None = None  # asynchronous RL: the update whose weights sampled it (rllava.train.async_rl)
 
 
 @dataclass

@@ -98,8 +98,9 @@ def freeze(model, part: str, key: str = "actor.model") -> None:
         p.requires_grad_(False)
 
 
-def build_policy(model_cfg, device: torch.device):
-    """The trainable policy and its processor from `actor.model.*`."""
+def build_policy(model_cfg, device: torch.device, trainable: bool = True):
+    """The trainable policy and its processor from `actor.model.*` (`trainable=False`: as loaded, for sampling
+    only: no LoRA, no gradient checkpointing, no frozen parts)."""
     model = load_model(model_cfg.model_path, dtype=resolve_dtype(model_cfg.torch_dtype, device),
                        attn_implementation=model_cfg.attn_implementation,
                        trust_remote_code=model_cfg.trust_remote_code, override_config=model_cfg.override_config)
@@ -108,7 +109,7 @@ def build_policy(model_cfg, device: torch.device):
     except (OSError, ValueError, ImportError) as e:
         raise ModelLoadError(f"actor.model: no processor/tokenizer at "
                              f"{model_cfg.tokenizer_path or model_cfg.model_path!r}: {e}") from e
-    return make_trainable(model, model_cfg, device).to(device), processor
+    return (make_trainable(model, model_cfg, device) if trainable else model.eval()).to(device), processor
 
 
 def adopt_policy(model, model_cfg, device: torch.device):

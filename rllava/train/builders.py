@@ -48,15 +48,16 @@ VISION_PLACEHOLDERS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|
 def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
     """Seed every RNG and pick the device. Nothing is written here: outputs_dir is checked by
     `rllava.train.outputs.check_outputs` and gets its config.yaml only when the first step is about to run."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
+    rollout_side = D.split_roles(cfg.trainer.rollout_ranks if cfg.trainer.async_training else 0) == "rollout"
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # of this role's own world (trainers, or rollout ranks)
+    if world > 1 and not rollout_side:
         check_world_size(cfg, world)
     random.seed(cfg.trainer.seed)  # the same on every rank: models (LoRA, value heads) start identical
     np.random.seed(cfg.trainer.seed)
     torch.manual_seed(cfg.trainer.seed)
     device = D.init(cfg.trainer.device)  # joins the process group under torchrun
     strategies = {resolve_strategy(cfg.actor.strategy)} | ({resolve_strategy(cfg.critic.strategy)} if cfg.critic else set())
-    if world == 1 and strategies & set(DISTRIBUTED_STRATEGIES):
+    if world == 1 and strategies & set(DISTRIBUTED_STRATEGIES) and not rollout_side:
         D.group_of_one(device)  # `python -m ... actor.strategy=fsdp2`: the sharded engine as a world of one
     return device, run_outputs_dir(cfg)
 

@@ -176,6 +176,8 @@ def save_checkpoint(run, step: int) -> str:
         if "extra" in contents:
             os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
             torch.save(rng_state(), os.path.join(tmp, "rng", f"rank_{D.rank()}.pt"))
+            for r, state in enumerate((run.rollout_rng or []) if D.is_main() else []):  # rllava.train.async_rl
+                torch.save(state, os.path.join(tmp, "rng", f"rollout_rank_{r}.pt"))
         if D.is_main():
             save_model(run.model, run.processor, os.path.join(tmp, "actor", "huggingface"), weights,
                        weights=weights is not None, merge_lora=cfg.trainer.hf_merge_lora,

@@ -71,6 +71,7 @@ class Run:
     # with state_dict()/load_state_dict() (e.g. "kl_ctrl"). Pipelines add theirs before train_loop.
     engines: dict = field(default_factory=dict)
     stateful: dict = field(default_factory=dict)
+    rollout_rng: list | None = None  # an asynchronous run: the rollout ranks' RNG states after the last batch
 
     def next_samples(self) -> list[Sample]:
         """This rank's share of the next data.train_batch_size prompts (the resumable sampler, the same on every
@@ -195,11 +196,12 @@ def check_finite(metrics: dict[str, float], step: int, cfg) -> None:
                           "this step (is actor.optim.lr too high? are the rewards or the data sane?)")
 
 
-def train_loop(run: Run, step: StepFn, name: str) -> str:
+def train_loop(run: Run, step: StepFn, name: str, draw: Callable[[], list[Sample]] | None = None) -> str:
     """Run `step` up to run.steps (from the checkpoint's step when resuming) with logging, validation,
-    checkpoints and the final save; returns outputs_dir. `final/` is written only when every step ran."""
+    checkpoints and the final save; returns outputs_dir. `final/` is written only when every step ran.
+    `draw`: each step's prompts (default `run.next_samples`; an asynchronous run's rollout ranks draw their own)."""
     try:
-        return _train_loop(run, step, name)
+        return _train_loop(run, step, name, draw or run.next_samples)
     finally:
         if run.reward is not None:
             run.reward.close()  # the worker processes (reward.num_cpus > 1)
@@ -207,7 +209,7 @@ def train_loop(run: Run, step: StepFn, name: str) -> str:
             run.tracker.close()
 
 
-def _train_loop(run: Run, step: StepFn, name: str) -> str:
+def _train_loop(run: Run, step: StepFn, name: str, draw: Callable[[], list[Sample]]) -> str:
     cfg, t = run.cfg, run.cfg.trainer
     start = run.step = C.load_checkpoint(run, run.resume_from) if run.resume_from else 0
     O.claim(cfg, run.outputs_dir, resuming=run.resume_from is not None, fresh=run.fresh)  # the run owns it now
@@ -231,7 +233,7 @@ def _train_loop(run: Run, step: StepFn, name: str) -> str:
         errors = run.reward.errors if run.reward is not None else 0
         with timer("step"):
             try:
-                metrics, batch = step(run.next_samples(), timer)
+                metrics, batch = step(draw(), timer)
             except RuntimeError as e:
                 if NON_FINITE_SAMPLING not in str(e):
                     raise

@@ -12,19 +12,37 @@
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass
+from typing import Callable
 
+import numpy as np
+import torch
+
+from rllava import distributed as D
 from rllava.agent.rollout import agent_metrics
 from rllava.algorithms.filtering import fill_batch
-from rllava.data.protocol import Batch, Sample, collate
+from rllava.data.protocol import Batch, Sample, Trajectory, collate
 from rllava.engine.inference.base import generate_context
 from rllava.roles.rollout import logprob_gap_metrics
+from rllava.train import async_rl
 from rllava.train import builders as B
 from rllava.train.cli import run_cli
 from rllava.train.evaluate import headline
 from rllava.train.hybrid import build_hybrid
-from rllava.train.loop import Given, build_run, train_loop
+from rllava.train.loop import Given, Run, build_run, train_loop
 from rllava.train.tracker import Timer
+
+
+@dataclass
+class Rollouts:
+    """Stages 1-2 of a step, what stages 3-4 start from (`collate` makes the Batch)."""
+
+    trajectories: list[Trajectory]
+    scores: torch.Tensor  # [rows] one reward per response
+    details: list[dict]  # [rows] the reward's parts
+    dropped: list[int]  # rows out of the loss (HPT: a group trained on its demonstration instead)
+    baseline: torch.Tensor | None  # [rows] ReMax: the reward of the greedy answer to the row's prompt
+    metrics: dict[str, float]  # DAPO's filtering
 
 
 def batch_metrics(batch: Batch) -> dict[str, float]:
@@ -49,34 +67,23 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     return {**metrics, **agent_metrics(trajs)}
 
 
-def train(cfg, given: Given | None = None) -> str:
-    """Run RLVR as configured; returns the outputs directory. `given`: a model and records built in Python
-    instead of the config's (rllava.api.RLVRPipeline)."""
-    run = build_run(cfg, given=given)
-    rollout, reward, actor = run.rollout, run.reward, run.actor
-    reference = B.build_reference_role(cfg, run.model, run.device, actor.engine)
-    kl_in_reward = B.build_kl_controller(cfg)  # None unless algorithm.use_kl_in_reward
-    critic = B.build_critic(cfg, run.device, run.steps, actor.algorithm)  # None unless `critic` is set
-    if critic is not None:  # checkpoints hold them too
-        run.engines["critic"] = critic.engine
-    if reference is not None and reference.reset_freq:  # resets move the reference: exact resume needs its weights
-        run.engines["ref"] = reference
-    actor.reference = reference  # a full-vocabulary KL loss runs it inside the update
-    if kl_in_reward is not None:
-        run.stateful["kl_ctrl"] = kl_in_reward
-    sampling, pad_id, a = B.sampling_params(cfg), rollout.tokenizer.pad_token_id, cfg.algorithm
-    greedy = B.greedy_sampling(cfg)
-    hybrid = build_hybrid(cfg, run)  # SFT+RL (LUFFY, SRFT, UFT, HPT, CHORD): the expert side; None for pure RL
+def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine) -> Callable[[list[Sample], Timer], Rollouts]:
+    """Stages 1-2 of the step as one function of the prompts, for this process (`train`) or a rollout rank of an
+    asynchronous run (`async_rl.serve`): `run` gives the Rollout and Reward roles, the step and more prompts;
+    `train_engine` the weights to sample with (`generate_context`)."""
+    cfg, rollout, reward, a = run.cfg, run.rollout, run.reward, run.cfg.algorithm
+    sampling, greedy = B.sampling_params(cfg), B.greedy_sampling(cfg)
 
     def rollout_and_score(samples: list[Sample], timer: Timer, params=sampling):
         # a hybrid's responses may start with expert tokens (LUFFY's expert samples, UFT's hints)
         prefixes = hybrid.prefixes(samples, run.step) if hybrid is not None and params is sampling else None
-        with timer("rollout"), generate_context(rollout.engine, actor.engine):
+        with timer("rollout"), generate_context(rollout.engine, train_engine):
             trajectories = rollout.generate(samples, params, prefixes)  # 1. rollout
         with timer("reward"):
             return trajectories, *reward.score(trajectories, train=True)  # 2. reward
 
-    def step(samples: list[Sample], timer: Timer) -> tuple[dict[str, float], Batch]:
+    def produce(samples: list[Sample], timer: Timer) -> Rollouts:
+        """Stages 1-2, with what hangs on them: DAPO's filtering, a hybrid's demonstrations, ReMax's baseline."""
         metrics = {}
         if a.online_filtering:  # DAPO dynamic sampling: draw more prompts until every group carries signal
             draws = iter([samples])
@@ -88,13 +95,46 @@ def train(cfg, given: Given | None = None) -> str:
         dropped = []
         if hybrid is not None:  # demonstration rows beside the groups (HPT, CHORD)
             trajectories, scores, details, dropped = hybrid.demonstrations(trajectories, scores, details)
-        batch = collate(trajectories, pad_id)
-        batch.scores, batch.reward_details = scores, details
-        batch.loss_mask[dropped] = 0  # HPT: the rollouts of a group trained on its demonstration instead
-        if actor.algorithm.needs("baseline_scores"):  # ReMax: each group's baseline is its greedy answer's reward
+        baseline = None
+        if needs_baseline:  # ReMax: each group's baseline is its greedy answer's reward
             prompts = {t.group_id: t.sample for t in trajectories}
             _, baseline, _ = rollout_and_score([prompts[g] for g in range(len(prompts))], timer, greedy)
-            batch.baseline_scores = baseline[batch.group_ids]
+            baseline = baseline[[t.group_id for t in trajectories]]
+        return Rollouts(trajectories, scores, details, dropped, baseline, metrics)
+
+    return produce
+
+
+def train(cfg, given: Given | None = None) -> str:
+    """Run RLVR as configured; returns the outputs directory. `given`: a model and records built in Python
+    instead of the config's (rllava.api.RLVRPipeline)."""
+    if cfg.trainer.async_training and D.split_roles(cfg.trainer.rollout_ranks) == "rollout":
+        return async_rl.serve(cfg, make_produce)  # this process generates for the trainers
+    run = build_run(cfg, given=given)
+    rollout, actor = run.rollout, run.actor
+    reference = B.build_reference_role(cfg, run.model, run.device, actor.engine)
+    kl_in_reward = B.build_kl_controller(cfg)  # None unless algorithm.use_kl_in_reward
+    critic = B.build_critic(cfg, run.device, run.steps, actor.algorithm)  # None unless `critic` is set
+    if critic is not None:  # checkpoints hold them too
+        run.engines["critic"] = critic.engine
+    if reference is not None and reference.reset_freq:  # resets move the reference: exact resume needs its weights
+        run.engines["ref"] = reference
+    actor.reference = reference  # a full-vocabulary KL loss runs it inside the update
+    if kl_in_reward is not None:
+        run.stateful["kl_ctrl"] = kl_in_reward
+    pad_id = rollout.tokenizer.pad_token_id
+    hybrid = build_hybrid(cfg, run)  # SFT+RL (LUFFY, SRFT, UFT, HPT, CHORD): the expert side; None for pure RL
+
+    produce = make_produce(run, hybrid, actor.algorithm.needs("baseline_scores"), actor.engine)
+
+    def learn(r: Rollouts, timer: Timer) -> tuple[dict[str, float], Batch]:
+        """Stages 3-4 on what `produce` made (here, or in the rollout ranks of an asynchronous run)."""
+        metrics = dict(r.metrics)
+        batch = collate(r.trajectories, pad_id)
+        batch.scores, batch.reward_details = r.scores, r.details
+        batch.loss_mask[r.dropped] = 0  # HPT: the rollouts of a group trained on its demonstration instead
+        if r.baseline is not None:
+            batch.baseline_scores = r.baseline
         if actor.needs_old_logprobs(batch) or kl_in_reward is not None:
             with timer("old_logprob"):
                 batch.old_logprobs = actor.compute_logprobs(batch)
@@ -128,7 +168,9 @@ def train(cfg, given: Given | None = None) -> str:
             metrics.update(hybrid.metrics(batch, run.step))
         return {**metrics, **batch_metrics(batch)}, batch
 
-    return train_loop(run, step, "rlvr")
+    if cfg.trainer.async_training:  # the trainers' side; the rollout ranks run `serve` (above)
+        return async_rl.train(run, learn)
+    return train_loop(run, lambda samples, timer: learn(produce(samples, timer), timer), "rlvr")
 
 
 def main(argv: list[str] | None = None) -> None:
