@@ -39,6 +39,11 @@ def split_roles(rollout_ranks: int) -> str:
     rollout ranks being the last `rollout_ranks` of the launch. Call before `init` (which joins that world)."""
     if rollout_ranks <= 0 or _split:
         return _split.get("role", "train")
+    if int(os.environ.get("WORLD_SIZE", "1")) <= rollout_ranks:
+        from rllava.errors import ConfigError
+
+        raise ConfigError(f"trainer.rollout_ranks={rollout_ranks} of {os.environ.get('WORLD_SIZE', '1')} processes "
+                          "leaves none to train: launch with torchrun --nproc_per_node=<trainers + rollout_ranks>")
     store, grank, world = next(dist.rendezvous("env://"))  # torchrun's store (its agent's, or rank 0's)
     trainers = world - rollout_ranks
     role = "train" if grank < trainers else "rollout"

@@ -64,9 +64,11 @@ TASKS = {t.name: t for t in [
 ]}
 
 
-def _run(module: str, args: list[str]) -> float:
-    """Run `python -m module args` from the repository root, streaming its output; returns seconds taken."""
-    cmd = [sys.executable, "-m", module, *args]
+def _run(module: str, args: list[str], processes: int = 1) -> float:
+    """Run `python -m module args` (under torchrun with `processes` > 1) from the repository root, streaming its
+    output; returns seconds taken."""
+    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
+    cmd = [sys.executable, *launch, "-m", module, *args]
     print("\n$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     start = time.time()
     subprocess.run(cmd, cwd=REPO, check=True)
@@ -95,13 +97,13 @@ def warm_up(task: Task, out: str, common: list[str], sft_steps: int | None = Non
 
 
 def train_rl(task: Task, out: str, common: list[str], name: str = "grpo", keys: tuple[str, ...] = (),
-             rl_steps: int | None = None, val_freq: int | None = None) -> float:
+             rl_steps: int | None = None, val_freq: int | None = None, processes: int = 1) -> float:
     """RL from out/sft/final into out/<name> (GRPO, or a hybrid with `keys`); returns seconds taken."""
     return _run("rllava.train.pipeline.rlvr", [
         f"config={_configs(task)}/tiny_cpu.yaml", f"actor.model.model_path={os.path.join(out, 'sft', 'final')}",
         *common, *([f"trainer.max_steps={rl_steps}"] if rl_steps else []),
         *([f"trainer.val_freq={val_freq}"] if val_freq else []), "trainer.val_before_train=true", *keys,
-        *keys_for(os.path.join(out, name)), "trainer.overwrite=true"])
+        *keys_for(os.path.join(out, name)), "trainer.overwrite=true"], processes)
 
 
 def _configs(task: Task) -> str:
@@ -181,6 +183,62 @@ def run_hybrids(task: Task, out: str, *, sft_steps: int | None, rl_steps: int, v
         with open(path) as f:
             summaries.append(json.load(f))
     return summaries
+
+
+# Asynchronous RL (`--async`): the synchronous run, then 1 trainer + 1 rollout process (torchrun) at each staleness,
+# with token-level truncated importance sampling (verl's rollout correction, cap 2) or without any correction
+ASYNC_RUNS = {
+    "sync": (),
+    "k1_tis": ("trainer.max_staleness=1", "algorithm.rollout_is=token"),
+    "k2_tis": ("trainer.max_staleness=2", "algorithm.rollout_is=token"),
+    "k4_plain": ("trainer.max_staleness=4",),
+    "k4_tis": ("trainer.max_staleness=4", "algorithm.rollout_is=token"),
+}
+
+
+def run_async(task: Task, out: str, *, sft_steps: int | None, rl_steps: int, val_freq: int, runs=tuple(ASYNC_RUNS),
+              average: int = 3, seed: int = 0) -> list[dict]:
+    """The synchronous run and the asynchronous ones of ASYNC_RUNS from one warm-up, as `run_hybrids` (a run
+    summarised already is not run again)."""
+    out = os.path.abspath(out)
+    data = os.path.join(out, "data")
+    common = [f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", f"trainer.seed={seed}"]
+    if not os.path.isdir(os.path.join(out, "sft", "final")):
+        common = prepare(task, out, seed=seed)
+        warm_up(task, out, common, sft_steps)
+    summaries = []
+    for name in runs:
+        path = os.path.join(out, name, "summary.json")
+        if not os.path.exists(path):
+            keys = ASYNC_RUNS[name] + (("trainer.async_training=true", "trainer.rollout_ranks=1") if name != "sync" else ())
+            seconds = train_rl(task, out, common, name, keys, rl_steps, val_freq, processes=1 if name == "sync" else 2)
+            s = {**summarize(task, read_metrics(os.path.join(out, name)), average), "method": name,
+                 "rl_seconds": seconds, "sft_steps": sft_steps, "rl_steps": rl_steps, "seed": seed}
+            with open(path, "w") as f:
+                json.dump(s, f, indent=1)
+        with open(path) as f:
+            summaries.append(json.load(f))
+    return summaries
+
+
+def async_table(by_seed: dict[int, list[dict]]) -> str:
+    """One row per run: held-out metric after RL for each seed and their mean, its gap to the synchronous run."""
+    seeds = sorted(by_seed)
+    rows = {s["method"]: {} for summaries in by_seed.values() for s in summaries}
+    for seed, summaries in by_seed.items():
+        for s in summaries:
+            rows[s["method"]][seed] = s
+    base = {seed: rows["sync"][seed]["sampled_after"] for seed in seeds if seed in rows.get("sync", {})}
+    lines = ["| run | " + " | ".join(f"seed {k}: start -> end" for k in seeds) + " | mean end | mean end - sync's "
+             "| greedy end (mean) | RL s (mean) |", "|---|" + "---|" * (len(seeds) + 4)]
+    for name, per in rows.items():
+        ends = [per[k]["sampled_after"] for k in seeds if k in per]
+        gap = [per[k]["sampled_after"] - base[k] for k in seeds if k in per and k in base]
+        cells = [f"{per[k]['sampled_before']:.1f} -> {per[k]['sampled_after']:.1f}" if k in per else "-" for k in seeds]
+        mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean(ends):.1f} | {mean(gap):+.1f} | "
+                     f"{mean([per[k]['greedy_after'] for k in per]):.1f} | {mean([per[k]['rl_seconds'] for k in per]):.0f} |")
+    return "\n".join(lines)
 
 
 def hybrids_table(summaries: list[dict]) -> str:
@@ -278,12 +336,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hybrids", action="store_true", help="GRPO and each SFT+RL hybrid from one warm-up "
                         "(--sft-steps, --rl-steps) on the first of --tasks; writes OUT/hybrids.md")
+    parser.add_argument("--async", dest="async_", action="store_true", help="the synchronous run and asynchronous "
+                        "ones (staleness 1, 2, 4; with and without correction) from one warm-up per --seeds on the "
+                        "first of --tasks; writes OUT/async.md")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--methods", nargs="+", default=list(HYBRID_METHODS), choices=list(HYBRID_METHODS))
     parser.add_argument("--sft-steps", type=int, default=None)
     parser.add_argument("--rl-steps", type=int, default=100)
     parser.add_argument("--val-freq", type=int, default=25)
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.async_:
+        task = TASKS[args.tasks[0]]
+        by_seed = {seed: run_async(task, os.path.join(args.out, f"seed{seed}"), sft_steps=args.sft_steps,
+                                   rl_steps=args.rl_steps, val_freq=args.val_freq, seed=seed) for seed in args.seeds}
+        table = async_table(by_seed)
+        with open(os.path.join(args.out, "async.md"), "w") as f:
+            f.write(f"# {task.name}: synchronous and asynchronous GRPO from one warm-up per seed "
+                    f"({args.sft_steps or 'default'} SFT steps), {args.rl_steps} RL steps each\n\n{table}\n")
+        print(f"\n{table}", flush=True)
+        return
     if args.hybrids:
         task = TASKS[args.tasks[0]]
         summaries = run_hybrids(task, args.out, sft_steps=args.sft_steps, rl_steps=args.rl_steps,

@@ -1179,7 +1179,7 @@ class PPOConfig:
             p.append(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")
         p += (self._derived_problems() + self._not_built_problems() + self._planned_problems()
-              + self._hybrid_problems() + self._agent_problems() + self._reference_problems())
+              + self._hybrid_problems() + self._agent_problems() + self._reference_problems() + self._async_problems())
         if self.actor.policy_loss.loss_mode == "decoupled_ppo" and (
                 self.algorithm.rollout_is != "none" or self.actor.tis_imp_ratio_cap > 0):
             p.append("actor.policy_loss.loss_mode=decoupled_ppo already weights each token by pi_old / pi_rollout: "
@@ -1229,6 +1229,15 @@ class PPOConfig:
                          "full-vocabulary KL runs on the single-device engine only (it needs both LM heads whole; "
                          f"FSDP2 and DeepSpeed shard them); use {key}=low_var_kl")
         return p
+
+    def _async_problems(self) -> list[str]:
+        """trainer.async_training (rllava.train.async_rl): RL without a hybrid's expert side (which the trainers
+        and the rollout ranks would both have to hold)."""
+        mode = self.actor.policy_loss.loss_mode
+        if self.trainer.async_training and mode in HYBRIDS:
+            return [f"trainer.async_training=true with actor.policy_loss.loss_mode={mode}: the SFT+RL hybrids run "
+                    "synchronously for now; set trainer.async_training=false"]
+        return []
 
     def _hybrid_problems(self) -> list[str]:
         """SFT+RL hybrid keys: each is read only with the loss / strategy it belongs to (HYBRID_READERS), and

@@ -21,6 +21,7 @@ import torch
 from rllava import distributed as D
 from rllava.agent.rollout import agent_metrics
 from rllava.algorithms.filtering import fill_batch
+from rllava.config import ConfigError
 from rllava.data.protocol import Batch, Sample, Trajectory, collate
 from rllava.engine.inference.base import generate_context
 from rllava.roles.rollout import logprob_gap_metrics
@@ -108,6 +109,10 @@ def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine) -> Callab
 def train(cfg, given: Given | None = None) -> str:
     """Run RLVR as configured; returns the outputs directory. `given`: a model and records built in Python
     instead of the config's (rllava.api.RLVRPipeline)."""
+    if cfg.trainer.async_training and given is not None and any(vars(given).values()):
+        raise ConfigError("trainer.async_training=true: the rollout ranks load actor.model and the data from the "
+                          "config, so a model or records given in Python cannot reach them; give their paths in the "
+                          "config instead")
     if cfg.trainer.async_training and D.split_roles(cfg.trainer.rollout_ranks) == "rollout":
         return async_rl.serve(cfg, make_produce)  # this process generates for the trainers
     run = build_run(cfg, given=given)

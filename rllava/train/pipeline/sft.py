@@ -32,6 +32,9 @@ def reference_trajectory(processor, sample: Sample, max_response_length: int) ->
 
 
 def train(cfg) -> str:
+    if cfg.trainer.async_training:
+        raise ConfigError("trainer.async_training=true overlaps rollout and training, and SFT has no rollout: set "
+                          "trainer.async_training=false")
     if not cfg.data.target_key:
         raise ConfigError("the SFT pipeline needs data.target_key: the record field holding the reference response")
     run = build_run(cfg, sft=True)

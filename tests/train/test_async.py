@@ -1,0 +1,217 @@
+"""Asynchronous RL (rllava.train.async_rl): the schedule, the staleness metrics, regrouping a batch over trainers,
+and whole runs under torchrun (1 trainer + 1 rollout process): staleness 0 is the synchronous run, a resumed run
+is the uninterrupted one, vLLM's weight-update path gets each version, Ctrl-C leaves nothing behind."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rllava.config import ConfigError, load_config
+from rllava.data.protocol import Sample, Segment, Trajectory
+from rllava.train.async_rl import needed_versions, regroup, staleness_metrics, version_for
+from rllava.train.outputs import keys_for
+from rllava.train.pipeline.rlvr import Rollouts
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ASYNC = ["trainer.async_training=true", "trainer.rollout_ranks=1"]
+
+
+def _args(model, data, out, *extra):
+    return ["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={model}",
+            f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", "data.max_samples=16",
+            "data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=2", "data.val_batch_size=16",
+            *keys_for(out), "trainer.logger=[jsonl]", "trainer.val_before_train=false", "trainer.val_freq=-1",
+            "trainer.max_steps=4", *extra]
+
+
+def _launch(nproc, args, env=None, **kw):
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
+    return [sys.executable, *launcher, "-m", "rllava.train.pipeline.rlvr", *args], \
+        {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+
+
+def _run(nproc, args, env=None):
+    cmd, env = _launch(nproc, args, env)
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+def _rows(out):
+    return [r for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "reward/mean" in r]
+
+
+def _same(rows_a, rows_b, skip=("timing/", "perf/", "time/", "async/")):
+    assert [r["step"] for r in rows_a] == [r["step"] for r in rows_b]
+    for a, b in zip(rows_a, rows_b):
+        keys = {k for k in a.keys() | b.keys() if not k.startswith(skip)}
+        assert {k: a.get(k) for k in keys} == {k: b.get(k) for k in keys}, a["step"]
+
+
+def test_schedule():
+    """v(s) = max(0, s - 1 - k, last save before s); k = 0 is the synchronous order."""
+    assert [version_for(s, 0, -1) for s in range(1, 6)] == [0, 1, 2, 3, 4]
+    assert [version_for(s, 1, -1) for s in range(1, 6)] == [0, 0, 1, 2, 3]
+    assert [version_for(s, 2, -1) for s in range(1, 7)] == [0, 0, 0, 1, 2, 3]
+    # a save at step 2 and 4: batch 3 waits for update 2, batch 5 for update 4 (nothing in flight at a save)
+    assert [version_for(s, 2, 2) for s in range(1, 7)] == [0, 0, 2, 2, 4, 4]
+    assert needed_versions(0, 6, 2, 2) == [0, 2, 4]
+    assert needed_versions(4, 6, 2, 2) == [4]
+
+
+def _traj(group, versions, n=3):
+    return Trajectory(Sample(0, [], [], ""), group, [Segment([1, 2], trained=False)] +
+                      [Segment([5] * n, trained=True, version=v) for v in versions], {})
+
+
+def test_staleness_metrics_count_tokens_by_lag():
+    # step 5 trains on tokens sampled by versions 4 (lag 0), 3 (lag 1) and 2 (lag 2): 3 + 6 + 3 tokens
+    m = staleness_metrics([_traj(0, [4, 3]), _traj(0, [3, 2])], step=5)
+    assert m == {"async/staleness_mean": (0 * 3 + 1 * 6 + 2 * 3) / 12, "async/staleness_max": 2.0,
+                 "async/staleness_share_0": 0.25, "async/staleness_share_1": 0.5, "async/staleness_share_2": 0.25}
+    assert staleness_metrics([_traj(0, [None])], step=1) == {}  # a synchronous batch carries no versions
+
+
+def test_regroup_splits_whole_groups_over_trainers():
+    def part(groups, base):
+        trajs = [_traj(g, [0]) for g in groups]
+        return Rollouts(trajs, torch.tensor([base + i for i in range(len(trajs))], dtype=torch.float),
+                        [{"i": base + i} for i in range(len(trajs))], [1], torch.tensor([base + 0.5] * len(trajs)),
+                        {"batch/sampling_rounds": base})
+
+    a, b = part([0, 0, 1, 1], 0), part([0, 0, 1, 1], 10)  # two rollout ranks, 2 prompts x 2 samples each
+    shares = regroup([a, b], 2)
+    assert [[t.group_id for t in s.trajectories] for s in shares] == [[0, 0, 1, 1], [0, 0, 1, 1]]
+    assert shares[0].scores.tolist() == [0, 1, 2, 3] and shares[1].scores.tolist() == [10, 11, 12, 13]
+    assert shares[0].dropped == [1] and shares[1].dropped == [1]  # row 1 of each rank, where it went
+    assert shares[1].baseline.tolist() == [10.5] * 4 and shares[0].metrics == {"batch/sampling_rounds": 5.0}
+    one = regroup([a, b], 1)[0]
+    assert [t.group_id for t in one.trajectories] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [d["i"] for d in one.details] == [0, 1, 2, 3, 10, 11, 12, 13]
+    with pytest.raises(Exception, match="4 prompt groups cannot be split evenly over 3 trainers"):
+        regroup([a, b], 3)
+
+
+@pytest.mark.parametrize("keys, message", [
+    (["trainer.async_training=true"], "trainer.async_training=true generates in processes of their own: set "
+                                      "trainer.rollout_ranks"),
+    (["trainer.rollout_ranks=1"], "trainer.rollout_ranks=1 is for trainer.async_training=true"),
+    (["trainer.max_staleness=-1"], "trainer.max_staleness=-1 must be > 0 (or 0)"),
+    ([*ASYNC, "actor.policy_loss.loss_mode=hpt", "data.target_key=solution"],
+     "the SFT+RL hybrids run synchronously for now"),
+])
+def test_config_errors(keys, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(["config=examples/tasks/counting/tiny_cpu.yaml", *keys])
+
+
+def test_without_torchrun_one_line(tmp_path, tiny_model_dir, counting_dir):
+    cmd, env = _launch(1, _args(tiny_model_dir, counting_dir, str(tmp_path / "r"), *ASYNC))
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+        "rllava: error: trainer.rollout_ranks=1 of 1 processes leaves none to train: launch with torchrun "
+        "--nproc_per_node=<trainers + rollout_ranks>"), res.stderr[-2000:]
+
+
+def test_staleness_zero_is_the_synchronous_run(tmp_path, tiny_model_dir, counting_dir):
+    """1 trainer + 1 rollout process at max_staleness=0: every metric of the synchronous run, step for step,
+    and its final weights bit for bit."""
+    sync, asyn = str(tmp_path / "sync"), str(tmp_path / "async")
+    _run(1, _args(tiny_model_dir, counting_dir, sync))
+    _run(2, _args(tiny_model_dir, counting_dir, asyn, *ASYNC, "trainer.max_staleness=0"))
+    _same(_rows(sync), _rows(asyn))
+    assert [r["async/staleness_max"] for r in _rows(asyn)] == [0, 0, 0, 0]
+    a, b = load_file(f"{sync}/final/model.safetensors"), load_file(f"{asyn}/final/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_is_the_uninterrupted_run(tmp_path, tiny_model_dir, counting_dir):
+    """max_staleness=1, a checkpoint at step 2: 4 steps straight, and 2 steps + a resumed run of 2, log the
+    same metrics and end on the same weights (the rollout side's sampler and RNG come back)."""
+    straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+    keys = [*ASYNC, "trainer.max_staleness=1", "trainer.save_freq=2", "actor.optim.lr_scheduler_type=constant"]
+    _run(2, _args(tiny_model_dir, counting_dir, straight, *keys))
+    _run(2, _args(tiny_model_dir, counting_dir, split, *keys, "trainer.max_steps=2"))
+    assert os.path.isfile(f"{split}/checkpoints/global_step_2/rng/rollout_rank_0.pt")
+    _run(2, _args(tiny_model_dir, counting_dir, split, *keys))
+    rows = _rows(straight)
+    # lags: batch 1 by update 0, batch 2 by update 0 (one behind), batch 3 waits for the save at 2, batch 4 by 2
+    assert [r["async/staleness_max"] for r in rows] == [0, 1, 0, 1]
+    _same(rows, _rows(split), skip=("timing/", "perf/", "time/"))
+    a, b = load_file(f"{straight}/final/model.safetensors"), load_file(f"{split}/final/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+FAKE_VLLM = """
+import atexit, json, os, sys
+sys.path.insert(0, {engine_tests!r})
+import test_rollout_engines as fakes
+
+_tokens = fakes._fake_tokens  # ordinary ids, not the tiny vocabulary's special ones
+fakes._fake_tokens = lambda i, j, eos: (lambda ids, lps, f: ([t + 1000 if t != eos else t for t in ids], lps, f))(
+    *_tokens(i, j, eos))
+log = []
+_mod = fakes.fake_vllm(log)
+LLM, SamplingParams = _mod.LLM, _mod.SamplingParams
+
+
+def _write():
+    loads, sums = [], []
+    for event in log:
+        if event[0] == "wake_up" and event[1] == ["weights"]:
+            sums = []
+            loads.append(sums)
+        elif event[0] == "load_weights":
+            sums += [float(t.double().sum()) for _, t in event[1]]
+    with open(os.environ["FAKE_VLLM_LOG"] + "." + os.environ["LOCAL_RANK"], "w") as f:
+        json.dump([sum(s) for s in loads], f)
+
+
+atexit.register(_write)
+"""
+
+
+def test_vllm_rollout_ranks_get_each_version(tmp_path, tiny_model_dir, counting_dir):
+    """rollout.name=vllm on the rollout rank (the fake engine): before each batch the weights that the schedule
+    names go in through vLLM's weight-update path: versions 0, 0, 1, 2 at max_staleness=1."""
+    fake = tmp_path / "fake" / "vllm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(textwrap.dedent(FAKE_VLLM.format(engine_tests=os.path.join(REPO, "tests", "engine"))))
+    logfile, reward = str(tmp_path / "vllm.json"), tmp_path / "text_sum.py"
+    reward.write_text("def compute_score(response, ground_truth):\n"  # the fake's samples differ in one token
+                      "    return {'overall': ord(response[-1]) % 7 / 7 if response else 0.0, 'accuracy': 0.0}\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), REPO]), "FAKE_VLLM_LOG": logfile}
+    _run(2, _args(tiny_model_dir, counting_dir, str(tmp_path / "run"), *ASYNC, "rollout.name=vllm",
+                  "trainer.max_staleness=1", f"reward.reward_function={reward}:compute_score"), env)
+    sums = json.load(open(logfile + ".1"))  # the rollout rank: the launch's last process
+    assert len(sums) == 4 and sums[0] == sums[1] and len({sums[1], sums[2], sums[3]}) == 3
+
+
+def test_ctrl_c_stops_every_process(tmp_path, tiny_model_dir, counting_dir):
+    out = str(tmp_path / "run")
+    cmd, env = _launch(2, _args(tiny_model_dir, counting_dir, out, *ASYNC, "trainer.max_steps=1000"))
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    metrics = os.path.join(out, "metrics.jsonl")
+    deadline = time.time() + 300
+    while not (os.path.exists(metrics) and _rows(out)) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.stderr.read()[-2000:]
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: every process of the group
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("a process hangs after Ctrl-C")
+    time.sleep(1)
+    with pytest.raises(ProcessLookupError):  # no process of the launch is left
+        os.killpg(proc.pid, 0)
