@@ -30,7 +30,7 @@ from rllava.data.images import resize_to_pixel_bounds, to_rgb
 from rllava.data.protocol import Sample, Segment, Trajectory, concat_mm
 from rllava.data.records import DataError
 from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams
-from rllava.roles.rollout import Rollout, model_image_sizes, raw_prompt_ids
+from rllava.roles.rollout import Rollout, model_image_sizes, raw_prompt_ids, truncate
 
 MM_DROP = ("input_ids", "attention_mask", "mm_token_type_ids")
 REPLY = "rllava-reply"  # a stand-in model turn, to find where the chat template closes one
@@ -79,14 +79,6 @@ def observation_digest(obs: Observation) -> str:
     return h.hexdigest()
 
 
-def _truncate(c: Completion, budget: int) -> Completion:
-    """The first `budget` tokens of a completion sampled with a larger budget: the same distribution as
-    sampling with `budget`, so one engine call serves episodes with different budgets left."""
-    if len(c.token_ids) <= budget:
-        return c
-    return Completion(c.token_ids[:budget], c.logprobs[:budget], "length")
-
-
 class AgentRollout(Rollout):
     def __init__(self, engine, processor, env, *, max_turns: int, max_response_length: int,
                  observation_role: str = "user", min_pixels: int | None = None, max_pixels: int | None = None,
@@ -111,7 +103,7 @@ class AgentRollout(Rollout):
                         for e in active]
             completions = self.engine.generate(requests, replace(sampling, n=1, max_new_tokens=max(budgets)))
             stepping = [e for e, (c,), budget in zip(active, completions, budgets)
-                        if self._add_turn(e, _truncate(c, budget), last=turn == self.max_turns - 1)]
+                        if self._add_turn(e, truncate(c, budget), last=turn == self.max_turns - 1)]
             for e, obs in zip(stepping, self._step_all(stepping)):
                 self._observe(e, obs)
         return [self._trajectory(e) for e in episodes]

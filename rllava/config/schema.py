@@ -671,7 +671,10 @@ class RolloutConfig:
     disable_tqdm: bool = False  # hide the generation progress bar (rllava shows none: true warns)
     micro_batch_size: int = 2  # prompts per generate call
     val_override_config: dict[str, Any] = field(default_factory=dict)  # validation sampling: n/temperature/top_p/top_k
-    partial_rollout: bool = False  # resume unfinished generations next step (not available yet)
+    # rollout.partial_rollout (roles.rollout.PartialRollouts): responses written in rounds of at most
+    # partial_rollout_tokens tokens; once a step has its batch of complete groups, the others pause until the next
+    partial_rollout: bool = False  # resume unfinished generations next step
+    partial_rollout_tokens: int = 0  # rllava: tokens per response per round (0 = data.max_response_length / 4)
     async_mode: bool = False  # generate asynchronously from training
     bucket_size: int = 512  # MB per weight-sync bucket to the engine
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
@@ -971,7 +974,6 @@ NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("actor.model.ulysses_size", lambda v: v > 1, "1"),
     ("actor.checkpoint.async_save", lambda v: v, "false"),  # checkpoints are written synchronously
     ("rollout.async_mode", lambda v: v, "false"),
-    ("rollout.partial_rollout", lambda v: v, "false"),
 ]
 
 # RLLaVA's dataset classes with an expert response (its examples/algorithms/sft-rl/custom_datasets.py), read by
@@ -1233,11 +1235,23 @@ class PPOConfig:
     def _async_problems(self) -> list[str]:
         """trainer.async_training (rllava.train.async_rl): RL without a hybrid's expert side (which the trainers
         and the rollout ranks would both have to hold)."""
-        mode = self.actor.policy_loss.loss_mode
+        mode, p = self.actor.policy_loss.loss_mode, []
         if self.trainer.async_training and mode in HYBRIDS:
-            return [f"trainer.async_training=true with actor.policy_loss.loss_mode={mode}: the SFT+RL hybrids run "
-                    "synchronously for now; set trainer.async_training=false"]
-        return []
+            p.append(f"trainer.async_training=true with actor.policy_loss.loss_mode={mode}: the SFT+RL hybrids run "
+                     "synchronously for now; set trainer.async_training=false")
+        if self.rollout.partial_rollout and mode in HYBRIDS:
+            p.append(f"rollout.partial_rollout=true with actor.policy_loss.loss_mode={mode}: a hybrid's responses "
+                     "start with expert tokens drawn each step; set rollout.partial_rollout=false")
+        if self.rollout.partial_rollout and agent_on(self):
+            p.append("rollout.partial_rollout=true with agent tools: episodes are not paused between turns yet; set "
+                     "rollout.partial_rollout=false")
+        if self.rollout.partial_rollout_tokens < 0:
+            p.append(f"rollout.partial_rollout_tokens={self.rollout.partial_rollout_tokens} must be >= 0 (0 = a "
+                     "quarter of data.max_response_length)")
+        if self.rollout.partial_rollout_tokens and not self.rollout.partial_rollout:
+            p.append(f"rollout.partial_rollout_tokens={self.rollout.partial_rollout_tokens} is for "
+                     "rollout.partial_rollout=true; set it, or leave rollout.partial_rollout_tokens=0")
+        return p
 
     def _hybrid_problems(self) -> list[str]:
         """SFT+RL hybrid keys: each is read only with the loss / strategy it belongs to (HYBRID_READERS), and

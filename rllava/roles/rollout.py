@@ -7,6 +7,7 @@ multi-turn agent driver replaces this file's `generate` and keeps the engine.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from rllava.data.dataset import encode_prompt
 from rllava.data.protocol import Batch, Sample, Segment, Trajectory
@@ -46,6 +47,22 @@ def model_image_sizes(processor, sample: Sample, mm: dict) -> list[tuple[int, in
     if grid is None or not isinstance(patch, int):
         return [img.size for img in sample.images]
     return [(int(w) * patch, int(h) * patch) for _, h, w in grid.tolist()]
+
+
+def truncate(c: Completion, budget: int) -> Completion:
+    """The first `budget` tokens of a completion sampled with a larger budget: the same distribution as
+    sampling with `budget`, so one engine call serves responses with different budgets left."""
+    if len(c.token_ids) <= budget:
+        return c
+    return Completion(c.token_ids[:budget], c.logprobs[:budget], "length")
+
+
+def tag_versions(trajectories: list[Trajectory], version: int) -> None:
+    """Mark the sampled segments not marked yet as written by the weights after update `version`."""
+    for t in trajectories:
+        for seg in t.segments:
+            if seg.trained and not seg.off_policy and seg.version is None:
+                seg.version = version
 
 
 class Rollout:
@@ -100,3 +117,88 @@ class Rollout:
                     segments=segments, response=self.tokenizer.decode((list(p) if p else []) + c.token_ids,
                                                                       skip_special_tokens=self.skip_special_tokens)))
         return trajectories
+
+    def extend(self, trajectories: list[Trajectory], sampling: SamplingParams, budgets: list[int]) -> None:
+        """Continue each response by at most its budget of tokens (rollout.partial_rollout): the prompt and the
+        response so far as one request; the new tokens are a trained segment of their own."""
+        requests = []
+        for t in trajectories:
+            prompt, response = t.segments[0].token_ids, [x for s in t.segments[1:] for x in s.token_ids]
+            requests.append(GenerationRequest(prompt + response, t.mm_inputs, raw_prompt_ids(
+                self.processor, t.sample, prompt) + response, t.sample.images, t.sample.videos))
+        out = self.engine.generate(requests, replace(sampling, n=1, max_new_tokens=max(budgets)))
+        for t, (c,), budget in zip(trajectories, out, budgets):
+            c = truncate(c, budget)
+            t.segments.append(Segment(c.token_ids, trained=True, logprobs=c.logprobs))
+            t.finish_reason = c.finish_reason
+            t.response = self.tokenizer.decode([x for s in t.segments[1:] for x in s.token_ids],
+                                               skip_special_tokens=self.skip_special_tokens)
+
+
+class PartialRollouts:
+    """rollout.partial_rollout: responses are written in rounds of at most `chunk` tokens each
+    (rollout.partial_rollout_tokens), `size` prompt groups being written at a time. A step runs rounds until
+    `size` groups are complete (every response ended: EOS or data.max_response_length) and trains on the oldest
+    `size` of them; the groups still being written are paused and continued in the next step, under the weights
+    of then, so a long response no longer holds back a whole step (slime's and AReaL's partial rollouts). Each
+    round's tokens carry the version that wrote them (`Segment.version`), so the staleness metrics and the rollout
+    correction see mixed-version responses as they are.
+
+    The pool (the groups, and prompts drawn but not started) is checkpointed as data: per response its
+    dataset row, tokens, log-probs and versions (`state_dict`)."""
+
+    def __init__(self, rollout: Rollout, dataset, chunk: int, max_new_tokens: int):
+        self.rollout, self.dataset, self.chunk, self.max_new_tokens = rollout, dataset, chunk, max_new_tokens
+        self.groups: list[list[Trajectory]] = []  # started, oldest first (complete ones included)
+        self.waiting: list[Sample] = []  # drawn, not started
+
+    def done(self, t: Trajectory) -> bool:
+        return t.finish_reason == "stop" or t.num_response_tokens >= self.max_new_tokens
+
+    def next_batch(self, draw: Callable[[], list[Sample]], sampling: SamplingParams, size: int,
+                   version: int) -> list[Trajectory]:
+        """`size` complete groups (group ids 0..size-1), written by rounds under this step's weights (`version`)
+        and, for groups paused in earlier steps, under theirs."""
+        complete = lambda g: all(map(self.done, g))  # noqa: E731
+        while sum(map(complete, self.groups)) < size:  # a round: the paused responses go on, new groups start
+            running = [t for g in self.groups if not complete(g) for t in g if not self.done(t)]
+            if running:
+                self.rollout.extend(running, sampling, [min(self.chunk, self.max_new_tokens - t.num_response_tokens)
+                                                        for t in running])
+            starting = size - len(self.groups) + sum(map(complete, self.groups))  # `size` groups being written
+            while len(self.waiting) < starting:
+                self.waiting += draw()
+            if starting > 0:
+                new, self.waiting = self.waiting[:starting], self.waiting[starting:]
+                fresh = self.rollout.generate(new, replace(sampling, max_new_tokens=min(self.chunk,
+                                                                                         self.max_new_tokens)))
+                self.groups += [[t for t in fresh if t.group_id == i] for i in range(len(new))]
+            tag_versions([t for g in self.groups for t in g], version)
+        batch = [g for g in self.groups if complete(g)][:size]
+        self.groups = [g for g in self.groups if not any(g is b for b in batch)]
+        return [replace(t, group_id=i) for i, g in enumerate(batch) for t in g]
+
+    def state_dict(self) -> dict:
+        def response(t: Trajectory) -> dict:
+            return {"finish": t.finish_reason, "segments": [[s.token_ids, s.logprobs, s.version]
+                                                            for s in t.segments[1:]]}
+        return {"groups": [[g[0].sample.index, [response(t) for t in g]] for g in self.groups],
+                "waiting": [s.index for s in self.waiting]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.waiting = [self.dataset[i] for i in state["waiting"]]
+        self.groups = []
+        for i, (index, responses) in enumerate(state["groups"]):
+            sample = self.dataset[index]
+            prompt, mm = encode_prompt(self.rollout.processor, sample)
+            sizes = model_image_sizes(self.rollout.processor, sample, mm)
+            group = []
+            for r in responses:
+                segments = [Segment(prompt, trained=False)] + [Segment(list(ids), trained=True, logprobs=lps,
+                                                                       version=v) for ids, lps, v in r["segments"]]
+                t = Trajectory(sample=sample, group_id=i, segments=segments, mm_inputs=mm, finish_reason=r["finish"],
+                               model_image_sizes=sizes)
+                t.response = self.rollout.tokenizer.decode([x for s in segments[1:] for x in s.token_ids],
+                                                           skip_special_tokens=self.rollout.skip_special_tokens)
+                group.append(t)
+            self.groups.append(group)

@@ -162,7 +162,7 @@ def train(run, learn) -> str:
             got = _recv(group, leader, 2 * run.step + BATCH)
         _settle(pending, 2 * got["version"] + WEIGHTS)  # its weights were received before it was sampled
         metrics, batch = learn(got["rollouts"], timer)
-        metrics.update(got["timings"], **staleness_metrics(got["rollouts"].trajectories, run.step))
+        metrics.update(got["timings"])
         if "sampler" in got:  # what trainer 0's checkpoint holds of the rollout ranks
             run.sampler.load_state_dict(got["sampler"])
             run.rollout_rng = got["rng"]
@@ -212,11 +212,11 @@ def serve(cfg, make_produce) -> str:
         B.seed_sampling(cfg)
         run = Run(cfg, device, outputs_dir, model, processor, train_set, None, sampler, steps, None, None, rollout,
                   reward)
+        produce = make_produce(run, None, build_algorithm(cfg.algorithm, cfg.actor).needs("baseline_scores"),
+                               _Copy(model), lambda s: version_for(s, cfg.trainer.max_staleness, cfg.trainer.save_freq))
         resume_from = C.find_resume(cfg, outputs_dir)
         if resume_from:
             run.step = _resume(run, resume_from)
-        produce = make_produce(run, None, build_algorithm(cfg.algorithm, cfg.actor).needs("baseline_scores"),
-                               _Copy(model))
         _serve(run, produce)
     finally:
         reward.close()
@@ -224,12 +224,15 @@ def serve(cfg, make_produce) -> str:
 
 
 def _resume(run, path: str) -> int:
-    """The sampler and this rank's RNG states after the checkpointed step's batch."""
+    """The sampler, this rank's RNG states and paused responses after the checkpointed step's batch."""
     state = C.read_state(path)
     run.sampler.load_state_dict(state["sampler"])
     rng = os.path.join(path, "rng", f"rollout_rank_{D.rank()}.pt")
     if os.path.isfile(rng):  # saved without "extra" in actor.checkpoint.save_contents: the trainers' side warns
         C.set_rng_state(C.load_rng_file(rng))
+    partial = os.path.join(path, "rng", f"rollout_partial_rank_{D.rank()}.pt")
+    if run.partial is not None and os.path.isfile(partial):
+        run.partial.load_state_dict(C.load_rng_file(partial))
     return int(state["global_step"])
 
 
@@ -248,13 +251,9 @@ def _serve(run, produce) -> None:
             del weights
         timer = Timer()
         r = produce(run.next_samples(), timer)
-        for t in r.trajectories:
-            for seg in t.segments:
-                if seg.trained and not seg.off_policy and seg.version is None:
-                    seg.version = version
         parts = D.gather([r])
         timings = {k: v for k, v in D.mean_metrics(timer.pop()).items()}
-        states = D.gather([C.rng_state()])
+        states = D.gather([{"rng": C.rng_state(), "partial": run.partial.state_dict() if run.partial else None}])
         _settle(pending, 2 * (s - 1 - k) + BATCH)  # trained already: its weights were needed for this batch
         if D.is_main():
             for dst, share in enumerate(regroup(parts, trainers) if len(parts) > 1 or trainers > 1 else parts):

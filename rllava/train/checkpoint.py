@@ -176,8 +176,12 @@ def save_checkpoint(run, step: int) -> str:
         if "extra" in contents:
             os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
             torch.save(rng_state(), os.path.join(tmp, "rng", f"rank_{D.rank()}.pt"))
+            if run.partial is not None:  # rollout.partial_rollout: this rank's paused responses
+                torch.save(run.partial.state_dict(), os.path.join(tmp, "rng", f"partial_rank_{D.rank()}.pt"))
             for r, state in enumerate((run.rollout_rng or []) if D.is_main() else []):  # rllava.train.async_rl
-                torch.save(state, os.path.join(tmp, "rng", f"rollout_rank_{r}.pt"))
+                torch.save(state["rng"], os.path.join(tmp, "rng", f"rollout_rank_{r}.pt"))
+                if state["partial"] is not None:
+                    torch.save(state["partial"], os.path.join(tmp, "rng", f"rollout_partial_rank_{r}.pt"))
         if D.is_main():
             save_model(run.model, run.processor, os.path.join(tmp, "actor", "huggingface"), weights,
                        weights=weights is not None, merge_lora=cfg.trainer.hf_merge_lora,
@@ -221,6 +225,9 @@ def load_checkpoint(run, path: str) -> int:
     for name, obj in run.stateful.items():
         if name in state["stateful"]:
             obj.load_state_dict(state["stateful"][name])
+    partial = os.path.join(path, "rng", f"partial_rank_{D.rank()}.pt")
+    if run.partial is not None and os.path.isfile(partial):
+        run.partial.load_state_dict(load_rng_file(partial))
     rng = os.path.join(path, "rng", f"rank_{D.rank()}.pt")
     if "extra" in wanted and state["world_size"] == D.world_size() and os.path.isfile(rng):
         set_rng_state(load_rng_file(rng))

@@ -71,7 +71,10 @@ class Run:
     # with state_dict()/load_state_dict() (e.g. "kl_ctrl"). Pipelines add theirs before train_loop.
     engines: dict = field(default_factory=dict)
     stateful: dict = field(default_factory=dict)
-    rollout_rng: list | None = None  # an asynchronous run: the rollout ranks' RNG states after the last batch
+    # rollout.partial_rollout: the paused responses (roles.rollout.PartialRollouts), saved per rank
+    partial: object = None
+    # an asynchronous run: the rollout ranks' RNG states and paused responses after the last batch
+    rollout_rng: list | None = None
 
     def next_samples(self) -> list[Sample]:
         """This rank's share of the next data.train_batch_size prompts (the resumable sampler, the same on every

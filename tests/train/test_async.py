@@ -215,3 +215,76 @@ def test_ctrl_c_stops_every_process(tmp_path, tiny_model_dir, counting_dir):
     time.sleep(1)
     with pytest.raises(ProcessLookupError):  # no process of the launch is left
         os.killpg(proc.pid, 0)
+
+
+# ---- rollout.partial_rollout ----
+
+class _Engine:
+    """Writes token 7 up to the budget; a request whose prompt (+ response so far) is a multiple of 5 long stops
+    with EOS after its first token."""
+
+    shares_train_model = False
+
+    def __init__(self, eos):
+        self.eos, self.calls = eos, []
+
+    def generate(self, requests, sampling):
+        from rllava.engine.inference.base import Completion
+
+        self.calls.append((len(requests), sampling.max_new_tokens))
+        out = []
+        for r in requests:
+            stop = len(r.prompt_ids) % 5 == 0
+            ids = [7, self.eos] if stop and sampling.max_new_tokens > 1 else [7] * sampling.max_new_tokens
+            out.append([Completion(ids, [-1.0] * len(ids), "stop" if ids[-1] == self.eos else "length")
+                        for _ in range(sampling.n)])
+        return out
+
+
+def test_partial_rollouts_pause_and_continue(tiny_model_dir, counting_dir):
+    from rllava.data.dataset import PromptDataset
+    from rllava.engine.inference.base import SamplingParams
+    from rllava.model.processor import get_tokenizer, load_processor
+    from rllava.roles.rollout import PartialRollouts, Rollout
+
+    cfg = load_config(["config=examples/tasks/counting/tiny_cpu.yaml", f"data.train_files={counting_dir}/train.jsonl"])
+    processor = load_processor(tiny_model_dir)
+    data = PromptDataset(f"{counting_dir}/train.jsonl", cfg.data, processor)
+    engine = _Engine(get_tokenizer(processor).eos_token_id)
+    pool = PartialRollouts(Rollout(engine, processor), data, chunk=3, max_new_tokens=7)
+    drawn = iter(range(0, 64, 4))
+    draw = lambda: [data[i + j] for i in [next(drawn)] for j in range(4)]  # noqa: E731
+    batches = [pool.next_batch(draw, SamplingParams(n=2, max_new_tokens=7), 4, version=v) for v in range(3)]
+    for v, batch in enumerate(batches):
+        assert sorted({t.group_id for t in batch}) == [0, 1, 2, 3] and len(batch) == 8
+        for t in batch:  # complete: EOS, or the whole response budget in chunks of at most 3
+            assert t.finish_reason == "stop" or t.num_response_tokens == 7
+            assert all(len(s.token_ids) <= 3 for s in t.segments[1:])
+            assert all(s.version <= v for s in t.segments[1:])
+    versions = [{s.version for s in t.segments[1:]} for t in batches[1] + batches[2]]
+    assert any(len(vs) > 1 for vs in versions)  # a response paused in one step, finished under newer weights
+    assert all(n <= 8 for n, _ in engine.calls)  # at most 4 groups x 2 being written at a time
+    # the pool as data, and back: the same responses
+    state = pool.state_dict()
+    again = PartialRollouts(Rollout(engine, processor), data, chunk=3, max_new_tokens=7)
+    again.load_state_dict(json.loads(json.dumps(state)))
+    assert again.state_dict() == state and [s.index for s in again.waiting] == [s.index for s in pool.waiting]
+    assert [[t.response for t in g] for g in again.groups] == [[t.response for t in g] for g in pool.groups]
+
+
+def test_partial_rollouts_resume_exactly(tmp_path, tiny_model_dir, counting_dir):
+    """Responses paused at the checkpoint come back with it: 4 steps straight = 2 steps + a resumed 2, in a
+    synchronous run and an asynchronous one (the rollout rank's paused responses travel to trainer 0's
+    checkpoint)."""
+    keys = ["rollout.partial_rollout=true", "rollout.partial_rollout_tokens=3", "trainer.save_freq=2",
+            "actor.optim.lr_scheduler_type=constant"]
+    for nproc, extra in ((1, []), (2, [*ASYNC, "trainer.max_staleness=1"])):
+        straight, split = str(tmp_path / f"straight{nproc}"), str(tmp_path / f"split{nproc}")
+        _run(nproc, _args(tiny_model_dir, counting_dir, straight, *keys, *extra))
+        _run(nproc, _args(tiny_model_dir, counting_dir, split, *keys, *extra, "trainer.max_steps=2"))
+        _run(nproc, _args(tiny_model_dir, counting_dir, split, *keys, *extra))
+        rows = _rows(straight)
+        assert max(r["async/staleness_max"] for r in rows) >= 1  # paused responses went on under newer weights
+        _same(rows, _rows(split), skip=("timing/", "perf/", "time/"))
+        a, b = load_file(f"{straight}/final/model.safetensors"), load_file(f"{split}/final/model.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a)

@@ -24,7 +24,7 @@ from rllava.algorithms.filtering import fill_batch
 from rllava.config import ConfigError
 from rllava.data.protocol import Batch, Sample, Trajectory, collate
 from rllava.engine.inference.base import generate_context
-from rllava.roles.rollout import logprob_gap_metrics
+from rllava.roles.rollout import PartialRollouts, logprob_gap_metrics, tag_versions
 from rllava.train import async_rl
 from rllava.train import builders as B
 from rllava.train.cli import run_cli
@@ -68,18 +68,29 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     return {**metrics, **agent_metrics(trajs)}
 
 
-def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine) -> Callable[[list[Sample], Timer], Rollouts]:
+def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine,
+                 version: Callable[[int], int] = lambda step: step - 1) -> Callable[[list[Sample], Timer], Rollouts]:
     """Stages 1-2 of the step as one function of the prompts, for this process (`train`) or a rollout rank of an
     asynchronous run (`async_rl.serve`): `run` gives the Rollout and Reward roles, the step and more prompts;
-    `train_engine` the weights to sample with (`generate_context`)."""
+    `train_engine` the weights to sample with (`generate_context`), those of update `version(step)`."""
     cfg, rollout, reward, a = run.cfg, run.rollout, run.reward, run.cfg.algorithm
     sampling, greedy = B.sampling_params(cfg), B.greedy_sampling(cfg)
+    tagged = cfg.trainer.async_training or cfg.rollout.partial_rollout  # tokens carry the version that wrote them
+    if cfg.rollout.partial_rollout:  # paused responses go on next step; checkpointed with the run
+        run.partial = PartialRollouts(rollout, run.train_set, cfg.rollout.partial_rollout_tokens or max(
+            1, cfg.data.max_response_length // 4), sampling.max_new_tokens)
 
     def rollout_and_score(samples: list[Sample], timer: Timer, params=sampling):
         # a hybrid's responses may start with expert tokens (LUFFY's expert samples, UFT's hints)
         prefixes = hybrid.prefixes(samples, run.step) if hybrid is not None and params is sampling else None
         with timer("rollout"), generate_context(rollout.engine, train_engine):
-            trajectories = rollout.generate(samples, params, prefixes)  # 1. rollout
+            if run.partial is not None and params is sampling:
+                run.partial.waiting += samples
+                trajectories = run.partial.next_batch(run.next_samples, params, len(samples), version(run.step))
+            else:
+                trajectories = rollout.generate(samples, params, prefixes)  # 1. rollout
+            if tagged:
+                tag_versions(trajectories, version(run.step))
         with timer("reward"):
             return trajectories, *reward.score(trajectories, train=True)  # 2. reward
 
@@ -134,7 +145,7 @@ def train(cfg, given: Given | None = None) -> str:
 
     def learn(r: Rollouts, timer: Timer) -> tuple[dict[str, float], Batch]:
         """Stages 3-4 on what `produce` made (here, or in the rollout ranks of an asynchronous run)."""
-        metrics = dict(r.metrics)
+        metrics = {**r.metrics, **async_rl.staleness_metrics(r.trajectories, run.step)}
         batch = collate(r.trajectories, pad_id)
         batch.scores, batch.reward_details = r.scores, r.details
         batch.loss_mask[r.dropped] = 0  # HPT: the rollouts of a group trained on its demonstration instead
