@@ -341,6 +341,7 @@ class Step:
     host_shards: bool = False  # FSDP2 with CPUOffloadPolicy (enable_cpu_offload): shards, grads and Adam on the host
     engine: str = "hf"  # rollout.name
     engine_fraction: float = 0.0  # vLLM / SGLang: the share of the GPU the engine reserves while it samples
+    engine_awake: bool = False  # rollout.async_mode: vLLM / SGLang keep that reservation in every phase
     params_off_in_rollout: bool = False  # offload_params: the trainer's weights on the host while vLLM/SGLang sample
     sync_bucket: int = 0  # vLLM / SGLang: bytes of one weight-sync bucket (rollout.bucket_size MB, whole tensors)
 
@@ -376,6 +377,7 @@ def step_of(cfg, config, world: int = 1) -> Step:
                 host_shards=sharded and host_opt, engine=r.name,
                 engine_fraction={"vllm": r.vllm.gpu_memory_utilization,
                                  "sglang": r.sglang.mem_fraction_static or 0.0}.get(r.name, 0.0),
+                engine_awake=r.async_mode and r.name != "hf",
                 params_off_in_rollout=fsdp.offload_params, sync_bucket=r.bucket_size * 2 ** 20)
 
 
@@ -575,7 +577,7 @@ def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None, gpu_by
     opt = rows[-1]  # no activation lives in the optimizer phase: what the trackers file so is the step's scratch
     opt["activations"], opt["temporaries"] = 0, opt["temporaries"] + opt["activations"]
     for row in rows:
-        row.setdefault("kv_cache", 0)
+        row.setdefault("kv_cache", int(step.engine_fraction * gpu_bytes) if step.engine_awake else 0)
         row["peak"] += row["kv_cache"]
     return rows
 

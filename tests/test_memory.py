@@ -236,6 +236,9 @@ def test_a_vllm_rollout_is_its_reservation_and_sleeps_outside_it(tiny_model_dir,
         assert rows["rollout"]["temporaries"] == 512 * 2 ** 20  # one weight-sync bucket (rollout.bucket_size)
         assert (rows["rollout"]["parameters"] == 0) == (offload == "true")
         assert all(rows[p]["kv_cache"] == 0 for p in rows if p != "rollout")
+    awake = memory.plan(_cfg(tiny_model_dir, "rollout.name=vllm", "rollout.vllm.gpu_memory_utilization=0.4",
+                             "rollout.async_mode=true"), gpu, device="cpu")  # RLLaVA's: it never sleeps
+    assert all(r["kv_cache"] == int(0.4 * gpu) for r in awake)
     with pytest.raises(SystemExit):
         memory.main([f"config={TINY_CPU}", f"actor.model.model_path={tiny_model_dir}", "rollout.name=sglang"])
     assert "rollout.name=sglang reserves a fraction of the GPU while it samples: give --gpu-memory" in \

@@ -19,7 +19,7 @@ sequence the engine continued (and Qwen-VL's M-RoPE positions are computed over 
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -82,9 +82,10 @@ def observation_digest(obs: Observation) -> str:
 class AgentRollout(Rollout):
     def __init__(self, engine, processor, env, *, max_turns: int, max_response_length: int,
                  observation_role: str = "user", min_pixels: int | None = None, max_pixels: int | None = None,
-                 skip_special_tokens: bool = True, tool_workers: int = 1):
+                 skip_special_tokens: bool = True, tool_workers: int = 1, asynchronous: bool = False):
         super().__init__(engine, processor, skip_special_tokens=skip_special_tokens)
         self.env, self.max_turns, self.budget = env, max_turns, max_response_length
+        self.asynchronous = asynchronous  # rollout.async_mode: no rounds (`_generate_async`)
         self.tool_workers = tool_workers  # environment steps of one round run at once, at most this many
         self.observation_role, self.min_pixels, self.max_pixels = observation_role, min_pixels, max_pixels
 
@@ -94,6 +95,9 @@ class AgentRollout(Rollout):
         if prefixes is not None:
             raise ValueError("agent rollouts do not start responses with expert prefixes")
         episodes = self._episodes(samples, sampling.n)
+        if self.asynchronous:
+            self._generate_async(episodes, sampling)
+            return [self._trajectory(e) for e in episodes]
         for turn in range(self.max_turns):
             active = [e for e in episodes if not e.finish_reason]
             if not active:
@@ -107,6 +111,31 @@ class AgentRollout(Rollout):
             for e, obs in zip(stepping, self._step_all(stepping)):
                 self._observe(e, obs)
         return [self._trajectory(e) for e in episodes]
+
+    def _generate_async(self, episodes: list[Episode], sampling: SamplingParams) -> None:
+        """rollout.async_mode: no rounds. Each episode's tool call runs in a thread of its own (at most
+        `tool_workers` at once) and the episode goes on as soon as its call returns: every engine call takes the
+        episodes ready by then, while the others' tools still run. Which episodes share an engine call depends
+        on the tools' timing, so sampled runs are not reproducible bit for bit (the synchronous rounds are)."""
+        ready, calls = list(episodes), {}
+        with ThreadPoolExecutor(max(1, self.tool_workers)) as pool:
+            while ready or calls:
+                if ready:
+                    budgets = [min(sampling.max_new_tokens, self.budget - e.response_tokens) for e in ready]
+                    requests = [GenerationRequest(e.ids, e.mm, e.raw, list(e.state.images), e.sample.videos)
+                                for e in ready]
+                    completions = self.engine.generate(requests, replace(sampling, n=1, max_new_tokens=max(budgets)))
+                    for e, (c,), budget in zip(ready, completions, budgets):
+                        if self._add_turn(e, truncate(c, budget), last=len(e.turn_texts) == self.max_turns - 1):
+                            calls[pool.submit(self.env.step, e.state, e.turn_texts[-1])] = e
+                    ready = []
+                if calls:  # the first call to return, and any others done by then
+                    finished, _ = wait(calls, return_when=FIRST_COMPLETED)
+                    for future in [f for f in calls if f in finished]:  # in submission order
+                        e = calls.pop(future)
+                        self._observe(e, future.result())
+                        if not e.finish_reason:
+                            ready.append(e)
 
     def _step_all(self, episodes: list[Episode]) -> list[Observation]:
         """The environment on each episode's last turn: at most `tool_workers` at once (threads: a tool that

@@ -675,6 +675,8 @@ class RolloutConfig:
     # partial_rollout_tokens tokens; once a step has its batch of complete groups, the others pause until the next
     partial_rollout: bool = False  # resume unfinished generations next step
     partial_rollout_tokens: int = 0  # rllava: tokens per response per round (0 = data.max_response_length / 4)
+    # RLLaVA's: vLLM / SGLang keep their memory between rollouts (no sleep / wake); agent episodes go on as
+    # soon as their own tool call returns (no rounds; rllava.agent.rollout)
     async_mode: bool = False  # generate asynchronously from training
     bucket_size: int = 512  # MB per weight-sync bucket to the engine
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
@@ -973,7 +975,6 @@ ENGINE_OFFLOAD_KEYS = ("fsdp.enable_cpu_offload", "fsdp.offload_params", "fsdp.o
 NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("actor.model.ulysses_size", lambda v: v > 1, "1"),
     ("actor.checkpoint.async_save", lambda v: v, "false"),  # checkpoints are written synchronously
-    ("rollout.async_mode", lambda v: v, "false"),
 ]
 
 # RLLaVA's dataset classes with an expert response (its examples/algorithms/sft-rl/custom_datasets.py), read by
@@ -1245,6 +1246,10 @@ class PPOConfig:
         if self.rollout.partial_rollout and agent_on(self):
             p.append("rollout.partial_rollout=true with agent tools: episodes are not paused between turns yet; set "
                      "rollout.partial_rollout=false")
+        if self.rollout.async_mode and self.rollout.name == "hf" and not agent_on(self):
+            p.append("rollout.async_mode=true keeps a vLLM / SGLang engine awake between rollouts and lets agent "
+                     "episodes go on without rounds; a single-turn rollout.name=hf run has neither (to overlap "
+                     "rollout and training: trainer.async_training=true); set rollout.async_mode=false")
         if self.rollout.partial_rollout_tokens < 0:
             p.append(f"rollout.partial_rollout_tokens={self.rollout.partial_rollout_tokens} must be >= 0 (0 = a "
                      "quarter of data.max_response_length)")

@@ -194,7 +194,8 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device, env=None) -> 
     return AgentRollout(engine, processor, env, max_turns=cfg.rollout.max_turns,
                         max_response_length=cfg.data.max_response_length, observation_role=a.observation_role,
                         min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
-                        skip_special_tokens=cfg.reward.skip_special_tokens, tool_workers=a.tool_workers)
+                        skip_special_tokens=cfg.reward.skip_special_tokens, tool_workers=a.tool_workers,
+                        asynchronous=cfg.rollout.async_mode)
 
 
 def build_rollout_engine(cfg: PPOConfig, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
@@ -208,7 +209,8 @@ def build_rollout_engine(cfg: PPOConfig, pad_token_id: int, stop_token_ids: list
         return HFRolloutEngine(pad_token_id=pad_token_id, stop_token_ids=stop_token_ids,
                                banned_token_ids=banned_token_ids, micro_batch_size=r.micro_batch_size, device=device)
     common = dict(model_path=m.model_path, stop_token_ids=stop_token_ids, banned_token_ids=banned_token_ids,
-                  seed=r.seed, load_format=r.load_format, bucket_mb=r.bucket_size, trust_remote_code=m.trust_remote_code)
+                  seed=r.seed, load_format=r.load_format, bucket_mb=r.bucket_size, trust_remote_code=m.trust_remote_code,
+                  stay_awake=r.async_mode)
     max_len = cfg.data.max_prompt_length + cfg.data.max_response_length if model is None else None
     if r.name == "vllm":
         v = r.vllm

@@ -209,3 +209,27 @@ def test_a_rounds_tool_calls_run_at_once_up_to_tool_workers(proc):
         assert peak[0] == expected
         assert [t.agent.calls for t in trajs] == [[("slow", str(i))] for i in range(4)]
         assert all(f"slow: {i}" in proc.tokenizer.decode(t.segments[2].token_ids) for i, t in enumerate(trajs))
+
+
+@register_tool("nap")
+def nap(args, state):
+    import time
+
+    time.sleep(float(args))
+    return Observation(text="rested")
+
+
+def test_async_mode_episodes_go_on_without_rounds(proc):
+    """rollout.async_mode: episode 1's quick calls do not wait for episode 0's slow one. With rounds the
+    engine calls batch [both, both, 1]; without, episode 1 writes its last two turns while episode 0 still
+    naps, and episode 0's answer comes last, alone. The trajectories are the same."""
+    scripts = {0: ["<nap>2</nap>", "<answer>0</answer>"], 1: ["<echo>a</echo>", "<echo>b</echo>", "<answer>1</answer>"]}
+    sampling = SamplingParams(n=1, max_new_tokens=50)
+    rounds = _rollout(proc, scripts, tools=("echo", "nap"), tool_workers=4)
+    expected = rounds.generate([_sample(0), _sample(1)], sampling)
+    assert [n for n, _ in rounds.engine.calls] == [2, 2, 1]
+    free = _rollout(proc, scripts, tools=("echo", "nap"), tool_workers=4, asynchronous=True)
+    got = free.generate([_sample(0), _sample(1)], sampling)
+    assert [n for n, _ in free.engine.calls] == [2, 1, 1, 1]
+    assert [(t.response, [s.token_ids for s in t.segments]) for t in got] == \
+        [(t.response, [s.token_ids for s in t.segments]) for t in expected]

@@ -305,3 +305,17 @@ def test_logprob_gap_metrics_over_trained_tokens():
     # gaps |rollout - old| on trained tokens: 0.5, 0.0, 0.25 -> mean 0.25, max 0.5
     assert logprob_gap_metrics(batch) == pytest.approx({"rollout/logprob_gap_mean": 0.25,
                                                         "rollout/logprob_gap_max": 0.5})
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_async_mode_keeps_the_engine_awake(monkeypatch, tiny_model_dir, name):
+    """rollout.async_mode (RLLaVA's SGLang engine skips its sleep / wake-up calls): the weights still go in
+    before each rollout, and nothing is freed after it or at start-up."""
+    rollout, _, log = _engine(monkeypatch, name, tiny_model_dir, "rollout.async_mode=true")
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for _ in range(2):
+        with generate_context(rollout.engine, FakeTrainEngine(model, log)):
+            rollout.generate([_sample(0, 0)], SamplingParams(n=1))
+    events = [e[0] if isinstance(e, tuple) else e for e in _events(log)]
+    assert not set(events) & {"sleep", "wake_up", "resume_memory_occupation", "release_memory_occupation"}
+    assert ("load_weights" if name == "vllm" else "update_weights_from_tensor") in events

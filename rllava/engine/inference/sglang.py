@@ -32,7 +32,7 @@ class SGLangRolloutEngine:
 
     def __init__(self, *, model_path: str, stop_token_ids: list[int], banned_token_ids: list[int],
                  tensor_parallel_size: int, seed: int | None, load_format: str, bucket_mb: int,
-                 gpu_id: int, **engine_kwargs):
+                 gpu_id: int, stay_awake: bool = False, **engine_kwargs):
         try:
             import sglang
         except ImportError as e:
@@ -44,10 +44,13 @@ class SGLangRolloutEngine:
             engine_kwargs["random_seed"] = seed + D.rank()  # one engine per rank: distinct streams
         self.engine = sglang.Engine(model_path=model_path, tp_size=tensor_parallel_size, base_gpu_id=gpu_id,
                                     load_format=load_format, enable_memory_saver=True, **engine_kwargs)
-        self.engine.release_memory_occupation()
+        self.stay_awake = stay_awake  # rollout.async_mode (RLLaVA's): no release / resume between rollouts
+        if not stay_awake:
+            self.engine.release_memory_occupation()
 
     def load(self, model: torch.nn.Module) -> None:
-        self.engine.resume_memory_occupation()
+        if not self.stay_awake:
+            self.engine.resume_memory_occupation()
         buckets = weight_buckets(model, self.bucket_mb)
         bucket = next(buckets, None)
         while bucket is not None:
@@ -56,7 +59,8 @@ class SGLangRolloutEngine:
             bucket = following
 
     def offload(self) -> None:
-        self.engine.release_memory_occupation()
+        if not self.stay_awake:
+            self.engine.release_memory_occupation()
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         greedy = sampling.temperature == 0

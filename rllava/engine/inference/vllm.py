@@ -41,7 +41,8 @@ class VLLMRolloutEngine:
     shares_train_model = False
 
     def __init__(self, *, model_path: str, stop_token_ids: list[int], banned_token_ids: list[int],
-                 tensor_parallel_size: int, seed: int | None, load_format: str, bucket_mb: int, **engine_kwargs):
+                 tensor_parallel_size: int, seed: int | None, load_format: str, bucket_mb: int,
+                 stay_awake: bool = False, **engine_kwargs):
         try:
             import vllm
         except ImportError as e:
@@ -65,17 +66,22 @@ class VLLMRolloutEngine:
         self.llm = vllm.LLM(model=model_path, tensor_parallel_size=tensor_parallel_size, seed=seed,
                             load_format=load_format, distributed_executor_backend="external_launcher",
                             enable_sleep_mode=True, logprobs_mode="processed_logprobs", **engine_kwargs)
-        self.llm.sleep(level=1)
+        self.stay_awake = stay_awake  # rollout.async_mode (RLLaVA's): the engine keeps its memory between rollouts
+        if not stay_awake:
+            self.llm.sleep(level=1)
 
     def load(self, model: torch.nn.Module) -> None:
-        self.llm.wake_up(tags=["weights"])
+        if not self.stay_awake:
+            self.llm.wake_up(tags=["weights"])
         for bucket in weight_buckets(model, self.bucket_mb):
             self.llm.collective_rpc(_load_weights, args=(bucket,))
-        self.llm.wake_up(tags=["kv_cache"])
+        if not self.stay_awake:
+            self.llm.wake_up(tags=["kv_cache"])
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the previous weights
 
     def offload(self) -> None:
-        self.llm.sleep(level=1)
+        if not self.stay_awake:
+            self.llm.sleep(level=1)
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         greedy = sampling.temperature == 0
