@@ -25,6 +25,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 OWNED_ELSEWHERE: set[str] = set()  # keys built on a branch not merged yet (none now)
 
 COVERED = {
+    "rollout.partial_rollout": "tests/train/test_async.py::test_partial_rollouts_resume_exactly",
+    "trainer.max_staleness": "tests/train/test_async.py::test_resume_is_the_uninterrupted_run",
     "reward.num_cpus": ("tests/reward/test_function.py::test_worker_pool_scores_kills_hung_workers_and_replaces_dead_ones", "num_cpus"),
     "reward.timeout": "tests/reward/test_function.py::test_a_sleeping_reward_times_out_in_process",
     "reward.on_error": "tests/reward/test_scoring.py::test_error_policy_of_strict_fallback_and_on_error",
