@@ -1,6 +1,7 @@
 """benchmarks/: the rllava runs they launch are valid configs, and their reports read the runs right (fast; the
 benchmarks themselves are run by hand, docs/performance.md)."""
 
+import math
 import os
 import sys
 
@@ -57,3 +58,20 @@ def test_memory_plans_reads_the_command_line_a_seed_script_launches(monkeypatch)
     cfg = load_config(args)
     assert cfg.actor.model.model_path == "Qwen/Qwen2-VL-2B-Instruct" and cfg.rollout.name == "vllm"
     assert world == 2  # torchrun --nproc_per_node=${NPROC:-2}
+
+
+def test_async_benchmark_phases_and_the_8_gpu_estimate():
+    import importlib
+
+    bench = importlib.import_module("async")  # benchmarks/async.py (a keyword: imported by name)
+    rows = [{"step": 1, "timing/step": 9.0, "timing/rollout": 8.0}] + \
+        [{"step": s, "timing/step": 1.0, "timing/rollout": 0.5, "timing/reward": 0.1} for s in (2, 3)]
+    assert bench.phases(rows) == {"step": 1.0, "rollout": 0.5, "reward": 0.1, "steps": 2}
+    # sync, 2 threads: rollout 0.6 + learning 0.4; async, 1 thread each: rollout 0.9, learning 0.6 + 0.1 publishing
+    e = bench.estimate({"step": 1.0, "rollout": 0.5, "reward": 0.1},
+                       {"step": 1.0, "rollout": 0.8, "reward": 0.1, "wait_rollout": 0.3, "publish_weights": 0.1})
+    assert (e["R_1"], e["R_2"], e["W"]) == (0.9, 0.6, 0.1) and abs(e["T_1"] - 0.6) < 1e-12
+    assert abs(e["a"] - math.log2(1.5)) < 1e-12 and abs(e["b"] - math.log2(1.5)) < 1e-12
+    # each phase on twice the workers takes 2/3 of its time: sync_8 = 0.6 + 0.4; async = max(0.9, 0.6 + 0.1)
+    assert abs(e["sync_8"] - 1.0) < 1e-12 and e["async_4+4"] == 0.9 and abs(e["gain"] - 1.0 / 0.9) < 1e-12
+    assert abs(e["gain_linear"] - 1.5 / 2 / 0.9) < 1e-12

@@ -166,7 +166,8 @@ def train(run, learn) -> str:
         if "sampler" in got:  # what trainer 0's checkpoint holds of the rollout ranks
             run.sampler.load_state_dict(got["sampler"])
             run.rollout_rng = got["rng"]
-        publish(run.step)
+        with timer("publish_weights"):  # gathered, copied to the host, handed to gloo (the send overlaps)
+            publish(run.step)
         return metrics, batch
 
     try:
