@@ -163,8 +163,28 @@ HYBRID_METHODS = ("grpo", "chord", "chord_phi", "luffy", "uft", "hpt", "srft")
 def run_hybrids(task: Task, out: str, *, sft_steps: int | None, rl_steps: int, val_freq: int, methods=HYBRID_METHODS,
                 average: int = 3, seed: int = 0) -> list[dict]:
     """GRPO and each hybrid from one SFT checkpoint (`sft_steps` of warm-up) for the same `rl_steps`; returns
-    one summary per method (also written to out/<method>/summary.json). A method already summarised there is
-    not run again (runs of single methods add up)."""
+    one summary per method (also written to out/<method>/summary.json)."""
+    return run_methods(task, out, {m: (hybrid_keys(m, rl_steps), 1) for m in methods}, sft_steps=sft_steps,
+                       rl_steps=rl_steps, val_freq=val_freq, average=average, seed=seed)
+
+
+# Asynchronous RL (`--async`): the synchronous run, then 1 trainer + 1 rollout process (torchrun) at each staleness,
+# with token-level truncated importance sampling (verl's rollout correction, cap 2) or without any correction
+ASYNC = ("trainer.async_training=true", "trainer.rollout_ranks=1")
+ASYNC_RUNS = {
+    "sync": ((), 1),
+    "k1_tis": ((*ASYNC, "trainer.max_staleness=1", "algorithm.rollout_is=token"), 2),
+    "k2_tis": ((*ASYNC, "trainer.max_staleness=2", "algorithm.rollout_is=token"), 2),
+    "k4_plain": ((*ASYNC, "trainer.max_staleness=4"), 2),
+    "k4_tis": ((*ASYNC, "trainer.max_staleness=4", "algorithm.rollout_is=token"), 2),
+}
+
+
+def run_methods(task: Task, out: str, methods: dict[str, tuple[tuple[str, ...], int]], *, sft_steps: int | None,
+                rl_steps: int, val_freq: int, average: int = 3, seed: int = 0) -> list[dict]:
+    """Each of `methods` (name: its keys, processes) from one SFT checkpoint (`sft_steps` of warm-up) for the
+    same `rl_steps`; returns one summary per method (also written to out/<name>/summary.json). A method already
+    summarised there is not run again (runs of single methods add up)."""
     out = os.path.abspath(out)
     data = os.path.join(out, "data")
     common = [f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", f"trainer.seed={seed}"]
@@ -172,46 +192,10 @@ def run_hybrids(task: Task, out: str, *, sft_steps: int | None, rl_steps: int, v
         common = prepare(task, out, seed=seed)
         warm_up(task, out, common, sft_steps)
     summaries = []
-    for method in methods:
-        path = os.path.join(out, method, "summary.json")
-        if not os.path.exists(path):
-            seconds = train_rl(task, out, common, method, hybrid_keys(method, rl_steps), rl_steps, val_freq)
-            s = {**summarize(task, read_metrics(os.path.join(out, method)), average), "method": method,
-                 "rl_seconds": seconds, "sft_steps": sft_steps, "rl_steps": rl_steps}
-            with open(path, "w") as f:
-                json.dump(s, f, indent=1)
-        with open(path) as f:
-            summaries.append(json.load(f))
-    return summaries
-
-
-# Asynchronous RL (`--async`): the synchronous run, then 1 trainer + 1 rollout process (torchrun) at each staleness,
-# with token-level truncated importance sampling (verl's rollout correction, cap 2) or without any correction
-ASYNC_RUNS = {
-    "sync": (),
-    "k1_tis": ("trainer.max_staleness=1", "algorithm.rollout_is=token"),
-    "k2_tis": ("trainer.max_staleness=2", "algorithm.rollout_is=token"),
-    "k4_plain": ("trainer.max_staleness=4",),
-    "k4_tis": ("trainer.max_staleness=4", "algorithm.rollout_is=token"),
-}
-
-
-def run_async(task: Task, out: str, *, sft_steps: int | None, rl_steps: int, val_freq: int, runs=tuple(ASYNC_RUNS),
-              average: int = 3, seed: int = 0) -> list[dict]:
-    """The synchronous run and the asynchronous ones of ASYNC_RUNS from one warm-up, as `run_hybrids` (a run
-    summarised already is not run again)."""
-    out = os.path.abspath(out)
-    data = os.path.join(out, "data")
-    common = [f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", f"trainer.seed={seed}"]
-    if not os.path.isdir(os.path.join(out, "sft", "final")):
-        common = prepare(task, out, seed=seed)
-        warm_up(task, out, common, sft_steps)
-    summaries = []
-    for name in runs:
+    for name, (keys, processes) in methods.items():
         path = os.path.join(out, name, "summary.json")
         if not os.path.exists(path):
-            keys = ASYNC_RUNS[name] + (("trainer.async_training=true", "trainer.rollout_ranks=1") if name != "sync" else ())
-            seconds = train_rl(task, out, common, name, keys, rl_steps, val_freq, processes=1 if name == "sync" else 2)
+            seconds = train_rl(task, out, common, name, keys, rl_steps, val_freq, processes)
             s = {**summarize(task, read_metrics(os.path.join(out, name)), average), "method": name,
                  "rl_seconds": seconds, "sft_steps": sft_steps, "rl_steps": rl_steps, "seed": seed}
             with open(path, "w") as f:
@@ -346,24 +330,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--val-freq", type=int, default=25)
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    if args.async_:
-        task = TASKS[args.tasks[0]]
-        by_seed = {seed: run_async(task, os.path.join(args.out, f"seed{seed}"), sft_steps=args.sft_steps,
-                                   rl_steps=args.rl_steps, val_freq=args.val_freq, seed=seed) for seed in args.seeds}
-        table = async_table(by_seed)
-        with open(os.path.join(args.out, "async.md"), "w") as f:
-            f.write(f"# {task.name}: synchronous and asynchronous GRPO from one warm-up per seed "
-                    f"({args.sft_steps or 'default'} SFT steps), {args.rl_steps} RL steps each\n\n{table}\n")
-        print(f"\n{table}", flush=True)
-        return
-    if args.hybrids:
-        task = TASKS[args.tasks[0]]
-        summaries = run_hybrids(task, args.out, sft_steps=args.sft_steps, rl_steps=args.rl_steps,
-                                val_freq=args.val_freq, methods=args.methods, seed=args.seed)
-        table = hybrids_table(summaries)
-        with open(os.path.join(args.out, "hybrids.md"), "w") as f:
-            f.write(f"# {task.name}: GRPO and the SFT+RL hybrids from one warm-up ({args.sft_steps or 'default'} SFT "
-                    f"steps), {args.rl_steps} RL steps each\n\n{table}\n")
+    if args.async_ or args.hybrids:  # several runs from one warm-up on the first task
+        task, steps = TASKS[args.tasks[0]], dict(sft_steps=args.sft_steps, rl_steps=args.rl_steps, val_freq=args.val_freq)
+        if args.async_:
+            by_seed = {seed: run_methods(task, os.path.join(args.out, f"seed{seed}"), ASYNC_RUNS, seed=seed, **steps)
+                       for seed in args.seeds}
+            name, what, table = "async.md", "synchronous and asynchronous GRPO from one warm-up per seed", \
+                async_table(by_seed)
+        else:
+            name, what, table = "hybrids.md", "GRPO and the SFT+RL hybrids from one warm-up", hybrids_table(
+                run_hybrids(task, args.out, methods=args.methods, seed=args.seed, **steps))
+        with open(os.path.join(args.out, name), "w") as f:
+            f.write(f"# {task.name}: {what} ({args.sft_steps or 'default'} SFT steps), {args.rl_steps} RL steps "
+                    f"each\n\n{table}\n")
         print(f"\n{table}", flush=True)
         return
     for name in args.tasks:

@@ -118,3 +118,17 @@ def test_no_hybrid_falls_behind_grpo_on_the_easy_start(easy_start, method):
     (s,) = run_hybrids(TASKS["counting"], easy_start, methods=[method], **kw)
     print(hybrids_table([grpo, s]))
     assert s["sampled_after"] >= grpo["sampled_after"] - 3.0
+
+
+def test_async_table_rows_and_gap_to_the_synchronous_run():
+    from rllava.proof import async_table
+
+    def run(name, seed, start, end):
+        return {"method": name, "seed": seed, "sampled_before": start, "sampled_after": end, "greedy_after": end + 1,
+                "rl_seconds": 100.0}
+
+    table = async_table({0: [run("sync", 0, 20, 40), run("k1_tis", 0, 20, 39)],
+                         1: [run("sync", 1, 21, 44), run("k1_tis", 1, 21, 46)]}).splitlines()
+    assert table[0].startswith("| run | seed 0: start -> end | seed 1: start -> end | mean end | mean end - sync's")
+    assert table[2] == "| sync | 20.0 -> 40.0 | 21.0 -> 44.0 | 42.0 | +0.0 | 43.0 | 100 |"
+    assert table[3] == "| k1_tis | 20.0 -> 39.0 | 21.0 -> 46.0 | 42.5 | +0.5 | 43.5 | 100 |"
