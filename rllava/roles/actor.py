@@ -180,7 +180,7 @@ class Actor:
                  log_prob_micro_batch_size: int, loss_agg_mode: str, max_response_length: int,
                  temperature: float, use_kl_loss: bool, kl_loss_coef: float, kl_loss_type: str,
                  entropy_coeff: float, rollout_is: str = "none", rollout_is_cap: float = 2.0,
-                 rollout_rs: str | None = None, rollout_rs_threshold: str | None = None,
+                 rollout_rs: str | None = None, rollout_rs_threshold: str | None = None, off_policy: bool = False,
                  padding_free: bool = False, shared_prefix: bool = False, max_token_len: int | None = None,
                  log_prob_max_token_len: int | None = None, logprob_chunk_size: int = LOGPROB_CHUNK,
                  expert: ExpertLoss | None = None):
@@ -198,6 +198,7 @@ class Actor:
         self.entropy_coeff = entropy_coeff
         self.rollout_is, self.rollout_is_cap = rollout_is, rollout_is_cap  # truncated IS: none | token | sequence
         self.rollout_rs, self.rollout_rs_threshold = rollout_rs, rollout_rs_threshold  # rejection sampling; None: off
+        self.off_policy = off_policy  # asynchronous or partial rollouts: the mismatch metrics even uncorrected
         self.expert = expert  # a hybrid's treatment of expert tokens; None: every trained token is RL-trained
         # the Reference, for a full-vocabulary KL loss (kl_loss_type=full): its forward runs on every micro-batch of
         # the update (no grad), since the loss needs its whole distribution at each position, not one log-prob
@@ -243,9 +244,9 @@ class Actor:
         between pi_rollout, which sampled, and pi_old, the trainer's. Rejection (algorithm.rollout_rs) drops tokens /
         rows from the mask of every term of the RL loss (policy, KL, entropy), as verl drops them from response_mask;
         the aggregation's normalisers still count them. Also logs the sampler/trainer mismatch (`mismatch_*`) with
-        any correction on or the decoupled_ppo loss."""
+        any correction on, the decoupled_ppo loss, or stale samples (`off_policy`)."""
         decoupled = getattr(self.algorithm, "loss_name", None) == "decoupled_ppo"
-        if self.rollout_is == "none" and self.rollout_rs is None and not decoupled:
+        if self.rollout_is == "none" and self.rollout_rs is None and not decoupled and not self.off_policy:
             return mask, None, {}
         rollout = micro.need("rollout_logprobs")
         sampled = mask if micro.off_policy_mask is None else mask * (1 - micro.off_policy_mask)  # not expert

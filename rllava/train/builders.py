@@ -339,7 +339,8 @@ def _rollout_is(cfg: PPOConfig, sft: bool) -> dict:
         level, cap = ("token" if level == "none" else level), cfg.actor.tis_imp_ratio_cap
     return {"rollout_is": "none" if sft else level, "rollout_is_cap": cap,
             "rollout_rs": None if sft else cfg.algorithm.rollout_rs,
-            "rollout_rs_threshold": cfg.algorithm.rollout_rs_threshold}
+            "rollout_rs_threshold": cfg.algorithm.rollout_rs_threshold,
+            "off_policy": not sft and (cfg.trainer.async_training or cfg.rollout.partial_rollout)}
 
 
 def needs_reference(cfg: PPOConfig) -> bool:

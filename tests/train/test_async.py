@@ -146,6 +146,7 @@ def test_resume_is_the_uninterrupted_run(tmp_path, tiny_model_dir, counting_dir)
     rows = _rows(straight)
     # lags: batch 1 by update 0, batch 2 by update 0 (one behind), batch 3 waits for the save at 2, batch 4 by 2
     assert [r["async/staleness_max"] for r in rows] == [0, 1, 0, 1]
+    assert all("actor/mismatch_kl" in r for r in rows)  # sampler vs trainer, logged uncorrected too
     _same(rows, _rows(split), skip=("timing/", "perf/", "time/"))
     a, b = load_file(f"{straight}/final/model.safetensors"), load_file(f"{split}/final/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
