@@ -152,6 +152,20 @@ def test_resume_is_the_uninterrupted_run(tmp_path, tiny_model_dir, counting_dir)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.parametrize("trainers, rollout_ranks", [(2, 1), (1, 2)])
+def test_several_trainers_or_rollout_ranks(tmp_path, tiny_model_dir, counting_dir, distinct_reward, trainers,
+                                          rollout_ranks):
+    """2 FSDP2 trainers fed by 1 rollout rank (each gets its half of the groups; the weights are gathered from
+    the shards), or 1 trainer fed by 2 rollout ranks (their groups joined): the run trains every step."""
+    out = str(tmp_path / "run")
+    _run(trainers + rollout_ranks, _args(tiny_model_dir, counting_dir, out, "trainer.async_training=true",
+                                         f"trainer.rollout_ranks={rollout_ranks}", "actor.strategy=fsdp2",
+                                         f"reward.reward_function={distinct_reward}"))
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["async/staleness_max"] for r in rows] == [0, 1, 1, 1]
+    assert all(r["actor/grad_norm"] > 0 for r in rows) and os.path.isfile(f"{out}/final/model.safetensors")
+
+
 FAKE_VLLM = """
 import atexit, json, os, sys
 sys.path.insert(0, {engine_tests!r})
