@@ -152,6 +152,7 @@ def test_resume_is_the_uninterrupted_run(tmp_path, tiny_model_dir, counting_dir)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # 3 processes each (make test-slow)
 @pytest.mark.parametrize("trainers, rollout_ranks", [(2, 1), (1, 2)])
 def test_several_trainers_or_rollout_ranks(tmp_path, tiny_model_dir, counting_dir, distinct_reward, trainers,
                                           rollout_ranks):
@@ -287,19 +288,19 @@ def test_partial_rollouts_pause_and_continue(tiny_model_dir, counting_dir):
     assert [[t.response for t in g] for g in again.groups] == [[t.response for t in g] for g in pool.groups]
 
 
-def test_partial_rollouts_resume_exactly(tmp_path, tiny_model_dir, counting_dir):
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_partial_rollouts_resume_exactly(tmp_path, tiny_model_dir, counting_dir, nproc):
     """Responses paused at the checkpoint come back with it: 4 steps straight = 2 steps + a resumed 2, in a
-    synchronous run and an asynchronous one (the rollout rank's paused responses travel to trainer 0's
-    checkpoint)."""
+    synchronous run (1 process) and an asynchronous one (2: the rollout rank's paused responses travel to
+    trainer 0's checkpoint)."""
     keys = ["rollout.partial_rollout=true", "rollout.partial_rollout_tokens=3", "trainer.save_freq=2",
-            "actor.optim.lr_scheduler_type=constant"]
-    for nproc, extra in ((1, []), (2, [*ASYNC, "trainer.max_staleness=1"])):
-        straight, split = str(tmp_path / f"straight{nproc}"), str(tmp_path / f"split{nproc}")
-        _run(nproc, _args(tiny_model_dir, counting_dir, straight, *keys, *extra))
-        _run(nproc, _args(tiny_model_dir, counting_dir, split, *keys, *extra, "trainer.max_steps=2"))
-        _run(nproc, _args(tiny_model_dir, counting_dir, split, *keys, *extra))
-        rows = _rows(straight)
-        assert max(r["async/staleness_max"] for r in rows) >= 1  # paused responses went on under newer weights
-        _same(rows, _rows(split), skip=("timing/", "perf/", "time/"))
-        a, b = load_file(f"{straight}/final/model.safetensors"), load_file(f"{split}/final/model.safetensors")
-        assert all(torch.equal(a[k], b[k]) for k in a)
+            "actor.optim.lr_scheduler_type=constant", *([*ASYNC, "trainer.max_staleness=1"] if nproc > 1 else [])]
+    straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+    _run(nproc, _args(tiny_model_dir, counting_dir, straight, *keys))
+    _run(nproc, _args(tiny_model_dir, counting_dir, split, *keys, "trainer.max_steps=2"))
+    _run(nproc, _args(tiny_model_dir, counting_dir, split, *keys))
+    rows = _rows(straight)
+    assert max(r["async/staleness_max"] for r in rows) >= 1  # paused responses went on under newer weights
+    _same(rows, _rows(split), skip=("timing/", "perf/", "time/"))
+    a, b = load_file(f"{straight}/final/model.safetensors"), load_file(f"{split}/final/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
