@@ -239,8 +239,10 @@ def _resume(run, path: str) -> int:
 
 def _serve(run, produce) -> None:
     cfg = run.cfg
+    group, _, trainers = D.bridge()  # made by every process of the launch, the trainers' too
+    if cfg.trainer.val_only:  # the trainers validate and stop: nothing to sample
+        return
     k, save_freq = cfg.trainer.max_staleness, cfg.trainer.save_freq
-    group, _, trainers = D.bridge()
     versions, held, pending = iter(needed_versions(run.step, run.steps, k, save_freq)), -1, []
     for s in range(run.step + 1, run.steps + 1):
         run.step, version = s, version_for(s, k, save_freq)

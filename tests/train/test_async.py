@@ -122,6 +122,13 @@ def test_without_torchrun_one_line(tmp_path, tiny_model_dir, counting_dir):
         "--nproc_per_node=<trainers + rollout_ranks>"), res.stderr[-2000:]
 
 
+def test_val_only_ends(tmp_path, tiny_model_dir, counting_dir):
+    """trainer.val_only: the trainer validates, the rollout rank has nothing to sample; both end."""
+    res = _run(2, _args(tiny_model_dir, counting_dir, str(tmp_path / "v"), *ASYNC, "trainer.val_only=true",
+                        "trainer.val_before_train=true"))
+    assert res.stdout.count("done in") == 2
+
+
 def test_staleness_zero_is_the_synchronous_run(tmp_path, tiny_model_dir, counting_dir):
     """1 trainer + 1 rollout process at max_staleness=0: every metric of the synchronous run, step for step,
     and its final weights bit for bit."""
