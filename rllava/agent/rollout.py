@@ -22,7 +22,9 @@ import hashlib
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
+from PIL import Image
 
 from rllava.agent.tools import AgentState, Observation
 from rllava.data.dataset import encode_prompt
@@ -55,6 +57,21 @@ class Episode:
     last_observation: str = ""
     response_tokens: int = 0  # turns + observations so far (the context budget counts both)
     finish_reason: str = ""  # "" while running; then "stop" or "length"
+
+
+def _check_plain(value, where: str) -> None:
+    """Raise (one line, naming `where`) unless `value` is data a weights_only checkpoint load reads back."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, (str, int)):
+                raise DataError(f"{where}: key {k!r} is not a string or number; partial rollouts checkpoint it")
+            _check_plain(v, f"{where}[{k!r}]")
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _check_plain(v, where)
+    elif not (value is None or isinstance(value, (str, int, float, bool, torch.Tensor))):
+        raise DataError(f"{where} holds a {type(value).__name__}: rollout.partial_rollout checkpoints paused episodes "
+                        "as data (numbers, strings, lists, dicts, tensors)")
 
 
 def agent_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
@@ -98,19 +115,24 @@ class AgentRollout(Rollout):
         if self.asynchronous:
             self._generate_async(episodes, sampling)
             return [self._trajectory(e) for e in episodes]
-        for turn in range(self.max_turns):
-            active = [e for e in episodes if not e.finish_reason]
-            if not active:
-                break
-            budgets = [min(sampling.max_new_tokens, self.budget - e.response_tokens) for e in active]
-            requests = [GenerationRequest(e.ids, e.mm, e.raw, list(e.state.images), e.sample.videos)
-                        for e in active]
-            completions = self.engine.generate(requests, replace(sampling, n=1, max_new_tokens=max(budgets)))
-            stepping = [e for e, (c,), budget in zip(active, completions, budgets)
-                        if self._add_turn(e, truncate(c, budget), last=turn == self.max_turns - 1)]
-            for e, obs in zip(stepping, self._step_all(stepping)):
-                self._observe(e, obs)
+        while active := [e for e in episodes if not e.finish_reason]:
+            self._round(active, sampling)
         return [self._trajectory(e) for e in episodes]
+
+    def _round(self, active: list[Episode], sampling: SamplingParams) -> None:
+        """The next turn of every episode in `active` (one batched engine call), then the environment on each."""
+        stepping = self._turns(active, sampling)
+        for e, obs in zip(stepping, self._step_all(stepping)):
+            self._observe(e, obs)
+
+    def _turns(self, active: list[Episode], sampling: SamplingParams) -> list[Episode]:
+        """The next turn of every episode in `active`, one batched engine call; returns those whose turn the
+        environment is to read."""
+        budgets = [min(sampling.max_new_tokens, self.budget - e.response_tokens) for e in active]
+        requests = [GenerationRequest(e.ids, e.mm, e.raw, list(e.state.images), e.sample.videos) for e in active]
+        completions = self.engine.generate(requests, replace(sampling, n=1, max_new_tokens=max(budgets)))
+        return [e for e, (c,), budget in zip(active, completions, budgets)
+                if self._add_turn(e, truncate(c, budget), last=len(e.turn_texts) == self.max_turns - 1)]
 
     def _generate_async(self, episodes: list[Episode], sampling: SamplingParams) -> None:
         """rollout.async_mode: no rounds. Each episode's tool call runs in a thread of its own (at most
@@ -120,15 +142,9 @@ class AgentRollout(Rollout):
         ready, calls = list(episodes), {}
         with ThreadPoolExecutor(max(1, self.tool_workers)) as pool:
             while ready or calls:
-                if ready:
-                    budgets = [min(sampling.max_new_tokens, self.budget - e.response_tokens) for e in ready]
-                    requests = [GenerationRequest(e.ids, e.mm, e.raw, list(e.state.images), e.sample.videos)
-                                for e in ready]
-                    completions = self.engine.generate(requests, replace(sampling, n=1, max_new_tokens=max(budgets)))
-                    for e, (c,), budget in zip(ready, completions, budgets):
-                        if self._add_turn(e, truncate(c, budget), last=len(e.turn_texts) == self.max_turns - 1):
-                            calls[pool.submit(self.env.step, e.state, e.turn_texts[-1])] = e
-                    ready = []
+                for e in self._turns(ready, sampling) if ready else []:
+                    calls[pool.submit(self.env.step, e.state, e.turn_texts[-1])] = e
+                ready = []
                 if calls:  # the first call to return, and any others done by then
                     finished, _ = wait(calls, return_when=FIRST_COMPLETED)
                     for future in [f for f in calls if f in finished]:  # in submission order
@@ -136,6 +152,50 @@ class AgentRollout(Rollout):
                         self._observe(e, future.result())
                         if not e.finish_reason:
                             ready.append(e)
+
+    # rollout.partial_rollout (roles.rollout.PartialRollouts): an episode pauses between turns, a round is one turn
+    def partial_begin(self, samples: list[Sample], sampling: SamplingParams, chunk: int, max_new: int) -> list[list]:
+        episodes = self._episodes(samples, sampling.n)
+        self._round(episodes, sampling)
+        return [[e for e in episodes if e.group == i] for i in range(len(samples))]
+
+    def partial_advance(self, episodes: list[Episode], sampling: SamplingParams, chunk: int, max_new: int) -> None:
+        self._round(episodes, sampling)
+
+    def partial_done(self, e: Episode, max_new: int) -> bool:
+        return bool(e.finish_reason)
+
+    def partial_segments(self, e: Episode) -> list[Segment]:
+        return e.segments
+
+    def partial_finish(self, e: Episode) -> Trajectory:
+        return self._trajectory(e)
+
+    def partial_state(self, e: Episode) -> dict:
+        """The episode as data (a checkpoint is loaded with weights_only): tokens, pixels, the images the tools
+        showed, and the tools' state, which must be plain data (numbers, strings, lists, dicts, tensors)."""
+        s = e.state
+        where = f"episode of {e.sample.where}"
+        _check_plain(s.memory, f"{where}: the tools' state (AgentState.memory)")
+        return {"index": e.sample.index, "ids": e.ids, "raw": e.raw, "mm": dict(e.mm),
+                "segments": [[g.token_ids, g.trained, g.logprobs, g.version] for g in e.segments],
+                "images": [torch.from_numpy(np.asarray(to_rgb(im))) for im in s.images[len(e.sample.images):]],
+                "model_sizes": [list(x) for x in s.model_sizes], "calls": [list(c) for c in s.calls],
+                "failed_calls": s.failed_calls, "memory": s.memory, "log": s.log, "turn_texts": e.turn_texts,
+                "turn_rewards": e.turn_rewards, "anchors": e.anchors, "last_observation": e.last_observation,
+                "response_tokens": e.response_tokens, "finish_reason": e.finish_reason}
+
+    def partial_load(self, st: dict, dataset) -> Episode:
+        sample = dataset[st["index"]]
+        state = self.env.reset(sample, [tuple(x) for x in st["model_sizes"][:len(sample.images)]])
+        state.images += [Image.fromarray(t.numpy()) for t in st["images"]]
+        state.model_sizes = [tuple(x) for x in st["model_sizes"]]
+        state.calls, state.failed_calls = [tuple(c) for c in st["calls"]], st["failed_calls"]
+        state.memory, state.log = st["memory"], st["log"]
+        return Episode(0, sample, st["ids"], st["raw"], st["mm"],
+                       [Segment(ids, trained=t, logprobs=lps, version=v) for ids, t, lps, v in st["segments"]],
+                       state, st["turn_texts"], st["turn_rewards"], st["anchors"], st["last_observation"],
+                       st["response_tokens"], st["finish_reason"])
 
     def _step_all(self, episodes: list[Episode]) -> list[Observation]:
         """The environment on each episode's last turn: at most `tool_workers` at once (threads: a tool that

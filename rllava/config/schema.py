@@ -1243,9 +1243,17 @@ class PPOConfig:
         if self.rollout.partial_rollout and mode in HYBRIDS:
             p.append(f"rollout.partial_rollout=true with actor.policy_loss.loss_mode={mode}: a hybrid's responses "
                      "start with expert tokens drawn each step; set rollout.partial_rollout=false")
-        if self.rollout.partial_rollout and agent_on(self):
-            p.append("rollout.partial_rollout=true with agent tools: episodes are not paused between turns yet; set "
-                     "rollout.partial_rollout=false")
+        r = self.rollout
+        if r.partial_rollout and (r.tool_config_path or r.env_config_path):
+            p.append("rollout.partial_rollout=true pauses agent episodes between turns and checkpoints them as data; "
+                     "the tool / environment classes of rollout.tool_config_path / env_config_path are objects: use "
+                     "rollout.agent.tools, or set rollout.partial_rollout=false")
+        if r.partial_rollout_tokens and agent_on(self):
+            p.append(f"rollout.partial_rollout_tokens={r.partial_rollout_tokens}: agent episodes pause between turns "
+                     "(a round is one turn); leave rollout.partial_rollout_tokens=0")
+        if r.partial_rollout and r.async_mode and agent_on(self):
+            p.append("rollout.partial_rollout=true writes agent episodes in rounds of one turn; rollout.async_mode=true "
+                     "runs them without rounds: set one of the two")
         if self.rollout.async_mode and self.rollout.name == "hf" and not agent_on(self):
             p.append("rollout.async_mode=true keeps a vLLM / SGLang engine awake between rollouts and lets agent "
                      "episodes go on without rounds; a single-turn rollout.name=hf run has neither (to overlap "

@@ -57,12 +57,16 @@ def truncate(c: Completion, budget: int) -> Completion:
     return Completion(c.token_ids[:budget], c.logprobs[:budget], "length")
 
 
-def tag_versions(trajectories: list[Trajectory], version: int) -> None:
+def tag_segments(segments: list[Segment], version: int) -> None:
     """Mark the sampled segments not marked yet as written by the weights after update `version`."""
+    for seg in segments:
+        if seg.trained and not seg.off_policy and seg.version is None:
+            seg.version = version
+
+
+def tag_versions(trajectories: list[Trajectory], version: int) -> None:
     for t in trajectories:
-        for seg in t.segments:
-            if seg.trained and not seg.off_policy and seg.version is None:
-                seg.version = version
+        tag_segments(t.segments, version)
 
 
 class Rollout:
@@ -131,74 +135,88 @@ class Rollout:
             c = truncate(c, budget)
             t.segments.append(Segment(c.token_ids, trained=True, logprobs=c.logprobs))
             t.finish_reason = c.finish_reason
-            t.response = self.tokenizer.decode([x for s in t.segments[1:] for x in s.token_ids],
-                                               skip_special_tokens=self.skip_special_tokens)
+            t.response = self._decode(t.segments)
+
+    def _decode(self, segments: list[Segment]) -> str:
+        return self.tokenizer.decode([x for s in segments[1:] for x in s.token_ids],
+                                     skip_special_tokens=self.skip_special_tokens)
+
+    # rollout.partial_rollout (PartialRollouts): a response being written is its Trajectory
+    def partial_begin(self, samples: list[Sample], sampling: SamplingParams, chunk: int, max_new: int) -> list[list]:
+        fresh = self.generate(samples, replace(sampling, max_new_tokens=min(chunk, max_new)))
+        return [[t for t in fresh if t.group_id == i] for i in range(len(samples))]
+
+    def partial_advance(self, units: list[Trajectory], sampling: SamplingParams, chunk: int, max_new: int) -> None:
+        self.extend(units, sampling, [min(chunk, max_new - t.num_response_tokens) for t in units])
+
+    def partial_done(self, t: Trajectory, max_new: int) -> bool:
+        return t.finish_reason == "stop" or t.num_response_tokens >= max_new
+
+    def partial_segments(self, t: Trajectory) -> list[Segment]:
+        return t.segments
+
+    def partial_finish(self, t: Trajectory) -> Trajectory:
+        return t
+
+    def partial_state(self, t: Trajectory) -> dict:
+        return {"index": t.sample.index, "finish": t.finish_reason,
+                "segments": [[s.token_ids, s.logprobs, s.version] for s in t.segments[1:]]}
+
+    def partial_load(self, state: dict, dataset) -> Trajectory:
+        sample = dataset[state["index"]]
+        prompt, mm = encode_prompt(self.processor, sample)
+        segments = [Segment(prompt, trained=False)] + [Segment(list(ids), trained=True, logprobs=lps, version=v)
+                                                       for ids, lps, v in state["segments"]]
+        return Trajectory(sample=sample, group_id=0, segments=segments, mm_inputs=mm, finish_reason=state["finish"],
+                          model_image_sizes=model_image_sizes(self.processor, sample, mm),
+                          response=self._decode(segments))
 
 
 class PartialRollouts:
-    """rollout.partial_rollout: responses are written in rounds of at most `chunk` tokens each
-    (rollout.partial_rollout_tokens), `size` prompt groups being written at a time. A step runs rounds until
-    `size` groups are complete (every response ended: EOS or data.max_response_length) and trains on the oldest
-    `size` of them; the groups still being written are paused and continued in the next step, under the weights
-    of then, so a long response no longer holds back a whole step (slime's and AReaL's partial rollouts). Each
-    round's tokens carry the version that wrote them (`Segment.version`), so the staleness metrics and the rollout
-    correction see mixed-version responses as they are.
+    """rollout.partial_rollout: responses are written in rounds, `size` prompt groups being written at a time: a
+    round is at most `chunk` tokens of each response (rollout.partial_rollout_tokens), or one turn of each agent
+    episode (episodes pause between turns). A step runs rounds until `size` groups are complete (every response
+    ended: EOS or data.max_response_length; an episode: its answer, max_turns or its budget) and trains on the
+    oldest `size` of them; the groups still being written are paused and continued in the next step, under the
+    weights of then, so a long response no longer holds back a whole step (slime's and AReaL's partial
+    rollouts). Each round's tokens carry the version that wrote them (`Segment.version`), so the staleness metrics
+    and the rollout correction see mixed-version responses as they are.
 
-    The pool (the groups, and prompts drawn but not started) is checkpointed as data: per response its
-    dataset row, tokens, log-probs and versions (`state_dict`)."""
+    The driver (`Rollout`, `AgentRollout`) supplies the `partial_*` methods over its unit of work (a Trajectory,
+    an Episode). The pool (the groups, and prompts drawn but not started) is checkpointed as data: per response
+    its dataset row, tokens, log-probs and versions (an episode: its observations and tool state too)."""
 
     def __init__(self, rollout: Rollout, dataset, chunk: int, max_new_tokens: int):
         self.rollout, self.dataset, self.chunk, self.max_new_tokens = rollout, dataset, chunk, max_new_tokens
-        self.groups: list[list[Trajectory]] = []  # started, oldest first (complete ones included)
+        self.groups: list[list] = []  # started, oldest first (complete ones included)
         self.waiting: list[Sample] = []  # drawn, not started
-
-    def done(self, t: Trajectory) -> bool:
-        return t.finish_reason == "stop" or t.num_response_tokens >= self.max_new_tokens
 
     def next_batch(self, draw: Callable[[], list[Sample]], sampling: SamplingParams, size: int,
                    version: int) -> list[Trajectory]:
         """`size` complete groups (group ids 0..size-1), written by rounds under this step's weights (`version`)
         and, for groups paused in earlier steps, under theirs."""
-        complete = lambda g: all(map(self.done, g))  # noqa: E731
+        r, budget = self.rollout, (self.chunk, self.max_new_tokens)
+        complete = lambda g: all(r.partial_done(u, self.max_new_tokens) for u in g)  # noqa: E731
         while sum(map(complete, self.groups)) < size:  # a round: the paused responses go on, new groups start
-            running = [t for g in self.groups if not complete(g) for t in g if not self.done(t)]
+            running = [u for g in self.groups if not complete(g) for u in g if not r.partial_done(u, budget[1])]
             if running:
-                self.rollout.extend(running, sampling, [min(self.chunk, self.max_new_tokens - t.num_response_tokens)
-                                                        for t in running])
+                r.partial_advance(running, sampling, *budget)
             starting = size - len(self.groups) + sum(map(complete, self.groups))  # `size` groups being written
             while len(self.waiting) < starting:
                 self.waiting += draw()
             if starting > 0:
                 new, self.waiting = self.waiting[:starting], self.waiting[starting:]
-                fresh = self.rollout.generate(new, replace(sampling, max_new_tokens=min(self.chunk,
-                                                                                         self.max_new_tokens)))
-                self.groups += [[t for t in fresh if t.group_id == i] for i in range(len(new))]
-            tag_versions([t for g in self.groups for t in g], version)
+                self.groups += r.partial_begin(new, sampling, *budget)
+            for u in (u for g in self.groups for u in g):
+                tag_segments(r.partial_segments(u), version)
         batch = [g for g in self.groups if complete(g)][:size]
         self.groups = [g for g in self.groups if not any(g is b for b in batch)]
-        return [replace(t, group_id=i) for i, g in enumerate(batch) for t in g]
+        return [replace(r.partial_finish(u), group_id=i) for i, g in enumerate(batch) for u in g]
 
     def state_dict(self) -> dict:
-        def response(t: Trajectory) -> dict:
-            return {"finish": t.finish_reason, "segments": [[s.token_ids, s.logprobs, s.version]
-                                                            for s in t.segments[1:]]}
-        return {"groups": [[g[0].sample.index, [response(t) for t in g]] for g in self.groups],
+        return {"groups": [[self.rollout.partial_state(u) for u in g] for g in self.groups],
                 "waiting": [s.index for s in self.waiting]}
 
     def load_state_dict(self, state: dict) -> None:
         self.waiting = [self.dataset[i] for i in state["waiting"]]
-        self.groups = []
-        for i, (index, responses) in enumerate(state["groups"]):
-            sample = self.dataset[index]
-            prompt, mm = encode_prompt(self.rollout.processor, sample)
-            sizes = model_image_sizes(self.rollout.processor, sample, mm)
-            group = []
-            for r in responses:
-                segments = [Segment(prompt, trained=False)] + [Segment(list(ids), trained=True, logprobs=lps,
-                                                                       version=v) for ids, lps, v in r["segments"]]
-                t = Trajectory(sample=sample, group_id=i, segments=segments, mm_inputs=mm, finish_reason=r["finish"],
-                               model_image_sizes=sizes)
-                t.response = self.rollout.tokenizer.decode([x for s in segments[1:] for x in s.token_ids],
-                                                           skip_special_tokens=self.rollout.skip_special_tokens)
-                group.append(t)
-            self.groups.append(group)
+        self.groups = [[self.rollout.partial_load(u, self.dataset) for u in g] for g in state["groups"]]

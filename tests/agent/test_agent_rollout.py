@@ -233,3 +233,37 @@ def test_async_mode_episodes_go_on_without_rounds(proc):
     assert [n for n, _ in free.engine.calls] == [2, 1, 1, 1]
     assert [(t.response, [s.token_ids for s in t.segments]) for t in got] == \
         [(t.response, [s.token_ids for s in t.segments]) for t in expected]
+
+
+def test_partial_rollouts_pause_episodes_between_turns(proc, tmp_path):
+    """rollout.partial_rollout with an agent: a round is one turn of every running episode. Two groups being
+    written: episode 0 answers at once, episode 1 calls twice; after round 2 episodes 0 and 2 make the batch and
+    episode 1 waits, paused after its second turn, to finish under the next weights (versions 0, 0, 1), with
+    episode 4, while episode 3 pauses. The
+    paused pool goes through a weights_only checkpoint file and goes on as the live one does."""
+    from rllava.roles.rollout import PartialRollouts
+
+    scripts = {0: ["<answer>0</answer>"], 1: ["<echo>a</echo>", "<echo>b</echo>", "<answer>1</answer>"],
+               2: ["<answer>2</answer>"], 3: ["<echo>c</echo>", "<answer>3</answer>"], 4: ["<answer>4</answer>"]}
+    data = [_sample(i) for i in range(5)]
+    draws = iter([data[:2], data[2:4], data[4:]])
+    sampling = SamplingParams(n=1, max_new_tokens=50)
+    pool = PartialRollouts(_rollout(proc, scripts, tools=("echo",)), data, chunk=0, max_new_tokens=50)
+    first = pool.next_batch(lambda: next(draws), sampling, 2, version=0)
+    assert [t.sample.index for t in first] == [0, 2] and [t.group_id for t in first] == [0, 1]
+    (paused,) = [e for g in pool.groups for e in g]
+    assert paused.sample.index == 1 and paused.turn_texts == ["<echo>a</echo>", "<echo>b</echo>"]
+    path = tmp_path / "pool.pt"
+    torch.save(pool.state_dict(), path)
+    again = PartialRollouts(_rollout(proc, scripts, tools=("echo",)), data, chunk=0, max_new_tokens=50)
+    again.load_state_dict(torch.load(path, weights_only=True))
+    again.waiting = list(pool.waiting)
+    rest = iter([data[4:]])
+    second = pool.next_batch(lambda: next(draws), sampling, 2, version=1)
+    resumed = again.next_batch(lambda: next(rest), sampling, 2, version=1)
+    assert [t.sample.index for t in second] == [1, 4]  # episode 3 called a tool: paused in its turn
+    one = second[0]
+    assert [s.version for s in one.segments if s.trained] == [0, 0, 1] and one.agent.calls == [("echo", "a"), ("echo", "b")]
+    assert [(t.sample.index, t.response, [s.token_ids for s in t.segments], [s.version for s in t.segments])
+            for t in resumed] == [(t.sample.index, t.response, [s.token_ids for s in t.segments],
+                                   [s.version for s in t.segments]) for t in second]

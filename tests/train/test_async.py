@@ -174,7 +174,7 @@ def test_several_trainers_or_rollout_ranks(tmp_path, tiny_model_dir, counting_di
     assert all(r["actor/grad_norm"] > 0 for r in rows) and os.path.isfile(f"{out}/final/model.safetensors")
 
 
-FAKE_VLLM = """
+FAKE_ENGINE = """
 import atexit, json, os, sys
 sys.path.insert(0, {engine_tests!r})
 import test_rollout_engines as fakes
@@ -183,19 +183,19 @@ _tokens = fakes._fake_tokens  # ordinary ids, not the tiny vocabulary's special 
 fakes._fake_tokens = lambda i, j, eos: (lambda ids, lps, f: ([t + 1000 if t != eos else t for t in ids], lps, f))(
     *_tokens(i, j, eos))
 log = []
-_mod = fakes.fake_vllm(log)
-LLM, SamplingParams = _mod.LLM, _mod.SamplingParams
+_mod = getattr(fakes, "fake_" + {name!r})(log)
+globals().update({{k: v for k, v in vars(_mod).items() if not k.startswith("__")}})
 
 
-def _write():
+def _write():  # per weight load (vLLM: a wake-up of the weights; SGLang: a resume), the sum of what went in
     loads, sums = [], []
     for event in log:
-        if event[0] == "wake_up" and event[1] == ["weights"]:
+        if event[0] in ("resume_memory_occupation", "wake_up") and event[0:2] != ("wake_up", ["kv_cache"]):
             sums = []
             loads.append(sums)
-        elif event[0] == "load_weights":
+        elif event[0] in ("load_weights", "update_weights_from_tensor"):
             sums += [float(t.double().sum()) for _, t in event[1]]
-    with open(os.environ["FAKE_VLLM_LOG"] + "." + os.environ["LOCAL_RANK"], "w") as f:
+    with open(os.environ["FAKE_ENGINE_LOG"] + "." + os.environ["LOCAL_RANK"], "w") as f:
         json.dump([sum(s) for s in loads], f)
 
 
@@ -203,17 +203,19 @@ atexit.register(_write)
 """
 
 
-def test_vllm_rollout_ranks_get_each_version(tmp_path, tiny_model_dir, counting_dir):
-    """rollout.name=vllm on the rollout rank (the fake engine): before each batch the weights that the schedule
-    names go in through vLLM's weight-update path: versions 0, 0, 1, 2 at max_staleness=1."""
-    fake = tmp_path / "fake" / "vllm"
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_engine_on_the_rollout_rank_gets_each_version(tmp_path, tiny_model_dir, counting_dir, name):
+    """rollout.name=vllm / sglang on the rollout rank (the fake engines): before each batch the weights that the
+    schedule names go in through the engine's weight-update path: versions 0, 0, 1, 2 at max_staleness=1."""
+    fake = tmp_path / "fake" / name
     fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text(textwrap.dedent(FAKE_VLLM.format(engine_tests=os.path.join(REPO, "tests", "engine"))))
-    logfile, reward = str(tmp_path / "vllm.json"), tmp_path / "text_sum.py"
+    (fake / "__init__.py").write_text(textwrap.dedent(FAKE_ENGINE.format(
+        engine_tests=os.path.join(REPO, "tests", "engine"), name=name)))
+    logfile, reward = str(tmp_path / "engine.json"), tmp_path / "last_char.py"
     reward.write_text("def compute_score(response, ground_truth):\n"  # the fake's samples differ in one token
                       "    return {'overall': ord(response[-1]) % 7 / 7 if response else 0.0, 'accuracy': 0.0}\n")
-    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), REPO]), "FAKE_VLLM_LOG": logfile}
-    _run(2, _args(tiny_model_dir, counting_dir, str(tmp_path / "run"), *ASYNC, "rollout.name=vllm",
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), REPO]), "FAKE_ENGINE_LOG": logfile}
+    _run(2, _args(tiny_model_dir, counting_dir, str(tmp_path / "run"), *ASYNC, f"rollout.name={name}",
                   "trainer.max_staleness=1", f"reward.reward_function={reward}:compute_score"), env)
     sums = json.load(open(logfile + ".1"))  # the rollout rank: the launch's last process
     assert len(sums) == 4 and sums[0] == sums[1] and len({sums[1], sums[2], sums[3]}) == 3
