@@ -46,7 +46,9 @@ def test_kl_controller_and_rollout_is_keys():
     cfg = _quiet(["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.5"])
     assert B.build_kl_controller(cfg).value == 0.5
     assert B._rollout_is(_quiet(["algorithm.rollout_is=token", "algorithm.rollout_is_cap=3.5"]), False) == {
-        "rollout_is": "token", "rollout_is_cap": 3.5, "rollout_rs": None, "rollout_rs_threshold": None}
+        "rollout_is": "token", "rollout_is_cap": 3.5, "rollout_rs": None, "rollout_rs_threshold": None,
+        "off_policy": False}
+    assert B._rollout_is(_quiet(["rollout.partial_rollout=true"]), False)["off_policy"]  # mismatch metrics logged
 
 
 def _engine(cfg, section="actor"):

@@ -50,7 +50,7 @@ def _rows(out):
     return [r for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "reward/mean" in r]
 
 
-def _same(rows_a, rows_b, skip=("timing/", "perf/", "time/", "async/")):
+def _same(rows_a, rows_b, skip=("timing/", "perf/", "time/", "async/", "actor/mismatch_")):
     assert [r["step"] for r in rows_a] == [r["step"] for r in rows_b]
     for a, b in zip(rows_a, rows_b):
         keys = {k for k in a.keys() | b.keys() if not k.startswith(skip)}
@@ -131,7 +131,7 @@ def test_val_only_ends(tmp_path, tiny_model_dir, counting_dir):
 
 def test_staleness_zero_is_the_synchronous_run(tmp_path, tiny_model_dir, counting_dir):
     """1 trainer + 1 rollout process at max_staleness=0: every metric of the synchronous run, step for step,
-    and its final weights bit for bit."""
+    and its final weights bit for bit (the async run logs the staleness and the sampler-trainer mismatch besides)."""
     sync, asyn = str(tmp_path / "sync"), str(tmp_path / "async")
     _run(1, _args(tiny_model_dir, counting_dir, sync))
     _run(2, _args(tiny_model_dir, counting_dir, asyn, *ASYNC, "trainer.max_staleness=0"))
