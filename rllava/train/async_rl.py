@@ -25,7 +25,8 @@ one sampled.
 Messages, over `D.bridge()` (a gloo group of every process of the launch; host memory):
     trainer 0 -> each rollout rank   the weights of each version some batch needs (gathered, LoRA merged)
     rollout rank 0 -> each trainer   its share of batch s (`regroup`), the version that sampled it, the rollout's
-                                     timings; to trainer 0 also the rollout ranks' sampler and RNG states
+                                     timings; to trainer 0, before a checkpoint, also the rollout ranks' sampler,
+                                     RNG states and paused responses
 Sends do not wait for their receiver; a receiver waits. Ctrl-C or a failing rank: torchrun stops every process.
 """
 
@@ -41,7 +42,6 @@ import numpy as np
 import torch
 
 from rllava import distributed as D
-from rllava.algorithms.hybrid import HYBRID_LOSSES
 from rllava.engine.inference.base import weight_buckets
 from rllava.errors import RllavaError
 from rllava.train import builders as B
@@ -78,10 +78,10 @@ def staleness_metrics(trajectories, step: int) -> dict[str, float]:
 def regroup(parts: list, shares: int) -> list:
     """The rollout ranks' Rollouts (prompt groups numbered from 0 in each) as `shares` equal runs of whole groups,
     renumbered from 0 in each: one per trainer, in rank order."""
-    rows = [(g, p, j) for g, (p, j) in enumerate(_rows(parts))]
-    groups: dict[tuple[int, int], list] = {}
-    for _, p, j in rows:
-        groups.setdefault((p, parts[p].trajectories[j].group_id), []).append((p, j))
+    groups: dict[tuple[int, int], list] = {}  # (rank, its group id) -> that group's rows, in order
+    for p, part in enumerate(parts):
+        for j, t in enumerate(part.trajectories):
+            groups.setdefault((p, t.group_id), []).append((p, j))
     keys = list(groups)
     if len(keys) % shares:
         raise RllavaError(f"{len(keys)} prompt groups cannot be split evenly over {shares} trainers")
@@ -93,14 +93,10 @@ def regroup(parts: list, shares: int) -> list:
             [replace(parts[p].trajectories[j], group_id=gid) for gid, p, j in picked],
             torch.stack([parts[p].scores[j] for _, p, j in picked]),
             [parts[p].details[j] for _, p, j in picked],
-            [r for r, (_, p, j) in enumerate(picked) if j in set(parts[p].dropped)],
+            [r for r, (_, p, j) in enumerate(picked) if j in parts[p].dropped],
             torch.stack([parts[p].baseline[j] for _, p, j in picked]) if first.baseline is not None else None,
             {k: float(np.mean([q.metrics[k] for q in parts if k in q.metrics])) for k in first.metrics}))
     return out
-
-
-def _rows(parts: list) -> list[tuple[int, int]]:
-    return [(p, j) for p, part in enumerate(parts) for j in range(len(part.trajectories))]
 
 
 # ---- messages: pickled objects over the bridge, each tagged by its step or version ----
@@ -196,11 +192,7 @@ def serve(cfg, make_produce) -> str:
     from rllava.model.loader import build_policy
     from rllava.train.loop import Run, add_reward_models, build_reward
 
-    if cfg.actor.policy_loss.loss_mode in HYBRID_LOSSES:
-        raise RllavaError("trainer.async_training=true runs RL without an SFT+RL hybrid for now "
-                          f"(actor.policy_loss.loss_mode={cfg.actor.policy_loss.loss_mode}); set "
-                          "trainer.async_training=false")
-    reward = build_reward(cfg)
+    reward = build_reward(cfg)  # (SFT+RL hybrids are refused at start-up: the config's _async_problems)
     try:
         env = B.build_agent_env(cfg)
         device, outputs_dir = B.setup_run(cfg)
@@ -254,14 +246,15 @@ def _serve(run, produce) -> None:
             del weights
         timer = Timer()
         r = produce(run.next_samples(), timer)
-        parts = D.gather([r])
-        timings = {k: v for k, v in D.mean_metrics(timer.pop()).items()}
-        states = D.gather([{"rng": C.rng_state(), "partial": run.partial.state_dict() if run.partial else None}])
+        parts, timings = D.gather([r]), D.mean_metrics(timer.pop())
+        saved = save_freq > 0 and (s % save_freq == 0 or s == run.steps)  # the trainers checkpoint after step s
+        states = D.gather([{"rng": C.rng_state(), "partial": run.partial.state_dict() if run.partial else None}]) \
+            if saved else None
         _settle(pending, 2 * (s - 1 - k) + BATCH)  # trained already: its weights were needed for this batch
         if D.is_main():
             for dst, share in enumerate(regroup(parts, trainers) if len(parts) > 1 or trainers > 1 else parts):
                 msg = {"rollouts": share, "version": version, "timings": timings}
-                if dst == 0:
+                if dst == 0 and saved:
                     msg.update(sampler=run.sampler.state_dict(), rng=states)
                 _send(group, msg, dst, 2 * s + BATCH, pending)
     _settle(pending)

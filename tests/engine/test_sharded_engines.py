@@ -34,7 +34,9 @@ def _result(path):
 DEEPSPEED = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                                reason="DeepSpeed not installed (pip install 'rllava[deepspeed]')")
 # fsdp_worker.py's strategies: deepspeed{stage}[-offload] (ZeRO-Offload runs DeepSpeedCPUAdam)
-SHARDED = ["fsdp2", pytest.param("deepspeed2", marks=DEEPSPEED), pytest.param("deepspeed3", marks=DEEPSPEED)]
+# deepspeed2's 2-rank run and the ZeRO-Offload resume take the longest (~45 s, ~90 s): make test-slow runs them
+SHARDED = ["fsdp2", pytest.param("deepspeed2", marks=[DEEPSPEED, pytest.mark.slow]),
+           pytest.param("deepspeed3", marks=DEEPSPEED)]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,7 @@ def test_two_ranks_match_one_process(tmp_path, tiny_model_dir, single_step, stra
 
 @pytest.mark.parametrize("strategy, resumed_on", [
     ("fsdp2", ["single", "fsdp2"]),
-    pytest.param("deepspeed3-offload", ["single", "deepspeed2"], marks=DEEPSPEED),
+    pytest.param("deepspeed3-offload", ["single", "deepspeed2"], marks=[DEEPSPEED, pytest.mark.slow]),
     pytest.param("fsdp2", ["deepspeed3"], marks=DEEPSPEED, id="fsdp2-to-deepspeed")])
 def test_checkpoint_from_two_ranks_resumes_in_one(tmp_path, tiny_model_dir, strategy, resumed_on):
     """Engine state is saved by parameter name (`checkpoint.py`): a 2-rank checkpoint resumes in one process

@@ -122,6 +122,7 @@ def test_without_torchrun_one_line(tmp_path, tiny_model_dir, counting_dir):
         "--nproc_per_node=<trainers + rollout_ranks>"), res.stderr[-2000:]
 
 
+@pytest.mark.slow  # make test-slow (the fast suite's time budget)
 def test_val_only_ends(tmp_path, tiny_model_dir, counting_dir):
     """trainer.val_only: the trainer validates, the rollout rank has nothing to sample; both end."""
     res = _run(2, _args(tiny_model_dir, counting_dir, str(tmp_path / "v"), *ASYNC, "trainer.val_only=true",
@@ -141,6 +142,7 @@ def test_staleness_zero_is_the_synchronous_run(tmp_path, tiny_model_dir, countin
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # make test-slow (3 launches)
 def test_resume_is_the_uninterrupted_run(tmp_path, tiny_model_dir, counting_dir):
     """max_staleness=1, a checkpoint at step 2: 4 steps straight, and 2 steps + a resumed run of 2, log the
     same metrics and end on the same weights (the rollout side's sampler and RNG come back)."""
@@ -203,7 +205,7 @@ atexit.register(_write)
 """
 
 
-@pytest.mark.parametrize("name", ["vllm", "sglang"])
+@pytest.mark.parametrize("name", ["vllm", pytest.param("sglang", marks=pytest.mark.slow)])
 def test_engine_on_the_rollout_rank_gets_each_version(tmp_path, tiny_model_dir, counting_dir, name):
     """rollout.name=vllm / sglang on the rollout rank (the fake engines): before each batch the weights that the
     schedule names go in through the engine's weight-update path: versions 0, 0, 1, 2 at max_staleness=1."""
@@ -297,7 +299,8 @@ def test_partial_rollouts_pause_and_continue(tiny_model_dir, counting_dir):
     assert [[t.response for t in g] for g in again.groups] == [[t.response for t in g] for g in pool.groups]
 
 
-@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow  # make test-slow (3 runs each)
+@pytest.mark.parametrize("nproc", [1, 2])
 def test_partial_rollouts_resume_exactly(tmp_path, tiny_model_dir, counting_dir, nproc):
     """Responses paused at the checkpoint come back with it: 4 steps straight = 2 steps + a resumed 2, in a
     synchronous run (1 process) and an asynchronous one (2: the rollout rank's paused responses travel to
