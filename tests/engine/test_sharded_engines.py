@@ -112,6 +112,7 @@ def _rlvr_on_ranks(nproc: int, out, model: str, reward: str, *extra: str) -> sub
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+# the two DeepSpeed pipelines (~18 s each) run in make test-slow: the fast suite's 20-minute budget
 @pytest.mark.parametrize("nproc, strategy", [
     (2, ["actor.strategy=fsdp2"]),
     pytest.param(2, ["actor.strategy=fsdp2", "algorithm.ref_reset_freq=1", "actor.ppo_mini_batch_size=4"],
@@ -122,10 +123,10 @@ def _rlvr_on_ranks(nproc: int, out, model: str, reward: str, *extra: str) -> sub
                      "data.target_key=solution", "actor.ppo_micro_batch_size=2", "algorithm.switch_gate=1"],
                  id="fsdp2-hpt"),
     pytest.param(2, ["actor.strategy=deepspeed", "actor.deepspeed.zero_stage=3", "actor.deepspeed.torch_dtype=fp32"],
-                 marks=DEEPSPEED, id="deepspeed"),
+                 marks=[DEEPSPEED, pytest.mark.slow], id="deepspeed"),
     pytest.param(1, ["actor.strategy=deepspeed", "actor.deepspeed.zero_stage=2", "algorithm.adv_estimator=gae",
                      "critic.strategy=deepspeed", "critic.deepspeed.zero_stage=3"],
-                 marks=DEEPSPEED, id="deepspeed-one-process-ppo-critic")])
+                 marks=[DEEPSPEED, pytest.mark.slow], id="deepspeed-one-process-ppo-critic")])
 def test_rlvr_pipeline_on_two_ranks(tmp_path, tiny_model_dir, counting_dir, distinct_reward, nproc, strategy):
     """`torchrun --nproc_per_node=2 -m rllava.train.pipeline.rlvr actor.strategy=...` end to end on CPU (gloo):
     KL to a sharded reference, HF generate on gathered weights, validation sharded over the ranks and
