@@ -132,3 +132,24 @@ def test_async_table_rows_and_gap_to_the_synchronous_run():
     assert table[0].startswith("| run | seed 0: start -> end | seed 1: start -> end | mean end | mean end - sync's")
     assert table[2] == "| sync | 20.0 -> 40.0 | 21.0 -> 44.0 | 42.0 | +0.0 | 43.0 | 100 |"
     assert table[3] == "| k1_tis | 20.0 -> 39.0 | 21.0 -> 46.0 | 42.5 | +0.5 | 43.5 | 100 |"
+
+
+def test_run_methods_runs_each_once_with_its_keys_and_processes(tmp_path, monkeypatch):
+    """One warm-up serves every method; each runs with its keys on its process count; a method already
+    summarised is not run again (run_hybrids and --async go through it)."""
+    import rllava.proof as P
+
+    calls = []
+    monkeypatch.setattr(P, "prepare", lambda task, out, seed=0: calls.append(("prepare", seed)) or ["data.x=1"])
+    monkeypatch.setattr(P, "warm_up", lambda task, out, common, steps: os.makedirs(os.path.join(out, "sft", "final")))
+    monkeypatch.setattr(P, "train_rl", lambda task, out, common, name, keys, rl_steps, val_freq, processes:
+                        calls.append((name, keys, processes)) or os.makedirs(os.path.join(out, name)) or 1.0)
+    monkeypatch.setattr(P, "read_metrics", lambda path: _rows())
+    runs = {"sync": ((), 1), "k1_tis": (("trainer.max_staleness=1",), 2)}
+    first = P.run_methods(TASKS["counting"], str(tmp_path), runs, sft_steps=5, rl_steps=30, val_freq=10, seed=3)
+    again = P.run_methods(TASKS["counting"], str(tmp_path), runs, sft_steps=5, rl_steps=30, val_freq=10, seed=3)
+    assert calls == [("prepare", 3), ("sync", (), 1), ("k1_tis", ("trainer.max_staleness=1",), 2)]
+    assert [s["method"] for s in first] == ["sync", "k1_tis"] and first == again and first[0]["seed"] == 3
+    (grpo,) = P.run_hybrids(TASKS["counting"], str(tmp_path / "h"), sft_steps=5, rl_steps=30, val_freq=10,
+                            methods=["grpo"])
+    assert calls[-1] == ("grpo", (), 1) and grpo["method"] == "grpo"
