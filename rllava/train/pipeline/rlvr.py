@@ -8,6 +8,9 @@
         2. reward     one score per response                (Reward role: the user's file.py:fn)
         3. advantage  scores -> per-token advantages        (registered estimator, e.g. grpo)
         4. update     policy loss (+ KL to the reference)   (Actor role, through a train engine)
+
+Stages 1-2 are `make_produce`, 3-4 `learn`: one after the other here, or overlapped with
+`trainer.async_training=true`, where rollout processes of the same launch produce (rllava.train.async_rl).
 """
 
 from __future__ import annotations
