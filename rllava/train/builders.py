@@ -52,6 +52,9 @@ def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
     world = int(os.environ.get("WORLD_SIZE", "1"))  # of this role's own world (trainers, or rollout ranks)
     if world > 1 and not rollout_side:
         check_world_size(cfg, world)
+    if rollout_side and cfg.data.train_batch_size % world:  # the rollout ranks share each batch's prompts
+        raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} must be a multiple of "
+                          f"trainer.rollout_ranks={world} (each rollout process samples a share)")
     random.seed(cfg.trainer.seed)  # the same on every rank: models (LoRA, value heads) start identical
     np.random.seed(cfg.trainer.seed)
     torch.manual_seed(cfg.trainer.seed)
