@@ -53,10 +53,6 @@ def split_roles(rollout_ranks: int) -> str:
     return role
 
 
-def role() -> str:
-    return _split.get("role", "train")
-
-
 def bridge():
     """(gloo group of every process of the launch, this process's rank in it, number of trainers); made once."""
     if "bridge" not in _split:

@@ -1236,14 +1236,13 @@ class PPOConfig:
     def _async_problems(self) -> list[str]:
         """trainer.async_training (rllava.train.async_rl): RL without a hybrid's expert side (which the trainers
         and the rollout ranks would both have to hold)."""
-        mode, p = self.actor.policy_loss.loss_mode, []
+        mode, r, p = self.actor.policy_loss.loss_mode, self.rollout, []
         if self.trainer.async_training and mode in HYBRIDS:
             p.append(f"trainer.async_training=true with actor.policy_loss.loss_mode={mode}: the SFT+RL hybrids run "
                      "synchronously for now; set trainer.async_training=false")
-        if self.rollout.partial_rollout and mode in HYBRIDS:
+        if r.partial_rollout and mode in HYBRIDS:
             p.append(f"rollout.partial_rollout=true with actor.policy_loss.loss_mode={mode}: a hybrid's responses "
                      "start with expert tokens drawn each step; set rollout.partial_rollout=false")
-        r = self.rollout
         if r.partial_rollout and (r.tool_config_path or r.env_config_path):
             p.append("rollout.partial_rollout=true pauses agent episodes between turns and checkpoints them as data; "
                      "the tool / environment classes of rollout.tool_config_path / env_config_path are objects: use "
@@ -1254,15 +1253,15 @@ class PPOConfig:
         if r.partial_rollout and r.async_mode and agent_on(self):
             p.append("rollout.partial_rollout=true writes agent episodes in rounds of one turn; rollout.async_mode=true "
                      "runs them without rounds: set one of the two")
-        if self.rollout.async_mode and self.rollout.name == "hf" and not agent_on(self):
+        if r.async_mode and r.name == "hf" and not agent_on(self):
             p.append("rollout.async_mode=true keeps a vLLM / SGLang engine awake between rollouts and lets agent "
                      "episodes go on without rounds; a single-turn rollout.name=hf run has neither (to overlap "
                      "rollout and training: trainer.async_training=true); set rollout.async_mode=false")
-        if self.rollout.partial_rollout_tokens < 0:
-            p.append(f"rollout.partial_rollout_tokens={self.rollout.partial_rollout_tokens} must be >= 0 (0 = a "
+        if r.partial_rollout_tokens < 0:
+            p.append(f"rollout.partial_rollout_tokens={r.partial_rollout_tokens} must be >= 0 (0 = a "
                      "quarter of data.max_response_length)")
-        if self.rollout.partial_rollout_tokens and not self.rollout.partial_rollout:
-            p.append(f"rollout.partial_rollout_tokens={self.rollout.partial_rollout_tokens} is for "
+        if r.partial_rollout_tokens and not r.partial_rollout:
+            p.append(f"rollout.partial_rollout_tokens={r.partial_rollout_tokens} is for "
                      "rollout.partial_rollout=true; set it, or leave rollout.partial_rollout_tokens=0")
         return p
 

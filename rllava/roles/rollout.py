@@ -198,7 +198,7 @@ class PartialRollouts:
         r, budget = self.rollout, (self.chunk, self.max_new_tokens)
         complete = lambda g: all(r.partial_done(u, self.max_new_tokens) for u in g)  # noqa: E731
         while sum(map(complete, self.groups)) < size:  # a round: the paused responses go on, new groups start
-            running = [u for g in self.groups if not complete(g) for u in g if not r.partial_done(u, budget[1])]
+            running = [u for g in self.groups for u in g if not r.partial_done(u, self.max_new_tokens)]
             if running:
                 r.partial_advance(running, sampling, *budget)
             starting = size - len(self.groups) + sum(map(complete, self.groups))  # `size` groups being written

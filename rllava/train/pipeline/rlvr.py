@@ -87,13 +87,13 @@ def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine,
         # a hybrid's responses may start with expert tokens (LUFFY's expert samples, UFT's hints)
         prefixes = hybrid.prefixes(samples, run.step) if hybrid is not None and params is sampling else None
         with timer("rollout"), generate_context(rollout.engine, train_engine):
-            if run.partial is not None and params is sampling:
+            if run.partial is not None and params is sampling:  # the pool tags each round's tokens itself
                 run.partial.waiting += samples
                 trajectories = run.partial.next_batch(run.next_samples, params, len(samples), version(run.step))
             else:
                 trajectories = rollout.generate(samples, params, prefixes)  # 1. rollout
-            if tagged:
-                tag_versions(trajectories, version(run.step))
+                if tagged:
+                    tag_versions(trajectories, version(run.step))
         with timer("reward"):
             return trajectories, *reward.score(trajectories, train=True)  # 2. reward
 
