@@ -15,6 +15,7 @@ import sys
 import torch
 
 from rllava.algorithms import advantage as _advantage  # noqa: F401  (registers the built-in estimators)
+from rllava.algorithms import distill as _distill  # noqa: F401  (registers the distillation losses)
 from rllava.algorithms import hybrid as _hybrid  # noqa: F401  (registers the SFT+RL hybrid losses)
 from rllava.algorithms import losses as _losses  # noqa: F401  (registers the built-in losses)
 from rllava.algorithms.hybrid import HYBRID_LOSS_KEYS

@@ -16,6 +16,7 @@ from rllava.errors import ConfigError
 ADV_ESTIMATORS: dict[str, Callable] = {}
 POLICY_LOSSES: dict[str, Callable] = {}
 ALGORITHMS: dict[str, type] = {}  # whole algorithms: PPO subclasses, selected by algorithm.adv_estimator
+DISTILL_LOSSES: dict[str, Callable] = {}  # on-policy distillation's per-token terms (algorithm.distill.loss)
 
 
 def _register(table: dict, kind: str, name: str):
@@ -37,6 +38,12 @@ def register_adv_estimator(name: str):
 def register_policy_loss(name: str):
     """Register `fn(inputs: LossInputs, *, params) -> (per_token_loss [B, T], metrics)` as `name`."""
     return _register(POLICY_LOSSES, "policy loss", name)
+
+
+def register_distill_loss(name: str):
+    """Register `fn(*, tensors) -> per_token_loss [B, T]` as `name` (`algorithm.distill.loss=name`); the tensors
+    it declares are among logprobs (with grad), old_logprobs, teacher_logprobs and full_kl (`rllava.algorithms.distill`)."""
+    return _register(DISTILL_LOSSES, "distillation loss", name)
 
 
 def register_ppo(name: str):

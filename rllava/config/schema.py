@@ -172,6 +172,43 @@ class KLControlConfig:
 
 
 @dataclass
+class DistillConfig:  # rllava: on-policy distillation (rllava.algorithms.distill, docs/algorithms.md)
+    teacher_path: Optional[str] = None  # the frozen teacher (any model rllava loads, the student's tokenizer); None = off
+    loss: str = "full"  # full (exact reverse KL over the vocabulary) | k1 | k3 (sampled), by registered name
+    coef: float = 1.0  # weight of the distillation term in the actor loss
+    use_reward: bool = True  # false: pure distillation (the reward is scored and logged, advantages are zero)
+    route_field: Optional[str] = None  # multi-teacher: the record field (data.<field>) whose value picks the teacher
+    teachers: dict[str, str] = field(default_factory=dict)  # multi-teacher: route_field value -> teacher path (others: teacher_path)
+    engine: str = "hf"  # hf (the teacher runs in this process) | vllm | sglang (its log-probs only: k1 / k3)
+    offload: bool = False  # the teacher's weights stay in host memory outside its passes (FSDP2: CPU offload)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # engine=vllm|sglang: passed to vllm.LLM / sglang.Engine
+
+    @property
+    def on(self) -> bool:
+        return bool(self.teacher_path or self.teachers)
+
+    def check(self, prefix: str = "algorithm.distill") -> list[str]:
+        p: list[str] = []  # (the loss is looked up at build time: a plugin may register it)
+        _choice(p, f"{prefix}.engine", self.engine, ["hf", "vllm", "sglang"])
+        if self.coef < 0:
+            p.append(f"{prefix}.coef={self.coef} must be >= 0")
+        if bool(self.teachers) != bool(self.route_field):
+            p.append(f"{prefix}.teachers and {prefix}.route_field go together: the field's value picks a teacher "
+                     f"(e.g. {prefix}.route_field=data_source {prefix}.teachers='{{chart: /models/a}}')")
+        on = self.on
+        for key in ("loss", "coef", "use_reward", "engine", "offload", "engine_kwargs"):
+            if not on and getattr(self, key) != getattr(DistillConfig(), key):
+                p.append(f"{prefix}.{key}={_show(getattr(self, key))} is read only with a teacher: set "
+                         f"{prefix}.teacher_path (or {prefix}.teachers)")
+        if self.engine != "hf" and self.loss == "full":
+            p.append(f"{prefix}.engine={self.engine} gives one teacher log-prob per token; {prefix}.loss=full needs "
+                     f"its whole distribution: use {prefix}.loss=k1 (or k3), or {prefix}.engine=hf")
+        if self.engine == "hf" and self.engine_kwargs:
+            p.append(f"{prefix}.engine_kwargs are for engine=vllm|sglang; this teacher runs in the trainer (engine=hf)")
+        return p
+
+
+@dataclass
 class AlgorithmConfig:
     gamma: float = 1.0  # discount factor (GAE)
     lam: float = 1.0  # GAE lambda
@@ -224,9 +261,10 @@ class AlgorithmConfig:
     # one for all options or one per option, comma-separated: k1 ratio bounds "lower_upper" (or "upper": lower =
     # 1/upper), k2/k3 an upper bound; verl's presets: seq_sum_k1 0.5_2.0, seq_mean_k1 0.999_1.001, seq_mean_k3 0.01
     rollout_rs_threshold: Optional[str] = None  # per option: k1 "lower_upper" ratio bounds, k2/k3 upper; no default
+    distill: DistillConfig = field(default_factory=DistillConfig)  # rllava: on-policy distillation from a teacher
 
     def check(self, prefix: str = "algorithm") -> list[str]:
-        p: list[str] = []
+        p: list[str] = self.distill.check(f"{prefix}.distill")
         _between(p, f"{prefix}.gamma", self.gamma, 0.0, 1.0)
         _between(p, f"{prefix}.lam", self.lam, 0.0, 1.0)
         _choice(p, f"{prefix}.kl_penalty", self.kl_penalty, KL_TYPES)
@@ -1182,7 +1220,7 @@ class PPOConfig:
             p.append(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")
         p += (self._derived_problems() + self._not_built_problems() + self._planned_problems()
-              + self._hybrid_problems() + self._agent_problems() + self._reference_problems() + self._async_problems())
+              + self._hybrid_problems() + self._agent_problems() + self._reference_problems() + self._async_problems() + self._distill_problems())
         if self.actor.policy_loss.loss_mode == "decoupled_ppo" and (
                 self.algorithm.rollout_is != "none" or self.actor.tis_imp_ratio_cap > 0):
             p.append("actor.policy_loss.loss_mode=decoupled_ppo already weights each token by pi_old / pi_rollout: "
@@ -1231,6 +1269,29 @@ class PPOConfig:
                 p.append(f"{key}=full with actor.strategy={self.actor.strategy} (the {strategy} engine): the "
                          "full-vocabulary KL runs on the single-device engine only (it needs both LM heads whole; "
                          f"FSDP2 and DeepSpeed shard them); use {key}=low_var_kl")
+        return p
+
+    def _distill_problems(self) -> list[str]:
+        """algorithm.distill with the rest of the run: the exact KL pairs two whole LM heads (single-device engine);
+        an engine's teacher scores single-turn sequences at temperature 1; hybrids bring their own expert term."""
+        d, p = self.algorithm.distill, []
+        if not d.on:
+            return p
+        strategy, mode = resolve_strategy(self.actor.strategy), self.actor.policy_loss.loss_mode
+        if d.loss == "full" and strategy != "single":
+            p.append(f"algorithm.distill.loss=full with actor.strategy={self.actor.strategy} (the {strategy} engine): "
+                     "the full-vocabulary KL runs on the single-device engine only (it needs both LM heads whole); "
+                     "use algorithm.distill.loss=k1 (or k3)")
+        if d.engine != "hf" and self.rollout.temperature != 1.0:
+            p.append(f"algorithm.distill.engine={d.engine} returns the teacher's log-probs at temperature 1, and the "
+                     f"student's are at rollout.temperature={self.rollout.temperature}: use algorithm.distill.engine=hf "
+                     "(it scores at the rollout temperature) or rollout.temperature=1.0")
+        if d.engine != "hf" and agent_on(self):
+            p.append(f"algorithm.distill.engine={d.engine} scores single-turn responses; agent episodes (observations "
+                     "between turns) are scored by the teacher in the trainer: algorithm.distill.engine=hf")
+        if mode in HYBRIDS:
+            p.append(f"algorithm.distill with actor.policy_loss.loss_mode={mode}: an SFT+RL hybrid already trains on "
+                     "expert tokens; distil with a plain RL loss (e.g. vanilla)")
         return p
 
     def _async_problems(self) -> list[str]:

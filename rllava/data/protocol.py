@@ -84,8 +84,8 @@ class Trajectory:
 
 # Which stage fills each optional Batch field, for the error when it is read before being set.
 _PRODUCED_BY = {"scores": "reward", "advantages": "advantage", "old_logprobs": "old log-prob",
-                "ref_logprobs": "reference", "rollout_logprobs": "rollout", "token_rewards": "KL-in-reward",
-                "values": "critic", "baseline_scores": "greedy baseline rollout"}
+                "ref_logprobs": "reference", "teacher_logprobs": "teacher", "rollout_logprobs": "rollout",
+                "token_rewards": "KL-in-reward", "values": "critic", "baseline_scores": "greedy baseline rollout"}
 
 
 @dataclass
@@ -102,6 +102,7 @@ class Batch:
     advantages: torch.Tensor | None = None  # [B, T]
     old_logprobs: torch.Tensor | None = None  # [B, T] train engine, policy before this update
     ref_logprobs: torch.Tensor | None = None  # [B, T] frozen reference
+    teacher_logprobs: torch.Tensor | None = None  # [B, T] on-policy distillation's teacher(s)
     token_rewards: torch.Tensor | None = None  # [B, T] score at the last token, minus KL when KL is in the reward
     values: torch.Tensor | None = None  # [B, T] critic values V(s_t)
     baseline_scores: torch.Tensor | None = None  # [B] ReMax: reward of the greedy response to the same prompt

@@ -304,7 +304,7 @@ def _kl_rows(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
 
 def _chunk_kl(head, h, ref_h, ref_weight, temperature: float) -> torch.Tensor:
     """KL(softmax(head(h) / T) || softmax(ref_h ref_weight^T / T)) [n]; autograd through `head` only."""
-    logits = head(h).float()
+    logits = head(h).float()[:, :len(ref_weight)]
     return _kl_rows(torch.log_softmax(logits / temperature, -1), _head_logp(ref_h, ref_weight, temperature))
 
 
@@ -363,16 +363,21 @@ def full_kl_from_hidden(head, h: torch.Tensor, ref_h: torch.Tensor, ref_weight: 
     forward per micro-batch, two more head matmuls per chunk (four more in the backward). Both heads must be
     whole in one process, so it runs on the single-device engine only (FSDP2 / DeepSpeed shard them: a
     start-up error says so).
+
+    Heads of different lengths (a distillation teacher with the same tokenizer, its embedding padded to another
+    multiple: Qwen2.5-VL-3B's 151936 rows, 7B's 152064) are compared over their common first rows, every real
+    token; the padding rows past them are never sampled.
     """
     step = chunk_size if chunk_size > 0 else max(len(h), 1)
-    ref_h, ref_weight = ref_h.detach(), ref_weight.detach()
+    rows = min(len(ref_weight), head.weight.shape[0])
+    ref_h, ref_weight = ref_h.detach(), ref_weight.detach()[:rows]
     plain = type(head) is torch.nn.Linear and head.bias is None
     if torch.is_grad_enabled() and len(h):
         if plain:
-            return _ChunkedKL.apply(h, head.weight, ref_h, ref_weight, temperature, step)
+            return _ChunkedKL.apply(h, head.weight[:rows], ref_h, ref_weight, temperature, step)
         return torch.cat([checkpoint(_chunk_kl, head, h[s:s + step], ref_h[s:s + step], ref_weight, temperature,
                                      use_reentrant=False) for s in range(0, len(h), step)])
-    fn = functools.partial(torch.nn.functional.linear, weight=head.weight) if plain else head
+    fn = functools.partial(torch.nn.functional.linear, weight=head.weight[:rows]) if plain else head
     return torch.cat([_chunk_kl(fn, h[s:s + step], ref_h[s:s + step], ref_weight, temperature)
                       for s in range(0, len(h), step)] or [h.new_zeros(0, dtype=torch.float32)])
 
@@ -398,7 +403,7 @@ def token_logprobs(model, batch: Batch, **kwargs) -> tuple[torch.Tensor, torch.T
 
 def _token_logprobs(model, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
                     entropy_grad: bool = False, chunk_size: int = LOGPROB_CHUNK, padding_free: bool = False,
-                    shared_prefix: bool = False, ref_hidden: tuple[torch.Tensor, torch.Tensor] | None = None
+                    shared_prefix: bool = False, ref_hidden: list[tuple[torch.Tensor, torch.Tensor]] | None = None
                     ) -> tuple[torch.Tensor, ...]:
     """log pi(x_t | x_<t) and the policy's entropy at t, for every t with loss_mask[t] = 1.
 
@@ -407,9 +412,10 @@ def _token_logprobs(model, batch: Batch, *, temperature: float = 1.0, with_entro
     LM head runs over `chunk_size` trained tokens at a time (see `logprobs_from_hidden`); `padding_free`
     packs the rows (see `packed_inputs`); `shared_prefix` runs each group's prompt once (see
     `shared_prefix_inputs`). The entropy carries grad only if `entropy_grad` (an entropy bonus);
-    otherwise it is a detached metric. `ref_hidden`: the reference's (hidden states at the same trained
-    positions [N, H], LM head weight [V, H]) (`rllava.roles.reference.Reference.hidden`); a third tensor [B, T]
-    is then returned, the full-vocabulary KL(pi || pi_ref) at each position (`full_kl_from_hidden`).
+    otherwise it is a detached metric. `ref_hidden`: a list of other models' (hidden states at the same trained
+    positions [N, H'], LM head weight [V, H']) (`rllava.roles.reference.Reference.hidden`: the reference, a
+    distillation teacher); one more tensor [B, T] is returned for each, the full-vocabulary KL(pi || that model)
+    at each position (`full_kl_from_hidden`).
     """
     h, target = trained_hidden(model, batch, padding_free=padding_free, shared_prefix=shared_prefix)
     _, head = _backbone_and_head(model)
@@ -417,7 +423,5 @@ def _token_logprobs(model, batch: Batch, *, temperature: float = 1.0, with_entro
     lp, ent = logprobs_from_hidden(head, h, labels, temperature=temperature, with_entropy=with_entropy,
                                    entropy_grad=entropy_grad, chunk_size=chunk_size)
     out = _scatter(lp, target), (_scatter(ent, target) if ent is not None else None)
-    if ref_hidden is None:
-        return out
-    kl = full_kl_from_hidden(head, h, *ref_hidden, temperature=temperature, chunk_size=chunk_size)
-    return (*out, _scatter(kl, target))
+    return (*out, *[_scatter(full_kl_from_hidden(head, h, *ref, temperature=temperature, chunk_size=chunk_size),
+                             target) for ref in ref_hidden or []])

@@ -44,10 +44,10 @@ def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdp
     """`from_pretrained` on a local directory or hub id; any failure names `key` and the path. `auto`: the Auto
     class to load with (a reward model's AutoModelForSequenceClassification); default `auto_class(config)`."""
     if not path:
-        raise ModelLoadError(f"{key}.model_path is not set")
+        raise ModelLoadError(f"{_path_key(key)} is not set")
     local = not re.fullmatch(r"[\w.-]+/[\w.-]+", path) or path.startswith((".", "~"))  # a hub id is org/name
     if local and not os.path.isdir(path):
-        raise ModelLoadError(f"{key}.model_path={path!r}: no such local directory (a hub id is written org/name)")
+        raise ModelLoadError(f"{_path_key(key)}={path!r}: no such local directory (a hub id is written org/name)")
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         for k, v in (override_config or {}).items():
@@ -56,15 +56,21 @@ def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdp
                                                   attn_implementation=attn_implementation,
                                                   trust_remote_code=trust_remote_code)
     except SafetensorError as e:  # a truncated download, a disk that filled up while it was written
-        raise ModelLoadError(f"{key}.model_path={path!r}: the weights are truncated or corrupt ({e}): download or "
+        raise ModelLoadError(f"{_path_key(key)}={path!r}: the weights are truncated or corrupt ({e}): download or "
                              "save the model again") from e
     except (OSError, ValueError, ImportError) as e:
         if not local and not os.path.isdir(path) and _offline(e):
-            raise ModelLoadError(f"{key}.model_path={path!r}: no such local directory, and the hub could not be "
+            raise ModelLoadError(f"{_path_key(key)}={path!r}: no such local directory, and the hub could not be "
                                  "reached to download it (offline, HF_HUB_OFFLINE=1 or a proxy): give the model's "
                                  "local directory, or download it where the hub is reachable") from e
-        raise ModelLoadError(f"{key}.model_path={path!r} could not be loaded: {type(e).__name__}: "
+        raise ModelLoadError(f"{_path_key(key)}={path!r} could not be loaded: {type(e).__name__}: "
                              f"{str(e).splitlines()[0]}") from e
+
+
+def _path_key(key: str) -> str:
+    """The config key of a model's path: `{key}.model_path`, or `key` itself when it names one
+    (algorithm.distill.teacher_path)."""
+    return key if key.endswith("_path") or ".teachers." in key else f"{key}.model_path"
 
 
 def _offline(e: BaseException) -> bool:

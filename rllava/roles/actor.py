@@ -7,8 +7,11 @@ into micro-batches, by a fixed row count or by a token budget (`MicroBatching`),
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -16,6 +19,7 @@ from rllava import distributed as D
 from rllava.algorithms.hybrid import EXPERT_IN_RL, EXPERT_IN_SFT, sft_token_weights
 from rllava.algorithms.correction import mismatch_metrics, rollout_importance_weights, rollout_rejection_mask
 from rllava.algorithms.losses import LossInputs, aggregate, kl_penalty, masked_mean
+from rllava.algorithms.registry import call_with_params
 from rllava.data.protocol import Batch
 from rllava.model.forward import LOGPROB_CHUNK, token_logprobs
 
@@ -171,6 +175,26 @@ class ExpertLoss:
         return rl, off if self.loss_mode in EXPERT_IN_SFT else torch.zeros_like(off)
 
 
+@dataclass(frozen=True)
+class Distillation:
+    """On-policy distillation as the Actor adds it (`algorithm.distill`): the registered per-token loss `fn`
+    (`rllava.algorithms.distill`), its weight and the teachers (`rllava.roles.teacher.Teachers`)."""
+
+    fn: Callable
+    coef: float
+    teachers: object
+    key: str = "algorithm.distill.loss"
+
+    def needs(self, name: str) -> bool:
+        """The loss declares `name`: teacher_logprobs (a teacher pass before the update), full_kl (the teacher
+        runs on every micro-batch of the update)."""
+        return name in inspect.signature(self.fn).parameters
+
+    @property
+    def full(self) -> bool:
+        return self.needs("full_kl")
+
+
 def _device(model) -> torch.device:
     return next(model.parameters()).device
 
@@ -203,6 +227,7 @@ class Actor:
         # the Reference, for a full-vocabulary KL loss (kl_loss_type=full): its forward runs on every micro-batch of
         # the update (no grad), since the loss needs its whole distribution at each position, not one log-prob
         self.reference = None
+        self.distill: Distillation | None = None  # on-policy distillation's term, beside the policy loss
 
     def needs_old_logprobs(self, batch: Batch) -> bool:
         """With one epoch over one mini-batch, the policy that sampled is the one being updated, so pi_old is
@@ -223,13 +248,16 @@ class Actor:
         masks = (None, None)
         if self.expert is not None and batch.off_policy_mask is not None:
             masks = self.expert.masks(batch.loss_mask, batch.off_policy_mask)
-        for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, *masks):
-            for rows in self.micro_batching.split(batch, mini):
-                micro = batch.select(rows)
-                rl, sft = self._masks(micro)  # which terms have tokens, read on the host: no wait on the device
-                has = (bool(rl.any()), sft is not None and bool(sft.any()))
-                metrics.add(self._backward(micro.to(self.engine.device), norm, rl_coef, sft_coef, has))
-            metrics.add({"actor/grad_norm": self.engine.optimizer_step()})
+        full = self.distill is not None and self.distill.full  # the teachers run inside the update
+        with self.distill.teachers.resident() if full else nullcontext():
+            for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, *masks):
+                parts = self.distill.teachers.split(batch, mini) if full else [mini]  # one teacher per micro-batch
+                for rows in [r for part in parts for r in self.micro_batching.split(batch, part)]:
+                    micro = batch.select(rows)
+                    rl, sft = self._masks(micro)  # which terms have tokens, read on the host: no wait on the device
+                    has = (bool(rl.any()), sft is not None and bool(sft.any()))
+                    metrics.add(self._backward(micro.to(self.engine.device), norm, rl_coef, sft_coef, has))
+                metrics.add({"actor/grad_norm": self.engine.optimizer_step()})
         return metrics.means()
 
     def _masks(self, micro: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -268,10 +296,12 @@ class Actor:
         """One micro-batch's loss, backward; its metrics (`has`: whether it holds any token of the RL term, of
         the SFT term)."""
         full = self.use_kl_loss and self.kl_loss_type == "full"
+        distill_full = self.distill is not None and self.distill.full
+        others = ([self.reference.hidden(micro)] if full else []) + ([self.distill.teachers.hidden(micro)]
+                                                                     if distill_full else [])
         logprobs, entropy, *full_kl = token_logprobs(
             self.model, micro, temperature=self.temperature, with_entropy=True, entropy_grad=self.entropy_coeff != 0,
-            chunk_size=self.logprob_chunk_size, ref_hidden=self.reference.hidden(micro) if full else None,
-            **self.micro_batching.layout)
+            chunk_size=self.logprob_chunk_size, ref_hidden=others, **self.micro_batching.layout)
         mask, sft_mask = self._masks(micro)
         old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
         mask, weights, corr_metrics = self._rollout_correction(micro, mask, old)
@@ -303,6 +333,13 @@ class Actor:
             kl_loss = aggregate(kl, mask, **agg)
             loss = loss + self.kl_loss_coef * kl_loss
             out["actor/kl_loss"] = masked_mean(kl.detach(), mask)
+        if self.distill is not None:  # on-policy distillation: the teacher's per-token term
+            pool = {"logprobs": logprobs, "old_logprobs": old, "teacher_logprobs": micro.teacher_logprobs,
+                    "full_kl": full_kl[-1] if distill_full else None}
+            distill_loss = aggregate(call_with_params(self.distill.fn, (), pool, self.distill.key), mask, **agg)
+            loss = loss + self.distill.coef * distill_loss
+            kl = full_kl[-1] if distill_full else old - micro.need("teacher_logprobs")  # exact, or k1's estimate
+            out.update({"actor/distill_loss": distill_loss.detach(), "distill/reverse_kl": masked_mean(kl.detach(), mask)})
         if self.entropy_coeff != 0:
             loss = loss - self.entropy_coeff * aggregate(entropy, mask, **agg)
         self.engine.backward(loss)

@@ -78,7 +78,7 @@ class Reference:
         """KL(pi || pi_ref) over the vocabulary [B, T] at every trained position, without grad
         (`algorithm.kl_penalty=full`): per micro-batch the reference's hidden states, then the policy's forward."""
         return forward_in_chunks(policy, batch, self.batching, lambda micro: token_logprobs(
-            policy, micro, temperature=self.temperature, chunk_size=self.chunk_size, ref_hidden=self.hidden(micro),
+            policy, micro, temperature=self.temperature, chunk_size=self.chunk_size, ref_hidden=[self.hidden(micro)],
             **self.batching.layout)[2])
 
     # -- resets (algorithm.ref_reset_freq) ---------------------------------------------------------------------

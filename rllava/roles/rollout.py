@@ -24,6 +24,14 @@ def raw_prompt_ids(processor, sample: Sample, prompt_ids: list[int]) -> list[int
     return get_tokenizer(processor)(text, add_special_tokens=False)["input_ids"]
 
 
+def continuation_request(processor, t: Trajectory) -> GenerationRequest:
+    """A single-turn trajectory's prompt and response so far as one request (to continue it, or for a teacher engine
+    to score it): the response tokens follow the prompt's expanded ids and its raw ones alike."""
+    prompt, response = t.segments[0].token_ids, [x for s in t.segments[1:] for x in s.token_ids]
+    return GenerationRequest(prompt + response, t.mm_inputs, raw_prompt_ids(processor, t.sample, prompt) + response,
+                             t.sample.images, t.sample.videos)
+
+
 def logprob_gap_metrics(batch: Batch) -> dict[str, float]:
     """|rollout_logprobs - old_logprobs| over trained tokens: how far the engine that sampled is from the trainer
     scoring the same tokens (kernels, dtype, a stale weight sync). It is what `algorithm.rollout_is` corrects for.
@@ -125,11 +133,7 @@ class Rollout:
     def extend(self, trajectories: list[Trajectory], sampling: SamplingParams, budgets: list[int]) -> None:
         """Continue each response by at most its budget of tokens (rollout.partial_rollout): the prompt and the
         response so far as one request; the new tokens are a trained segment of their own."""
-        requests = []
-        for t in trajectories:
-            prompt, response = t.segments[0].token_ids, [x for s in t.segments[1:] for x in s.token_ids]
-            requests.append(GenerationRequest(prompt + response, t.mm_inputs, raw_prompt_ids(
-                self.processor, t.sample, prompt) + response, t.sample.images, t.sample.videos))
+        requests = [continuation_request(self.processor, t) for t in trajectories]
         out = self.engine.generate(requests, replace(sampling, n=1, max_new_tokens=max(budgets)))
         for t, (c,), budget in zip(trajectories, out, budgets):
             c = truncate(c, budget)

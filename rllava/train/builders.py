@@ -5,6 +5,7 @@ Every pipeline (RLVR, SFT, hybrids, agents) builds from these; none of them hold
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -23,7 +24,8 @@ from rllava.agent.tools import ToolEnv, build_tools
 from rllava.algorithms.hybrid import HYBRID_LOSSES
 from rllava.algorithms.kl import KLController
 from rllava.algorithms.ppo import build_algorithm, load_plugins
-from rllava.config import ConfigError, PPOConfig
+from rllava.algorithms.registry import DISTILL_LOSSES, lookup
+from rllava.config import ConfigError, ModelConfig, PPOConfig
 from rllava.config.schema import agent_on, resolve_strategy
 from rllava.data.dataset import PromptDataset
 from rllava.data.sampler import EpochSampler
@@ -33,11 +35,12 @@ from rllava.engine.train.base import TrainEngine
 from rllava.engine.train.single import SingleDeviceEngine
 from rllava.model.loader import build_policy, build_reference, load_model, make_trainable, resolve_dtype
 from rllava.model.value import ValueModel
-from rllava.model.processor import get_tokenizer
-from rllava.roles.actor import Actor, ExpertLoss, MicroBatching
+from rllava.model.processor import get_tokenizer, load_processor
+from rllava.roles.actor import Actor, Distillation, ExpertLoss, MicroBatching
 from rllava.roles.critic import Critic
 from rllava.roles.reference import Reference, weight_shapes
 from rllava.roles.rollout import Rollout
+from rllava.roles.teacher import DEFAULT, EngineTeacher, Teachers, layout_mismatch, tokenizer_mismatch
 from rllava.train.tracker import Tracker
 
 log = logging.getLogger(__name__)
@@ -202,11 +205,12 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device, env=None) -> 
 
 
 def build_rollout_engine(cfg: PPOConfig, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
-                         device: torch.device, model=None):
+                         device: torch.device, model=None, **overrides):
     """rollout.name: `hf` samples with the training model; `vllm` / `sglang` hold their own copy of the policy on
     this rank's GPU(s), synced before every rollout (imported only when chosen: optional extras). `model`: another
     model's config (model_path, tokenizer_path, trust_remote_code) instead of actor.model; its context length
-    is its own (the policy's is data.max_prompt_length + max_response_length)."""
+    is its own (the policy's is data.max_prompt_length + max_response_length). `overrides`: engine keywords over
+    the rollout.vllm / rollout.sglang ones (a teacher engine's algorithm.distill.engine_kwargs)."""
     r, m, world = cfg.rollout, model or cfg.actor.model, D.world_size()
     if r.name == "hf":
         return HFRolloutEngine(pad_token_id=pad_token_id, stop_token_ids=stop_token_ids,
@@ -225,13 +229,13 @@ def build_rollout_engine(cfg: PPOConfig, pad_token_id: int, stop_token_ids: list
                               "backend null or external_launcher: vLLM runs inside the training processes")
         from rllava.engine.inference.vllm import VLLMRolloutEngine
 
-        return VLLMRolloutEngine(
-            **common, tensor_parallel_size=r.tensor_parallel_size, dtype=v.dtype,
-            gpu_memory_utilization=v.gpu_memory_utilization, max_model_len=v.max_model_len or max_len,
-            max_num_batched_tokens=v.max_num_batched_tokens, enforce_eager=v.enforce_eager,
-            enable_chunked_prefill=v.enable_chunked_prefill, disable_log_stats=v.disable_log_stats,
-            skip_tokenizer_init=v.skip_tokenizer_init, tokenizer=v.tokenizer or m.tokenizer_path or m.model_path,
-            **({"limit_mm_per_prompt": {"image": r.limit_images}} if r.limit_images else {}))
+        return VLLMRolloutEngine(**common, **{
+            "tensor_parallel_size": r.tensor_parallel_size, "dtype": v.dtype,
+            "gpu_memory_utilization": v.gpu_memory_utilization, "max_model_len": v.max_model_len or max_len,
+            "max_num_batched_tokens": v.max_num_batched_tokens, "enforce_eager": v.enforce_eager,
+            "enable_chunked_prefill": v.enable_chunked_prefill, "disable_log_stats": v.disable_log_stats,
+            "skip_tokenizer_init": v.skip_tokenizer_init, "tokenizer": v.tokenizer or m.tokenizer_path or m.model_path,
+            **({"limit_mm_per_prompt": {"image": r.limit_images}} if r.limit_images else {}), **overrides})
     sg, tp = r.sglang, max(r.tensor_parallel_size, r.sglang.tp_size)
     if min(r.tensor_parallel_size, sg.tp_size) > 1 and r.tensor_parallel_size != sg.tp_size:
         raise ConfigError(f"rollout.tensor_parallel_size={r.tensor_parallel_size} and rollout.sglang.tp_size="
@@ -241,9 +245,9 @@ def build_rollout_engine(cfg: PPOConfig, pad_token_id: int, stop_token_ids: list
                           f"of the {world} ranks starts its own engine on its own GPU)")
     from rllava.engine.inference.sglang import SGLangRolloutEngine
 
-    return SGLangRolloutEngine(**common, tensor_parallel_size=tp, gpu_id=device.index or 0, dtype=sg.dtype,
-                               mem_fraction_static=sg.mem_fraction_static, skip_server_warmup=sg.skip_server_warmup,
-                               context_length=max_len)
+    return SGLangRolloutEngine(**common, tensor_parallel_size=tp, gpu_id=device.index or 0, **{
+        "dtype": sg.dtype, "mem_fraction_static": sg.mem_fraction_static, "skip_server_warmup": sg.skip_server_warmup,
+        "context_length": max_len, **overrides})
 
 
 def _num_updates(cfg: PPOConfig, num_steps: int, epochs: int, mini_batch_seqs: int, n: int) -> int:
@@ -377,6 +381,47 @@ def build_reference_role(cfg: PPOConfig, policy, device: torch.device, engine=No
     return Reference(ref, batching, **kw)
 
 
+def build_distillation(cfg: PPOConfig, processor, policy, device: torch.device, engine=None) -> Distillation | None:
+    """algorithm.distill: each teacher (checked against the student's tokenizer and image layout at start-up)
+    loaded as a frozen model served like the reference, or held by a vLLM / SGLang engine; and the registered
+    loss. None without a teacher."""
+    d, m = cfg.algorithm.distill, cfg.actor.model
+    if not d.on:
+        return None
+    load_plugins(cfg.algorithm.plugins)
+    fn = lookup(DISTILL_LOSSES, d.loss, "algorithm.distill.loss")
+    routes = {**({DEFAULT: d.teacher_path} if d.teacher_path else {}), **{str(k): v for k, v in d.teachers.items()}}
+    batching = MicroBatching(cfg.ref.log_prob_micro_batch_size,
+                             cfg.ref.log_prob_max_token_len_per_gpu if m.dynamic_batching else None, m.padding_free,
+                             m.use_shared_prefix)
+    teachers = {}
+    for route, path in routes.items():
+        key = "algorithm.distill." + ("teacher_path" if route == DEFAULT else f"teachers.{route}")
+        if not os.path.isdir(path):
+            raise ConfigError(f"{key}={path!r}: no such model directory")
+        teacher_tokenizer = get_tokenizer(load_processor(path, trust_remote_code=m.trust_remote_code))
+        problem = tokenizer_mismatch(get_tokenizer(processor), teacher_tokenizer, m.model_path, path, key)
+        if d.engine != "hf":  # the teacher's log-probs from an engine of its own, asleep outside its passes
+            engine_cfg = copy.deepcopy(cfg)
+            engine_cfg.rollout.name = d.engine
+            if problem is None:
+                teachers[route] = EngineTeacher(build_rollout_engine(
+                    engine_cfg, teacher_tokenizer.pad_token_id, [], [], device, model=ModelConfig(
+                        model_path=path, trust_remote_code=m.trust_remote_code), **d.engine_kwargs), processor)
+        else:
+            model = load_model(path, dtype=resolve_dtype(m.torch_dtype, device), attn_implementation=m.attn_implementation,
+                               trust_remote_code=m.trust_remote_code, key=key).requires_grad_(False).eval()
+            problem = problem or layout_mismatch(getattr(policy, "config", None), model.config, path, key)
+            if problem is None:
+                model = engine.shard_frozen(model, cpu_offload=d.offload) if hasattr(engine, "shard_frozen") \
+                    else model.to("cpu" if d.offload else device)
+                teachers[route] = Reference(model, batching, temperature=cfg.rollout.temperature,
+                                            chunk_size=cfg.actor.logprob_chunk_size)
+        if problem is not None:
+            raise ConfigError(problem)
+    return Distillation(fn, d.coef, Teachers(teachers, d.route_field, device, d.offload))
+
+
 def build_critic(cfg: PPOConfig, device: torch.device, num_steps: int, algorithm) -> Critic | None:
     """The value model (critic.model.model_path, default the actor's) and its role, if `critic` is set.
     An estimator that declares `values` (gae) without a critic is a config error, raised here at start-up."""
@@ -413,5 +458,5 @@ def build_kl_controller(cfg: PPOConfig) -> KLController | None:
 
 
 __all__ = ["setup_run", "build_tracker", "build_policy", "build_datasets", "build_sampler", "build_rollout",
-           "build_actor", "build_reference_role", "build_kl_controller", "build_critic", "sampling_params",
+           "build_actor", "build_reference_role", "build_distillation", "build_kl_controller", "build_critic", "sampling_params",
            "greedy_sampling", "total_steps"]

@@ -130,7 +130,7 @@ def test_full_kl_gradient_matches_dense_logits_on_a_tiny_model(tiny_model_dir):
 
     for layout in ({}, {"padding_free": True}, {"shared_prefix": True}):
         ref.batching = MicroBatching(4, **layout)
-        _, _, kl = token_logprobs(policy, batch, temperature=0.7, chunk_size=5, ref_hidden=ref.hidden(batch),
+        _, _, kl = token_logprobs(policy, batch, temperature=0.7, chunk_size=5, ref_hidden=[ref.hidden(batch)],
                                   **layout)
         logp = torch.log_softmax(policy(**model_inputs(policy, batch)).logits[:, :-1].float() / 0.7, -1)
         with torch.no_grad():

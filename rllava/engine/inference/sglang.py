@@ -12,6 +12,32 @@ Written against SGLang 0.5 (`sglang.Engine`, python/sglang/srt/entrypoints/engin
   result has `output_ids`, `meta_info["output_token_logprobs"]` as (logprob, token_id, text) and
   `meta_info["finish_reason"]["type"]` ("stop" / "length" / "abort"). A request is repeated n times (one
   sample each) rather than using SGLang's `n`, so the results line up with the requests without bookkeeping.
+- `score` (a frozen teacher's log-probs of sequences the student sampled, for on-policy distillation): the same
+  inputs with `return_logprob=True, logprob_start_len=0, sampling_params={"max_new_tokens": 0, "temperature": 1}`.
+  Facts, from SGLang's sources:
+  - `max_new_tokens=0` is valid (`>= 0`: python/sglang/srt/sampling/sampling_params.py `verify`) and makes a
+    prefill-only request (python/sglang/srt/managers/schedule_batch.py `Req.is_prefill_only`: nothing is sampled);
+    SGLang's own scoring API sends exactly that (`score_request`, python/sglang/srt/managers/tokenizer_manager.py,
+    later tokenizer_manager_score_mixin.py).
+  - `meta_info["input_token_logprobs"]` is one (logprob, token_id, text) per input token from
+    `logprob_start_len`, the first padded with logprob None and the last position's next-token log-prob popped
+    (python/sglang/srt/managers/scheduler_output_processor_mixin.py `add_input_logprob_return_values`). The input is
+    the processed one (placeholders expanded; image positions carry pad ids there, so their entries mean nothing).
+  - The log-probs are `log_softmax(logits / temperature)`, renormalized under top-p only when top_p != 1
+    (python/sglang/srt/layers/logits_processor.py `compute_temp_top_p_normalized_logprobs`): at temperature 1 and
+    the default top_p, the raw model's.
+  - An input must be shorter than the context length (`input + max_new_tokens >= context_len` is refused:
+    tokenizer_manager.py `_validate_one_request`).
+  - Weights across release / resume: `release_memory_occupation()` (no tags: all of them) pauses the "weights"
+    region of torch_memory_saver after stashing only the model's buffers, and resume restores those buffers
+    (python/sglang/srt/managers/scheduler_update_weights_mixin.py); a paused region comes back with undefined
+    contents unless it was allocated with `enable_cpu_backup`. The model is loaded inside
+    `region(GPU_MEMORY_TYPE_WEIGHTS, enable_cpu_backup=server_args.enable_weights_cpu_backup)`
+    (python/sglang/srt/model_executor/model_runner.py; `--enable-weights-cpu-backup`, "Save model weights to CPU
+    memory during release_weights_occupation and resume_weights_occupation"; in ServerArgs from 0.5.3, as verl
+    checks before passing it). A rollout
+    engine gets the policy's weights after every resume (`load`) and needs no backup; a teacher, never loaded, is
+    built with `keep_weights=True` (the backup: its weights wait in host memory) or `stay_awake=True`.
 """
 
 from __future__ import annotations
@@ -32,7 +58,7 @@ class SGLangRolloutEngine:
 
     def __init__(self, *, model_path: str, stop_token_ids: list[int], banned_token_ids: list[int],
                  tensor_parallel_size: int, seed: int | None, load_format: str, bucket_mb: int,
-                 gpu_id: int, stay_awake: bool = False, **engine_kwargs):
+                 gpu_id: int, stay_awake: bool = False, keep_weights: bool = False, **engine_kwargs):
         try:
             import sglang
         except ImportError as e:
@@ -42,6 +68,9 @@ class SGLangRolloutEngine:
         self.logit_bias = {str(t): BAN for t in banned_token_ids}  # SGLang keys token ids as strings
         if seed is not None:
             engine_kwargs["random_seed"] = seed + D.rank()  # one engine per rank: distinct streams
+        if keep_weights:  # a teacher: its own weights survive release / resume in host memory
+            engine_kwargs["enable_weights_cpu_backup"] = True
+        self.keep_weights = keep_weights
         self.engine = sglang.Engine(model_path=model_path, tp_size=tensor_parallel_size, base_gpu_id=gpu_id,
                                     load_format=load_format, enable_memory_saver=True, **engine_kwargs)
         self.stay_awake = stay_awake  # rollout.async_mode (RLLaVA's): no release / resume between rollouts
@@ -71,17 +100,39 @@ class SGLangRolloutEngine:
                   "skip_special_tokens": False}
         if self.logit_bias:
             params["logit_bias"] = self.logit_bias
-        mm = {}
-        if any(r.images for r in rows):
-            mm["image_data"] = [list(r.images) for r in rows]
-        if any(r.videos for r in rows):  # frames as [T, H, W, C] arrays, already sampled and sized
-            mm["video_data"] = [[v.array() for v in r.videos] for r in rows]
-        outputs = self.engine.generate(
-            input_ids=[r.raw_prompt_ids if r.raw_prompt_ids is not None else r.prompt_ids for r in rows],
-            sampling_params=params, return_logprob=True, **mm)
+        outputs = self.engine.generate(**_inputs(rows), sampling_params=params, return_logprob=True)
         completions = [_completion(o) for o in outputs]
         grouped = [completions[i * k:(i + 1) * k] for i in range(len(requests))]
         return [g * sampling.n for g in grouped] if greedy else grouped  # greedy samples are identical
+
+    def score(self, requests: list[GenerationRequest]) -> list[list[float]]:
+        """log p(x_t | x_<t) at temperature 1 of every token of each request's whole sequence, as the engine
+        processed it (placeholders expanded): entry t is token t's log-prob given tokens < t; entry 0 is 0.0.
+        For an engine holding its own weights (a teacher): resumed for the call only, released again after it."""
+        if not (self.keep_weights or self.stay_awake):
+            raise RllavaError("SGLangRolloutEngine.score: the engine's weights do not survive "
+                              "release_memory_occupation; build a scoring engine with keep_weights=True (SGLang's "
+                              "enable_weights_cpu_backup) or stay_awake=True")
+        if not self.stay_awake:
+            self.engine.resume_memory_occupation()
+        try:
+            outputs = self.engine.generate(**_inputs(requests), return_logprob=True, logprob_start_len=0,
+                                           sampling_params={"max_new_tokens": 0, "temperature": 1.0})  # prefill only
+        finally:
+            if not self.stay_awake:
+                self.engine.release_memory_occupation()
+        return [[0.0] + [lp for lp, _, _ in o["meta_info"]["input_token_logprobs"][1:]] for o in outputs]
+
+
+def _inputs(rows: list[GenerationRequest]) -> dict:
+    """`Engine.generate`'s input keywords: the unexpanded ids (SGLang's processor expands the placeholders) and,
+    when any row has them, one list of images / videos per row."""
+    inputs = {"input_ids": [r.raw_prompt_ids if r.raw_prompt_ids is not None else r.prompt_ids for r in rows]}
+    if any(r.images for r in rows):
+        inputs["image_data"] = [list(r.images) for r in rows]
+    if any(r.videos for r in rows):  # frames as [T, H, W, C] arrays, already sampled and sized
+        inputs["video_data"] = [[v.array() for v in r.videos] for r in rows]
+    return inputs
 
 
 def _completion(out: dict) -> Completion:

@@ -13,6 +13,28 @@ Written against vLLM 0.33 (V1 engine; the calls below exist since 0.10):
 - `generate`: `{"prompt_token_ids", "multi_modal_data"}` prompts (vLLM's processor expands the placeholders),
   `SamplingParams(logprobs=0)` returns the sampled token's log-prob, after temperature
   (`logprobs_mode="processed_logprobs"`), which is what the trainer computes at the same temperature.
+- `score` (a frozen teacher's log-probs of sequences the student sampled, for on-policy distillation): the same
+  prompts with `SamplingParams(max_tokens=1, prompt_logprobs=0)`. Facts, from vLLM's sources:
+  - `RequestOutput.prompt_logprobs` is `[None, {token_id: Logprob}, ...]`, one entry per token of
+    `RequestOutput.prompt_token_ids` (the processed prompt, placeholders expanded): the first token has no context
+    (vllm/logprobs.py `create_prompt_logprobs` appends None first); each later dict holds the actual prompt token
+    with its log-prob, ahead of the top `prompt_logprobs` others, none for 0 (vllm/v1/engine/logprobs.py
+    `_update_prompt_logprobs`, vllm/logprobs.py `append_logprobs_for_next_position`).
+  - They are the raw model's: `log_softmax(model.compute_logits(h))`, no temperature, top-p/k or logit bias
+    ("prompt tokens skip sampling processors, so processed_* and raw_* yield the same scores":
+    vllm/v1/worker/gpu_model_runner.py `_get_prompt_logprobs_dict`; the V2 runner likewise,
+    vllm/v1/worker/gpu/sample/prompt_logprob.py with `self.model.compute_logits`). `temperature=1.0` only names
+    that. A `*_logits` logprobs_mode would return logits there; this engine uses `processed_logprobs`.
+  - `prompt_logprobs=0` is valid (non-negative or -1) and `max_tokens` must be >= 1, so one token is sampled and
+    dropped (vllm/sampling_params.py `_verify_args`); prompt log-probs skip reading the prefix cache
+    (`skip_reading_prefix_cache` defaults to True for them, `__post_init__`).
+  - A prompt as long as `max_model_len` is refused, since at least one token must follow it
+    (vllm/v1/engine/input_processor.py `_validate_prompt_len`): a teacher's `max_model_len` must exceed the longest
+    expanded sequence it scores.
+  - A teacher engine is built like a rollout engine from the teacher's own checkpoint (`load_format="auto"`) and is
+    never `load`ed. `sleep(level=1)` copies the weights to (pinned) host memory and drops the KV cache;
+    `wake_up()` with no tags restores both (vllm/device_allocator/sleep_mode_backend.py: level 1 offloads the
+    "weights" tag), so the teacher costs host memory, not GPU memory, between scores.
 """
 
 from __future__ import annotations
@@ -89,11 +111,31 @@ class VLLMRolloutEngine:
             n=1 if greedy else sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
             top_k=sampling.top_k, max_tokens=sampling.max_new_tokens, stop_token_ids=self.stop_token_ids,
             logprobs=0, logit_bias=self.logit_bias or None)
+        grouped = [[_completion(c) for c in out.outputs] for out in self._run(requests, params)]
+        return [g * sampling.n for g in grouped] if greedy else grouped  # greedy samples are identical
+
+    def score(self, requests: list[GenerationRequest]) -> list[list[float]]:
+        """log p(x_t | x_<t) at temperature 1 of every token of each request's whole sequence, as the engine
+        processed it (placeholders expanded): entry t is token t's log-prob given tokens < t; entry 0 is 0.0.
+        For an engine holding its own weights (a teacher): awake for the call only, asleep again after it."""
+        params = self.vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0,
+                                          detokenize=False)  # the one sampled token is dropped, nothing to decode
+        if not self.stay_awake:
+            self.llm.wake_up()  # weights back from host memory, a fresh KV cache
+        try:
+            outputs = self._run(requests, params)
+        finally:
+            if not self.stay_awake:
+                self.llm.sleep(level=1)
+        return [_prompt_logprobs(out) for out in outputs]
+
+    def _run(self, requests: list[GenerationRequest], params) -> list:
+        """`llm.generate` on this rank's requests. The ranks of a tensor-parallel group are one engine: each runs
+        the whole group's requests, in rank order, and keeps the outputs of its own."""
         mine, everyone = len(requests), _gather(requests, self.tp_group)
         outputs = self.llm.generate([_prompt(r) for r in everyone], params, use_tqdm=False)
         start = dist.get_rank(self.tp_group) * mine if self.tp_group is not None else 0
-        grouped = [[_completion(c) for c in out.outputs] for out in outputs[start:start + mine]]
-        return [g * sampling.n for g in grouped] if greedy else grouped  # greedy samples are identical
+        return outputs[start:start + mine]
 
 
 def _prompt(r: GenerationRequest) -> dict:
@@ -117,6 +159,13 @@ def _completion(c) -> Completion:
     ids = list(c.token_ids)
     return Completion(ids, [step[t].logprob for t, step in zip(ids, c.logprobs)],
                       "length" if c.finish_reason == "length" else "stop")
+
+
+def _prompt_logprobs(out) -> list[float]:
+    """A RequestOutput's prompt log-probs: `prompt_logprobs[t]` maps token ids (token t's at least) to Logprob
+    objects, None at t = 0."""
+    ids = out.prompt_token_ids
+    return [0.0] + [step[t].logprob for t, step in zip(ids[1:], out.prompt_logprobs[1:])]
 
 
 def _tp_group(tp: int):

@@ -135,12 +135,16 @@ class DeepSpeedEngine:
         self.scheduler = scheduler
         return self.model
 
-    def shard_frozen(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The reference (forward only): partitioned as the policy at stage 3, a full copy per rank below."""
-        model.requires_grad_(False).to(self.device)
+    def shard_frozen(self, model: torch.nn.Module, cpu_offload: bool = False) -> torch.nn.Module:
+        """The reference or a teacher (forward only): partitioned as the policy at stage 3, a full copy per rank
+        below. `cpu_offload`: in host memory between forwards (stage 3: ZeRO's `offload_param`; below, the caller
+        moves the copy in for its passes)."""
+        model.requires_grad_(False).to("cpu" if cpu_offload and self.cfg.zero_stage < 3 else self.device)
         if self.cfg.zero_stage < 3:
             return model
         cfg = ds_config(self.cfg, self.max_grad_norm, optimizer=False)
+        if cpu_offload:
+            cfg["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
         return _wrap(self.deepspeed, model, cfg, self.device)[0]
 
     # -- update ---------------------------------------------------------------------------------------------

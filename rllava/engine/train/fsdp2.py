@@ -96,10 +96,11 @@ class FSDP2Engine:
         self.scheduler = make_scheduler(self.optimizer)
         return self.model
 
-    def shard_frozen(self, model: torch.nn.Module) -> torch.nn.Module:
-        """A model that only runs forward (the reference) sharded the same way."""
-        return shard_model(model.requires_grad_(False), self.device, mp=self.mp, cpu_offload=self.cpu_optimizer,
-                           reshard_after_forward=True)
+    def shard_frozen(self, model: torch.nn.Module, cpu_offload: bool = False) -> torch.nn.Module:
+        """A model that only runs forward (the reference, a teacher) sharded the same way; `cpu_offload`: its
+        shards wait in host memory between forwards (FSDP2's CPU offload), as the policy's do with its own."""
+        return shard_model(model.requires_grad_(False), self.device, mp=self.mp,
+                           cpu_offload=self.cpu_optimizer or cpu_offload, reshard_after_forward=True)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

@@ -139,6 +139,9 @@ def train(cfg, given: Given | None = None) -> str:
     if reference is not None and reference.reset_freq:  # resets move the reference: exact resume needs its weights
         run.engines["ref"] = reference
     actor.reference = reference  # a full-vocabulary KL loss runs it inside the update
+    # on-policy distillation (algorithm.distill): the teacher(s) score the samples, a dense term joins the loss
+    distill = actor.distill = B.build_distillation(cfg, rollout.processor, run.model, run.device, actor.engine)
+    use_reward = distill is None or cfg.algorithm.distill.use_reward
     if kl_in_reward is not None:
         run.stateful["kl_ctrl"] = kl_in_reward
     pad_id = rollout.tokenizer.pad_token_id
@@ -164,6 +167,9 @@ def train(cfg, given: Given | None = None) -> str:
                 batch.ref_logprobs = reference.compute_logprobs(batch)
                 if kl_in_reward is not None and kl_in_reward.estimator == "full":  # KL(pi_old || pi_ref), exact
                     full_kl = reference.full_kl(batch, actor.model)
+        if distill is not None and distill.needs("teacher_logprobs"):
+            with timer("teacher"):
+                batch.teacher_logprobs = distill.teachers.compute_logprobs(batch)
         if critic is not None:
             with timer("values"):
                 batch.values = critic.compute_values(batch)
@@ -173,6 +179,8 @@ def train(cfg, given: Given | None = None) -> str:
                                                                         batch.old_logprobs, batch.ref_logprobs, full_kl)
                 metrics.update(kl_metrics)
             batch.advantages = actor.algorithm.compute_advantage(batch)  # 3. advantage
+            if not use_reward:  # pure distillation: the reward is logged, the teacher's term trains alone
+                batch.advantages = torch.zeros_like(batch.advantages)
             if batch.sft_only is not None:  # demonstrations are in no group: no advantage
                 batch.advantages[batch.sft_only] = 0.0
         with timer("update"):

@@ -1,0 +1,77 @@
+"""On-policy distillation (`algorithm.distill`): the student samples, a frozen teacher scores every token of those
+samples, and the student moves toward the teacher's next-token distribution at each position it visited.
+
+    student pi_theta, teacher q (both at the rollout temperature), x_<t a prefix the student sampled:
+    KL_t = KL(pi_theta(. | x_<t) || q(. | x_<t)) = sum_v pi_theta(v | x_<t) (log pi_theta(v | x_<t) - log q(v | x_<t))
+    L_distill = coef * aggregate_t(loss_t)       (actor.loss_agg_mode, over the trained tokens: the model's turns)
+
+The reverse KL is mode-seeking: the student is pulled toward what the teacher would say at the states the student
+reaches itself, and pays for every token the teacher finds unlikely (GKD with beta = 1, arXiv:2306.13649; MiniLLM,
+arXiv:2306.08543; the Thinking Machines "On-Policy Distillation" post, 2025). Each loss below is one registered
+function of the tensors it declares; `algorithm.distill.use_reward=false` trains on it alone (pure distillation),
+else it is added to the RL loss of `algorithm.adv_estimator`'s advantages (a dense term beside the reward).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rllava.algorithms.registry import register_distill_loss
+
+
+@register_distill_loss("full")
+def full(*, full_kl: torch.Tensor) -> torch.Tensor:
+    """Exact reverse KL over the whole vocabulary, differentiated directly:
+
+        loss_t = KL(pi_theta(. | x_<t) || q(. | x_<t))
+        d loss_t / d z_j = pi_j (log pi_j - log q_j - KL_t)          (z = student logits / temperature)
+
+    The teacher's hidden states run through its LM head chunk by chunk next to the student's
+    (`rllava.model.forward.full_kl_from_hidden`): no [B, T, V] tensor is stored, no top-k truncation, no
+    sampling variance. Needs both heads whole in one process (the single-device engine) and the teacher run in
+    the update (`engine=hf`).
+
+    Reference: GKD's generalized JSD at beta = 1 (the reverse KL) over full-vocabulary logits, TRL
+    `trl/trainer/gkd_trainer.py` `generalized_jsd_loss` (arXiv:2306.13649); rllava adds nothing, chunked.
+    """
+    return full_kl
+
+
+@register_distill_loss("k1")
+def k1(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
+    """The sampled log-ratio as a per-token advantage, trained by importance sampling (the OPD post):
+
+        A_t = log q(x_t | x_<t) - log pi_old(x_t | x_<t)                 (no grad; discount 0)
+        loss_t = -(pi_theta(x_t) / pi_old(x_t)) A_t
+        E_{x_t ~ pi}[grad loss_t] = grad KL_t at theta = theta_old   (the score-function gradient of the reverse KL)
+
+    One teacher log-prob per token, so any teacher works (a vLLM / SGLang one included). Differentiating
+    `log pi - log q` itself would give zero gradient in expectation: the sampled token carries the signal
+    through its advantage.
+
+    Reference: tinker-cookbook `tinker_cookbook/distillation/train_on_policy.py` `incorporate_kl_penalty`
+    (line 48 at 0333e7c): advantage += -kl_penalty_coef * (sampled_logprobs - teacher_logprobs), then the
+    `importance_sampling` loss -ratio * advantage; ROLL's OPD pipeline (advantage = teacher_log_prob -
+    student_log_prob). rllava keeps the reward's advantage in the policy loss and adds this as its own term: the
+    sum is the cookbook's when the policy loss is unclipped, and with PPO's clip only the reward's part is clipped.
+    """
+    advantage = (teacher_logprobs - old_logprobs).detach()
+    return -torch.exp(logprobs - old_logprobs.detach()) * advantage
+
+
+@register_distill_loss("k3")
+def k3(*, logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimate of the reverse KL at the sampled token, differentiated directly:
+
+        d_t = log q(x_t | x_<t) - log pi_theta(x_t | x_<t)
+        loss_t = exp(d_t) - 1 - d_t         (>= 0; E_{x_t ~ pi}[loss_t] = KL_t)
+        grad loss_t = (1 - q(x_t) / pi_theta(x_t)) grad log pi_theta(x_t)
+
+    Low variance and never negative; its gradient is, in expectation over the student's tokens, that of the
+    forward KL(q || pi_theta) (the teacher's mass-covering direction), as for the KL term of GRPO.
+
+    Reference: TRL `trl/trainer/grpo_trainer.py` per-token KL, `exp(ref - logp) - (ref - logp) - 1` with the
+    teacher in the reference's place; torchrl `DistillationLoss` (k3, kl_direction="reverse"). Not clamped.
+    """
+    d = teacher_logprobs - logprobs
+    return torch.exp(d) - 1 - d
