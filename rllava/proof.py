@@ -88,19 +88,22 @@ def prepare(task: Task, out: str, *, seed: int = 0, n_train: int = 4000, n_val: 
             *([f"rollout.agent.tool_kwargs.search.corpus={corpus}"] if os.path.exists(corpus) else [])]
 
 
-def warm_up(task: Task, out: str, common: list[str], sft_steps: int | None = None) -> float:
-    """SFT of out/model on the records' `solution` targets into out/sft; returns seconds taken."""
+def warm_up(task: Task, out: str, common: list[str], sft_steps: int | None = None, name: str = "sft") -> float:
+    """SFT of out/model on the records' `solution` targets into out/<name> (out/sft: the RL runs' start); returns
+    seconds taken."""
     return _run("rllava.train.pipeline.sft", [
         f"config={_configs(task)}/tiny_cpu_sft.yaml", f"actor.model.model_path={os.path.join(out, 'model')}",
         *common, *([f"trainer.max_steps={sft_steps}"] if sft_steps else []), "trainer.val_freq=0",
-        *keys_for(os.path.join(out, "sft")), "trainer.overwrite=true"])  # fresh model and data
+        *keys_for(os.path.join(out, name)), "trainer.overwrite=true"])  # fresh model and data
 
 
 def train_rl(task: Task, out: str, common: list[str], name: str = "grpo", keys: tuple[str, ...] = (),
-             rl_steps: int | None = None, val_freq: int | None = None, processes: int = 1) -> float:
-    """RL from out/sft/final into out/<name> (GRPO, or a hybrid with `keys`); returns seconds taken."""
+             rl_steps: int | None = None, val_freq: int | None = None, processes: int = 1,
+             start: str = "sft") -> float:
+    """RL from out/<start>/final (the SFT warm-up) into out/<name> (GRPO, or a hybrid with `keys`); returns
+    seconds taken."""
     return _run("rllava.train.pipeline.rlvr", [
-        f"config={_configs(task)}/tiny_cpu.yaml", f"actor.model.model_path={os.path.join(out, 'sft', 'final')}",
+        f"config={_configs(task)}/tiny_cpu.yaml", f"actor.model.model_path={os.path.join(out, start, 'final')}",
         *common, *([f"trainer.max_steps={rl_steps}"] if rl_steps else []),
         *([f"trainer.val_freq={val_freq}"] if val_freq else []), "trainer.val_before_train=true", *keys,
         *keys_for(os.path.join(out, name)), "trainer.overwrite=true"], processes)
@@ -205,6 +208,55 @@ def run_methods(task: Task, out: str, methods: dict[str, tuple[tuple[str, ...], 
     return summaries
 
 
+def distill_runs(teacher: str) -> dict[str, tuple[tuple[str, ...], int]]:
+    """On-policy distillation (`--distill`) beside GRPO: pure distillation (no reward in the loss) from `teacher`
+    with the exact reverse KL (`full`) and with the sampled k1 advantage."""
+    opd = (f"algorithm.distill.teacher_path={teacher}", "algorithm.distill.use_reward=false")
+    return {"grpo": ((), 1), "opd": (opd, 1), "opd_k1": ((*opd, "algorithm.distill.loss=k1"), 1)}
+
+
+def run_distill(task: Task, out: str, *, sft_steps: int | None, teacher_steps: int, rl_steps: int, val_freq: int,
+                seed: int = 0) -> tuple[dict, list[dict]]:
+    """The student (`sft_steps` of SFT) and the teacher (`teacher_steps` from the same random model) warm up; the
+    teacher is evaluated as the runs are (out/teacher_eval); GRPO and OPD run from the student for `rl_steps`.
+    Returns (the teacher's summary, one summary per run)."""
+    out = os.path.abspath(out)
+    data = os.path.join(out, "data")
+    common = [f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", f"trainer.seed={seed}"]
+    if not os.path.isdir(os.path.join(out, "sft", "final")):
+        common = prepare(task, out, seed=seed)
+        warm_up(task, out, common, sft_steps)
+    if not os.path.isdir(os.path.join(out, "teacher", "final")):
+        warm_up(task, out, common, teacher_steps, name="teacher")
+    path = os.path.join(out, "teacher_eval", "summary.json")
+    if not os.path.exists(path):
+        train_rl(task, out, common, "teacher_eval", ("trainer.val_only=true",), start="teacher")
+        with open(path, "w") as f:
+            json.dump({**summarize(task, read_metrics(os.path.join(out, "teacher_eval"))), "method": "teacher",
+                       "sft_steps": teacher_steps}, f, indent=1)
+    with open(path) as f:
+        teacher = json.load(f)
+    return teacher, run_methods(task, out, distill_runs(os.path.join(out, "teacher", "final")), sft_steps=sft_steps,
+                                rl_steps=rl_steps, val_freq=val_freq, seed=seed)
+
+
+def distill_table(teacher: dict, summaries: list[dict]) -> str:
+    """One row per run: held-out start -> end (mean of the last 3 evaluations), the first evaluation at or above
+    GRPO's end, and every evaluation (the curve); the teacher's accuracy first."""
+    base = next(s["sampled_after"] for s in summaries if s["method"] == "grpo")
+    lines = [f"Teacher ({teacher['sft_steps']} SFT steps): {teacher['sampled_before']:.1f} sampled, "
+             f"{teacher['greedy_before']:.1f} greedy.", "",
+             "| run | held-out (sampled): start -> end | end - teacher's | first step >= GRPO's end | greedy end | "
+             "curve (step: sampled) |", "|---|---|---|---|---|---|"]
+    for s in summaries:
+        reached = next((step for step, v in s["curve"] if step > 0 and v >= base), None)
+        curve = ", ".join(f"{step}: {v:.1f}" for step, v in s["curve"])
+        lines.append(f"| {s['method']} | {s['sampled_before']:.1f} -> {s['sampled_after']:.1f} | "
+                     f"{s['sampled_after'] - teacher['sampled_before']:+.1f} | {reached if reached is not None else '-'} "
+                     f"| {s['greedy_after']:.1f} | {curve} |")
+    return "\n".join(lines)
+
+
 def async_table(by_seed: dict[int, list[dict]]) -> str:
     """One row per run: held-out metric after RL for each seed and their mean, its gap to the synchronous run."""
     seeds = sorted(by_seed)
@@ -254,6 +306,7 @@ def summarize(task: Task, rows: list[dict], average: int = 3) -> dict:
          "after_steps": [v["step"] for v in after],
          "train_reward_first": sum(rewards[:20]) / max(len(rewards[:20]), 1),
          "train_reward_last": sum(rewards[-20:]) / max(len(rewards[-20:]), 1)}
+    s["curve"] = [(v["step"], task.scale * v[sampled]) for v in vals]  # every evaluation, sampled
     s["sampled_lift"] = s["sampled_after"] - s["sampled_before"]
     s["greedy_lift"] = s["greedy_after"] - s["greedy_before"]
     for rate in task.rates:  # sampled, in [0, 1]
@@ -323,6 +376,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--async", dest="async_", action="store_true", help="the synchronous run and asynchronous "
                         "ones (staleness 1, 2, 4; with and without correction) from one warm-up per --seeds on the "
                         "first of --tasks; writes OUT/async.md")
+    parser.add_argument("--distill", action="store_true", help="GRPO and on-policy distillation from a teacher "
+                        "warmed --teacher-steps SFT steps, from one student warm-up on the first of --tasks; writes "
+                        "OUT/distill.md")
+    parser.add_argument("--teacher-steps", type=int, default=400)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--methods", nargs="+", default=list(HYBRID_METHODS), choices=list(HYBRID_METHODS))
     parser.add_argument("--sft-steps", type=int, default=None)
@@ -330,9 +387,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--val-freq", type=int, default=25)
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    if args.async_ or args.hybrids:  # several runs from one warm-up on the first task
+    if args.async_ or args.hybrids or args.distill:  # several runs from one warm-up on the first task
         task, steps = TASKS[args.tasks[0]], dict(sft_steps=args.sft_steps, rl_steps=args.rl_steps, val_freq=args.val_freq)
-        if args.async_:
+        if args.distill:
+            name, what, table = "distill.md", "GRPO and on-policy distillation from one student warm-up", \
+                distill_table(*run_distill(task, args.out, teacher_steps=args.teacher_steps, seed=args.seed, **steps))
+        elif args.async_:
             by_seed = {seed: run_methods(task, os.path.join(args.out, f"seed{seed}"), ASYNC_RUNS, seed=seed, **steps)
                        for seed in args.seeds}
             name, what, table = "async.md", "synchronous and asynchronous GRPO from one warm-up per seed", \

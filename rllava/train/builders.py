@@ -402,12 +402,13 @@ def build_distillation(cfg: PPOConfig, processor, policy, device: torch.device, 
         teacher_tokenizer = get_tokenizer(load_processor(path, trust_remote_code=m.trust_remote_code))
         problem = tokenizer_mismatch(get_tokenizer(processor), teacher_tokenizer, m.model_path, path, key)
         if d.engine != "hf":  # the teacher's log-probs from an engine of its own, asleep outside its passes
-            engine_cfg = copy.deepcopy(cfg)
-            engine_cfg.rollout.name = d.engine
+            engine_cfg = copy.deepcopy(cfg)  # the teacher's own weights (a policy engine loads dummies, then syncs)
+            engine_cfg.rollout.name, engine_cfg.rollout.load_format = d.engine, "auto"
+            keep = {"keep_weights": True} if d.engine == "sglang" else {}  # SGLang drops released weights otherwise
             if problem is None:
                 teachers[route] = EngineTeacher(build_rollout_engine(
                     engine_cfg, teacher_tokenizer.pad_token_id, [], [], device, model=ModelConfig(
-                        model_path=path, trust_remote_code=m.trust_remote_code), **d.engine_kwargs), processor)
+                        model_path=path, trust_remote_code=m.trust_remote_code), **keep, **d.engine_kwargs), processor)
         else:
             model = load_model(path, dtype=resolve_dtype(m.torch_dtype, device), attn_implementation=m.attn_implementation,
                                trust_remote_code=m.trust_remote_code, key=key).requires_grad_(False).eval()

@@ -6,7 +6,9 @@ The fakes implement only the calls rllava makes, with the real signatures: vLLM 
 `CompletionOutput(token_ids, logprobs: list[dict[int, Logprob]], finish_reason)`) and SGLang 0.5
 (`sglang.Engine(**server_args)`, `generate(input_ids=, sampling_params=, return_logprob=, image_data=, ...)` ->
 dicts with `output_ids` and `meta_info`, `update_weights_from_tensor(named_tensors, load_format, flush_cache)`,
-`release_memory_occupation(tags)` / `resume_memory_occupation(tags)`). They record what they are given.
+`release_memory_occupation(tags)` / `resume_memory_occupation(tags)`). They record what they are given. Scoring
+(`SamplingParams(prompt_logprobs=0)` / `logprob_start_len=0, max_new_tokens=0`) returns the prompt's log-probs over
+the prompt as the engine processed it: the fakes expand each image placeholder to IMAGE_TOKENS tokens.
 """
 
 import os
@@ -22,7 +24,8 @@ from transformers import AutoModelForImageTextToText
 
 from rllava.config import load_config
 from rllava.data.protocol import Sample
-from rllava.engine.inference.base import SamplingParams, generate_context
+from rllava.engine.inference.base import GenerationRequest, SamplingParams, generate_context
+from rllava.errors import RllavaError
 from rllava.model.lora import apply_lora, merged_state_dict
 from rllava.model.processor import get_tokenizer, load_processor
 from rllava.train import builders as B
@@ -30,6 +33,7 @@ from rllava.train.pipeline import rlvr
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EOS = 7  # the fakes' completions end with the stop id they were given; 7 stands in for it in expectations
+IMAGE_TOKENS = 3  # the fakes' processor expands each image placeholder to this many tokens
 
 
 # ----------------------------------------------------------------------------------------------- fakes
@@ -48,7 +52,17 @@ def _fake_tokens(i: int, j: int, eos: int) -> tuple[list[int], list[float], str]
     return ids, [-0.5 - 0.1 * k - j for k in range(len(ids))], "length" if i % 2 else "stop"
 
 
-def fake_vllm(log: list):
+def _expand(ids: list[int], image_pad: int | None) -> list[int]:
+    """The fakes' multimodal processor: each image placeholder becomes IMAGE_TOKENS tokens."""
+    return [x for t in ids for x in ([t] * IMAGE_TOKENS if t == image_pad else [t])]
+
+
+def _fake_prompt_logprob(k: int, t: int) -> float:
+    """The fakes' log p(token t at position k | tokens before it)."""
+    return -0.5 / (k + 1) - t * 1e-6
+
+
+def fake_vllm(log: list, image_pad: int | None = None):
     mod = types.ModuleType("vllm")
 
     class SamplingParams:
@@ -82,6 +96,13 @@ def fake_vllm(log: list):
         def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
                      tokenization_kwargs=None):
             log.append(("generate", prompts, sampling_params))
+            if getattr(sampling_params, "prompt_logprobs", None) is not None:  # scoring: RequestOutput.prompt_logprobs
+                outs = []
+                for p in prompts:
+                    ids = _expand(p["prompt_token_ids"], image_pad if p.get("multi_modal_data") else None)
+                    outs.append(types.SimpleNamespace(prompt_token_ids=ids, prompt_logprobs=[None] + [
+                        {t: Logprob(_fake_prompt_logprob(k, t), 1)} for k, t in enumerate(ids) if k > 0]))
+                return outs
             eos = sampling_params.stop_token_ids[0]
             outs = []
             for i, _ in enumerate(prompts):
@@ -97,7 +118,7 @@ def fake_vllm(log: list):
     return mod
 
 
-def fake_sglang(log: list):
+def fake_sglang(log: list, image_pad: int | None = None):
     mod = types.ModuleType("sglang")
 
     class Engine:
@@ -115,8 +136,19 @@ def fake_sglang(log: list):
             log.append(("update_weights_from_tensor", [(n, t.clone()) for n, t in named_tensors], flush_cache))
 
         def generate(self, prompt=None, sampling_params=None, input_ids=None, image_data=None, audio_data=None,
-                     video_data=None, return_logprob=False, **kwargs):
-            log.append(("generate", input_ids, image_data, video_data, sampling_params, return_logprob))
+                     video_data=None, return_logprob=False, logprob_start_len=None, **kwargs):
+            log.append(("generate", input_ids, image_data, video_data, sampling_params, return_logprob,
+                        logprob_start_len))
+            if sampling_params.get("max_new_tokens") == 0:  # prefill only: the input's log-probs, None first
+                assert return_logprob and logprob_start_len == 0
+                outs = []
+                for i, raw in enumerate(input_ids):
+                    ids = _expand(raw, image_pad if image_data and image_data[i] else None)
+                    lps = [None] + [_fake_prompt_logprob(k, t) for k, t in enumerate(ids) if k > 0]
+                    outs.append({"text": "", "output_ids": [], "meta_info": {
+                        "finish_reason": {"type": "length"}, "output_token_logprobs": [],
+                        "input_token_logprobs": list(zip(lps, ids, [None] * len(ids)))}})
+                return outs
             eos, outs, order = sampling_params["stop_token_ids"][0], [], {}
             for ids in input_ids:
                 i = order.setdefault(tuple(ids), len(order))
@@ -159,10 +191,48 @@ def _sample(i, n_images):
 
 def _engine(monkeypatch, name, model_dir, *extra):
     log = []
-    monkeypatch.setitem(sys.modules, name, (fake_vllm if name == "vllm" else fake_sglang)(log))
     processor = load_processor(model_dir)
+    image_pad = get_tokenizer(processor).convert_tokens_to_ids("<|image_pad|>")
+    monkeypatch.setitem(sys.modules, name, (fake_vllm if name == "vllm" else fake_sglang)(log, image_pad))
     rollout = B.build_rollout(_cfg(model_dir, name, *extra), processor, torch.device("cpu"))
     return rollout, processor, log
+
+
+def _teacher(monkeypatch, name, model_dir, **kwargs):
+    """A scoring engine built directly, as a teacher is: from its own checkpoint, never loaded with a policy."""
+    log = []
+    processor = load_processor(model_dir)
+    image_pad = get_tokenizer(processor).convert_tokens_to_ids("<|image_pad|>")
+    monkeypatch.setitem(sys.modules, name, (fake_vllm if name == "vllm" else fake_sglang)(log, image_pad))
+    common = dict(model_path=model_dir, stop_token_ids=[], banned_token_ids=[], tensor_parallel_size=1, seed=0,
+                  load_format="auto", bucket_mb=64)
+    if name == "vllm":
+        from rllava.engine.inference.vllm import VLLMRolloutEngine
+        return VLLMRolloutEngine(**common, **kwargs), processor, log
+    from rllava.engine.inference.sglang import SGLangRolloutEngine
+    return SGLangRolloutEngine(**common, gpu_id=0, **kwargs), processor, log
+
+
+def _score_requests(processor) -> list[GenerationRequest]:
+    """Whole sequences to score: a prompt with two images + a response, a text-only one, and one with no raw ids
+    (`prompt_ids` then go as they are). The expanded `prompt_ids` and pixel tensors are the trainer's: not sent."""
+    tok = get_tokenizer(processor)
+    requests = []
+    for i, n_images in ((0, 2), (1, 0)):
+        sample = _sample(i, n_images)
+        text = processor.apply_chat_template(sample.messages, add_generation_prompt=True, tokenize=False)
+        raw = tok(text, add_special_tokens=False)["input_ids"] + [100 + i, 101 + i, EOS]
+        requests.append(GenerationRequest([1] * 999, {"pixel_values": torch.zeros(1)}, raw, sample.images))
+    return requests + [GenerationRequest([5, 6, 7, 8])]
+
+
+def _expected_scores(requests, image_pad) -> list[list[float]]:
+    scores = []
+    for r in requests:
+        ids = _expand(r.raw_prompt_ids if r.raw_prompt_ids is not None else r.prompt_ids,
+                      image_pad if r.images else None)
+        scores.append([0.0] + [_fake_prompt_logprob(k, t) for k, t in enumerate(ids) if k > 0])
+    return scores
 
 
 def _events(log):
@@ -203,7 +273,7 @@ def test_generate_sends_unexpanded_prompts_and_maps_outputs(monkeypatch, tiny_mo
                (3, 0.7, 0.9, 5, 4, 0)
         assert params.stop_token_ids == [tok.eos_token_id] and params.logit_bias[image_pad] == -100.0
     else:
-        (_, ids, image_lists, videos, params, return_logprob), = [e for e in log if e[0] == "generate"]
+        (_, ids, image_lists, videos, params, return_logprob, _), = [e for e in log if e[0] == "generate"]
         assert return_logprob and videos is None and len(ids) == 9  # each prompt 3 times, one sample each
         ids, images = ids[::3], image_lists[::3]
         assert (params["temperature"], params["top_p"], params["top_k"], params["max_new_tokens"]) == (0.7, 0.9, 5, 4)
@@ -319,3 +389,96 @@ def test_async_mode_keeps_the_engine_awake(monkeypatch, tiny_model_dir, name):
     events = [e[0] if isinstance(e, tuple) else e for e in _events(log)]
     assert not set(events) & {"sleep", "wake_up", "resume_memory_occupation", "release_memory_occupation"}
     assert ("load_weights" if name == "vllm" else "update_weights_from_tensor") in events
+
+
+# ----------------------------------------------------------------------------------------------- scoring (teachers)
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_score_returns_the_engines_prompt_logprobs_and_sleeps_around_them(monkeypatch, tiny_model_dir, name):
+    engine, processor, log = _teacher(monkeypatch, name, tiny_model_dir,
+                                      **({"keep_weights": True} if name == "sglang" else {}))
+    image_pad = get_tokenizer(processor).convert_tokens_to_ids("<|image_pad|>")
+    if name == "vllm":  # its own weights; asleep (in host memory) from the start
+        (_, _, kw), = [e for e in log if e[0] == "LLM"]
+        assert kw["load_format"] == "auto" and log[-1] == ("sleep", 1)
+    else:  # its weights survive release / resume only with SGLang's CPU backup
+        (_, kw), = [e for e in log if e[0] == "Engine"]
+        assert kw["load_format"] == "auto" and kw["enable_weights_cpu_backup"] and kw["enable_memory_saver"]
+        assert log[-1] == ("release_memory_occupation", None)
+    del log[:]
+    requests = _score_requests(processor)
+    scores = engine.score(requests)
+    # one log-prob per token as the engine processed it (2 images: 2 x (IMAGE_TOKENS - 1) more), 0.0 first
+    expected = _expected_scores(requests, image_pad)
+    with_images, text_only, no_raw = requests
+    assert [len(s) for s in scores] == [len(with_images.raw_prompt_ids) + 2 * (IMAGE_TOKENS - 1),
+                                        len(text_only.raw_prompt_ids), len(no_raw.prompt_ids)]
+    assert all(s[0] == 0.0 for s in scores) and scores == [pytest.approx(e) for e in expected]
+    # unexpanded ids (prompt_ids when there are no raw ones) and the images, nothing else; temperature 1
+    sent_ids = [r.raw_prompt_ids for r in requests[:2]] + [requests[2].prompt_ids]
+    if name == "vllm":
+        (_, prompts, params), = [e for e in log if e[0] == "generate"]
+        assert [p["prompt_token_ids"] for p in prompts] == sent_ids
+        assert [p.get("multi_modal_data", {}).get("image") for p in prompts] == [requests[0].images, None, None]
+        assert (params.max_tokens, params.prompt_logprobs, params.temperature) == (1, 0, 1.0)
+        assert not hasattr(params, "logprobs") and not hasattr(params, "logit_bias")
+        assert _events(log) == [("wake_up", None), "generate", ("sleep", 1)]  # all tags awake for the call only
+    else:
+        (_, ids, images, videos, params, return_logprob, start), = [e for e in log if e[0] == "generate"]
+        assert ids == sent_ids and images == [requests[0].images, [], []] and videos is None
+        assert params == {"max_new_tokens": 0, "temperature": 1.0} and return_logprob and start == 0
+        assert _events(log) == ["resume_memory_occupation", "generate", ("release_memory_occupation", None)]
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_score_frees_the_gpu_even_when_the_engine_fails(monkeypatch, tiny_model_dir, name):
+    engine, processor, log = _teacher(monkeypatch, name, tiny_model_dir,
+                                      **({"keep_weights": True} if name == "sglang" else {}))
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("engine failed")
+
+    monkeypatch.setattr(engine.llm if name == "vllm" else engine.engine, "generate", fail)
+    with pytest.raises(RuntimeError, match="engine failed"):
+        engine.score(_score_requests(processor))
+    assert log[-1] == (("sleep", 1) if name == "vllm" else ("release_memory_occupation", None))
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_score_leaves_an_awake_engine_awake(monkeypatch, tiny_model_dir, name):
+    engine, processor, log = _teacher(monkeypatch, name, tiny_model_dir, stay_awake=True)
+    requests = _score_requests(processor)
+    image_pad = get_tokenizer(processor).convert_tokens_to_ids("<|image_pad|>")
+    assert engine.score(requests) == [pytest.approx(e) for e in _expected_scores(requests, image_pad)]
+    events = [e[0] for e in log]
+    assert "generate" in events and not set(events) & {"sleep", "wake_up", "resume_memory_occupation",
+                                                       "release_memory_occupation"}
+
+
+def test_sglang_score_needs_the_weights_kept(monkeypatch, tiny_model_dir):
+    """Without the CPU backup a released engine resumes with undefined weights: scoring it is refused."""
+    engine, processor, log = _teacher(monkeypatch, "sglang", tiny_model_dir)
+    (_, kw), = [e for e in log if e[0] == "Engine"]
+    assert "enable_weights_cpu_backup" not in kw
+    del log[:]
+    with pytest.raises(RllavaError, match="keep_weights=True"):
+        engine.score(_score_requests(processor))
+    assert log == []
+
+
+def test_vllm_score_runs_the_tensor_parallel_groups_requests(monkeypatch, tiny_model_dir):
+    """Rank 1 of a 2-rank tensor-parallel engine: it runs both ranks' requests (rank 0's first) and keeps its own."""
+    import rllava.engine.inference.vllm as vllm_engine
+
+    engine, processor, log = _teacher(monkeypatch, "vllm", tiny_model_dir)
+    theirs, mine = _score_requests(processor)[:2]
+    monkeypatch.setattr(vllm_engine, "dist", types.SimpleNamespace(
+        get_world_size=lambda group: 2, get_rank=lambda group: 1,
+        all_gather_object=lambda out, obj, group: out.__setitem__(slice(None), [[theirs], obj])))
+    engine.tp_group = object()
+    scores = engine.score([mine])
+    (_, prompts, _), = [e for e in log if e[0] == "generate"]
+    assert [p["prompt_token_ids"] for p in prompts] == [theirs.raw_prompt_ids, mine.raw_prompt_ids]
+    image_pad = get_tokenizer(processor).convert_tokens_to_ids("<|image_pad|>")
+    assert scores == [pytest.approx(e) for e in _expected_scores([mine], image_pad)]

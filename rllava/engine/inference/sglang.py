@@ -29,15 +29,16 @@ Written against SGLang 0.5 (`sglang.Engine`, python/sglang/srt/entrypoints/engin
   - An input must be shorter than the context length (`input + max_new_tokens >= context_len` is refused:
     tokenizer_manager.py `_validate_one_request`).
   - Weights across release / resume: `release_memory_occupation()` (no tags: all of them) pauses the "weights"
-    region of torch_memory_saver after stashing only the model's buffers, and resume restores those buffers
-    (python/sglang/srt/managers/scheduler_update_weights_mixin.py); a paused region comes back with undefined
-    contents unless it was allocated with `enable_cpu_backup`. The model is loaded inside
+    region of torch_memory_saver after stashing only the model's buffers (`_export_static_state`:
+    `named_buffers()`), and resume restores just those (python/sglang/srt/managers/scheduler_update_weights_mixin.py);
+    a paused region comes back with undefined contents unless it was allocated with `enable_cpu_backup`
+    (torch_memory_saver's own cpu-backup example asserts so). The model is loaded inside
     `region(GPU_MEMORY_TYPE_WEIGHTS, enable_cpu_backup=server_args.enable_weights_cpu_backup)`
     (python/sglang/srt/model_executor/model_runner.py; `--enable-weights-cpu-backup`, "Save model weights to CPU
     memory during release_weights_occupation and resume_weights_occupation"; in ServerArgs from 0.5.3, as verl
-    checks before passing it). A rollout
-    engine gets the policy's weights after every resume (`load`) and needs no backup; a teacher, never loaded, is
-    built with `keep_weights=True` (the backup: its weights wait in host memory) or `stay_awake=True`.
+    checks before passing it). A rollout engine gets the policy's weights after every resume (`load`) and needs no
+    backup; a teacher, never loaded, is built from its own checkpoint (`load_format="auto"`) with
+    `keep_weights=True` (the backup: its weights wait in host memory between scores) or `stay_awake=True`.
 """
 
 from __future__ import annotations

@@ -16,10 +16,12 @@ Written against vLLM 0.33 (V1 engine; the calls below exist since 0.10):
 - `score` (a frozen teacher's log-probs of sequences the student sampled, for on-policy distillation): the same
   prompts with `SamplingParams(max_tokens=1, prompt_logprobs=0)`. Facts, from vLLM's sources:
   - `RequestOutput.prompt_logprobs` is `[None, {token_id: Logprob}, ...]`, one entry per token of
-    `RequestOutput.prompt_token_ids` (the processed prompt, placeholders expanded): the first token has no context
+    `RequestOutput.prompt_token_ids`, the processed prompt with the placeholders expanded (the engine request's,
+    vllm/v1/engine/output_processor.py `RequestState.from_new_request`): the first token has no context
     (vllm/logprobs.py `create_prompt_logprobs` appends None first); each later dict holds the actual prompt token
     with its log-prob, ahead of the top `prompt_logprobs` others, none for 0 (vllm/v1/engine/logprobs.py
-    `_update_prompt_logprobs`, vllm/logprobs.py `append_logprobs_for_next_position`).
+    `_update_prompt_logprobs`, vllm/logprobs.py `append_logprobs_for_next_position`). `detokenize=False` only
+    leaves the Logprob's decoded_token None (the same `from_new_request` drops the tokenizer).
   - They are the raw model's: `log_softmax(model.compute_logits(h))`, no temperature, top-p/k or logit bias
     ("prompt tokens skip sampling processors, so processed_* and raw_* yield the same scores":
     vllm/v1/worker/gpu_model_runner.py `_get_prompt_logprobs_dict`; the V2 runner likewise,
@@ -32,7 +34,7 @@ Written against vLLM 0.33 (V1 engine; the calls below exist since 0.10):
     (vllm/v1/engine/input_processor.py `_validate_prompt_len`): a teacher's `max_model_len` must exceed the longest
     expanded sequence it scores.
   - A teacher engine is built like a rollout engine from the teacher's own checkpoint (`load_format="auto"`) and is
-    never `load`ed. `sleep(level=1)` copies the weights to (pinned) host memory and drops the KV cache;
+    never `load`ed. `sleep(level=1)` copies the weights to host memory and drops the KV cache;
     `wake_up()` with no tags restores both (vllm/device_allocator/sleep_mode_backend.py: level 1 offloads the
     "weights" tag), so the teacher costs host memory, not GPU memory, between scores.
 """
