@@ -127,10 +127,11 @@ def test_tiny_cpu_twin_runs(script, tmp_path):
     import sys
 
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "OUT": str(tmp_path),
-           "TRAIN": "64", "VAL": "8", "SFT_STEPS": "2", "RL_STEPS": "2", "OMP_NUM_THREADS": "1"}
+           "TRAIN": "64", "VAL": "8", "SFT_STEPS": "2", "RL_STEPS": "2", "OMP_NUM_THREADS": "1",
+           **({"TEACHER_STEPS": "3"} if "opd" in script else {})}
     subprocess.run(["bash", script, "trainer.val_freq=2", "data.val_batch_size=8"], cwd=REPO, env=env, check=True,
                    capture_output=True, timeout=600)
-    assert os.path.isdir(tmp_path / "grpo" / "final")
+    assert os.path.isdir(tmp_path / ("opd" if "opd" in script else "grpo") / "final")
     with open(tmp_path / "model" / "config.json") as f:  # the localising tasks need Qwen3-VL (docs/proof.md)
         localising = "grounding" in script or "ovd" in script
         assert json.load(f)["model_type"] == ("qwen3_vl" if localising else "qwen2_vl")

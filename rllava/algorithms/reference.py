@@ -12,10 +12,11 @@ import inspect
 import re
 
 from rllava.algorithms import correction as C
+from rllava.algorithms import distill as Dl
 from rllava.algorithms import hybrid as H
 from rllava.algorithms import ppo as _ppo  # noqa: F401  (registers the built-in estimators and losses)
 from rllava.algorithms.hybrid import HYBRID_LOSS_KEYS
-from rllava.algorithms.registry import ADV_ESTIMATORS, POLICY_LOSSES
+from rllava.algorithms.registry import ADV_ESTIMATORS, DISTILL_LOSSES, POLICY_LOSSES
 
 # Keyword-only parameter -> where its value comes from.
 SOURCES = {
@@ -101,6 +102,23 @@ def _correction_section() -> list[str]:
             .replace("\n", " "), "", "| function | reads | formula |", "|---|---|---|", *rows, "", *refs, ""]
 
 
+def _distill_section() -> list[str]:
+    """On-policy distillation (`rllava.algorithms.distill`): the module's formula, then one row per registered loss."""
+    doc = Dl.__doc__.split("\n\n")
+    rows = [f"| `{name}` | {', '.join(p for p in inspect.signature(fn).parameters)} | {_formula(fn.__doc__)} |"
+            for name, fn in sorted(DISTILL_LOSSES.items())]
+    refs = [f"- `{name}`: {_reference(fn.__doc__)}" for name, fn in sorted(DISTILL_LOSSES.items())]
+    return ["## On-policy distillation (`algorithm.distill`)", "", doc[0].replace("\n", " "), "", "```",
+            doc[1].strip("\n"), "```", "", doc[2].replace("\n", " "), "",
+            "Keys: `algorithm.distill.teacher_path` (the teacher; its tokenizer must be the student's), `.loss` (below), "
+            "`.coef` (its weight), `.use_reward` (false: pure distillation), `.route_field` + `.teachers` (one teacher "
+            "per value of a record field; other rows: `teacher_path`), `.engine` (hf: the teacher in the trainer, "
+            "sharded and offloaded like the policy; vllm / sglang: its log-probs from an engine of its own, for k1 / "
+            "k3), `.offload`, `.engine_kwargs`. Register a loss with `@register_distill_loss` in a file of "
+            "`algorithm.plugins`; it declares the tensors it reads among logprobs, old_logprobs, teacher_logprobs "
+            "and full_kl.", "", "| loss | reads | formula |", "|---|---|---|", *rows, "", *refs, ""]
+
+
 def render() -> str:
     head = "| name | reads | formula | paper |\n|---|---|---|---|"
     return "\n".join([
@@ -122,6 +140,7 @@ def render() -> str:
         "",
         *_hybrid_section(),
         *_correction_section(),
+        *_distill_section(),
         *_reference_section(),
     ])
 

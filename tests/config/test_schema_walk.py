@@ -25,6 +25,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 OWNED_ELSEWHERE: set[str] = set()  # keys built on a branch not merged yet (none now)
 
 COVERED = {
+    "algorithm.distill.teacher_path": "tests/train/test_distill.py::test_a_teacher_that_is_the_student_sees_the_same_pixels",
+    "algorithm.distill.loss": "tests/train/test_distill.py::test_a_teacher_that_is_the_student_sees_the_same_pixels",
+    "algorithm.distill.use_reward": "tests/train/test_distill.py::test_a_teacher_that_is_the_student_sees_the_same_pixels",
+    "algorithm.distill.coef": "tests/train/test_distill.py::test_coef_weights_the_teachers_term",
+    "algorithm.distill.route_field": "tests/train/test_distill.py::test_the_builder_reads_routes_and_offload",
+    "algorithm.distill.teachers": "tests/train/test_distill.py::test_the_builder_reads_routes_and_offload",
+    "algorithm.distill.offload": "tests/train/test_distill.py::test_the_builder_reads_routes_and_offload",
+    "algorithm.distill.engine": "tests/engine/test_rollout_engines.py::test_a_teacher_engine_is_built_from_the_distill_keys_and_scores_the_trained_tokens",
+    "algorithm.distill.engine_kwargs": "tests/engine/test_rollout_engines.py::test_a_teacher_engine_is_built_from_the_distill_keys_and_scores_the_trained_tokens",
     "rollout.partial_rollout": "tests/train/test_async.py::test_partial_rollouts_resume_exactly",
     "trainer.max_staleness": "tests/train/test_async.py::test_resume_is_the_uninterrupted_run",
     "reward.num_cpus": ("tests/reward/test_function.py::test_worker_pool_scores_kills_hung_workers_and_replaces_dead_ones", "num_cpus"),

@@ -482,3 +482,30 @@ def test_vllm_score_runs_the_tensor_parallel_groups_requests(monkeypatch, tiny_m
     assert [p["prompt_token_ids"] for p in prompts] == [theirs.raw_prompt_ids, mine.raw_prompt_ids]
     image_pad = get_tokenizer(processor).convert_tokens_to_ids("<|image_pad|>")
     assert scores == [pytest.approx(e) for e in _expected_scores([mine], image_pad)]
+
+
+@pytest.mark.parametrize("name, kwargs", [("vllm", "{max_model_len: 64}"), ("sglang", "{context_length: 64}")])
+def test_a_teacher_engine_is_built_from_the_distill_keys_and_scores_the_trained_tokens(monkeypatch, tiny_model_dir,
+                                                                                       name, kwargs):
+    """algorithm.distill.engine=vllm|sglang: an engine of the teacher's own weights (load_format auto, not the policy
+    engine's dummy; SGLang keeps a CPU copy across release), algorithm.distill.engine_kwargs over the rollout's
+    keys; the teacher's log-probs of the sampled responses land at their trained positions, zero elsewhere."""
+    from rllava.data.protocol import collate
+
+    rollout, processor, log = _engine(monkeypatch, name, tiny_model_dir)
+    cfg = _cfg(tiny_model_dir, name, f"algorithm.distill.teacher_path={tiny_model_dir}",
+               f"algorithm.distill.engine={name}", "algorithm.distill.loss=k1",
+               f"algorithm.distill.engine_kwargs={kwargs}")
+    distill = B.build_distillation(cfg, processor, None, torch.device("cpu"))
+    made = [e for e in log if e[0] in ("LLM", "Engine")][-1]
+    options = made[2] if name == "vllm" else made[1]
+    assert (made[1] if name == "vllm" else options["model_path"]) == tiny_model_dir
+    assert options["load_format"] == "auto" and (options.get("max_model_len") or options.get("context_length")) == 64
+    assert name == "vllm" or options["enable_weights_cpu_backup"] is True
+    batch = collate(rollout.generate([_sample(i, 0) for i in range(2)], SamplingParams(n=2, max_new_tokens=10)), 0)
+    lp = distill.teachers.compute_logprobs(batch)
+    for i in range(len(batch)):
+        ids = batch.input_ids[i][batch.attention_mask[i] == 1].tolist()
+        want = torch.tensor([0.0] + [_fake_prompt_logprob(k, t) for k, t in enumerate(ids) if k > 0])
+        torch.testing.assert_close(lp[i, :len(ids)], want * batch.loss_mask[i, :len(ids)])
+    assert (lp[batch.loss_mask == 0] == 0).all() and (lp[batch.loss_mask == 1] < 0).all()

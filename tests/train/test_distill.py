@@ -235,3 +235,62 @@ def test_start_up_errors(keys, message):
 def test_k1_reads_the_teachers_log_probs_before_the_update():
     assert Distillation(k1, 1.0, None).needs("teacher_logprobs") and not Distillation(k1, 1.0, None).full
     assert Distillation(full, 1.0, None).full
+
+
+def _grads(student, distill, batch):
+    grads = []
+    actor = _actor(student, distill)
+    actor.engine.optimizer_step = lambda: grads.append({n: p.grad.clone() for n, p in student.named_parameters()
+                                                        if p.grad is not None}) or student.zero_grad() or 0.0
+    actor.update(_with_advantages(batch))
+    return grads[0]
+
+
+def test_coef_weights_the_teachers_term(tiny_model_dir, teacher_dir):
+    """algorithm.distill.coef=c multiplies the distillation gradient by c (advantages zero: no other term)."""
+    student, teacher = _model(tiny_model_dir), _model(teacher_dir)
+    teachers = Teachers({DEFAULT: Reference(teacher, MicroBatching(2), 1.0)})
+    one = _grads(student, Distillation(full, 1.0, teachers), _agent_batch(2048))
+    three = _grads(student, Distillation(full, 3.0, teachers), _agent_batch(2048))
+    assert len(one) > 10
+    for name in one:
+        torch.testing.assert_close(three[name], 3 * one[name], rtol=1e-4, atol=1e-7)
+
+
+def test_the_builder_reads_routes_and_offload(tiny_model_dir, teacher_dir):
+    """algorithm.distill.route_field + algorithm.distill.teachers: one teacher per value (others: teacher_path);
+    algorithm.distill.offload=true: the teachers wait in host memory (here the device is the CPU: they are there)."""
+    cfg = load_config(["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={tiny_model_dir}",
+                       f"algorithm.distill.teacher_path={tiny_model_dir}", "algorithm.distill.route_field=kind",
+                       f"algorithm.distill.teachers={{b: {teacher_dir}}}", "algorithm.distill.offload=true"])
+    student = _model(tiny_model_dir)
+    d = B.build_distillation(cfg, load_processor(tiny_model_dir), student, torch.device("cpu"))
+    assert sorted(d.teachers.by_route) == [DEFAULT, "b"] and d.teachers.route_field == "kind" and d.teachers.offload
+    assert d.teachers.by_route["b"].model.config.text_config.hidden_size != student.config.text_config.hidden_size
+    assert d.teachers.route(_agent_batch(2048)) == {DEFAULT: [0], "b": [1]}  # "a" has no entry: teacher_path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["full", "k1"])
+def test_distillation_resumes_exactly(tiny_model_dir, counting_dir, distinct_reward, teacher_dir, straight_and_resumed,
+                                      loss):
+    """4 steps straight == 2 steps, stop, resume, 2 steps, bitwise: the teacher is frozen and loaded again from
+    algorithm.distill.teacher_path; nothing of it is in the checkpoint, nothing needs to be."""
+    args = _args(tiny_model_dir, counting_dir, "unused", distinct_reward, "trainer.max_steps=4", "trainer.save_freq=2",
+                 f"algorithm.distill.teacher_path={teacher_dir}", f"algorithm.distill.loss={loss}")
+    straight, stopped = straight_and_resumed(2, args)
+    a = load_file(os.path.join(straight, "final", "model.safetensors"))
+    b = load_file(os.path.join(stopped, "final", "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["distill/reverse_kl"] for r in _rows(stopped)] == [r["distill/reverse_kl"] for r in _rows(straight)]
+
+
+def test_a_teacher_that_is_the_student_sees_the_same_video_frames(tmp_path, tiny_model_dir, counting_videos_dir,
+                                                                  distinct_reward):
+    """Video rows: the teacher's forward gets the same frames and grid (a KL of exactly 0 to itself)."""
+    out = str(tmp_path / "video")
+    rlvr.main(_args(tiny_model_dir, counting_videos_dir, out, distinct_reward, "data.video_key=videos",
+                    "data.video_fps=2", "data.video_max_frames=4", "data.video_max_pixels=3136",
+                    f"algorithm.distill.teacher_path={tiny_model_dir}"))
+    (row,) = _rows(out)
+    assert abs(row["distill/reverse_kl"]) < 1e-5 and row["response_length/mean"] > 0
