@@ -22,26 +22,21 @@ python -m rllava.data.synthetic ${TASK} --out ${OUT}/data --train ${TRAIN:-4000}
 AGENT=()
 [ -f ${OUT}/data/corpus.jsonl ] && AGENT=(rollout.agent.tool_kwargs.search.corpus=${OUT}/data/corpus.jsonl)
 
-python -m rllava.train.pipeline.sft \
-  config=examples/tasks/${FOLDER}/tiny_cpu_sft.yaml \
-  "${AGENT[@]}" \
-  actor.model.model_path=${OUT}/model \
-  data.train_files=${OUT}/data/train.jsonl \
-  data.val_files=${OUT}/data/val.jsonl \
-  "${RUNS[@]}" trainer.experiment_name=sft \
-  ${SFT_STEPS:+trainer.max_steps=${SFT_STEPS}}
-
-# on-policy distillation: a teacher warmed longer from the same random model (one tokenizer)
-DISTILL=()
-if [ -n "${TEACHER_STEPS}" ]; then
+warm_up() {  # SFT of the tiny model into ${OUT}/$1 (extra keys after it)
   python -m rllava.train.pipeline.sft \
     config=examples/tasks/${FOLDER}/tiny_cpu_sft.yaml \
     "${AGENT[@]}" \
     actor.model.model_path=${OUT}/model \
     data.train_files=${OUT}/data/train.jsonl \
     data.val_files=${OUT}/data/val.jsonl \
-    "${RUNS[@]}" trainer.experiment_name=teacher \
-    trainer.max_steps=${TEACHER_STEPS}
+    "${RUNS[@]}" trainer.experiment_name=$1 "${@:2}"
+}
+warm_up sft ${SFT_STEPS:+trainer.max_steps=${SFT_STEPS}}
+
+# on-policy distillation: a teacher warmed longer from the same random model (one tokenizer)
+DISTILL=()
+if [ -n "${TEACHER_STEPS}" ]; then
+  warm_up teacher trainer.max_steps=${TEACHER_STEPS}
   DISTILL=(algorithm.distill.teacher_path=${OUT}/teacher/final)
 fi
 

@@ -8,6 +8,7 @@
         2. reward     one score per response                (Reward role: the user's file.py:fn)
         3. advantage  scores -> per-token advantages        (registered estimator, e.g. grpo)
         4. update     policy loss (+ KL to the reference)   (Actor role, through a train engine)
+                      (+ a teacher's per-token reverse KL: on-policy distillation, algorithm.distill)
 
 Stages 1-2 are `make_produce`, 3-4 `learn`: one after the other here, or overlapped with
 `trainer.async_training=true`, where rollout processes of the same launch produce (rllava.train.async_rl).
