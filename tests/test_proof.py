@@ -153,3 +153,18 @@ def test_run_methods_runs_each_once_with_its_keys_and_processes(tmp_path, monkey
     (grpo,) = P.run_hybrids(TASKS["counting"], str(tmp_path / "h"), sft_steps=5, rl_steps=30, val_freq=10,
                             methods=["grpo"])
     assert calls[-1] == ("grpo", (), 1) and grpo["method"] == "grpo"
+
+
+def test_distill_table_rows_and_the_step_opd_reaches_grpos_end():
+    from rllava.proof import distill_table
+
+    def run(name, curve):
+        return {"method": name, "sampled_before": curve[0][1], "sampled_after": sum(v for _, v in curve[-3:]) / 3,
+                "greedy_after": 50.0, "curve": curve}
+
+    teacher = {"sampled_before": 60.0, "greedy_before": 65.0, "sft_steps": 150}
+    table = distill_table(teacher, [run("grpo", [(0, 20.0), (10, 30.0), (20, 35.0), (30, 40.0)]),  # end 35.0
+                                    run("opd", [(0, 20.0), (10, 36.0), (20, 55.0), (30, 58.0)])]).splitlines()
+    assert table[0] == "Teacher (150 SFT steps): 60.0 sampled, 65.0 greedy."
+    assert table[4] == "| grpo | 20.0 -> 35.0 | -25.0 | 20 | 50.0 | 0: 20.0, 10: 30.0, 20: 35.0, 30: 40.0 |"
+    assert table[5].startswith("| opd | 20.0 -> 49.7 | -10.3 | 10 | 50.0 |")
