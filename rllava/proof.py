@@ -216,10 +216,10 @@ def distill_runs(teacher: str) -> dict[str, tuple[tuple[str, ...], int]]:
 
 
 def run_distill(task: Task, out: str, *, sft_steps: int | None, teacher_steps: int, rl_steps: int, val_freq: int,
-                seed: int = 0) -> tuple[dict, list[dict]]:
+                seed: int = 0, methods: tuple[str, ...] = ("grpo", "opd", "opd_k1")) -> tuple[dict, list[dict]]:
     """The student (`sft_steps` of SFT) and the teacher (`teacher_steps` from the same random model) warm up; the
-    teacher is evaluated as the runs are (out/teacher_eval); GRPO and OPD run from the student for `rl_steps`.
-    Returns (the teacher's summary, one summary per run)."""
+    teacher is evaluated as the runs are (out/teacher_eval); GRPO and OPD (`methods` of `distill_runs`) run from
+    the student for `rl_steps`. Returns (the teacher's summary, one summary per run)."""
     out = os.path.abspath(out)
     data = os.path.join(out, "data")
     common = [f"data.train_files={data}/train.jsonl", f"data.val_files={data}/val.jsonl", f"trainer.seed={seed}"]
@@ -236,8 +236,9 @@ def run_distill(task: Task, out: str, *, sft_steps: int | None, teacher_steps: i
                        "sft_steps": teacher_steps}, f, indent=1)
     with open(path) as f:
         teacher = json.load(f)
-    return teacher, run_methods(task, out, distill_runs(os.path.join(out, "teacher", "final")), sft_steps=sft_steps,
-                                rl_steps=rl_steps, val_freq=val_freq, seed=seed)
+    runs = distill_runs(os.path.join(out, "teacher", "final"))
+    return teacher, run_methods(task, out, {m: runs[m] for m in methods}, sft_steps=sft_steps, rl_steps=rl_steps,
+                                val_freq=val_freq, seed=seed)
 
 
 def distill_table(teacher: dict, summaries: list[dict]) -> str:
