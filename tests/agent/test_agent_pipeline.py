@@ -84,6 +84,19 @@ def test_two_agentic_steps_with_image_observations(tmp_path, tiny_model_dir, cou
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
+def test_distillation_on_agent_turns_with_image_observations(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
+                                                            always_zoom):
+    """algorithm.distill on multi-turn episodes whose tools show crops: the teacher reads the whole episode, crops
+    included (the student as its own teacher, one optimizer step per step: a KL of exactly 0), and scores the
+    model's turns only
+    (tests/train/test_distill.py::test_observation_tokens_get_no_kl)."""
+    out = str(tmp_path / "run")
+    agentic.main(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=1",
+                       "actor.ppo_mini_batch_size=4", f"algorithm.distill.teacher_path={tiny_model_dir}"))
+    (row,) = _rows(out)
+    assert row["agent/returned_images_mean"] > 0 and abs(row["distill/reverse_kl"]) < 1e-5
+
+
 def test_agentic_run_resumes_exactly(tiny_model_dir, counting_dir, distinct_reward, always_zoom, straight_and_resumed):
     args = _args(tiny_model_dir, counting_dir, "unused", distinct_reward, "trainer.max_steps=3", "trainer.save_freq=1")
     straight, stopped = straight_and_resumed(2, args)
