@@ -42,7 +42,8 @@ def register_policy_loss(name: str):
 
 def register_distill_loss(name: str):
     """Register `fn(*, tensors) -> per_token_loss [B, T]` as `name` (`algorithm.distill.loss=name`); the tensors
-    it declares are among logprobs (with grad), old_logprobs, teacher_logprobs and full_kl (`rllava.algorithms.distill`)."""
+    it declares are among logprobs (with grad), old_logprobs, teacher_logprobs and full_kl
+    (`rllava.algorithms.distill`)."""
     return _register(DISTILL_LOSSES, "distillation loss", name)
 
 

@@ -339,7 +339,8 @@ class Actor:
             distill_loss = aggregate(call_with_params(self.distill.fn, (), pool, self.distill.key), mask, **agg)
             loss = loss + self.distill.coef * distill_loss
             kl = full_kl[-1] if distill_full else old - micro.need("teacher_logprobs")  # exact, or k1's estimate
-            out.update({"actor/distill_loss": distill_loss.detach(), "distill/reverse_kl": masked_mean(kl.detach(), mask)})
+            out.update({"actor/distill_loss": distill_loss.detach(),
+                        "distill/reverse_kl": masked_mean(kl.detach(), mask)})
         if self.entropy_coeff != 0:
             loss = loss - self.entropy_coeff * aggregate(entropy, mask, **agg)
         self.engine.backward(loss)

@@ -100,13 +100,15 @@ class Teachers:
         return out
 
     def hidden(self, micro: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The micro-batch's teacher's (hidden states at its trained positions, LM head weight): see Reference.hidden."""
+        """The micro-batch's teacher's (hidden states at its trained positions, LM head weight), as
+        Reference.hidden."""
         routes = list(self.route(micro))
         if len(routes) != 1:
             raise RllavaError(f"a micro-batch spans teachers {routes}: Teachers.split groups the rows first")
         teacher = self.by_route[routes[0]]
         if not isinstance(teacher, Reference):
-            raise RllavaError("algorithm.distill.loss=full needs the teacher in the trainer (algorithm.distill.engine=hf)")
+            raise RllavaError("algorithm.distill.loss=full needs the teacher in the trainer "
+                              "(algorithm.distill.engine=hf)")
         return teacher.hidden(micro)
 
 
