@@ -84,6 +84,7 @@ def test_two_agentic_steps_with_image_observations(tmp_path, tiny_model_dir, cou
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.slow
 def test_distillation_on_agent_turns_with_image_observations(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
                                                             always_zoom):
     """algorithm.distill on multi-turn episodes whose tools show crops: the teacher reads the whole episode, crops

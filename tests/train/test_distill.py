@@ -285,6 +285,7 @@ def test_distillation_resumes_exactly(tiny_model_dir, counting_dir, distinct_rew
     assert [r["distill/reverse_kl"] for r in _rows(stopped)] == [r["distill/reverse_kl"] for r in _rows(straight)]
 
 
+@pytest.mark.slow
 def test_a_teacher_that_is_the_student_sees_the_same_video_frames(tmp_path, tiny_model_dir, counting_videos_dir,
                                                                   distinct_reward):
     """Video rows: the teacher's forward gets the same frames and grid (a KL of exactly 0 to itself)."""
