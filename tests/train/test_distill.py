@@ -56,7 +56,7 @@ def _rows(out):
     return [r for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "reward/mean" in r]
 
 
-@pytest.mark.parametrize("loss", ["full", "k1"])
+@pytest.mark.parametrize("loss", ["full", pytest.param("k1", marks=pytest.mark.slow)])
 def test_a_teacher_that_is_the_student_sees_the_same_pixels(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
                                                             teacher_dir, loss):
     """The student as its own teacher: the KL is 0 on image rows only if the teacher got the same pixels and
