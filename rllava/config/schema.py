@@ -1220,7 +1220,8 @@ class PPOConfig:
             p.append(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")
         p += (self._derived_problems() + self._not_built_problems() + self._planned_problems()
-              + self._hybrid_problems() + self._agent_problems() + self._reference_problems() + self._async_problems() + self._distill_problems())
+              + self._hybrid_problems() + self._agent_problems() + self._reference_problems() + self._async_problems()
+              + self._distill_problems())
         if self.actor.policy_loss.loss_mode == "decoupled_ppo" and (
                 self.algorithm.rollout_is != "none" or self.actor.tis_imp_ratio_cap > 0):
             p.append("actor.policy_loss.loss_mode=decoupled_ppo already weights each token by pi_old / pi_rollout: "

@@ -18,7 +18,7 @@ import torch
 
 from rllava.data.protocol import Batch
 from rllava.errors import RllavaError
-from rllava.roles.reference import Reference
+from rllava.roles.reference import Reference, _zero3
 from rllava.roles.rollout import continuation_request
 
 DEFAULT = ""  # the route of algorithm.distill.teacher_path
@@ -113,9 +113,9 @@ class Teachers:
 
 
 def _sharded(model: torch.nn.Module) -> bool:
-    """FSDP2's parameters are DTensors; DeepSpeed ZeRO-3 partitions them in place (ds_id): both offload their own."""
-    return any(hasattr(p, "device_mesh") or hasattr(p, "ds_id") for p in model.parameters())
-
+    """FSDP2's parameters are DTensors; DeepSpeed ZeRO-3 partitions them in place: both offload their own."""
+    params = list(model.parameters())
+    return any(hasattr(p, "device_mesh") for p in params) or _zero3(params)
 
 
 def tokenizer_mismatch(student, teacher, student_path: str, teacher_path: str, key: str) -> str | None:

@@ -356,14 +356,20 @@ def needs_reference(cfg: PPOConfig) -> bool:
     return bool(cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0) or cfg.algorithm.use_kl_in_reward
 
 
+def _ref_batching(cfg: PPOConfig) -> MicroBatching:
+    """The frozen models' no-grad passes (the reference, distillation teachers): ref.* sizes, the actor's layout."""
+    m = cfg.actor.model
+    return MicroBatching(cfg.ref.log_prob_micro_batch_size,
+                         cfg.ref.log_prob_max_token_len_per_gpu if m.dynamic_batching else None, m.padding_free,
+                         m.use_shared_prefix)
+
+
 def build_reference_role(cfg: PPOConfig, policy, device: torch.device, engine=None) -> Reference | None:
     """Built only when a KL uses it (`needs_reference`)."""
     if not needs_reference(cfg):
         return None
     m = cfg.actor.model
-    batching = MicroBatching(cfg.ref.log_prob_micro_batch_size,
-                             cfg.ref.log_prob_max_token_len_per_gpu if m.dynamic_batching else None, m.padding_free,
-                             m.use_shared_prefix)
+    batching = _ref_batching(cfg)
     kw = dict(temperature=cfg.rollout.temperature, chunk_size=cfg.actor.logprob_chunk_size,
               reset_freq=cfg.algorithm.ref_reset_freq)
     if m.use_peft and not cfg.ref.model_path:
@@ -391,9 +397,7 @@ def build_distillation(cfg: PPOConfig, processor, policy, device: torch.device, 
     load_plugins(cfg.algorithm.plugins)
     fn = lookup(DISTILL_LOSSES, d.loss, "algorithm.distill.loss")
     routes = {**({DEFAULT: d.teacher_path} if d.teacher_path else {}), **{str(k): v for k, v in d.teachers.items()}}
-    batching = MicroBatching(cfg.ref.log_prob_micro_batch_size,
-                             cfg.ref.log_prob_max_token_len_per_gpu if m.dynamic_batching else None, m.padding_free,
-                             m.use_shared_prefix)
+    batching = _ref_batching(cfg)
     teachers = {}
     for route, path in routes.items():
         key = "algorithm.distill." + ("teacher_path" if route == DEFAULT else f"teachers.{route}")
