@@ -276,6 +276,25 @@ def table(results: list[dict], flops: float, device: str, sizes: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_isolated(model: str, engine: str, root: str, device: str, args, out: str) -> dict:
+    """`run_one` in a process of its own (a clean allocator; an OOM or a hang costs only this run's row)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--root", root, "--device", device,
+           *(["--tiny"] if args.tiny else []), "--one", model, engine, out]
+    start = time.time()
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout, cwd=REPO)
+        error = None if res.returncode == 0 else (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
+        if error:
+            print(res.stderr[-4000:], file=sys.stderr)
+    except subprocess.TimeoutExpired:
+        error = f"timed out after {args.run_timeout} s"
+    print(f"{model} {engine}: {'ok' if not error else error} ({time.time() - start:.0f} s)", flush=True)
+    if error:
+        return {"model": model, "engine": engine, "error": error.replace("|", "/")[:200]}
+    with open(out) as f:
+        return json.load(f)
+
+
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="gpu_check.md")
@@ -308,35 +327,20 @@ def main(argv: list[str] | None = None) -> str:
 
     root = os.path.abspath(args.root or tempfile.mkdtemp(prefix="rllava-gpu-check-"))
     make_dataset("counting", os.path.join(root, "data"), n_train=64, n_val=0, seed=0, size=112 if args.tiny else 224)
-    results = []
+    sizes = ("1 GRPO step, tiny sizes" if args.tiny else "3 GRPO steps, 4 prompts x 4 samples, prompt <= 256, "
+             "response 128") + f", {'bf16' if device == 'cuda' else 'fp32'}, sdpa, gradient checkpointing, HF rollout"
+    flops, name = matmul_peak(device), torch.cuda.get_device_name() if device == "cuda" else device
+    results, text = [], ""
     for model in models:
         for engine in args.engines:
             out = os.path.join(root, f"{model}-{engine}.json")
             if device != "cuda" and not args.subprocess:  # CPU (the fast test): in this process, nothing to isolate
                 results.append(run_one(model, engine, root, device, args.tiny))
-                continue
-            cmd = [sys.executable, os.path.abspath(__file__), "--root", root, "--device", device,
-                   *(["--tiny"] if args.tiny else []), "--one", model, engine, out]
-            start = time.time()
-            try:
-                res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout, cwd=REPO)
-                error = None if res.returncode == 0 else \
-                    (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
-                if error:
-                    print(res.stderr[-4000:], file=sys.stderr)
-            except subprocess.TimeoutExpired:
-                error = f"timed out after {args.run_timeout} s"
-            print(f"{model} {engine}: {'ok' if not error else error} ({time.time() - start:.0f} s)", flush=True)
-            if error:
-                results.append({"model": model, "engine": engine, "error": error.replace("|", "/")[:200]})
             else:
-                with open(out) as f:
-                    results.append(json.load(f))
-    sizes = ("1 GRPO step, tiny sizes" if args.tiny else "3 GRPO steps, 4 prompts x 4 samples, prompt <= 256, "
-             "response 128") + f", {'bf16' if device == 'cuda' else 'fp32'}, sdpa, gradient checkpointing, HF rollout"
-    text = table(results, matmul_peak(device), torch.cuda.get_device_name() if device == "cuda" else device, sizes)
-    with open(args.out, "w") as f:
-        f.write(text)
+                results.append(run_isolated(model, engine, root, device, args, out))
+            text = table(results, flops, name, sizes)
+            with open(args.out, "w") as f:  # after each run: a machine taken back mid-check keeps the rows so far
+                f.write(text)
     print(text)
     return text
 

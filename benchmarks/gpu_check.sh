@@ -15,8 +15,16 @@
 #         # datasets pyarrow dill multiprocess xxhash fsspec pandas (transformers 4.x there: transformers
 #         # huggingface_hub tokenizers safetensors)
 #
-# Only the missing ones are installed (pip resolves against what is there first). wheels/ travels with the working
-# tree (untracked, not ignored: keep it under the device tool's 64 MiB, never commit it; pyarrow alone is ~40 MiB).
+# Only the missing ones are installed (pip resolves against what is there first). wheels/ is git-ignored: name it
+# in the device tool's `carry` (keep it under 64 MiB, never commit it; pyarrow alone is ~40 MiB).
+#
+# What ran on 2026-11-27 (H200 image: Python 3.12, torch 2.11, transformers 5.17, no omegaconf / datasets): wheels/
+# held omegaconf 2.4.0, antlr4-python3-runtime 4.13.2, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19, plus
+# transformers 5.24.0 and regex 2026.11.19 (the versions CI tests; 15 MiB in all), installed without their
+# dependency checks before this script so that the image's pyarrow and fsspec serve:
+#
+#     python3 -m pip install -q --no-index --no-deps --target /tmp/site wheels/*.whl && export PYTHONPATH=/tmp/site
+#     PYTHON=python3 bash benchmarks/gpu_check.sh --run-timeout 150     # ~6.5 min on one H200
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}

@@ -256,7 +256,7 @@ class _ChunkedHead(torch.autograd.Function):
             else:
                 grad_z.mul_(-g_lp[sl, None])
             del logp
-            grad_z[torch.arange(len(hc)), labels[sl]] += g_lp[sl]
+            grad_z[torch.arange(len(hc), device=hc.device), labels[sl]] += g_lp[sl]
             grad_z = grad_z.div_(T).to(weight.dtype)
             grad_h[sl] = grad_z @ weight
             grad_w.addmm_(grad_z.T, hc)

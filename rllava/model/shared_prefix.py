@@ -52,7 +52,7 @@ def _same_media(a: Trajectory, b: Trajectory) -> bool:
 def prefix_layout(batch: Batch, media_token_ids: list[int], *, packed: bool) -> PrefixLayout | None:
     """The layout of `batch`, or None when no two rows share a prompt (the plain forward is then the same)."""
     lengths = batch.attention_mask.sum(-1).tolist()
-    media = torch.tensor(media_token_ids, dtype=torch.long)
+    media = torch.tensor(media_token_ids, dtype=torch.long, device=batch.input_ids.device)
     sets: dict[tuple, list[int]] = {}  # prompt key -> rows, in order of first appearance
     prompt = {}
     for i, t in enumerate(batch.trajectories):
