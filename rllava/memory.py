@@ -22,6 +22,8 @@ one step runs on it under torch's `MemTracker`, which adds up every live tensor 
   ref log-prob  with a KL (algorithm.use_kl_loss, use_kl_in_reward): the same on the frozen reference (a copy of
                 the starting weights, resident in every phase; for LoRA without ref.model_path the policy itself,
                 adapters off), ref.log_prob_micro_batch_size (or ref.log_prob_max_token_len_per_gpu) sequences.
+  teacher log-prob  algorithm.distill with a sampled-token loss (k1, k3): the same on each teacher (its own
+                config; every teacher resident in every phase, as the reference; engine=vllm|sglang not planned).
   update        a forward + backward of one micro-batch (actor.ppo_micro_batch_size, or
                 actor.ppo_max_token_len_per_gpu tokens), beside the gradients of the mini-batch's earlier
                 micro-batches where it has several.
@@ -41,7 +43,7 @@ config allows, every prompt holds one square image as large as data.max_pixels a
 (Qwen-VL: one token per merged (patch x 2)^2 pixels; the image's tokens count in the prompt's length), and the
 rollout.n samples of a prompt share it; padding_free therefore saves nothing here (no sequence is short). Not
 counted: the CUDA context and the allocator's cache and fragmentation (~1-2 GiB on a real GPU), the generate
-loop's own transients, a critic (named under the table).
+loop's own transients, a critic, the exact KL's in-update buffers (named under the table).
 """
 
 from __future__ import annotations
@@ -123,9 +125,9 @@ SEED_MODELS: dict[str, dict] = {
 }
 
 
-def model_config(path: str | None):
-    """The transformers config of `actor.model.model_path`: a local model directory's config.json, or a hub id
-    from SEED_MODELS (nothing is downloaded)."""
+def model_config(path: str | None, key: str = "actor.model.model_path"):
+    """The transformers config of the model at `key`: a local model directory's config.json, or a hub id from
+    SEED_MODELS (nothing is downloaded)."""
     from transformers import AutoConfig
 
     if path and os.path.isdir(path):
@@ -133,7 +135,7 @@ def model_config(path: str | None):
     if path in SEED_MODELS:
         seed = SEED_MODELS[path]
         return AutoConfig.for_model(seed["model_type"], **{k: v for k, v in seed.items() if k != "model_type"})
-    raise RllavaError(f"actor.model.model_path={path!r}: no such local directory, and not a model the planner knows "
+    raise RllavaError(f"{key}={path!r}: no such local directory, and not a model the planner knows "
                       f"by name ({', '.join(SEED_MODELS) or 'none'})")
 
 
@@ -537,15 +539,17 @@ def tracked(run, model, optimizer, *external, host: tuple[str, ...] = ()) -> dic
     return {**row, "peak": sum(row.values())}
 
 
-def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None, gpu_bytes: int | None = None) -> list[dict]:
+def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None, gpu_bytes: int | None = None,
+               teachers=(), teacher_pass: bool = False) -> list[dict]:
     """One row per phase of the step: its peak bytes by kind on one device. Runs on a real or a fake model alike
     (whose `forward` is rllava's `_token_logprobs`: see `plannable`). The optimizer state exists from the start
     (a step after the first); the frozen reference `ref`, if any, is resident in every phase and has a log-prob
-    pass of its own (`ref` is `model` itself for LoRA's adapter-free base). `kv_bytes`: the HF engine's KV cache,
-    added to the rollout; vLLM / SGLang reserve step.engine_fraction of `gpu_bytes` instead."""
+    pass of its own (`ref` is `model` itself for LoRA's adapter-free base); so are the distillation `teachers`,
+    whose pass (`teacher_pass`: a sampled-token loss) runs each on the reference's micro-batch. `kv_bytes`: the
+    HF engine's KV cache, added to the rollout; vLLM / SGLang reserve step.engine_fraction of `gpu_bytes` instead."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     adam_states(optimizer)  # as a previous step left them
-    frozen = [ref] if ref is not None and ref is not model else []
+    frozen = ([ref] if ref is not None and ref is not model else []) + list(teachers)
     shards = ("Sharded Param", "Sharded Grad", "OptState") if step.host_shards else ()
     opt_off = ("Optstate", "OptState")
 
@@ -569,6 +573,9 @@ def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None, gpu_by
     rows.append(phase("old log-prob", lambda: logprob_pass(model, step), *between))
     if ref is not None:
         rows.append(phase("ref log-prob", lambda: ref_pass(ref, step), *between))
+    if teachers and teacher_pass:
+        rows.append(phase("teacher log-prob", lambda: [logprob_pass(t, step, step.ref_rows) for t in teachers],
+                          *between))
     during = () if step.optimizer_on_device[1] else opt_off
     for p in trainable if step.accumulates else []:  # a later micro-batch: the earlier ones' gradients are held
         p.grad = torch.zeros_like(p)
@@ -620,14 +627,20 @@ def unplanned(cfg) -> list[str]:
          f"{cfg.actor.deepspeed.zero_stage} and actor.deepspeed.enable_cpu_offload are not planned",
          resolve_strategy(cfg.actor.strategy) == "deepspeed"),
         ("actor.model.enable_activation_offload: checkpointed activations planned on the device",
-         cfg.actor.model.enable_activation_offload)) if on]
+         cfg.actor.model.enable_activation_offload),
+        ("the exact KL's second model in the update (actor.kl_loss_type=full, algorithm.distill.loss=full): its "
+         "hidden states and the chunked vocabulary buffers", (cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_type ==
+         "full") or (cfg.algorithm.use_kl_in_reward and cfg.algorithm.kl_penalty == "full") or (
+             cfg.algorithm.distill.on and cfg.algorithm.distill.loss == "full")),
+        ("algorithm.distill.offload: the teachers planned resident", cfg.algorithm.distill.offload),
+        (f"algorithm.distill.engine={cfg.algorithm.distill.engine}: the teacher's engine and its share of the GPU",
+         cfg.algorithm.distill.engine != "hf")) if on]
 
 
 def reference(cfg, policy, shard=None):
     """The frozen reference policy rllava builds when a KL uses it (rllava.train.builders.build_reference_role):
     a copy of the policy's starting weights, or ref.model_path's; the policy itself for LoRA without
     ref.model_path (its adapters off); None without a KL. `shard`: FSDP2's, as the engine's shard_frozen."""
-    from rllava.model.loader import auto_class
     from rllava.train.builders import needs_reference
 
     if not needs_reference(cfg):
@@ -635,11 +648,27 @@ def reference(cfg, policy, shard=None):
     if cfg.actor.model.use_peft and not cfg.ref.model_path:
         return policy
     same = not cfg.ref.model_path or cfg.ref.model_path == cfg.actor.model.model_path
-    config = policy.config if same else model_config(cfg.ref.model_path)
-    ref = auto_class(config).from_config(config, dtype=policy.dtype,
-                                         attn_implementation=cfg.actor.model.attn_implementation)
-    ref = ref.requires_grad_(False).eval()
-    return plannable(shard(ref) if shard else ref)
+    return _frozen(cfg, policy.config if same else model_config(cfg.ref.model_path, "ref.model_path"), policy, shard)
+
+
+def teachers(cfg, policy, shard=None) -> list:
+    """algorithm.distill's teachers as rllava builds them in the trainer (engine=hf; builders.build_distillation):
+    teacher_path's and each of teachers' models, frozen, planned resident (offload=true too: named in `unplanned`)."""
+    d = cfg.algorithm.distill
+    if not d.on or d.engine != "hf":
+        return []
+    routes = {**({"teacher_path": d.teacher_path} if d.teacher_path else {}),
+              **{f"teachers.{k}": v for k, v in d.teachers.items()}}
+    return [_frozen(cfg, model_config(path, f"algorithm.distill.{key}"), policy, shard) for key, path in routes.items()]
+
+
+def _frozen(cfg, config, policy, shard):
+    from rllava.model.loader import auto_class
+
+    model = auto_class(config).from_config(config, dtype=policy.dtype,
+                                           attn_implementation=cfg.actor.model.attn_implementation)
+    model = model.requires_grad_(False).eval()
+    return plannable(shard(model) if shard else model)
 
 
 def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1) -> list[dict]:
@@ -664,7 +693,8 @@ def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1
         kv = kv_cache_bytes(config, step, model.dtype)
         model = plannable(shard(model, reshard_after_forward=cfg.actor.fsdp.reshard_after_forward) if shard else model)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
-        rows = run_phases(model, optimizer, step, kv, reference(cfg, model, shard), gpu_bytes)
+        rows = run_phases(model, optimizer, step, kv, reference(cfg, model, shard), gpu_bytes,
+                          teachers(cfg, model, shard), cfg.algorithm.distill.loss != "full")
     for row in rows:
         row["fits"] = None if gpu_bytes is None else row["peak"] <= gpu_bytes
     return rows

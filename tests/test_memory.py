@@ -320,3 +320,22 @@ def test_a_kl_adds_the_frozen_reference_to_every_phase_and_a_pass_of_its_own(tin
     frozen = {r["phase"]: r for r in memory.plan(_cfg(tiny_model_dir, "actor.model.freeze_vision_tower=true"),
                                                  device="cpu")}
     assert frozen["optimizer"]["gradients"] < plain["optimizer"]["gradients"]
+
+
+def test_distillation_teachers_are_resident_in_every_phase_with_a_pass_for_a_sampled_loss(tiny_model_dir):
+    """As rllava.train.builders.build_distillation (engine=hf): each teacher a frozen model of its own config,
+    resident in every phase; a sampled-token loss (k1/k3) adds the teachers' log-prob pass, the exact KL names
+    its in-update buffers as not planned; an unknown teacher path is one error naming its key."""
+    plain = {r["phase"]: r for r in memory.plan(_cfg(tiny_model_dir), device="cpu")}
+    distill = [f"algorithm.distill.teacher_path={tiny_model_dir}"]
+    k1 = {r["phase"]: r for r in memory.plan(_cfg(tiny_model_dir, *distill, "algorithm.distill.loss=k1"),
+                                             device="cpu")}
+    assert list(k1) == ["rollout", "old log-prob", "teacher log-prob", "update", "optimizer"]
+    assert all(k1[p]["parameters"] == 2 * plain[p]["parameters"] for p in plain)
+    routed = _cfg(tiny_model_dir, *distill, "algorithm.distill.route_field=kind",
+                  f"algorithm.distill.teachers={{chart: {tiny_model_dir}}}")
+    full = {r["phase"]: r for r in memory.plan(routed, device="cpu")}
+    assert "teacher log-prob" not in full and full["update"]["parameters"] == 3 * plain["update"]["parameters"]
+    assert any("algorithm.distill.loss=full" in line for line in memory.unplanned(routed))
+    with pytest.raises(memory.RllavaError, match="algorithm.distill.teacher_path='/no/such'"):
+        memory.plan(_cfg(tiny_model_dir, "algorithm.distill.teacher_path=/no/such"), device="cpu")
