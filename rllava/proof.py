@@ -208,15 +208,23 @@ def run_methods(task: Task, out: str, methods: dict[str, tuple[tuple[str, ...], 
     return summaries
 
 
+# 64 completions a step as GRPO's 8 prompts x 8 samples, spent on 64 prompts x 1 sample (distillation needs no
+# group), in two mini-batches of 32: two optimizer steps a step (GRPO's config takes one)
+WIDE = ("data.train_batch_size=64", "rollout.n=1", "actor.ppo_mini_batch_size=32")
+
+
 def distill_runs(teacher: str) -> dict[str, tuple[tuple[str, ...], int]]:
     """On-policy distillation (`--distill`) beside GRPO: pure distillation (no reward in the loss) from `teacher`
-    with the exact reverse KL (`full`) and with the sampled k1 advantage."""
+    with the exact reverse KL (`full`) and with the sampled k1 advantage, in GRPO's config; `opd_wide`: the exact
+    KL over 64 prompts a step (WIDE)."""
     opd = (f"algorithm.distill.teacher_path={teacher}", "algorithm.distill.use_reward=false")
-    return {"grpo": ((), 1), "opd": (opd, 1), "opd_k1": ((*opd, "algorithm.distill.loss=k1"), 1)}
+    return {"grpo": ((), 1), "opd": (opd, 1), "opd_k1": ((*opd, "algorithm.distill.loss=k1"), 1),
+            "opd_wide": ((*opd, *WIDE), 1)}
 
 
 def run_distill(task: Task, out: str, *, sft_steps: int | None, teacher_steps: int, rl_steps: int, val_freq: int,
-                seed: int = 0, methods: tuple[str, ...] = ("grpo", "opd", "opd_k1")) -> tuple[dict, list[dict]]:
+                seed: int = 0, methods: tuple[str, ...] = ("grpo", "opd_wide", "opd", "opd_k1")
+                ) -> tuple[dict, list[dict]]:
     """The student (`sft_steps` of SFT) and the teacher (`teacher_steps` from the same random model) warm up; the
     teacher is evaluated as the runs are (out/teacher_eval); GRPO and OPD (`methods` of `distill_runs`) run from
     the student for `rl_steps`. Returns (the teacher's summary, one summary per run)."""
@@ -380,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--distill", action="store_true", help="GRPO and on-policy distillation from a teacher "
                         "warmed --teacher-steps SFT steps, from one student warm-up on the first of --tasks; writes "
                         "OUT/distill.md")
-    parser.add_argument("--teacher-steps", type=int, default=400)
+    parser.add_argument("--teacher-steps", type=int, default=150)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--methods", nargs="+", default=list(HYBRID_METHODS), choices=list(HYBRID_METHODS))
     parser.add_argument("--sft-steps", type=int, default=None)
