@@ -209,8 +209,8 @@ def run_methods(task: Task, out: str, methods: dict[str, tuple[tuple[str, ...], 
 
 
 # 64 completions a step as GRPO's 8 prompts x 8 samples, spent on 64 prompts x 1 sample (distillation needs no
-# group), in two mini-batches of 32: two optimizer steps a step (GRPO's config takes one)
-WIDE = ("data.train_batch_size=64", "rollout.n=1", "actor.ppo_mini_batch_size=32")
+# group), in four mini-batches of 16: four optimizer steps a step (GRPO's config takes one)
+WIDE = ("data.train_batch_size=64", "rollout.n=1", "actor.ppo_mini_batch_size=16")
 
 
 def distill_runs(teacher: str) -> dict[str, tuple[tuple[str, ...], int]]:
