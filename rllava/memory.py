@@ -631,7 +631,7 @@ def unplanned(cfg) -> list[str]:
         ("the exact KL's second model in the update (actor.kl_loss_type=full, algorithm.distill.loss=full): its "
          "hidden states and the chunked vocabulary buffers", (cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_type ==
          "full") or (cfg.algorithm.use_kl_in_reward and cfg.algorithm.kl_penalty == "full") or (
-             cfg.algorithm.distill.on and cfg.algorithm.distill.loss == "full")),
+             _distill_needs(cfg, "full_kl"))),
         ("algorithm.distill.offload: the teachers planned resident", cfg.algorithm.distill.offload),
         (f"algorithm.distill.engine={cfg.algorithm.distill.engine}: the teacher's engine and its share of the GPU",
          cfg.algorithm.distill.engine != "hf")) if on]
@@ -654,12 +654,19 @@ def reference(cfg, policy, shard=None):
 def teachers(cfg, policy, shard=None) -> list:
     """algorithm.distill's teachers as rllava builds them in the trainer (engine=hf; builders.build_distillation):
     teacher_path's and each of teachers' models, frozen, planned resident (offload=true too: named in `unplanned`)."""
-    d = cfg.algorithm.distill
-    if not d.on or d.engine != "hf":
+    from rllava.train.builders import distill_routes
+
+    if not cfg.algorithm.distill.on or cfg.algorithm.distill.engine != "hf":
         return []
-    routes = {**({"teacher_path": d.teacher_path} if d.teacher_path else {}),
-              **{f"teachers.{k}": v for k, v in d.teachers.items()}}
-    return [_frozen(cfg, model_config(path, f"algorithm.distill.{key}"), policy, shard) for key, path in routes.items()]
+    return [_frozen(cfg, model_config(path, key), policy, shard) for key, path in distill_routes(cfg).values()]
+
+
+def _distill_needs(cfg, name: str) -> bool:
+    """The configured distillation loss declares `name` (rllava.roles.actor.Distillation.needs)."""
+    from rllava.roles.actor import Distillation
+    from rllava.train.builders import distill_loss
+
+    return cfg.algorithm.distill.on and Distillation(distill_loss(cfg), 0.0, None).needs(name)
 
 
 def _frozen(cfg, config, policy, shard):
@@ -694,7 +701,7 @@ def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1
         model = plannable(shard(model, reshard_after_forward=cfg.actor.fsdp.reshard_after_forward) if shard else model)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
         rows = run_phases(model, optimizer, step, kv, reference(cfg, model, shard), gpu_bytes,
-                          teachers(cfg, model, shard), cfg.algorithm.distill.loss != "full")
+                          teachers(cfg, model, shard), _distill_needs(cfg, "teacher_logprobs"))
     for row in rows:
         row["fits"] = None if gpu_bytes is None else row["peak"] <= gpu_bytes
     return rows

@@ -387,6 +387,19 @@ def build_reference_role(cfg: PPOConfig, policy, device: torch.device, engine=No
     return Reference(ref, batching, **kw)
 
 
+def distill_routes(cfg: PPOConfig) -> dict[str, tuple[str, str]]:
+    """algorithm.distill's teachers: route (DEFAULT for teacher_path, else the route_field value) -> (key, path)."""
+    d = cfg.algorithm.distill
+    return {**({DEFAULT: ("algorithm.distill.teacher_path", d.teacher_path)} if d.teacher_path else {}),
+            **{str(k): (f"algorithm.distill.teachers.{k}", v) for k, v in d.teachers.items()}}
+
+
+def distill_loss(cfg: PPOConfig):
+    """The registered loss algorithm.distill.loss names (plugins loaded first)."""
+    load_plugins(cfg.algorithm.plugins)
+    return lookup(DISTILL_LOSSES, cfg.algorithm.distill.loss, "algorithm.distill.loss")
+
+
 def build_distillation(cfg: PPOConfig, processor, policy, device: torch.device, engine=None) -> Distillation | None:
     """algorithm.distill: each teacher (checked against the student's tokenizer and image layout at start-up)
     loaded as a frozen model served like the reference, or held by a vLLM / SGLang engine; and the registered
@@ -394,13 +407,10 @@ def build_distillation(cfg: PPOConfig, processor, policy, device: torch.device, 
     d, m = cfg.algorithm.distill, cfg.actor.model
     if not d.on:
         return None
-    load_plugins(cfg.algorithm.plugins)
-    fn = lookup(DISTILL_LOSSES, d.loss, "algorithm.distill.loss")
-    routes = {**({DEFAULT: d.teacher_path} if d.teacher_path else {}), **{str(k): v for k, v in d.teachers.items()}}
+    fn = distill_loss(cfg)
     batching = _ref_batching(cfg)
     teachers = {}
-    for route, path in routes.items():
-        key = "algorithm.distill." + ("teacher_path" if route == DEFAULT else f"teachers.{route}")
+    for route, (key, path) in distill_routes(cfg).items():
         if not os.path.isdir(path):
             raise ConfigError(f"{key}={path!r}: no such model directory")
         teacher_tokenizer = get_tokenizer(load_processor(path, trust_remote_code=m.trust_remote_code))
