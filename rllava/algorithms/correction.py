@@ -1,6 +1,7 @@
 """Rollout correction: the rollout engine (vLLM, SGLang, a stale or bf16 copy) samples from pi_rollout, which differs
 from the trainer's pi_old, so even a synchronous run is slightly off-policy. Small pure functions over [B, T]
-tensors, applied by `rllava.roles.actor.Actor` to the RL term of any policy loss:
+tensors, applied by `rllava.roles.actor.Actor` to the RL term of any policy loss (and to on-policy distillation's,
+`rllava.algorithms.distill`):
 
     rollout_importance_weights : truncated IS weights (TIS), token or sequence level -> per-token loss x weights
     rollout_rejection_mask     : rejection sampling (RS) by divergence thresholds  -> tokens/rows out of the mask
@@ -44,7 +45,9 @@ def rollout_importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: tor
     L481-598 (metrics `compute_is_metrics` L601-713). Differs: no batch normalisation (verl's
     rollout_is_batch_normalize, default off); weights are 1, not 0, on masked-out tokens (the loss mask drops them);
     the token log-ratio is not clamped below (exp underflows to 0 harmlessly); `rollout_is_mean` is the mean of the
-    weights applied (verl's is taken before truncation); verl's std / ESS / per-sequence metrics are not logged.
+    weights applied (verl's is taken before truncation); verl's std / ESS / per-sequence metrics are not logged. As
+    verl's `compute_rollout_correction_and_rejection_mask` (L782-808), the Actor takes them over every sampled token
+    before rejection (`rollout_rejection_mask`): a sequence weight counts the tokens rejection drops.
     """
     with torch.no_grad():
         valid = mask > 0

@@ -10,6 +10,13 @@ reaches itself, and pays for every token the teacher finds unlikely (GKD with be
 arXiv:2306.08543; the Thinking Machines "On-Policy Distillation" post, 2025). Each loss below is one registered
 function of the tensors it declares; `algorithm.distill.use_reward=false` trains on it alone (pure distillation),
 else it is added to the RL loss of `algorithm.adv_estimator`'s advantages (a dense term beside the reward).
+Samples from pi_rollout, not pi_old (trainer.async_training, rollout.partial_rollout, another engine), are corrected
+as the RL term (`rllava.roles.actor.Actor._rollout_correction`): rejected tokens (algorithm.rollout_rs) leave the
+term; a loss of the sampled token (k1, k3: an expectation over x_t ~ pi_old) is multiplied by the RL term's IS weight
+(algorithm.rollout_is; if none, under decoupled_ppo or on stale samples still the token weight min(pi_old /
+pi_rollout, rollout_is_cap)), which restores that expectation at each prefix; a full_kl loss is exact whichever
+token was drawn, so it takes only the sequence weight (rollout_is=sequence: unbiased for the prefix's distribution
+too, the later tokens' ratios averaging 1). At token level the prefixes stay pi_rollout's, as for the RL term's TIS.
 """
 
 from __future__ import annotations
@@ -54,6 +61,9 @@ def k1(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor, teacher_logprobs: 
     `importance_sampling` loss -ratio * advantage; ROLL's OPD pipeline (advantage = teacher_log_prob -
     student_log_prob). rllava keeps the reward's advantage in the policy loss and adds this as its own term: the
     sum is the cookbook's when the policy loss is unclipped, and with PPO's clip only the reward's part is clipped.
+    A stale sampler: the cookbook's ratio is pi_theta / pi_sampler (tinker's `importance_sampling`), its advantage
+    log q - log pi_sampler; rllava's ratio is pi_theta / pi_old times the rollout correction's pi_old / pi_rollout
+    (truncated at its cap), its advantage against pi_old: the reverse KL's gradient at pi_old while under the cap.
     """
     advantage = (teacher_logprobs - old_logprobs).detach()
     return -torch.exp(logprobs - old_logprobs.detach()) * advantage

@@ -267,29 +267,32 @@ class Actor:
         return micro.loss_mask, None
 
     def _rollout_correction(self, micro: Batch, mask: torch.Tensor, old: torch.Tensor):
-        """(RL-term mask less the rejected tokens, IS weights or None, metrics): rollout correction
-        (`rllava.algorithms.correction`) of the tokens the rollout engine sampled (not a hybrid's expert tokens)
-        between pi_rollout, which sampled, and pi_old, the trainer's. Rejection (algorithm.rollout_rs) drops tokens /
-        rows from the mask of every term of the RL loss (policy, KL, entropy), as verl drops them from response_mask;
-        the aggregation's normalisers still count them. Also logs the sampler/trainer mismatch (`mismatch_*`) with
-        any correction on, the decoupled_ppo loss, or stale samples (`off_policy`)."""
+        """(RL-term mask less the rejected tokens, the RL term's IS weights or None, the distillation term's or None,
+        metrics): rollout correction (`rllava.algorithms.correction`) of the tokens the rollout engine sampled (not a
+        hybrid's expert tokens) between pi_rollout, which sampled, and pi_old, the trainer's. As verl's
+        `compute_rollout_correction_and_rejection_mask` (rollout_corr_helper.py@b178a3c L782-808), the IS weights are
+        taken over the whole response, then rejection (algorithm.rollout_rs) drops tokens / rows from the mask of
+        every term of the loss (policy, KL, entropy, distillation), as verl drops them from response_mask; the
+        aggregation's normalisers still count them. Distillation's weights: when the RL term is corrected or the
+        samples are stale (token level if rollout_is=none; a full_kl loss: sequence level only, as
+        `rllava.algorithms.distill` says why). Also logs the sampler/trainer mismatch (`mismatch_*`) then."""
         decoupled = getattr(self.algorithm, "loss_name", None) == "decoupled_ppo"
         if self.rollout_is == "none" and self.rollout_rs is None and not decoupled and not self.off_policy:
-            return mask, None, {}
+            return mask, None, None, {}
         rollout = micro.need("rollout_logprobs")
         sampled = mask if micro.off_policy_mask is None else mask * (1 - micro.off_policy_mask)  # not expert
-        metrics = mismatch_metrics(old, rollout, sampled)
+        metrics, weights = mismatch_metrics(old, rollout, sampled), None
+        if self.rollout_is != "none" or decoupled or self.off_policy:  # pi_old / pi_rollout: the engine sampled
+            weights, is_metrics = rollout_importance_weights(old, rollout, sampled, cap=self.rollout_is_cap,
+                                                             level=self.rollout_is.replace("none", "token"))
+            metrics.update(is_metrics if self.rollout_is != "none" else {})
         if self.rollout_rs is not None:
             keep, rs_metrics = rollout_rejection_mask(old, rollout, sampled, options=self.rollout_rs,
                                                       thresholds=self.rollout_rs_threshold)
-            mask, sampled = mask * keep, sampled * keep
+            mask = mask * keep
             metrics.update(rs_metrics)
-        weights = None
-        if self.rollout_is != "none":  # reweight by pi_old / pi_rollout: the engine sampled, the trainer scores
-            weights, is_metrics = rollout_importance_weights(old, rollout, sampled, cap=self.rollout_is_cap,
-                                                             level=self.rollout_is)
-            metrics.update(is_metrics)
-        return mask, weights, metrics
+        exact = self.distill is not None and self.distill.full and self.rollout_is != "sequence"
+        return mask, None if self.rollout_is == "none" else weights, None if exact else weights, metrics
 
     def _backward(self, micro: Batch, norm: dict, rl_coef: float = 1.0, sft_coef: float = 1.0,
                   has: tuple[bool, bool] = (True, True)) -> dict[str, float | torch.Tensor]:
@@ -304,7 +307,7 @@ class Actor:
             chunk_size=self.logprob_chunk_size, ref_hidden=others, **self.micro_batching.layout)
         mask, sft_mask = self._masks(micro)
         old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
-        mask, weights, corr_metrics = self._rollout_correction(micro, mask, old)
+        mask, weights, distill_weights, corr_metrics = self._rollout_correction(micro, mask, old)
         inputs = LossInputs(
             logprobs=logprobs, mask=mask, advantages=micro.advantages, old_logprobs=old,
             ref_logprobs=micro.ref_logprobs, rollout_logprobs=micro.rollout_logprobs, entropy=entropy,
@@ -336,7 +339,8 @@ class Actor:
         if self.distill is not None:  # on-policy distillation: the teacher's per-token term
             pool = {"logprobs": logprobs, "old_logprobs": old, "teacher_logprobs": micro.teacher_logprobs,
                     "full_kl": full_kl[-1] if distill_full else None}
-            distill_loss = aggregate(call_with_params(self.distill.fn, (), pool, self.distill.key), mask, **agg)
+            w = 1.0 if distill_weights is None else distill_weights  # rollout correction, as the RL term's
+            distill_loss = aggregate(call_with_params(self.distill.fn, (), pool, self.distill.key) * w, mask, **agg)
             loss = loss + self.distill.coef * distill_loss
             kl = full_kl[-1] if distill_full else old - micro.need("teacher_logprobs")  # exact, or k1's estimate
             out.update({"actor/distill_loss": distill_loss.detach(),

@@ -4,6 +4,7 @@ with respect to the student's logits, d KL / d z_j = pi_j (log pi_j - log q_j - 
 the sampled forms' expectations over the student's own tokens."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -73,3 +74,96 @@ def test_k3_value_gradient_and_expectation():
     per_token = k3(logprobs=torch.tensor([math.log(p) for p in PI]), teacher_logprobs=torch.tensor(
         [math.log(q) for q in Q]))
     assert (torch.tensor(PI) * per_token).sum().item() == pytest.approx(KL, abs=1e-6)
+
+
+# -- a stale sampler (asynchronous / partial rollouts): the Actor's distillation term in expectation ---------------
+# Two positions over the three-token vocabulary: the student's logits at position 1 (Z) and, given the first token a,
+# at position 2 (Z2[a]); the teacher's Q, Q2[a]; the sampler's PR, PR2[a] (not the student: pi_rollout != pi_old)
+Z2 = [[0.5, -0.5, 0.0], [-1.0, 1.0, 0.5], [0.0, 0.3, -0.3]]
+Q2 = [[0.5, 0.2, 0.3], [0.1, 0.3, 0.6], [0.3, 0.3, 0.4]]
+PR = [0.45, 0.35, 0.2]
+PR2 = [[0.3, 0.3, 0.4], [0.2, 0.5, 0.3], [0.4, 0.35, 0.25]]
+
+
+class _Engine:
+    device = torch.device("cpu")
+    p = 1.0  # the outcome's sampling probability: the gradients accumulate to the expectation over the sampler
+
+    def backward(self, loss):
+        (self.p * loss).backward()
+
+
+def _expected_actor_grad(monkeypatch, loss, rollout_is, cap):
+    """sum_x pi_rollout(x) d L(x) / d (Z, Z2) of `Actor._backward`'s distillation term, every two-token outcome x =
+    (a, b) run alone (seq-mean-token-sum over one sequence: L(x) = sum_t w_t loss_t), theta = theta_old."""
+    import rllava.roles.actor as actor_module
+    from rllava.algorithms.ppo import build_algorithm
+    from rllava.config.schema import ActorConfig, AlgorithmConfig
+    from rllava.data.protocol import Batch
+    from rllava.roles.actor import Actor, Distillation
+
+    z1, z2 = torch.tensor(Z, dtype=torch.float64, requires_grad=True), torch.tensor(Z2, dtype=torch.float64,
+                                                                                      requires_grad=True)
+    logq1, logq2 = torch.tensor(Q, dtype=torch.float64).log(), torch.tensor(Q2, dtype=torch.float64).log()
+
+    def forward(model, micro, ref_hidden=(), **kw):
+        a, b = micro.input_ids[0].tolist()
+        dists = [(z1.log_softmax(-1), logq1), (z2[a].log_softmax(-1), logq2[a])]
+        kl = torch.stack([(lp.exp() * (lp - lq)).sum() for lp, lq in dists])[None]
+        return (torch.stack([dists[0][0][a], dists[1][0][b]])[None], torch.zeros(1, 2, dtype=torch.float64),
+                *([kl] if ref_hidden else []))
+
+    monkeypatch.setattr(actor_module, "token_logprobs", forward)
+    engine = _Engine()
+    actor = Actor(torch.nn.Module(), engine, build_algorithm(AlgorithmConfig(), ActorConfig()), ppo_epochs=1,
+                  mini_batch_size=1, micro_batch_size=1, log_prob_micro_batch_size=1,
+                  loss_agg_mode="seq-mean-token-sum", max_response_length=2, temperature=1.0, use_kl_loss=False,
+                  kl_loss_coef=0.0, kl_loss_type="kl", entropy_coeff=0.0, rollout_is=rollout_is, rollout_is_cap=cap,
+                  off_policy=True)
+    actor.distill = Distillation({"full": full, "k1": k1, "k3": k3}[loss], 1.0, SimpleNamespace(hidden=lambda m: 0))
+    for a in range(3):
+        for b in range(3):
+            ids = torch.tensor([[a, b]])
+            with torch.no_grad():
+                old = forward(None, SimpleNamespace(input_ids=ids))[0]
+            micro = Batch(trajectories=[SimpleNamespace(mm_inputs=None)], input_ids=ids,
+                          attention_mask=torch.ones(1, 2, dtype=torch.long), loss_mask=torch.ones(1, 2),
+                          group_ids=torch.zeros(1, dtype=torch.long), advantages=torch.zeros(1, 2), old_logprobs=old,
+                          rollout_logprobs=torch.tensor([[math.log(PR[a]), math.log(PR2[a][b])]], dtype=torch.float64),
+                          teacher_logprobs=torch.stack([logq1[a], logq2[a][b]])[None])
+            engine.p = PR[a] * PR2[a][b]
+            actor._backward(micro, {"num_tokens": torch.tensor(2.0), "num_seqs": torch.tensor(1.0)})
+    return z1.grad.tolist(), z2.grad.flatten().tolist()
+
+
+@pytest.mark.parametrize("loss, rollout_is, cap", [
+    ("k1", "none", 10.0),  # the stale case of issue 44: no algorithm.rollout_is, trainer.async_training
+    ("k3", "none", 10.0),
+    ("k1", "token", 10.0),
+    ("k1", "sequence", 10.0),
+    ("k3", "sequence", 10.0),
+    ("full", "token", 1.2),  # exact at its prefix: no token weight (a weight truncated at 1.2 would bias it)
+    ("full", "sequence", 10.0),
+])
+def test_distillation_on_a_stale_sampler_is_corrected_as_the_rl_term(monkeypatch, loss, rollout_is, cap):
+    """Samples from pi_rollout != pi_old; the target is the on-policy expectation at theta = theta_old, by
+    enumeration from the formulas (Z's gradient at a position with student pi and teacher q):
+        k1, full : d KL(pi || q) / dz = pi (log pi - log q - KL)   (the reverse KL, the OPD post / GKD beta = 1)
+        k3       : E_{x ~ pi}[(1 - q / pi) d log pi(x) / dz] = pi - q   (the forward KL's gradient)
+    position 1 gets it exactly; position 2's, for each first token a, is weighted by the prefix's probability:
+    pi(a) with the sequence weight prod_t pi_old / pi_rollout (verl's rollout_is=sequence, verl/trainer/ppo/
+    rollout_corr_helper.py@b178a3c L536-544: unbiased for every prefix), PR(a) at token level (the token weight
+    pi_old / pi_rollout, L530-534, corrects the sampled token, not its prefix; `full` needs none). Issue 44: before
+    the fix the term took no weight, so k1's position-1 gradient was [0.508, -0.262, -0.245] (the estimator's
+    expectation over PR, the stale sampler) against the reverse KL's [0.456, -0.301, -0.155]."""
+    def grad(z, q):
+        pi = _softmax(z)
+        if loss == "k3":
+            return [p - qq for p, qq in zip(pi, q)]
+        kl = sum(p * (math.log(p) - math.log(qq)) for p, qq in zip(pi, q))
+        return [p * (math.log(p) - math.log(qq) - kl) for p, qq in zip(pi, q)]
+
+    prefix = PI if rollout_is == "sequence" else PR
+    g1, g2 = _expected_actor_grad(monkeypatch, loss, rollout_is, cap)
+    assert g1 == pytest.approx(grad(Z, Q), abs=1e-9)
+    assert g2 == pytest.approx([prefix[a] * g for a in range(3) for g in grad(Z2[a], Q2[a])], abs=1e-9)

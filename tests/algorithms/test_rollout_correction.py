@@ -178,15 +178,29 @@ def _micro():
 def test_rollout_rs_keys_reach_the_actor_and_drop_tokens_from_the_rl_mask():
     cfg = _cfg("algorithm.rollout_rs=token_k1,seq_max_k3", "algorithm.rollout_rs_threshold=0.7_1.5,0.2",
                "algorithm.rollout_is=token", "algorithm.rollout_is_cap=1.5")
-    mask, weights, m = _actor(cfg)._rollout_correction(_micro(), _t(MASK), _t(OLD))
+    mask, weights, _, m = _actor(cfg)._rollout_correction(_micro(), _t(MASK), _t(OLD))
     assert mask.tolist() == [[0, 0, 0, 0], [1, 1, 0, 1]]  # token_k1 as above; seq_max_k3 rejects row 0
-    assert weights[1].tolist() == pytest.approx([1.0, math.exp(-0.2), 1.0, 1.0])  # TIS over the kept tokens
+    assert weights[1].tolist() == pytest.approx([1.0, math.exp(-0.2), 1.5, 1.0])  # TIS before rejection (verl)
     assert "mismatch_kl" in m and "rollout_is_max" in m
     assert float(m["rollout_rs_masked_fraction"]) == pytest.approx(4 / 7)
-    _, weights, m = _actor(_cfg())._rollout_correction(_micro(), _t(MASK), _t(OLD))
+    _, weights, _, m = _actor(_cfg())._rollout_correction(_micro(), _t(MASK), _t(OLD))
     assert weights is None and m == {}  # off by default
-    _, weights, m = _actor(_cfg(), "decoupled_ppo")._rollout_correction(_micro(), _t(MASK), _t(OLD))
+    _, weights, _, m = _actor(_cfg(), "decoupled_ppo")._rollout_correction(_micro(), _t(MASK), _t(OLD))
     assert weights is None and "mismatch_k3_kl" in m  # decoupled_ppo: metrics, no second weighting
+
+
+def test_the_sequence_weight_is_taken_over_the_whole_response_before_rejection():
+    """verl's `compute_rollout_correction_and_rejection_mask` (verl/trainer/ppo/rollout_corr_helper.py@b178a3c
+    L782-808) computes the IS weights over the full response_mask (Step 2), then the rejection mask (Step 3):
+    log rho = [0.1, 3.0, 0.1], token_k1 at 0.5_2.0 rejects token 1 (rho = e^3 > 2), and the kept tokens' sequence
+    weight is min(exp(0.1 + 3.0 + 0.1), 2) = 2.0 (rllava before: over the kept tokens, e^0.2 = 1.2214)."""
+    cfg = _cfg("algorithm.rollout_is=sequence", "algorithm.rollout_is_cap=2.0", "algorithm.rollout_rs=token_k1",
+               "algorithm.rollout_rs_threshold=0.5_2.0")
+    log_rho = [0.1, 3.0, 0.1]
+    micro = types.SimpleNamespace(off_policy_mask=None, need=lambda name: torch.zeros(1, 3))
+    mask, weights, *_ = _actor(cfg)._rollout_correction(micro, torch.ones(1, 3), _t([log_rho]))
+    assert mask.tolist() == [[1, 0, 1]]
+    assert weights[0, [0, 2]].tolist() == pytest.approx([min(math.exp(sum(log_rho)), 2.0)] * 2)
 
 
 def test_new_keys_start_and_bad_values_are_one_line_errors():
