@@ -5,6 +5,7 @@ its algorithm's keys, and every registered estimator and loss has a script."""
 import glob
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -150,3 +151,82 @@ def test_nothing_points_outside_the_repository():
         if any(f"shared/{folder}" in text for folder in ("reference", "seeds", "hooks")):
             offenders.append(path)
     assert offenders == []
+
+
+# --- every real script runs one step as shipped --------------------------------------------------------------------
+# What this machine forces is swapped, nothing else: the model (a tiny one, also as the critic / teacher), the data (a
+# synthetic set of the task the script's reward scores, in the record fields the script names), sizes, the rollout
+# engine (HF) and the launcher (the pipeline's main in this process instead of torchrun). The reward file, reward_type,
+# prompt template and algorithm keys are the script's, with examples/config.yaml under them as the script names it.
+REAL = [s for s in SCRIPTS if not s.endswith("_tiny_cpu.sh")]  # the tiny twins run whole in test_tiny_cpu_twin_runs
+FAST = ("examples/algorithms/grpo.sh",)  # the rest: make test-slow (~2 min together)
+MODEL_KEYS = ("actor.model.model_path", "critic.model.model_path", "algorithm.distill.teacher_path")
+DATA_KEYS = ("data.train_files", "data.val_files", "data.train_image_dir", "data.val_image_dir",
+             "rollout.agent.tool_kwargs.search.corpus")
+TASK_OF_REWARD = {"math": "math", "math_answer": "math", "counting": "counting", "grounding": "grounding",
+                  "ovd": "ovd", "agent_search": "agent_search", "agent_code": "agent_code"}
+SIZES = ["data.max_samples=8", "data.train_batch_size=2", "data.val_batch_size=4", "rollout.n=2",
+         "data.max_response_length=8", "data.max_pixels=12544", "actor.ppo_mini_batch_size=2",
+         "actor.ppo_micro_batch_size=4", "actor.log_prob_micro_batch_size=4", "trainer.max_steps=1"]
+
+
+@pytest.fixture(scope="session")
+def synthetic_sets(tmp_path_factory):
+    """task -> a small synthetic set of that task (built on first use)."""
+    from rllava.data.synthetic import make_dataset
+
+    root, made = tmp_path_factory.mktemp("example_data"), {}
+
+    def get(task: str) -> str:
+        if task not in made:
+            made[task] = str(root / task)
+            make_dataset(task, made[task], n_train=8, n_val=4)
+        return made[task]
+    return get
+
+
+def _as_the_script_names_it(data: str, out: str, cfg) -> str:
+    """The set's records with the fields the script's keys name (image_path, solution, ...) beside their own."""
+    os.makedirs(out, exist_ok=True)
+    for name in set(os.listdir(data)) - {"train.jsonl", "val.jsonl"}:  # images/, corpus.jsonl, ...
+        os.symlink(os.path.join(data, name), os.path.join(out, name))
+    for split in ("train", "val"):
+        rows = [json.loads(line) for line in open(os.path.join(data, f"{split}.jsonl"))]
+        for r in rows:
+            for key, own in ((cfg.data.prompt_key, "problem"), (cfg.data.answer_key, "answer"),
+                             (cfg.data.image_key, "images")):
+                if key not in r and own in r:
+                    r[key] = r[own]
+        with open(os.path.join(out, f"{split}.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    return out
+
+
+@pytest.mark.parametrize("script", [pytest.param(s, marks=[] if s in FAST else [pytest.mark.slow]) for s in REAL])
+def test_real_script_runs_one_step_as_shipped(script, tmp_path, tiny_model_dir, synthetic_sets):
+    import importlib
+    import warnings
+
+    (cmd,) = commands(script, tmp_path)
+    module, args = pipeline_args(cmd)
+    cfg = load_config(args)
+    reward_file = os.path.basename(cfg.reward.reward_function.rpartition(":")[0])[:-3]
+    if reward_file == "agent_code" and not shutil.which("bwrap"):
+        pytest.skip("the code tool's jail needs bubblewrap (apt-get install bubblewrap)")
+    data = synthetic_sets(TASK_OF_REWARD[reward_file])
+    data = _as_the_script_names_it(data, str(tmp_path / "data"), cfg)
+    swapped = {**{k: tiny_model_dir for k in MODEL_KEYS},
+               "data.train_files": f"{data}/train.jsonl", "data.val_files": f"{data}/val.jsonl",
+               "data.train_image_dir": data, "data.val_image_dir": data,
+               "rollout.agent.tool_kwargs.search.corpus": f"{data}/corpus.jsonl"}
+    args = [f"{k}={swapped[k]}" if k in swapped else a for a in args for k in [a.split("=", 1)[0]]]
+    sizes = [*SIZES, *(["critic.ppo_mini_batch_size=2"] if cfg.critic else []),
+             *(["rollout.max_turns=2"] if cfg.rollout.agent.tools else [])]
+    out = tmp_path / "outputs"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. rollout.vllm.* ignored with rollout.name=hf: tested elsewhere
+        importlib.import_module(module).main([*args, *sizes, "rollout.name=hf", f"trainer.outputs_dir={out}"])
+    run = out / cfg.trainer.project_name / cfg.trainer.experiment_name
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1], script
+    assert (run / "final" / "model.safetensors").exists()

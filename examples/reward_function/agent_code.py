@@ -9,12 +9,19 @@ Logged beside them: `coded` (the episode called the code tool) and `accuracy` (f
 
 import os
 import sys
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from agent_search import _ANSWER, _FINAL, f1  # noqa: E402
 
 
-def compute_score(response: str, ground_truth, tool_calls=(), tool_memory=None) -> dict:
+def compute_score(reward_inputs: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """The batch form examples/config.yaml names (reward.reward_type=batch): one dict of scores per input."""
+    return [score_one(r["response"], r["ground_truth"], r.get("tool_calls", ()), r.get("tool_memory"))
+            for r in reward_inputs]
+
+
+def score_one(response: str, ground_truth, tool_calls=(), tool_memory=None) -> dict:
     answers = _ANSWER.findall(response)
     score = f1(answers[-1], str(ground_truth)) if answers else 0.0
     fmt = 1.0 if _FINAL.fullmatch(response.split("\n")[-1]) else 0.0

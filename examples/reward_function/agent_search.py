@@ -13,6 +13,7 @@ the first search query to the record's gold `query`, 0 below 0.5.
 import re
 import string
 from collections import Counter
+from typing import Any
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _FINAL = re.compile(r"\s*(?:<think>.*?</think>\s*)?<answer>[^<]*</answer>\s*", re.DOTALL)
@@ -34,8 +35,14 @@ def f1(prediction: str, truth: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def compute_score(response: str, ground_truth, doc_id=None, query=None, tool_calls=(), tool_memory=None,
-                  query_weight: float = 0.0) -> dict:
+def compute_score(reward_inputs: list[dict[str, Any]], query_weight: float = 0.0) -> list[dict[str, float]]:
+    """The batch form examples/config.yaml names (reward.reward_type=batch): one dict of scores per input."""
+    return [score_one(r["response"], r["ground_truth"], r.get("doc_id"), r.get("query"), r.get("tool_calls", ()),
+                      r.get("tool_memory"), query_weight) for r in reward_inputs]
+
+
+def score_one(response: str, ground_truth, doc_id=None, query=None, tool_calls=(), tool_memory=None,
+              query_weight: float = 0.0) -> dict:
     answers = _ANSWER.findall(response)
     score = f1(answers[-1], str(ground_truth)) if answers else 0.0
     last_turn = response.split("\n")[-1]

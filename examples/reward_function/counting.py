@@ -7,6 +7,7 @@
 """
 
 import re
+from typing import Any
 
 from rllava.reward.boxes import answer_text, strict_answer
 
@@ -18,7 +19,12 @@ def _integer(text):
     return int(match.group(1)) if match else None
 
 
-def compute_score(response: str, ground_truth) -> dict:
+def compute_score(reward_inputs: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """The batch form examples/config.yaml names (reward.reward_type=batch): one dict of scores per input."""
+    return [score_one(r["response"], r["ground_truth"]) for r in reward_inputs]
+
+
+def score_one(response: str, ground_truth) -> dict:
     truth = _integer(str(ground_truth))
     fmt = 1.0 if _integer(strict_answer(response)) is not None else 0.0
     answer = _integer(answer_text(response))

@@ -17,10 +17,18 @@ resized it, from its patch grid), so nothing here needs min/max pixels. IoU is t
 scales x and y separately, so it is computed in original pixels.
 """
 
+from typing import Any
+
 from rllava.reward.boxes import answer_text, box_iou, frame_of, is_box, parse_box, strict_answer, to_image_pixels
 
 
-def compute_score(response, ground_truth, image_sizes=(), model_image_sizes=(), *, frame=None, min_iou=0.0) -> dict:
+def compute_score(reward_inputs: list[dict[str, Any]], frame=None, min_iou: float = 0.0) -> list[dict[str, float]]:
+    """The batch form examples/config.yaml names (reward.reward_type=batch): one dict of scores per input."""
+    return [score_one(r["response"], r["ground_truth"], r["image_sizes"], r["model_image_sizes"], frame=frame,
+                      min_iou=min_iou) for r in reward_inputs]
+
+
+def score_one(response, ground_truth, image_sizes=(), model_image_sizes=(), *, frame=None, min_iou=0.0) -> dict:
     frame = frame_of(frame)
     truth = _truth(ground_truth)
     answer = strict_answer(response)

@@ -15,11 +15,19 @@ No true boxes and none predicted scores 1 everywhere.
 """
 
 import json
+from typing import Any
 
 from rllava.reward.boxes import average_precision, greedy_match, is_box, parse_detections, strict_answer
 
 
-def compute_score(response, ground_truth, *, iou_threshold=0.5, malformed_penalty=0.5) -> dict:
+def compute_score(reward_inputs: list[dict[str, Any]], iou_threshold: float = 0.5,
+                  malformed_penalty: float = 0.5) -> list[dict[str, float]]:
+    """The batch form examples/config.yaml names (reward.reward_type=batch): one dict of scores per input."""
+    return [score_one(r["response"], r["ground_truth"], iou_threshold=iou_threshold,
+                      malformed_penalty=malformed_penalty) for r in reward_inputs]
+
+
+def score_one(response, ground_truth, *, iou_threshold=0.5, malformed_penalty=0.5) -> dict:
     truths = _truths(ground_truth)
     answer = strict_answer(response)
     detections, bad = parse_detections(answer) if answer is not None else ([], 1)

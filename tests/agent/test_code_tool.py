@@ -114,11 +114,11 @@ def test_agent_code_records_are_restored_by_the_experts_snippet(tmp_path):
 
 def test_agent_code_reward_by_hand():
     r = _agent_code_reward()
-    s = r.compute_score("<code>x</code>\n<answer> red</answer>", "red", tool_calls=[("code", "x")],
-                        tool_memory={"code": {"calls": 1, "ran": 1}})
+    s = r.score_one("<code>x</code>\n<answer> red</answer>", "red", tool_calls=[("code", "x")],
+                    tool_memory={"code": {"calls": 1, "ran": 1}})
     assert s == {"overall": pytest.approx(1.0), "f1": 1.0, "format": 1.0, "ran": 1.0, "coded": 1.0, "accuracy": 1.0}
-    failed = r.compute_score("<code>x</code>\n<code>y</code>\n<answer> blue</answer>", "red",
-                             tool_calls=[("code", "x"), ("code", "y")], tool_memory={"code": {"calls": 2, "ran": 1}})
+    failed = r.score_one("<code>x</code>\n<code>y</code>\n<answer> blue</answer>", "red",
+                         tool_calls=[("code", "x"), ("code", "y")], tool_memory={"code": {"calls": 2, "ran": 1}})
     assert failed["overall"] == pytest.approx(0.1 + 0.05) and failed["ran"] == 0.5 and failed["accuracy"] == 0.0
-    guess = r.compute_score("<answer> red</answer>", "red")
+    guess = r.score_one("<answer> red</answer>", "red")
     assert guess["overall"] == pytest.approx(0.9) and guess["coded"] == 0.0 and guess["ran"] == 0.0

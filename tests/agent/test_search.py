@@ -108,15 +108,15 @@ def test_f1_reward_by_hand():
     assert r.f1("the Mirvale", "Mirvale") == 1.0 and r.f1("Mirvale!", "mirvale") == 1.0
     assert r.f1("Mir vale town", "Mir vale") == pytest.approx(0.8)  # P 2/3, R 1
     assert r.f1("north", "south") == 0.0
-    s = r.compute_score("<search> red circle</search>\n<answer> sphere</answer>", "sphere", doc_id="red circle",
-                        tool_calls=[("search", " red circle")], tool_memory={"search": [["red circle", "red cube"]]})
+    s = r.score_one("<search> red circle</search>\n<answer> sphere</answer>", "sphere", doc_id="red circle",
+                    tool_calls=[("search", " red circle")], tool_memory={"search": [["red circle", "red cube"]]})
     assert s == {"overall": 1.0, "f1": 1.0, "format": 1.0, "accuracy": 1.0, "searched": 1.0, "found": 1.0,
                  "used": 1.0}
-    guess = r.compute_score("<answer> the big sphere</answer> and more", "sphere")
+    guess = r.score_one("<answer> the big sphere</answer> and more", "sphere")
     assert guess["f1"] == pytest.approx(2 * 0.5 * 1 / 1.5) and guess["format"] == 0.0 and guess["searched"] == 0.0
     assert guess["overall"] == pytest.approx(0.9 * guess["f1"])
-    near = r.compute_score("<search> red circle day 12</search>\n<answer> x</answer>", "y", query="red circle day 12",
-                           tool_calls=[("search", " red circle day 12")], query_weight=0.5)
+    near = r.score_one("<search> red circle day 12</search>\n<answer> x</answer>", "y", query="red circle day 12",
+                       tool_calls=[("search", " red circle day 12")], query_weight=0.5)
     assert near["query"] == pytest.approx(1.0, abs=1e-4) and near["overall"] == pytest.approx(0.1 + 0.5 * near["query"])
-    far = r.compute_score("", "y", query="red circle day 12", tool_calls=[("search", "income tax")], query_weight=0.5)
+    far = r.score_one("", "y", query="red circle day 12", tool_calls=[("search", "income tax")], query_weight=0.5)
     assert far["query"] == 0.0  # below 0.5 similarity counts nothing

@@ -1,5 +1,7 @@
 """The example rewards (examples/reward_function/*.py): hand-computed cases per task, both grounding coordinate
-frames end to end through the Reward role, and a fuzz test: no model output makes any of them raise."""
+frames end to end through the Reward role, a fuzz test (no model output makes any of them raise), the batch form
+examples/config.yaml names (reward.reward_type=batch) against the per-sample one, and RLLaVA's math reward and
+prompt as RLLaVA's own file scores and renders them."""
 
 import json
 import os
@@ -12,9 +14,10 @@ from rllava.data.protocol import Sample, Segment, Trajectory
 from rllava.reward.function import RewardFunction, load_reward_function
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-REWARDS = {name: load_reward_function(os.path.join(REPO, "examples/reward_function", f"{name}.py:compute_score"))
-           for name in ("counting", "math", "grounding", "ovd")}
-counting, math_score, grounding, ovd = (REWARDS[n] for n in ("counting", "math", "grounding", "ovd"))
+FILES = ("counting", "math", "math_answer", "grounding", "ovd", "agent_search", "agent_code")
+REWARDS = {name: load_reward_function(os.path.join(REPO, "examples/reward_function", f"{name}.py:score_one"))
+           for name in FILES}  # the per-sample form beside each file's batch compute_score
+counting, math_score, grounding, ovd = (REWARDS[n] for n in ("counting", "math_answer", "grounding", "ovd"))
 
 
 def test_counting():
@@ -139,13 +142,14 @@ def _junk(rng: random.Random) -> list[str]:
             "".join(rng.choice("<>/[]{}(),.0123456789answerthinkboxed\\ \"") for _ in range(5000))]
 
 
-GROUND_TRUTHS = {"counting": ["3", 3, None, "x"], "math": ["\\frac{1}{2}", "12", "", None],
+GROUND_TRUTHS = {"counting": ["3", 3, None, "x"], "math": ["\\frac{1}{2}", "12", ""],
+                 "math_answer": ["\\frac{1}{2}", "12", "", None],
                  "grounding": [[1, 2, 30, 40], "[1, 2, 30, 40]", None, [5, 5, 1, 1], "junk"],
                  "ovd": [[[0, 0, 10, 10]], "[[0, 0, 10, 10]]", [], None, [[1, 2]], "junk"]}
 KWARGS = {"grounding": {"image_sizes": [(100, 100)], "model_image_sizes": [(112, 112)], "frame": "absolute"}}
 
 
-@pytest.mark.parametrize("name", sorted(REWARDS))
+@pytest.mark.parametrize("name", sorted(GROUND_TRUTHS))
 def test_no_model_output_raises(name):
     fn = REWARDS[name]
     for response in _junk(random.Random(0)):
@@ -154,3 +158,86 @@ def test_no_model_output_raises(name):
             assert isinstance(scores["overall"], float) and scores["overall"] == scores["overall"], (response[:50], truth)
             assert all(isinstance(v, float) for v in scores.values())
     assert REWARDS["grounding"]("<answer>[1, 1, 5, 5]</answer>", [1, 1, 5, 5], [], [], frame="absolute")["iou"] == 0.0
+
+
+KW = {"grounding": {"frame": "absolute"}, "agent_search": {"query_weight": 0.0}}
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_each_file_takes_the_batch_form_examples_config_names(name):
+    """examples/config.yaml sets reward.reward_type=batch and every shipped script names `<file>.py:compute_score`:
+    each file's compute_score builds under it and scores a batch as its per-sample form scores each input."""
+    spec = os.path.join(REPO, "examples/reward_function", f"{name}.py:compute_score")
+    fn = RewardFunction(spec, reward_type="batch", kwargs=KW.get(name))
+    assert fn.reward_type == "batch"
+    truth = {"grounding": [1, 2, 30, 40], "ovd": [[0, 0, 10, 10]]}.get(name, "3")
+    inputs = [{"response": r, "ground_truth": truth, "response_length": 5, "image_sizes": [(100, 100)],
+               "model_image_sizes": [(112, 112)], "tool_calls": [("search", "q")], "tool_memory": {}, "doc_id": "d"}
+              for r in ("<answer>3</answer>", "<think>x</think> \\boxed{3}", "<answer>[1, 2, 30, 40]</answer>", "")]
+    one = REWARDS[name]
+    extra = {"grounding": lambda r: (r["image_sizes"], r["model_image_sizes"]), "agent_code": lambda r: (
+        r["tool_calls"], r["tool_memory"]), "agent_search": lambda r: (r["doc_id"], None, r["tool_calls"],
+                                                                      r["tool_memory"])}.get(name, lambda r: ())
+    assert fn.fn(inputs, **KW.get(name, {})) == [one(r["response"], truth, *extra(r), **KW.get(name, {}))
+                                                  for r in inputs]
+
+
+RLLAVA_MATH = os.path.join(REPO, "tests/reward/rllava_files/math.py")  # RLLaVA's own files, unchanged
+RLLAVA_R1V = os.path.join(REPO, "tests/reward/rllava_files/r1v.py")
+
+
+def test_math_scores_as_rllavas_own_file():
+    """examples/reward_function/math.py has RLLaVA's meaning: RLLaVA's file (tests/reward/rllava_files/math.py,
+    run as it is with mathruler) gives the same scores to every response of a set covering its format and grader."""
+    responses = ["<think>x</think> \\boxed{3}", "<think>x</think>\\boxed{3.0}", "\\boxed{3}", "<answer>3</answer>",
+                 "< think >a</ think > so \\boxed{\\frac{1}{2}}", "<think></think>\\boxed{0.5} done",
+                 "<think>a</think> \\boxed{4}", "<think>a</think> 3", "<think>\\boxed{2}</think> \\boxed{3}",
+                 "<think>x</think> \\boxed{45^\\circ}", "<think>x</think> \\boxed{2\\sqrt{3}}", "", "3"]
+    truths = ["3", "\\frac{1}{2}", "45", "\\sqrt{12}"]
+    inputs = [{"response": r, "ground_truth": t, "response_length": 1} for r in responses for t in truths]
+    ours = RewardFunction(os.path.join(REPO, "examples/reward_function/math.py:compute_score"), reward_type="batch")
+    theirs = load_reward_function(f"{RLLAVA_MATH}:compute_score")
+    assert ours.fn(inputs) == theirs(inputs)
+    assert [s["overall"] for s in ours.fn(inputs[:4])] == [1.0, 0.1, 0.1, 0.1]  # by hand: 0.9 acc + 0.1 format
+    assert [s["accuracy"] for s in ours.fn(inputs[16:20])] == [0.0, 1.0, 0.0, 0.0]  # 1/2 = 0.5
+
+
+@pytest.mark.parametrize("fn", ["compute_score", "compute_score_without_format"])
+def test_r1v_scores_as_rllavas_own_file(fn):
+    """examples/reward_function/r1v.py (the CLEVR scripts' reward) gives RLLaVA's file's scores, one input a call."""
+    responses = ["<think>one two three</think> <answer>3</answer>", "<think>x</think><answer> 3.0 </answer>",
+                 "<answer>3</answer>", "<think>x</think> <answer>4</answer>", "3", " 3 ", "<think>x</think>",
+                 "<think>a</think>\n<answer>three</answer> trailing", "<think>x</think> <answer>\\frac{6}{2}</answer>", ""]
+    ours = RewardFunction(os.path.join(REPO, f"examples/reward_function/r1v.py:{fn}"), reward_type="sequential")
+    theirs = load_reward_function(f"{RLLAVA_R1V}:{fn}")
+    for truth in ("3", "<answer>3</answer>", "4"):
+        assert [ours.fn({"response": r, "ground_truth": truth}) for r in responses] == \
+            [theirs({"response": r, "ground_truth": truth}) for r in responses]
+    if fn == "compute_score":  # by hand: 0.5 accuracy + 0.5 format
+        assert [ours.fn({"response": r, "ground_truth": "3"})["overall"] for r in responses[:4]] == [1, 1, 0.5, 0.5]
+
+
+@pytest.mark.parametrize("name, text", [
+    ("math", "Find x. You FIRST think about the reasoning process as an internal monologue and then provide the final "
+             "answer. The reasoning process MUST BE enclosed within <think> </think> tags. The final answer MUST BE put "
+             "in \\boxed{}."),
+    ("r1v", "Find x. Output the thinking process in <think> </think> and final answer in <answer> </answer> tags.")])
+def test_prompt_renders_as_rllavas(name, text):
+    """A RLLaVA-named template renders a record's problem as RLLaVA's does (its text, as data)."""
+    from rllava.data.dataset import load_template
+
+    assert load_template(os.path.join(REPO, f"examples/format_prompt/{name}.jinja")).render(content=" Find x. ") == text
+
+
+@pytest.mark.parametrize("spec, reward_type, message", [
+    ("math.py:score_one", "batch", r"reward_type=batch calls score_one\(reward_inputs: list\[dict\]\) once per batch, "
+                                   r"but score_one takes 2 positional parameters"),
+    ("r1v.py:compute_score", "batch", r"takes a dict but reward_type=batch passes a list: set "
+                                      r"reward.reward_type=sequential"),
+    ("counting.py:compute_score", "sequential", r"takes a list but reward_type=sequential passes a dict: set "
+                                                r"reward.reward_type=batch")])
+def test_a_shipped_file_under_the_other_form_is_a_start_up_error(spec, reward_type, message):
+    from rllava.reward.function import RewardError
+
+    with pytest.raises(RewardError, match=message):
+        RewardFunction(os.path.join(REPO, "examples/reward_function", spec), reward_type=reward_type)
