@@ -39,7 +39,7 @@ LR, NEW_TOKENS = 1e-4, 10  # at the proof's 3e-4 TRL collapses within 40 steps (
 
 
 def counting_score(response: str, ground_truth) -> dict:
-    return _counting().compute_score(response, ground_truth)
+    return _counting().score_one(response, ground_truth)
 
 
 def rl_keys(common: list[str], lr: float = LR) -> list[str]:

@@ -40,7 +40,7 @@ def compute_score(response: str, ground_truth) -> dict:
     """The counting reward (examples/reward_function/counting.py) plus 0.1 x the share of digits in the response,
     so a random model's groups differ in reward and both trainers run a real update (all-zero advantages would
     let either skip work)."""
-    score = _counting().compute_score(response, ground_truth)
+    score = _counting().score_one(response, ground_truth)
     digits = sum(c.isdigit() for c in response) / max(len(response), 1)
     return {**score, "overall": score["overall"] + 0.1 * digits}
 
