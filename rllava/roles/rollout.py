@@ -6,6 +6,7 @@ multi-turn agent driver replaces this file's `generate` and keeps the engine.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Callable
 
@@ -186,26 +187,44 @@ class PartialRollouts:
     rollouts). Each round's tokens carry the version that wrote them (`Segment.version`), so the staleness metrics
     and the rollout correction see mixed-version responses as they are.
 
+    trainer.max_staleness (k) bounds it, as AReaL's StalenessManager does (areal/infra/staleness_manager.py
+    L79-113, `get_capacity`): no trained token lags more than k updates behind the policy that trains on it. A
+    group whose oldest token is older is dropped and counted (`dropped`: async/dropped_stale), and a group starts
+    only while the pool (trained oldest first) holds fewer groups than the steps within its bound train, so none
+    starts that would be trained too late unless a younger one overtakes it (k=0: nothing pauses). Dropped, not
+    written again: a group goes over because its responses are long, so written again it is the likeliest to go
+    over again, and again; dropped, a prompt costs one try at most. Resume stays exact: the rule reads only the
+    checkpointed pool and the step.
+
     The driver (`Rollout`, `AgentRollout`) supplies the `partial_*` methods over its unit of work (a Trajectory,
     an Episode). The pool (the groups, and prompts drawn but not started) is checkpointed as data: per response
     its dataset row, tokens, log-probs and versions (an episode: its observations and tool state too)."""
 
-    def __init__(self, rollout: Rollout, dataset, chunk: int, max_new_tokens: int):
+    def __init__(self, rollout: Rollout, dataset, chunk: int, max_new_tokens: int, max_staleness: float = math.inf):
         self.rollout, self.dataset, self.chunk, self.max_new_tokens = rollout, dataset, chunk, max_new_tokens
+        self.max_staleness, self.dropped = max_staleness, 0  # dropped: stale groups, until the caller resets it
         self.groups: list[list] = []  # started, oldest first (complete ones included)
         self.waiting: list[Sample] = []  # drawn, not started
 
     def next_batch(self, draw: Callable[[], list[Sample]], sampling: SamplingParams, size: int,
-                   version: int) -> list[Trajectory]:
+                   version: int, policy: int | None = None) -> list[Trajectory]:
         """`size` complete groups (group ids 0..size-1), written by rounds under this step's weights (`version`)
-        and, for groups paused in earlier steps, under theirs."""
-        r, budget = self.rollout, (self.chunk, self.max_new_tokens)
+        and, for groups paused in earlier steps, under theirs, for the policy after update `policy` to train on
+        (the step's - 1; default `version`: a synchronous run)."""
+        r, budget, policy = self.rollout, (self.chunk, self.max_new_tokens), version if policy is None else policy
         complete = lambda g: all(r.partial_done(u, self.max_new_tokens) for u in g)  # noqa: E731
+        stale = [min((s.version for u in g for s in r.partial_segments(u) if s.version is not None), default=version)
+                 < policy - self.max_staleness for g in self.groups]  # over the bound, now and at any later step
+        for u in (u for g, old in zip(self.groups, stale) if old for u in g):
+            r.partial_finish(u)  # dropped: an episode's environment releases what it holds
+        self.groups, self.dropped = [g for g, old in zip(self.groups, stale) if not old], self.dropped + sum(stale)
+        room = (self.max_staleness + 1 - (policy - version)) * size  # groups the steps in a new group's bound train
         while sum(map(complete, self.groups)) < size:  # a round: the paused responses go on, new groups start
             running = [u for g in self.groups for u in g if not r.partial_done(u, self.max_new_tokens)]
             if running:
                 r.partial_advance(running, sampling, *budget)
-            starting = size - len(self.groups) + sum(map(complete, self.groups))  # `size` groups being written
+            starting = min(size - len(self.groups) + sum(map(complete, self.groups)),  # `size` being written
+                           room - len(self.groups))
             while len(self.waiting) < starting:
                 self.waiting += draw()
             if starting > 0:

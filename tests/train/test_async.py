@@ -313,6 +313,7 @@ def test_partial_rollouts_resume_exactly(tmp_path, tiny_model_dir, counting_dir,
     _run(nproc, _args(tiny_model_dir, counting_dir, split, *keys))
     rows = _rows(straight)
     assert max(r["async/staleness_max"] for r in rows) >= 1  # paused responses went on under newer weights
+    assert max(r["async/staleness_max"] for r in rows) <= 1 and all("async/dropped_stale" in r for r in rows)
     _same(rows, _rows(split), skip=("timing/", "perf/", "time/"))
     a, b = load_file(f"{straight}/final/model.safetensors"), load_file(f"{split}/final/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -82,7 +82,7 @@ def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine,
     tagged = cfg.trainer.async_training or cfg.rollout.partial_rollout  # tokens carry the version that wrote them
     if cfg.rollout.partial_rollout:  # paused responses go on next step; checkpointed with the run
         run.partial = PartialRollouts(rollout, run.train_set, cfg.rollout.partial_rollout_tokens or max(
-            1, cfg.data.max_response_length // 4), sampling.max_new_tokens)
+            1, cfg.data.max_response_length // 4), sampling.max_new_tokens, cfg.trainer.max_staleness)
 
     def rollout_and_score(samples: list[Sample], timer: Timer, params=sampling):
         # a hybrid's responses may start with expert tokens (LUFFY's expert samples, UFT's hints)
@@ -90,7 +90,8 @@ def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine,
         with timer("rollout"), generate_context(rollout.engine, train_engine):
             if run.partial is not None and params is sampling:  # the pool tags each round's tokens itself
                 run.partial.waiting += samples
-                trajectories = run.partial.next_batch(run.next_samples, params, len(samples), version(run.step))
+                trajectories = run.partial.next_batch(run.next_samples, params, len(samples), version(run.step),
+                                                     run.step - 1)
             else:
                 trajectories = rollout.generate(samples, params, prefixes)  # 1. rollout
                 if tagged:
@@ -116,6 +117,8 @@ def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine,
             prompts = {t.group_id: t.sample for t in trajectories}
             _, baseline, _ = rollout_and_score([prompts[g] for g in range(len(prompts))], timer, greedy)
             baseline = baseline[[t.group_id for t in trajectories]]
+        if run.partial is not None:  # groups over trainer.max_staleness this step (PartialRollouts)
+            metrics["async/dropped_stale"], run.partial.dropped = float(run.partial.dropped), 0
         return Rollouts(trajectories, scores, details, dropped, baseline, metrics)
 
     return produce
