@@ -964,7 +964,7 @@ class TrainerConfig:
     # score while the others train; batch s is sampled by the weights of update max(0, s-1-max_staleness, the last
     # checkpointed step before s), so max_staleness=0 is the synchronous run
     async_training: bool = False  # overlap rollout and training (needs rollout_ranks >= 1, torchrun)
-    max_staleness: int = 1  # rllava: updates the sampling policy may lag behind the trained one (async_training)
+    max_staleness: int = 1  # rllava: updates the sampling policy may lag behind the trained one (async_training; partial_rollout drops older groups)
     rollout_ranks: int = 0  # rllava: processes of the launch that generate (async_training); the others train
     seed: int = 1  # rllava: model-init and sampling RNG seed
     val_greedy: bool = False  # rllava: also validate greedily, logged under val_greedy/
