@@ -82,8 +82,8 @@ class MicroBatching:
 
 def equal_count(groups: list[list[int]], n: int) -> list[list[int]]:
     """`groups` split until there are `n` (the largest count over ranks): under FSDP every rank must run the
-    same number of forwards, each one a collective. The biggest group is halved first (every rank holds the
-    same number of rollout rows, so `n` never exceeds this rank's rows)."""
+    same number of forwards, each one a collective. The biggest group is halved first; past this rank's row count
+    the groups come out empty (a teacher's route may hold fewer rows here than on another rank)."""
     groups = [list(g) for g in groups]
     while len(groups) < n:
         big = max(range(len(groups)), key=lambda i: len(groups[i]))
@@ -100,8 +100,8 @@ def forward_in_chunks(model, batch: Batch, batching: MicroBatching, fn) -> torch
     model.eval()
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=_device(model))  # to the host once
     for idx in batching.split(batch, list(range(len(batch)))):
-        v = fn(batch.select(idx).to(out.device))
-        out[idx, :v.shape[1]] = v
+        v = fn(batch.select(idx or [0]).to(out.device))  # []: more forwards than rows here (a teacher's route)
+        out[idx, :v.shape[1]] = v[:len(idx)]
     model.train(was_training)
     return out.cpu()
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rllava.data.protocol import Batch
+from rllava import distributed as D
+from rllava.data.protocol import Batch, Sample, Segment, Trajectory, collate
 from rllava.errors import RllavaError
 from rllava.roles.reference import Reference, _zero3
 from rllava.roles.rollout import continuation_request
@@ -91,12 +92,20 @@ class Teachers:
                 m.to("cpu")
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
-        """log q(x_t | x_<t) [B, T] at every trained position, each row from its own teacher."""
+        """log q(x_t | x_<t) [B, T] at every trained position, each row from its own teacher. A teacher's pass is
+        collective (its micro-batch count's all_max, then each forward of a teacher sharded by FSDP2 / ZeRO-3, or a
+        tensor-parallel engine's gather), so every rank runs every route that any rank's rows hit, in one order: a
+        rank without rows for it scores `_stand_in()` and drops the result (ranks that went their own way would
+        hang, or on gloo crash). A rank with fewer rows than another has micro-batches repeats one
+        (`forward_in_chunks`)."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        routes, keys = self.route(batch), sorted(self.by_route)
+        hit = D.all_sum([len(routes.get(k, [])) for k in keys])  # routes no rank hit: no pass at all
         with self.resident():
-            for key, rows in self.route(batch).items():
-                part = self.by_route[key].compute_logprobs(batch.select(rows))
-                out[rows, :part.shape[1]] = part
+            for key in [k for k, n in zip(keys, hit) if n]:
+                rows = routes.get(key, [])
+                part = self.by_route[key].compute_logprobs(batch.select(rows) if rows else _stand_in())
+                out[rows, :part.shape[1]] = part[:len(rows)]
         return out
 
     def hidden(self, micro: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,6 +119,12 @@ class Teachers:
             raise RllavaError("algorithm.distill.loss=full needs the teacher in the trainer "
                               "(algorithm.distill.engine=hf)")
         return teacher.hidden(micro)
+
+
+def _stand_in() -> Batch:
+    """One 2-token text row (id 0, the second token trained): a pass that any teacher, text-only or VLM, runs at
+    almost no cost, with the code path of a real row (a forward of zero rows is not one the model code supports)."""
+    return collate([Trajectory(Sample(-1, [], [], None), -1, [Segment([0], False), Segment([0], True)], {})], 0)
 
 
 def _sharded(model: torch.nn.Module) -> bool:

@@ -133,11 +133,11 @@ class VLLMRolloutEngine:
 
     def _run(self, requests: list[GenerationRequest], params) -> list:
         """`llm.generate` on this rank's requests. The ranks of a tensor-parallel group are one engine: each runs
-        the whole group's requests, in rank order, and keeps the outputs of its own."""
-        mine, everyone = len(requests), _gather(requests, self.tp_group)
-        outputs = self.llm.generate([_prompt(r) for r in everyone], params, use_tqdm=False)
-        start = dist.get_rank(self.tp_group) * mine if self.tp_group is not None else 0
-        return outputs[start:start + mine]
+        the whole group's requests, in rank order, and keeps the outputs of its own (a teacher's counts may differ)."""
+        parts = _gather(requests, self.tp_group)
+        outputs = self.llm.generate([_prompt(r) for part in parts for r in part], params, use_tqdm=False)
+        start = sum(map(len, parts[:dist.get_rank(self.tp_group)])) if self.tp_group is not None else 0
+        return outputs[start:start + len(requests)]
 
 
 def _prompt(r: GenerationRequest) -> dict:
@@ -179,14 +179,14 @@ def _tp_group(tp: int):
     return group
 
 
-def _gather(requests: list[GenerationRequest], group) -> list[GenerationRequest]:
-    """Every rank's requests, in rank order, within the tensor-parallel group (equal counts: `D.shard`)."""
+def _gather(requests: list[GenerationRequest], group) -> list[list[GenerationRequest]]:
+    """Each rank's requests, in rank order, within the tensor-parallel group."""
     if group is None:
-        return requests
+        return [requests]
     everyone = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, [GenerationRequest(r.prompt_ids, {}, r.raw_prompt_ids, r.images, r.videos)
                                       for r in requests], group=group)  # pixel tensors stay home
-    return [r for rank_requests in everyone for r in rank_requests]
+    return everyone
 
 
 def _free_port() -> int:
