@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from rllava.config.loader import _flatten
+from rllava.config.schema import DERIVED_KEYS
 from rllava.errors import RllavaError
 from rllava.plot import SMOOTHING, ema, read_metrics, smoothed, smoothing_arg
 
@@ -53,10 +54,11 @@ class Run:
 
 
 def flat_config(text: str) -> dict:
-    """A config.yaml's text as {dotted key: value} (mapping-valued keys, e.g. reward_function_kwargs, stay whole)."""
+    """A config.yaml's text as {dotted key: value} (mapping-valued keys, e.g. reward_function_kwargs, stay whole),
+    without the copies of other keys a run's config.yaml writes as RLLaVA's does (rollout.prompt_length, ...)."""
     flat = {}
     _flatten(OmegaConf.to_container(OmegaConf.create(text)) or {}, "", flat)
-    return flat
+    return {k: v for k, v in flat.items() if k not in DERIVED_KEYS}
 
 
 def config_changes(old: dict, new: dict) -> list[str]:

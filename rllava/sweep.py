@@ -145,7 +145,7 @@ def plan(fixed: list[str], axes: dict[str, list[str]]) -> tuple[str, list[Point]
                     raise RllavaError(f"{run_dir} holds final/ but no config.yaml, not a run of this sweep: delete "
                                       "it, or choose another --out")
                 with open(saved) as f:
-                    changes = config_changes(flat_config(f.read()), flat_config(config_to_yaml(cfg)))
+                    changes = config_changes(flat_config(f.read()), flat_config(config_to_yaml(cfg, ran=True)))
                 if changes:
                     more = f"; {len(changes) - 5} more" if len(changes) > 5 else ""
                     raise RllavaError(f"{run_dir} holds a finished run whose config differs from this point's "

@@ -27,7 +27,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rllava.config.schema import USER_KEYS, ConfigError, PPOConfig
+from rllava.config.schema import DERIVED_KEYS, USER_KEYS, ConfigError, PPOConfig
 
 # Other names for canonical keys (from RLLaVA scripts and common habits). Rewritten before merging.
 ALIASES = {
@@ -39,6 +39,10 @@ ALIASES = {
 }
 
 COMMAND_LINE = "on the command line"
+# Other frameworks' names (TRL's, Hugging Face Trainer's) for rllava's keys: suggested, not accepted, as their
+# meanings differ in details (TRL's beta is the KL loss coefficient, which also needs algorithm.use_kl_loss=true)
+OTHER_NAMES = {"learning_rate": "actor.optim.lr", "num_generations": "rollout.n", "beta": "actor.kl_loss_coef",
+               "max_completion_length": "data.max_response_length", "num_train_epochs": "trainer.total_epochs"}
 
 
 def _is_optional(tp: Any) -> bool:
@@ -88,6 +92,8 @@ def _closest(key: str) -> Optional[str]:
     """The valid key a typo most likely meant, or None when nothing is close."""
     candidates = list(LEAVES) + list(ALIASES)
     parent, _, leaf = key.rpartition(".")
+    if leaf in OTHER_NAMES:
+        return OTHER_NAMES[leaf]
     same_leaf = [c for c in candidates if c.rpartition(".")[2] == leaf]
     match = difflib.get_close_matches(key, same_leaf, n=1, cutoff=0.0)
     if match:  # right name, wrong section: rollout.max_prompt_length -> data.max_prompt_length
@@ -239,7 +245,7 @@ def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
     config_path, dotlist = _split_args(sys.argv[1:] if args is None else args)
     cfg, said = copy.deepcopy(_defaults()), set()
     if config_path is not None:
-        from_file = _none_strings(_overrides(_load_yaml(config_path), f"in {config_path}"))
+        from_file = _unfilled(_none_strings(_overrides(_load_yaml(config_path), f"in {config_path}")))
         _merge(cfg, from_file, f"in {config_path}")
         if not _shipped(config_path):  # a base file of this repository's examples is not the user's choice
             said |= set(from_file)
@@ -323,6 +329,29 @@ def _none_strings(overrides: dict[str, Any]) -> dict[str, Any]:
     return {k: None if is_none(k, v) else v for k, v in overrides.items()}
 
 
-def config_to_yaml(cfg: PPOConfig) -> str:
-    """The full resolved config as YAML; load_config(['config=<that file>']) gives the same config back."""
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+def _filled(get) -> dict[str, Any]:
+    """The values RLLaVA's config fills in from other keys (`get(key)` reads them), where rllava keeps None / -1 and
+    reads those keys when it runs: what a run's config.yaml writes (`config_to_yaml(ran=True)`)."""
+    run_dir = os.path.join(get("trainer.outputs_dir") or "outputs", get("trainer.project_name"),
+                           get("trainer.experiment_name"))  # as rllava.train.builders.run_outputs_dir
+    return {**{key: get(owner) for key, owner in DERIVED_KEYS.items()},
+            "actor.model.tokenizer_path": get("actor.model.model_path"),
+            "trainer.save_checkpoint_path": os.path.abspath(os.path.join(run_dir, "checkpoints"))}
+
+
+def _unfilled(flat: dict[str, Any]) -> dict[str, Any]:
+    """A run's config.yaml read back: a value `_filled` wrote is dropped while it is still what its keys give, so
+    `config=<run>/config.yaml` with another model, prompt length or experiment name moves it along."""
+    filled = _filled(lambda key: flat[key] if key in flat else OmegaConf.select(_defaults(), key))
+    return {k: v for k, v in flat.items() if k not in filled or v != filled[k]}
+
+
+def config_to_yaml(cfg: PPOConfig, ran: bool = False) -> str:
+    """The full resolved config as YAML; load_config(['config=<that file>']) gives the same config back. `ran`: a
+    run's config.yaml, which writes the values that ran where RLLaVA's writes them (`_filled`), not None / -1."""
+    tree = OmegaConf.structured(cfg)
+    if ran:
+        for key, value in _filled(lambda k: OmegaConf.select(tree, k)).items():
+            if key in DERIVED_KEYS or OmegaConf.select(tree, key) is None:  # a copy of its key, or left to it
+                OmegaConf.update(tree, key, value)
+    return OmegaConf.to_yaml(tree)

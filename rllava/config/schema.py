@@ -1230,7 +1230,8 @@ class PPOConfig:
             raise ConfigError(p)
         for role in ("actor", "critic"):  # warnings: only about keys the user set (USER_KEYS)
             section = getattr(self, role)
-            ignored = [k for k in (section.ignored_keys(role) if section is not None else []) if _said(k)]
+            ignored = [k for k in (section.ignored_keys(role) if section is not None else [])
+                       if _said(k) and k not in {key for key, _, _ in NO_EFFECT_KEYS}]  # warned below, with why
             if ignored:
                 warnings.warn(f"{', '.join(ignored)} ignored: {role}.strategy={section.strategy}", stacklevel=2)
         ignored = [k for k in self._rollout_ignored_keys() if _said(k)]

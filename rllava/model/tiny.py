@@ -224,7 +224,8 @@ def main(argv=None):
     parser.add_argument("--arch", default="qwen2_vl", choices=ARCHS + TEXT_ARCHS)
     parser.add_argument("--out", required=True)
     parser.add_argument("--size", default="demo", choices=sorted(SIZES))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the tokenizer: a distillation "
+                        "student and teacher need the same --seed (and may differ in --size or in training)")
     args = parser.parse_args(argv)
     print(f"wrote tiny {args.arch} ({args.size}) to {build_tiny(args.arch, args.out, args.size, args.seed)}")
 

@@ -187,7 +187,7 @@ def save_checkpoint(run, step: int) -> str:
                        weights=weights is not None, merge_lora=cfg.trainer.hf_merge_lora,
                        pixels=(cfg.data.min_pixels, cfg.data.max_pixels))
             with open(os.path.join(tmp, "config.yaml"), "w") as f:
-                f.write(config_to_yaml(cfg))
+                f.write(config_to_yaml(cfg, ran=True))
             state = {"global_step": step, "sampler": run.sampler.state_dict(), "world_size": D.world_size(),
                      "contents": contents, "engines": sorted(run.engines),
                      "stateful": {k: v.state_dict() for k, v in run.stateful.items()}}

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import sys
 import time
@@ -18,8 +19,7 @@ import traceback
 import warnings
 from typing import Callable
 
-from rllava import distributed as D
-from rllava.config import load_config
+from rllava.config import load_config  # no torch: `check_config` runs before the pipeline imports it
 from rllava.errors import RllavaError, first_failure
 
 # OSErrors that are the machine's state, not a bug: reported as one line naming the path.
@@ -82,6 +82,22 @@ def quiet_libraries() -> None:
     warnings.formatwarning = _one_line_warning
 
 
+def command_line(argv: list[str]) -> None:
+    """What `python -m rllava.train.pipeline.<name>` does before the pipeline's module imports torch and transformers
+    (~10 s of CPU, a minute on a busy machine): the config's one-line error at once (`check_config`), torch's CPU
+    threads (`cpu_threads`), and rllava's logged warnings as one `rllava: warning:` line each; warnings and progress
+    bars from rank 0 only, as every rank has the same config and data to warn about."""
+    check_config(argv)
+    cpu_threads()
+    log = logging.getLogger("rllava")
+    log.addHandler(logging.StreamHandler())
+    log.handlers[-1].setFormatter(logging.Formatter("rllava: warning: %(message)s"))
+    if not _is_main():
+        warnings.simplefilter("ignore")
+        log.setLevel(logging.ERROR)
+        os.environ["TQDM_DISABLE"] = "1"  # and no progress bars (loading weights, ...)
+
+
 def _elastic_error_record(line: str) -> None:
     """Under torchrun, the root cause its failure summary prints (torch.distributed.elastic's error file, the
     documented hand-over): the one line, at the end of what the user sees, instead of a link to the docs."""
@@ -94,11 +110,71 @@ def _elastic_error_record(line: str) -> None:
                                                                  "timestamp": str(int(time.time()))}}}, f)
 
 
+RANK0_GRACE_S = 10
+
+
+def _say_error(line: str, main: bool) -> None:
+    """Rank 0 prints the line; under torchrun every rank hands it to torchrun's summary, the others after giving
+    rank 0 RANK0_GRACE_S to fail first: usually every rank meets the same error (the same config, files, model), and
+    torchrun then ends them, so its summary names one failure instead of one per rank."""
+    if main or not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        print(line, file=sys.stderr, flush=True)
+    else:
+        time.sleep(RANK0_GRACE_S)
+    _elastic_error_record(line)
+
+
+def _is_main() -> bool:
+    """Rank 0 of the launch (RANK before `rllava.distributed` renumbers the ranks of trainer.rollout_ranks)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def check_config(argv: list[str]) -> None:
+    """Exit 2 with the config's one-line error, if it has one (`command_line`, before torch is imported). The run
+    loads the config again, and says its warnings then."""
+    if os.environ.get("RLLAVA_DEBUG") == "1":  # the run's own load prints the traceback
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            load_config(argv)
+    except RllavaError as e:
+        _say_error(f"rllava: error: {e}", _is_main())
+        sys.exit(2)
+
+
+def cpu_threads(seconds: float = 0.2, stat: str = "/proc/stat") -> None:
+    """torch runs a thread per core, and where other processes keep cores busy its threads wait for each other at
+    every op: 2-4x slower steps measured on 2 cores with one busy (docs/rllava_scripts.md, "CPU threads"). So,
+    unless OMP_NUM_THREADS is set (torchrun sets 1 for several processes): as many threads as cores were idle over
+    `seconds`, shared by this node's processes; torch's own choice when all were idle. Call before torch loads."""
+    if "OMP_NUM_THREADS" in os.environ or not os.path.exists(stat):
+        return
+    cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
+
+    def idle_and_total() -> tuple[int, int]:  # ticks of this process's CPUs in /proc/stat: idle + iowait, all
+        with open(stat) as f:
+            rows = [r.split() for r in f if r.split()[0] in cpus]
+        return sum(int(r[4]) + int(r[5]) for r in rows), sum(int(x) for r in rows for x in r[1:9])
+
+    idle0, total0 = idle_and_total()
+    time.sleep(seconds)
+    idle1, total1 = idle_and_total()
+    idle = round(len(cpus) * (idle1 - idle0) / max(total1 - total0, 1))
+    if idle < len(cpus):
+        os.environ["OMP_NUM_THREADS"] = str(max(1, idle // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        if _is_main():
+            print(f"rllava: {len(cpus) - idle} of {len(cpus)} CPU cores busy: {os.environ['OMP_NUM_THREADS']} torch "
+                  "thread(s) a process (OMP_NUM_THREADS=N to choose)", file=sys.stderr)
+
+
 def run_cli(train: Callable, argv: list[str] | None = None) -> None:
     """`train(cfg) -> outputs_dir`. A user error prints one line and exits with status 2, never a traceback
     (unless RLLAVA_DEBUG=1); Ctrl-C exits 130. From the command line (`argv` None) the process ends through
-    `D.exit_process`, so a torchrun worker never races its communication threads at exit."""
-    start, code, cfg = time.time(), 0, None
+    `D.exit_process`, so a torchrun worker never races its communication threads at exit; rank 0 alone speaks."""
+    from rllava import distributed as D
+
+    start, code, cfg, main = time.time(), 0, None, _is_main()
     quiet_libraries()
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv)
@@ -106,7 +182,8 @@ def run_cli(train: Callable, argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         if os.environ.get("RLLAVA_DEBUG") == "1":
             traceback.print_exc()
-        print(f"rllava: interrupted: no final/ written; {_next_time(cfg)}", file=sys.stderr)
+        if main:
+            print(f"rllava: interrupted: no final/ written; {_next_time(cfg)}", file=sys.stderr)
         code = 130
     except BaseException as e:  # noqa: BLE001  DCP's CheckpointException is a BaseException
         message = None if isinstance(e, SystemExit) else user_message(e)
@@ -114,12 +191,12 @@ def run_cli(train: Callable, argv: list[str] | None = None) -> None:
             raise
         if os.environ.get("RLLAVA_DEBUG") == "1":
             traceback.print_exc()
-        print(f"rllava: error: {message}", file=sys.stderr)
-        _elastic_error_record(f"rllava: error: {message}")
+        _say_error(f"rllava: error: {message}", main)
         code = 2
     else:
         D.close()  # after the last collective: every rank here, then the group destroyed
-        print(f"done in {time.time() - start:.0f}s; outputs in {outputs_dir}")
+        if main:
+            print(f"done in {time.time() - start:.0f}s; outputs in {outputs_dir}")
     if argv is None:
         D.exit_process(code)
     elif code:

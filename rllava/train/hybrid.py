@@ -92,7 +92,7 @@ class Hybrid:
             raise DataError(f"{sample.where}: an SFT+RL hybrid needs an expert response: set data.target_key (the "
                             "record field holding it) or data.expert_template (a Jinja template over `answer`)")
         else:
-            text = self.template.render(**sample.extra, answer=sample.ground_truth)
+            text = self.template.render({**sample.extra, "answer": sample.ground_truth})  # data.answer_key's, as RLLaVA
         return text[len("<think>\n"):] if self.strip_think and text.startswith("<think>\n") else text
 
     def demonstration(self, sample: Sample, group_id: int) -> Trajectory:

@@ -146,7 +146,7 @@ def claim(cfg, outputs_dir: str, resuming: bool, fresh: bool) -> None:
         for name in os.listdir(outputs_dir):
             if name.startswith(STALE_PREFIXES) or any(name.startswith(f"{f}.tmp-") for f in RUN_FILES):
                 _remove(os.path.join(outputs_dir, name))
-        write_text_atomic(os.path.join(outputs_dir, "config.yaml"), config_to_yaml(cfg))
+        write_text_atomic(os.path.join(outputs_dir, "config.yaml"), config_to_yaml(cfg, ran=True))
     D.barrier()
 
 

@@ -125,6 +125,7 @@ actor.policy_loss.{loss_mode:vanilla, clip_cov_ratio:0.0002, clip_cov_lb:1.0, cl
 actor.fsdp.{wrap_policy:{}, enable_cpu_offload:False, use_orig_params:False, torch_dtype:None, offload_params:False, offload_optimizer:False, reshard_after_forward:True, forward_prefetch:False, fsdp_size:-1, ulysses_size:1, mixed_precision:None}
 actor.deepspeed.{zero_stage:3, enable_cpu_offload:True, torch_dtype:bf16, contiguous_gradients:True, overlap_comm:True, reduce_scatter:True, stage3_prefetch_bucket_size:1e8, stage3_param_persistence_threshold:1e5}
 reward.{reward_type:batch, reward_function:None, reward_function_kwargs:{}, skip_special_tokens:True, num_cpus:1, reward_function_name:None}
+reward.model.{model_path:None, tokenizer_path:None, torch_dtype:None, tie_word_embeddings:False, attn_implementation:flash_attention_2, override_config:{}, enable_gradient_checkpointing:True, enable_activation_offload:False, trust_remote_code:True, freeze_vision_tower:False, padding_free:True, dynamic_batching:True, ulysses_size:1, use_peft:False, lora_task_type:CAUSAL_LM, lora_r:128, lora_target_modules:[q_proj,v_proj,k_proj,o_proj], lora_alpha:256, lora_dropout:0.05, lora_use_rslora:False, lora_weight_path:'', lora_bias:none, use_rslora:False, lora_modules_to_save:None}
 rollout.{name:vllm, n:1, temperature:1.0, top_p:1.0, top_k:-1, tensor_parallel_size:1, seed:1, limit_images:0, ignore_eos:False, disable_tqdm:False, micro_batch_size:2, val_override_config:{}, partial_rollout:False, async_mode:False, bucket_size:512, load_format:dummy, max_turns:10, discount:0.9, tool_config_path:None, env_config_path:None, prompt_length:-1*, response_length:-1*, trust_remote_code:True*, adv_estimator:grpo*, min_pixels:None*, max_pixels:None*, video_fps:2.0*}
 rollout.vllm.{model:'', seed:1, skip_tokenizer_init:False, load_format:auto, dtype:float16, pipeline_parallel_size:1, max_model_len:None, gpu_memory_utilization:0.9, max_num_batched_tokens:8192, disable_log_stats:True, enforce_eager:True, enable_chunked_prefill:False, distributed_executor_backend:None, tokenizer:None, chat_template:None}
 rollout.sglang.{dtype:bfloat16, mem_fraction_static:0.6, tp_size:1, skip_server_warmup:False}
@@ -143,6 +144,9 @@ RLLAVA_DIFFERENCES = {
     "actor.model.padding_free": False,
     "actor.model.dynamic_batching": False,
     "actor.model.trust_remote_code": False,
+    **{f"reward.model.{k}": v for k, v in [("attn_implementation", "sdpa"), ("enable_gradient_checkpointing", False),
+                                           ("padding_free", False), ("dynamic_batching", False),
+                                           ("trust_remote_code", False)]},  # RLLaVA's ModelConfig, as actor.model
     "reward.reward_type": "auto",
     "trainer.logger": ["console", "jsonl"],
     "rollout.discount": 0.95,  # GiGPO's gamma (RLLaVA declares 0.9 and reads it nowhere)
@@ -234,14 +238,14 @@ def _load_quiet(args):
 
 def test_every_rllava_schema_key_has_rllava_default_or_a_listed_difference():
     expected = _parse_schema_block(RLLAVA_SCHEMA)
-    assert len(expected) == 219
+    assert len(expected) == 243
     cfg = PPOConfig()
     for key, rllava_default in expected.items():
         want = RLLAVA_DIFFERENCES.get(key, rllava_default)
         assert _get(cfg, key) == want, f"{key}: {_get(cfg, key)!r} != {want!r}"
     assert set(RLLAVA_DIFFERENCES) <= set(expected)
     assert cfg.critic is None
-    assert cfg.reward.model == ModelConfig()  # RLLaVA: same keys as actor.model
+    assert cfg.reward.model == ModelConfig()  # RLLaVA: same keys and defaults as actor.model
     assert cfg.actor.model.torch_dtype is None and cfg.trainer.outputs_dir is None
     critic = CriticConfig()
     for key, value in RLLAVA_CRITIC.items():
@@ -400,6 +404,9 @@ def test_unknown_key_in_yaml_names_file_and_suggests(tmp_path):
     ("rollout.max_prompt_length", "data.max_prompt_length"),
     ("actor.modle.model_path", "actor.model.model_path"),  # typo in a section name
     ("rollout.max_new_token", "rollout.max_new_tokens"),  # aliases are suggested too
+    ("actor.optim.learning_rate", "actor.optim.lr"),  # other frameworks' names (loader.OTHER_NAMES)
+    ("num_generations", "rollout.n"), ("trainer.beta", "actor.kl_loss_coef"),
+    ("max_completion_length", "data.max_response_length"),
     ("trainer.foo", None),
 ])
 def test_unknown_key_on_command_line(key, suggestion):
@@ -623,6 +630,22 @@ def test_config_to_yaml_round_trips(tmp_path):
     assert "critic: null" in text and "lr: 0.0003" in text
     path = _write(tmp_path, text, "resolved.yaml")
     assert load_config([f"config={path}"]) == cfg
+
+
+def test_a_runs_config_yaml_writes_the_values_that_ran(tmp_path):
+    """Where RLLaVA's config fills a key from others (the checkpoint folder, the tokenizer, the rollout's lengths),
+    a run's config.yaml writes the value that ran, not None / -1 (issue 49); read back with other keys, the filled
+    values follow those keys."""
+    cfg = load_config(["actor.model.model_path=/m", "data.max_prompt_length=128", "trainer.outputs_dir=/o"])
+    path = _write(tmp_path, config_to_yaml(cfg, ran=True), "resolved.yaml")
+    ran = OmegaConf.load(path)
+    assert (ran.trainer.save_checkpoint_path, ran.actor.model.tokenizer_path, ran.rollout.prompt_length,
+            ran.rollout.response_length) == ("/o/rllava/agent/checkpoints", "/m", 128, 512)
+    assert load_config([f"config={path}"]) == cfg
+    moved = load_config([f"config={path}", "actor.model.model_path=/n", "data.max_prompt_length=64",
+                         "trainer.experiment_name=other"])
+    assert moved == load_config(["actor.model.model_path=/n", "data.max_prompt_length=64", "trainer.outputs_dir=/o",
+                                 "trainer.experiment_name=other"])
 
 
 def test_docs_config_md_is_generated_from_the_schema():

@@ -172,3 +172,27 @@ def test_rllava_script_resolves_every_key_it_does_not_set_as_rllava(script, tmp_
             wrong.append(f"{key} resolves to {_get(cfg, key)!r}, RLLaVA's is {want!r}")
         checked += 1
     assert not wrong and checked > 150, "\n".join(wrong)
+
+
+def test_luffy_clevr_script_on_records_with_an_answer_field(tmp_path, tiny_model_dir, counting_dir, monkeypatch):
+    """Clevr_CoGenT's layout (problem, thinking, solution, image) plus an `answer` field, with the script's own
+    data.answer_key=solution and target_key=thinking: the expert text is thinking + "\\n" + the solution, as RLLaVA's
+    RLHFDatasetWithTargetClevr builds it from data.answer_key; the record's `answer` does not clash with it
+    (issue 49: a jinja TypeError, "multiple values for keyword argument 'answer'", at the first step)."""
+    monkeypatch.chdir(REPO)
+    for split in ("train", "val"):
+        rows = [json.loads(line) for line in open(os.path.join(counting_dir, f"{split}.jsonl"))]
+        with open(tmp_path / f"{split}.jsonl", "w") as f:
+            f.writelines(json.dumps({**r, "thinking": "I count.", "images": [os.path.join(counting_dir, p)
+                                                                             for p in r["images"]]}) + "\n"
+                         for r in rows)
+    base = tmp_path / "config.yaml"
+    OmegaConf.save(OmegaConf.from_dotlist(_keys("config")), base)
+    keys = _keys("luffy_clevr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sft_rl.main([f"config={base}", *keys, *_swaps(keys, tiny_model_dir, tmp_path, tmp_path / "out"),
+                     "data.image_key=images", "trainer.val_before_train=false"])
+    out = tmp_path / "out" / "rllava" / "qwen2_vl_2b_luffy_drgrpo"
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [r["hybrid/prefix_tokens_mean"] > 0 for r in rows if "reward/mean" in r] == [True, True]

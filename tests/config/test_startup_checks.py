@@ -80,6 +80,12 @@ def test_tuning_keys_without_effect_warn_in_one_line(arg, message):
     assert any(w.startswith(message) for w in _warnings(arg.split())), _warnings(arg.split())
 
 
+def test_a_key_without_effect_warns_once():
+    """Not also as a key the strategy ignores (actor.strategy=auto on one process: no FSDP)."""
+    assert _warnings(["actor.fsdp.use_orig_params=true"]) == [
+        "actor.fsdp.use_orig_params=true has no effect: an FSDP1 switch: FSDP2 always trains the original parameters"]
+
+
 def test_rllava_defaults_load_without_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")

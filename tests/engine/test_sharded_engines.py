@@ -114,7 +114,7 @@ def _rlvr_on_ranks(nproc: int, out, model: str, reward: str, *extra: str) -> sub
 
 # the two DeepSpeed pipelines (~18 s each) run in make test-slow: the fast suite's 20-minute budget
 @pytest.mark.parametrize("nproc, strategy", [
-    (2, ["actor.strategy=fsdp2"]),
+    (2, ["actor.strategy=fsdp2", "actor.fsdp.use_orig_params=true", "actor.fsdp.offload_params=true"]),  # warnings
     pytest.param(2, ["actor.strategy=fsdp2", "algorithm.ref_reset_freq=1", "actor.ppo_mini_batch_size=4"],
                  id="fsdp2-ref-reset"),
     pytest.param(2, ["actor.strategy=fsdp2", "algorithm.strategy=mix_chord", "data.target_key=solution",
@@ -138,6 +138,11 @@ def test_rlvr_pipeline_on_two_ranks(tmp_path, tiny_model_dir, counting_dir, dist
                          "trainer.val_freq=2", "data.val_batch_size=8", "trainer.val_generations_to_log=1000",
                          *strategy)
     assert res.returncode == 0, res.stderr[-3000:]
+    if "actor.fsdp.offload_params=true" in strategy:  # rank 0 alone says each warning and the end (issue 49)
+        said = [line for line in res.stderr.splitlines() if "_params" in line]
+        assert [line.split(" has no effect")[0] for line in said] == [
+            "rllava: warning: actor.fsdp.use_orig_params=true", "rllava: warning: actor.fsdp.offload_params=true"]
+        assert res.stdout.count("done in") == 1 and res.stderr.count("Loading weights: 100%") == 2  # actor, ref
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]  # rank 0 alone writes
     assert all(r["actor/kl_loss"] >= 0 and "actor/grad_norm" in r for r in rows if "reward/mean" in r)

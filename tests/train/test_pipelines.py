@@ -148,6 +148,48 @@ def test_under_torchrun_the_one_line_ends_the_failure_summary(tmp_path, tiny_mod
                          "directory (a hub id is written org/name)"), res.stderr[-3000:]
 
 
+def test_a_config_error_comes_before_torch_is_imported():
+    """`python -m rllava.train.pipeline.<name>` checks the config before the pipeline imports torch and transformers
+    (~10 s of CPU, a minute on a busy machine; issue 49), and other frameworks' names get rllava's key."""
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "rllava.train.pipeline.rlvr",
+                          "actor.optim.learning_rate=1e-6"], capture_output=True, text=True, cwd=REPO)
+    imported = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
+    assert res.returncode == 2 and "omegaconf" in imported and not imported & {"torch", "transformers", "numpy"}
+    assert [line for line in res.stderr.splitlines() if not line.startswith("import time:")] == [
+        "rllava: error: unknown config key 'actor.optim.learning_rate' (on the command line); did you mean "
+        "'actor.optim.lr'?"]
+
+
+def test_under_torchrun_a_start_up_error_is_said_once_per_launch():
+    """Every rank meets the same config error: rank 0 prints it and torchrun's summary names it as the root cause;
+    rank 1, waiting for rank 0 to fail first, is ended by torchrun instead of failing with the same line."""
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+                          "rllava.train.pipeline.rlvr", "actor.optim.learning_rate=1e-6"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert res.returncode != 0 and res.stderr.count("unknown config key 'actor.optim.learning_rate'") == 2
+    assert res.stderr.count("exitcode  : 2") == 1 and "rank      : 0" in res.stderr, res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("busy, threads", [(0, None), (1, "1"), (2, "1")])
+def test_torch_threads_are_the_cores_left_idle(tmp_path, monkeypatch, busy, threads):
+    """Without OMP_NUM_THREADS, as many torch threads as cores were idle while it looked (/proc/stat's ticks);
+    torch's own choice when all were (issue 49). Here 2 cores, `busy` of them busy for the 100 ticks it looked."""
+    from rllava.train import cli
+
+    stat = tmp_path / "stat"
+
+    def ticks(t):  # per CPU: user nice system idle iowait irq softirq steal
+        stat.write_text("cpu  0 0 0 0 0 0 0 0\n" + "".join(
+            f"cpu{i} {t if i < busy else 0} 0 0 {0 if i < busy else t} 0 0 0 0\n" for i in range(2)))
+
+    ticks(0)
+    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(cli.time, "sleep", lambda seconds: ticks(100))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cli.cpu_threads(stat=str(stat))
+    assert os.environ.get("OMP_NUM_THREADS") == threads
+
+
 def test_torchrun_single_process(tmp_path, tiny_model_dir, counting_dir):
     out = str(tmp_path / "tr")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "-m", "rllava.train.pipeline.rlvr",
