@@ -211,6 +211,10 @@ class ClassEnv(ToolEnv):
         except Exception as e:  # the model's action broke the environment: it reads why, the step goes on
             return self._error(state, f"{name} failed: {type(e).__name__}: {e}")
 
+    def step_reward(self, obs: Observation) -> float:
+        """The environment's own step reward, as RLLaVA sums it into `step_reward` (0 where its step raised)."""
+        return 0.0 if obs.error else obs.reward
+
     def close(self, state: AgentState) -> None:
         close = getattr(state.memory.pop("env", None), "close", None)
         if close is not None:

@@ -181,9 +181,10 @@ class AgentRollout(Rollout):
                 "segments": [[g.token_ids, g.trained, g.logprobs, g.version] for g in e.segments],
                 "images": [torch.from_numpy(np.asarray(to_rgb(im))) for im in s.images[len(e.sample.images):]],
                 "model_sizes": [list(x) for x in s.model_sizes], "calls": [list(c) for c in s.calls],
-                "failed_calls": s.failed_calls, "memory": s.memory, "log": s.log, "turn_texts": e.turn_texts,
-                "turn_rewards": e.turn_rewards, "anchors": e.anchors, "last_observation": e.last_observation,
-                "response_tokens": e.response_tokens, "finish_reason": e.finish_reason}
+                "failed_calls": s.failed_calls, "memory": s.memory, "log": s.log, "step_reward": s.step_reward,
+                "turn_texts": e.turn_texts, "turn_rewards": e.turn_rewards, "anchors": e.anchors,
+                "last_observation": e.last_observation, "response_tokens": e.response_tokens,
+                "finish_reason": e.finish_reason}
 
     def partial_load(self, st: dict, dataset) -> Episode:
         sample = dataset[st["index"]]
@@ -191,7 +192,7 @@ class AgentRollout(Rollout):
         state.images += [Image.fromarray(t.numpy()) for t in st["images"]]
         state.model_sizes = [tuple(x) for x in st["model_sizes"]]
         state.calls, state.failed_calls = [tuple(c) for c in st["calls"]], st["failed_calls"]
-        state.memory, state.log = st["memory"], st["log"]
+        state.memory, state.log, state.step_reward = st["memory"], st["log"], st.get("step_reward", 0.0)
         return Episode(0, sample, st["ids"], st["raw"], st["mm"],
                        [Segment(ids, trained=t, logprobs=lps, version=v) for ids, t, lps, v in st["segments"]],
                        state, st["turn_texts"], st["turn_rewards"], st["anchors"], st["last_observation"],
@@ -283,6 +284,8 @@ class AgentRollout(Rollout):
         e.state.images += images
         e.state.model_sizes += sizes
         e.last_observation = observation_digest(obs)
+        step_reward = getattr(self.env, "step_reward", None)  # RLLaVA's sum over the observations shown
+        e.state.step_reward += step_reward(obs) if step_reward is not None else float(not obs.error)
 
     def observation_text(self, obs: Observation) -> str:
         """The chat-template text between the end of a model turn (its EOS) and the start of the next one: the

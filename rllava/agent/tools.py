@@ -68,6 +68,8 @@ class AgentState:
     memory: dict = field(default_factory=dict)  # free space for a tool's own state
     # per model turn, for a researcher reading samples.jsonl: its text, the call it made, what it was shown
     log: list[dict] = field(default_factory=list)
+    # RLLaVA's `step_reward`: the environment's step rewards summed over the observations shown (ToolEnv.step_reward)
+    step_reward: float = 0.0
 
 
 def parse_tags(text: str, names: list[str]) -> tuple[str, Any] | None:
@@ -140,6 +142,12 @@ class ToolEnv:
         if not isinstance(obs, Observation):
             return self._error(state, f"{name} returned {type(obs).__name__}, not an Observation")
         return obs
+
+    def step_reward(self, obs: Observation) -> float:
+        """What RLLaVA's environments return for a step whose observation is shown, which its workflow sums into the
+        reward input's `step_reward` (its AgentSearchEnv, AgentCodeEnv): 1 for a call that ran, 0 for one that
+        failed. The turn's tool-level reward (credit, `Observation.reward`) is another thing."""
+        return 0.0 if obs.error else 1.0
 
     def _error(self, state: AgentState, reason: str) -> Observation:
         state.failed_calls += 1

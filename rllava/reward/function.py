@@ -26,8 +26,11 @@ the sequential and batch forms hold every field but the heavy two, which are not
 parameter `images` / `videos` after its input: `fn(reward_input, images=())` the sample's, `fn(reward_inputs,
 images=None)` a list with one entry per input. For agent rollouts (`rollout.agent.tools`) the response is every
 model turn joined by newlines, plus `tool_calls` ((tool, arguments) of each call), `num_turns`,
-`returned_images` (images the tools showed: count tool use by these, not by tags in the text) and `tool_memory`
-(what the tools noted, e.g. the ids of the documents each search returned).
+`returned_images` (images the tools showed: count tool use by these, not by tags in the text), `tool_memory`
+(what the tools noted, e.g. the ids of the documents each search returned), `turn_texts` (each model turn's text;
+the last is what RLLaVA's agentic workflow scores as the response) and `step_reward` (RLLaVA's: the environment's
+step rewards summed over the observations shown; for rllava's tools 1 per call that ran, for an environment class
+of rollout.env_config_path its own rewards).
 A result is a float or a dict of named floats with an `overall` entry (the scalar used for training).
 
 The function is untrusted code (`rllava.reward.sandbox`): each call has `reward.timeout` seconds; raising,
@@ -192,7 +195,8 @@ def sample_fields(t: Trajectory, heavy=()) -> dict:
         fields["videos"] = [list(v.frames) for v in t.sample.videos]
     if t.agent is not None:  # agents: the calls made (tool, arguments) and how many images came back
         fields.update(tool_calls=list(t.agent.calls), num_turns=len(t.turn_rewards),
-                      returned_images=len(t.agent.images) - len(t.sample.images), tool_memory=dict(t.agent.memory))
+                      returned_images=len(t.agent.images) - len(t.sample.images), tool_memory=dict(t.agent.memory),
+                      turn_texts=[entry["turn"] for entry in t.agent.log], step_reward=t.agent.step_reward)
     return fields
 
 

@@ -267,3 +267,18 @@ def test_partial_rollouts_pause_episodes_between_turns(proc, tmp_path):
     assert [(t.sample.index, t.response, [s.token_ids for s in t.segments], [s.version for s in t.segments])
             for t in resumed] == [(t.sample.index, t.response, [s.token_ids for s in t.segments],
                                    [s.version for s in t.segments]) for t in second]
+    assert resumed[0].agent.step_reward == second[0].agent.step_reward == 2.0  # RLLaVA's step_reward, checkpointed
+
+
+def test_the_reward_reads_each_turn_and_rllavas_step_reward(proc):
+    """RLLaVA's agentic rewards read the last turn (its workflow's response) and `step_reward`: the environment's
+    step rewards over the observations shown, 1 for each step that ran in RLLaVA's environments. Here: 1 for each
+    call that ran, 0 for one that failed, nothing for a call in the last turn (no tool runs there)."""
+    from rllava.reward.function import sample_fields
+
+    scripts = {0: ["<echo>a</echo>", "<boom>x</boom>", "<echo>b</echo>", "<echo>c</echo>"], 1: ["<answer>1</answer>"]}
+    ran, answered = _rollout(proc, scripts).generate([_sample(0), _sample(1)], SamplingParams(n=1, max_new_tokens=50))
+    fields = sample_fields(ran)
+    assert fields["turn_texts"] == scripts[0] and fields["response"] == "\n".join(scripts[0])
+    assert fields["step_reward"] == 2.0 and ran.turn_rewards == [0.0, -0.1, 0.0, 0.0]
+    assert sample_fields(answered)["step_reward"] == 0.0 and sample_fields(answered)["turn_texts"] == scripts[1]

@@ -106,7 +106,9 @@ def test_an_environment_per_episode_with_image_observations(tmp_path, user_file)
     obs = env.step(a, "<crop>top left</crop>")
     assert obs.text == "crop 1 of seven" and obs.reward == 0.5 and not obs.done
     assert [im.size for im in obs.images] == [(30, 30)] and obs.images[0].getpixel((0, 0)) == (255, 0, 0)
-    assert env.step(b, "<crop>bad</crop>").text == "Error: CropEnv failed: ValueError: no such region"
+    bad = env.step(b, "<crop>bad</crop>")
+    assert bad.text == "Error: CropEnv failed: ValueError: no such region"
+    assert (env.step_reward(obs), env.step_reward(bad)) == (0.5, 0.0)  # RLLaVA's step_reward: the env's rewards
     assert env.step(a, "<crop>again</crop>").done  # the environment's done ends the episode
     assert env.step(b, "<answer>seven</answer>").done and env.step(b, "nothing to do").done
     import sys
