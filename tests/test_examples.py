@@ -78,7 +78,7 @@ def test_script_parses_with_the_real_loader(script, tmp_path):
         for path in (cfg.data.format_prompt, cfg.reward.reward_function.rpartition(":")[0]):
             assert os.path.isfile(os.path.join(REPO, path)), f"{script}: {path} does not exist"
         assert cfg.actor.model.model_path, script
-        if "grounding.py" in cfg.reward.reward_function:
+        if "grounding_iou.py" in cfg.reward.reward_function:  # rllava's (RLLaVA's grounding.py reads no frame)
             assert cfg.reward.reward_function_kwargs.get("frame"), f"{script}: grounding needs its frame"
 
 
@@ -163,8 +163,8 @@ FAST = ("examples/algorithms/grpo.sh",)  # the rest: make test-slow (~2 min toge
 MODEL_KEYS = ("actor.model.model_path", "critic.model.model_path", "algorithm.distill.teacher_path")
 DATA_KEYS = ("data.train_files", "data.val_files", "data.train_image_dir", "data.val_image_dir",
              "rollout.agent.tool_kwargs.search.corpus")
-TASK_OF_REWARD = {"math": "math", "math_answer": "math", "counting": "counting", "grounding": "grounding",
-                  "ovd": "ovd", "agent_search": "agent_search", "agent_code": "agent_code"}
+TASK_OF_REWARD = {"math": "math", "math_answer": "math", "counting": "counting", "grounding_iou": "grounding",
+                  "ovd_ap": "ovd", "agent_search_f1": "agent_search", "agent_code_f1": "agent_code"}
 SIZES = ["data.max_samples=8", "data.train_batch_size=2", "data.val_batch_size=4", "rollout.n=2",
          "data.max_response_length=8", "data.max_pixels=12544", "actor.ppo_mini_batch_size=2",
          "actor.ppo_micro_batch_size=4", "actor.log_prob_micro_batch_size=4", "trainer.max_steps=1"]
@@ -211,7 +211,7 @@ def test_real_script_runs_one_step_as_shipped(script, tmp_path, tiny_model_dir, 
     module, args = pipeline_args(cmd)
     cfg = load_config(args)
     reward_file = os.path.basename(cfg.reward.reward_function.rpartition(":")[0])[:-3]
-    if reward_file == "agent_code" and not shutil.which("bwrap"):
+    if reward_file == "agent_code_f1" and not shutil.which("bwrap"):
         pytest.skip("the code tool's jail needs bubblewrap (apt-get install bubblewrap)")
     data = synthetic_sets(TASK_OF_REWARD[reward_file])
     data = _as_the_script_names_it(data, str(tmp_path / "data"), cfg)

@@ -1,49 +1,39 @@
-"""Grounding reward (RefCOCO-style referring expressions): IoU of the predicted box with the ground truth.
+"""Grounding reward, RLLaVA's (its examples/reward_function/grounding.py, with examples/format_prompt/rec.jinja and
+examples/config_grounding.yaml in RLLaVA's qwen2_vl_2b_grounding_vllm_online.sh): the IoU of the first box in the
+response, squared, and a format bonus. rllava's grounding reward (the box in <answer> tags, IoU in the frame the
+model writes) is grounding_iou.py.
 
-    response     [<think>...</think>] <answer>[x1, y1, x2, y2]</answer>   (also {"bbox_2d": [...]} or (x1,y1),(x2,y2))
-    ground_truth [x1, y1, x2, y2] in pixels of the original image (RefCOCO's own coordinates; a JSON string works)
+    text     = the response with "<|endoftext|>" removed (config_grounding.yaml keeps special tokens in it)
+    format   = 1 if the text starts with "<" or ">", or with object_ref_start, object_ref_end, box_start, box_end or
+               im_end: RLLaVA's pattern r"^<|object_ref_start|>.*?<|object_ref_end|><|box_start|>.*?<|box_end|>
+               <|im_end|>" leaves its "|" unescaped, so re.match reads it as these alternatives
+    box      = the first [a, b, c, d], else (a, b, c, d), else (a, b), (c, d) in the text (else [0, 0, 0, 0]); kept as
+               written when the text holds <|box_start|> (Qwen2-VL's 0-1000 frame), else read as fractions of the
+               image: int(1000 * v) each
+    accuracy = IoU(box, ground truth) ** 2      (the ground truth a box or its text: "[120, 40, 620, 980]")
+    overall  = (1 - format_weight) * accuracy + format_weight * format      (format_weight 0.5)
 
-    format   = 1 if the response is exactly one answer (after an optional think) holding a box
-    iou      = IoU(predicted box mapped to original-image pixels, ground truth)
-    accuracy = 1 if iou >= 0.5 (the usual REC metric, Acc@0.5)
-    overall  = format * iou, or 0 below `min_iou` (default 0: plain IoU; 0.5 credits only Acc@0.5 hits, so a
-               policy that cannot yet localise gains nothing by hedging with one large central box)
-
-The box is read in the frame the model writes (reward.reward_function_kwargs.frame, required):
-`relative_1000` (Qwen2-VL, Qwen3-VL) or `absolute` pixels of the image the model saw after its processor's
-resize (Qwen2.5-VL); a model type (`qwen2_vl`, `qwen2_5_vl`, `qwen3_vl`) names its frame. The sizes come from
-the Reward role per sample: `image_sizes` (each image as stored) and `model_image_sizes` (as the processor
-resized it, from its patch grid), so nothing here needs min/max pixels. IoU is the same in any frame that
-scales x and y separately, so it is computed in original pixels.
+The sequential form RLLaVA's script sets (reward.reward_type=sequential): one reward input a call. The box reading
+and IoU are RLLaVA's helpers at RLLaVA's import path, rllava.model.modules.rm.grounding (an IoU whose union is 0 is 0
+there, where RLLaVA's divides by zero).
 """
 
+import ast
 from typing import Any
 
-from rllava.reward.boxes import answer_text, box_iou, frame_of, is_box, parse_box, strict_answer, to_image_pixels
+from rllava.model.modules.rm.grounding import compute_iou, extract_bbox_answer
+
+FORMAT_STARTS = ("<", ">", "object_ref_start", "object_ref_end", "box_start", "box_end", "im_end")
 
 
-def compute_score(reward_inputs: list[dict[str, Any]], frame=None, min_iou: float = 0.0) -> list[dict[str, float]]:
-    """The batch form examples/config.yaml names (reward.reward_type=batch): one dict of scores per input."""
-    return [score_one(r["response"], r["ground_truth"], r["image_sizes"], r["model_image_sizes"], frame=frame,
-                      min_iou=min_iou) for r in reward_inputs]
-
-
-def score_one(response, ground_truth, image_sizes=(), model_image_sizes=(), *, frame=None, min_iou=0.0) -> dict:
-    frame = frame_of(frame)
-    truth = _truth(ground_truth)
-    answer = strict_answer(response)
-    fmt = 1.0 if answer is not None and parse_box(answer) is not None else 0.0
-    box = parse_box(answer if answer is not None else answer_text(response))
-    pred = to_image_pixels(box, frame, _first(image_sizes), _first(model_image_sizes)) if box else None
-    iou = box_iou(pred, truth) if pred is not None and truth is not None else 0.0
-    return {"overall": fmt * iou if iou >= min_iou else 0.0, "format": fmt, "iou": iou, "accuracy": float(iou >= 0.5)}
+def compute_score(reward_input: dict[str, Any], format_weight: float = 0.5) -> dict[str, float]:
+    text = reward_input["response"].replace("<|endoftext|>", "")
+    fmt = 1.0 if text.startswith(FORMAT_STARTS) else 0.0
+    box, _ = extract_bbox_answer(text)
+    accuracy = compute_iou(box, _truth(reward_input["ground_truth"])) ** 2
+    return {"overall": (1 - format_weight) * accuracy + format_weight * fmt, "format": fmt, "accuracy": accuracy}
 
 
 def _truth(ground_truth):
-    if isinstance(ground_truth, str):
-        return parse_box(ground_truth)
-    return tuple(float(v) for v in ground_truth) if is_box(ground_truth) else None
-
-
-def _first(sizes):
-    return sizes[0] if isinstance(sizes, (list, tuple)) and sizes else None
+    """The true box: as given, or read from its text as a Python literal (RLLaVA evals the text)."""
+    return ast.literal_eval(ground_truth) if isinstance(ground_truth, str) else ground_truth

@@ -1,7 +1,8 @@
 """Pure helpers for rule rewards: answer extraction, boxes, IoU, coordinate frames and detection matching.
 
-The example rewards (`examples/reward_function/{counting,math_answer,grounding,ovd}.py`) are built from these. Every
-function takes any input and never raises on model output: text that does not parse gives `None` or `[]`.
+rllava's example rewards (`examples/reward_function/{counting,math_answer,grounding_iou,ovd_ap}.py`) are built from
+these. Every function takes any input and never raises on model output: text that does not parse gives `None` or
+`[]`.
 
 Boxes are `(x1, y1, x2, y2)`, top-left and bottom-right corners, x to the right and y down.
 

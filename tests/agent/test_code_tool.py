@@ -74,8 +74,8 @@ def _agent_code_reward():
     import importlib.util
 
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = importlib.util.spec_from_file_location("agent_code", os.path.join(repo, "examples", "reward_function",
-                                                                             "agent_code.py"))
+    spec = importlib.util.spec_from_file_location("agent_code_f1", os.path.join(repo, "examples", "reward_function",
+                                                                                "agent_code_f1.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -96,8 +96,8 @@ def test_agent_search_records_need_the_search(tmp_path):
 
 
 def _reward():
-    spec = importlib.util.spec_from_file_location("agent_search", os.path.join(REPO, "examples", "reward_function",
-                                                                               "agent_search.py"))
+    spec = importlib.util.spec_from_file_location("agent_search_f1", os.path.join(REPO, "examples", "reward_function",
+                                                                                  "agent_search_f1.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -667,3 +667,19 @@ def test_bare_key_on_the_command_line_is_the_empty_string_for_string_keys():
     assert _load_quiet(["data.val_files=", "data.train_files=x.jsonl"]).data.val_files == ""
     with pytest.raises(ConfigError, match="'actor.ppo_epochs' expects int, got None"):
         _load_quiet(["actor.ppo_epochs="])
+
+
+def test_examples_config_grounding_is_rllavas_value_for_value():
+    """RLLaVA's grounding and OVD scripts say config=examples/config_grounding.yaml: every key and value of RLLaVA's
+    file (tests/config/rllava_scripts/config_grounding.txt, as data) is rllava's, and it loads without a word."""
+    with open(os.path.join(os.path.dirname(__file__), "rllava_scripts", "config_grounding.txt")) as f:
+        theirs = OmegaConf.from_dotlist([line.strip() for line in f if line.strip() and not line.startswith("#")])
+    path = os.path.join(REPO, "examples", "config_grounding.yaml")
+    ours = _leaves(OmegaConf.to_container(OmegaConf.load(path)))
+    assert ours == _leaves(OmegaConf.to_container(theirs)) and len(ours) == 74
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        cfg = load_config([f"config={path}"])
+    assert [str(w.message) for w in said] == []
+    assert (cfg.actor.model.model_path, cfg.data.min_pixels, cfg.rollout.n, cfg.reward.skip_special_tokens) == (
+        "Qwen/Qwen2-VL-2B-Instruct", 262144, 3, False)

@@ -1,5 +1,5 @@
 """RLLaVA's own scripts run here unchanged: their keys (tests/config/rllava_scripts/*.txt, copied from RLLaVA's
-examples/config.yaml and example scripts) load and train for 2 steps on the tiny model. Only what a CPU test must
+examples/config.yaml, config_grounding.yaml and example scripts) load and train for 2 steps on the tiny model. Only what a CPU test must
 change is swapped: the model, the data (and a prompt template or reward file rllava does not have yet), sizes and
 lengths, the rollout engine (vLLM is GPU-only; RLLaVA's agent-search environment calls a web-search API: the
 `search` tool over a local corpus instead), the outputs dir and max_steps. Every other key is RLLaVA's: all the
@@ -21,7 +21,8 @@ from rllava.train.pipeline import agentic, rlvr, sft_rl
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rllava_scripts")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = ["grpo", "dapo", "drgrpo", "rloo", "counting_clevr", "luffy_clevr", "agent_search_agentic"]
+SCRIPTS = ["grpo", "dapo", "drgrpo", "rloo", "counting_clevr", "luffy_clevr", "agent_search_agentic", "grounding"]
+CONFIGS = {"grounding": "config_grounding"}  # the config= a script names (its keys here); else RLLaVA's config.yaml
 MODULES = {"luffy_clevr": sft_rl, "agent_search_agentic": agentic}  # the module each script runs; else rlvr
 TORCHRUN = {"agent_search_agentic": 1}  # run under torchrun (--nproc_per_node), as the script does; the rest in process
 # the data's own field names, swapped with the data (the synthetic counting records: problem, answer, images,
@@ -32,7 +33,12 @@ DATA_FIELDS = {"luffy_clevr": ["data.answer_key=answer", "data.image_key=images"
                # synthetic data's local corpus; the MAT image dirs -> the data's own
                "agent_search_agentic": ["rollout.env_config_path=null", "rollout.agent.tools=[search]",
                                         "rollout.agent.tool_kwargs.search.corpus={data}/corpus.jsonl",
-                                        "data.train_image_dir={data}", "data.val_image_dir={data}"]}
+                                        "data.train_image_dir={data}", "data.val_image_dir={data}"],
+               # the synthetic grounding records: `expression` is PR1's problem (the referring expression, no <image>:
+               # rec.jinja places the image), `answer` the box; config_grounding.yaml's min_pixels=262144 would make the
+               # 112-pixel images 512 x 512 on the CPU
+               "grounding": ["data.prompt_key=expression", "data.image_key=images", "data.answer_key=answer",
+                             "data.min_pixels=3136"]}
 REWARD = os.path.join(HERE, "reward.py")
 
 
@@ -65,7 +71,7 @@ def _swaps(script_keys, model, data, out) -> list[str]:
 
 
 def test_script_key_files_hold_only_rllava_keys_and_values():
-    for name in ["config", *SCRIPTS]:
+    for name in ["config", *CONFIGS.values(), *SCRIPTS]:
         text = open(os.path.join(HERE, f"{name}.txt")).read()
         assert text.startswith("# RLLaVA's examples/") and "TinyLoopX/RLLaVA@" in text.splitlines()[0]
         assert all("=" in k for k in _keys(name))
@@ -81,10 +87,18 @@ def agent_search_dir(tmp_path_factory):
         rows = [json.loads(line) for line in open(paths[split])]
         for i, r in enumerate(rows):
             r["image_path"] = r.pop("images")
+            r["problem"] = r["problem"].replace("<image>", "")  # MAT's: agent_search.jinja places the image
             if split == "train" and i % 4 == 3:
                 r["solution"] = f"<think>I need to look it up.</think><search> {r['query']}</search>"
         with open(paths[split], "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
+    return out
+
+
+@pytest.fixture(scope="module")
+def grounding_dir(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("grounding"))
+    make_dataset("grounding", out, n_train=16, n_val=8)
     return out
 
 
@@ -100,12 +114,12 @@ SLOW = ("dapo",)  # a random tiny model scores 0 on the real reward: DAPO sample
 
 @pytest.mark.parametrize("script", [pytest.param(s, marks=[pytest.mark.slow] if s in SLOW else []) for s in SCRIPTS])
 def test_rllava_script_runs_two_steps_unchanged(script, tmp_path, tiny_model_dir, counting_dir, agent_search_dir,
-                                                shared_outputs, monkeypatch):
+                                                grounding_dir, shared_outputs, monkeypatch):
     monkeypatch.chdir(REPO)  # RLLaVA's scripts name files relative to the repository root
     base = tmp_path / "config.yaml"
-    OmegaConf.save(OmegaConf.from_dotlist(_keys("config")), base)  # RLLaVA's examples/config.yaml
+    OmegaConf.save(OmegaConf.from_dotlist(_keys(CONFIGS.get(script, "config"))), base)  # RLLaVA's config= file
     keys = _keys(script)
-    data = agent_search_dir if script.startswith("agent_search") else counting_dir
+    data = {"agent_search_agentic": agent_search_dir, "grounding": grounding_dir}.get(script, counting_dir)
     fields = [k.format(data=data) for k in DATA_FIELDS.get(script, [])]
     argv = [f"config={base}", *keys, *_swaps(keys, tiny_model_dir, data, shared_outputs), *fields]
     module = MODULES.get(script, rlvr)
@@ -131,6 +145,9 @@ def test_rllava_script_runs_two_steps_unchanged(script, tmp_path, tiny_model_dir
         samples = [json.loads(line) for line in open(out / "samples.jsonl")]
         assert all("turns" in s for s in samples) and all("<answer>" not in s["ground_truth"] for s in samples)
         return
+    if script == "grounding":  # config_grounding.yaml: val_before_train=false; the script: val_freq=-1
+        assert not any("val/accuracy" in r for r in rows)
+        return
     assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 2]  # val_before_train, and at the last step
     if script == "rloo":  # KL in the reward (use_kl_in_reward), none in the loss (use_kl_loss=false)
         assert all("actor/reward_kl" in r and "actor/kl_loss" not in r for r in steps)
@@ -151,13 +168,13 @@ def test_rllava_script_resolves_every_key_it_does_not_set_as_rllava(script, tmp_
     monkeypatch.chdir(REPO)
     keys = _keys(script)
     swaps = [*_swaps(keys, tiny_model_dir, counting_dir, "/tmp/unused"), *DATA_FIELDS.get(script, [])]
-    base = _leaves(OmegaConf.to_container(OmegaConf.from_dotlist(_keys("config"))))
+    base = _leaves(OmegaConf.to_container(OmegaConf.from_dotlist(_keys(CONFIGS.get(script, "config")))))
     rllava = {**_parse_schema_block(RLLAVA_SCHEMA), **base}  # what RLLaVA resolves before the script's keys
     set_here = {k.split("=", 1)[0] for k in [*keys, *swaps]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = tmp_path / "config.yaml"
-        OmegaConf.save(OmegaConf.from_dotlist(_keys("config")), config)  # RLLaVA's examples/config.yaml
+        OmegaConf.save(OmegaConf.from_dotlist(_keys(CONFIGS.get(script, "config"))), config)  # the script's config=
         cfg = load_config([f"config={config}", *keys, *[s.format(data=counting_dir) for s in swaps]])
     docs = open(os.path.join(REPO, "docs", "rllava_scripts.md")).read()
     checked, wrong = 0, []

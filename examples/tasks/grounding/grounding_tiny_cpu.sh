@@ -1,6 +1,6 @@
 #!/bin/bash
 # grounding on this CPU: a tiny Qwen3-VL (its vision tower's absolute position embeddings let a tiny model
-# localise), synthetic RefCOCO-shaped records, SFT warm-up, then GRPO with examples/reward_function/grounding.py
+# localise), synthetic RefCOCO-shaped records, SFT warm-up, then GRPO with examples/reward_function/grounding_iou.py
 # (see ../tiny_cpu.sh). From the repository root:
 #   bash examples/tasks/grounding/grounding_tiny_cpu.sh [key=value ...]
 #   (OUT, ARCH, SFT_STEPS, RL_STEPS, TRAIN, VAL override)

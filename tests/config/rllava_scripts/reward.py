@@ -1,6 +1,6 @@
-"""A stand-in for the RLLaVA reward file rllava does not ship yet (agent_search_agentic.py, the agentic MAT-Search
-script's; its sequential form): rewards what a random tiny model's samples vary in. Every other RLLaVA script runs
-with its own reward file (examples/reward_function/, under RLLaVA's names)."""
+"""A stand-in for a RLLaVA reward file rllava does not ship (its sequential form), swapped in by
+tests/config/test_rllava_scripts.py only then: rewards what a random tiny model's samples vary in. Every RLLaVA
+script there runs with its own reward file now (examples/reward_function/, under RLLaVA's names)."""
 
 
 def compute_score(reward_input: dict):
