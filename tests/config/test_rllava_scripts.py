@@ -39,7 +39,6 @@ DATA_FIELDS = {"luffy_clevr": ["data.answer_key=answer", "data.image_key=images"
                # 112-pixel images 512 x 512 on the CPU
                "grounding": ["data.prompt_key=expression", "data.image_key=images", "data.answer_key=answer",
                              "data.min_pixels=3136"]}
-REWARD = os.path.join(HERE, "reward.py")
 
 
 def _keys(name: str) -> list[str]:
@@ -47,27 +46,26 @@ def _keys(name: str) -> list[str]:
             if line.strip() and not line.startswith("#")]
 
 
-def _missing(script_keys, key: str) -> bool:
-    """The script names a file (`key=path[:function]`) that rllava does not ship."""
-    return any(k.startswith(f"{key}=") and not os.path.isfile(os.path.join(REPO, k.split("=", 1)[1].split(":")[0]))
-               for k in script_keys)
-
-
 def _swaps(script_keys, model, data, out) -> list[str]:
     """The CPU test's swaps, given after RLLaVA's keys (later keys win). The reward file and prompt template are the
-    script's own (rllava ships them under RLLaVA's names), unless rllava does not have that file yet."""
+    script's own: rllava ships them under RLLaVA's names (test_every_file_a_script_names_is_shipped)."""
     swaps = [f"actor.model.model_path={model}", f"data.train_files={data}/train.jsonl",
              f"data.val_files={data}/val.jsonl", "rollout.name=hf",
              "data.max_samples=16", "data.train_batch_size=4", "data.val_batch_size=8", "rollout.n=2",
              "data.max_response_length=8", "data.max_pixels=12544", "actor.ppo_micro_batch_size=8",
              "actor.log_prob_micro_batch_size=8", "trainer.max_steps=2", f"trainer.outputs_dir={out}"]
-    if _missing(script_keys, "reward.reward_function"):  # agent_search_agentic.py: not in rllava yet
-        swaps.append(f"reward.reward_function={REWARD}:compute_score")
-    if _missing(script_keys, "data.format_prompt"):
-        swaps.append("data.format_prompt=./examples/format_prompt/counting.jinja")
     if any(k.startswith("data.max_response_length=") for k in script_keys):  # the script's own length, on CPU
         swaps.append("data.max_response_length=8")
     return swaps
+
+
+def test_every_file_a_script_names_is_shipped():
+    """A RLLaVA script run from a clone of rllava finds each file it names (config, prompt, reward) there."""
+    for name in SCRIPTS:
+        for key in ("config", "data.format_prompt", "reward.reward_function"):
+            for k in _keys(name):
+                if k.startswith(f"{key}="):
+                    assert os.path.isfile(os.path.join(REPO, k.split("=", 1)[1].split(":")[0])), (name, k)
 
 
 def test_script_key_files_hold_only_rllava_keys_and_values():
