@@ -17,6 +17,15 @@ term; a loss of the sampled token (k1, k3: an expectation over x_t ~ pi_old) is 
 pi_rollout, rollout_is_cap)), which restores that expectation at each prefix; a full_kl loss is exact whichever
 token was drawn, so it takes only the sequence weight (rollout_is=sequence: unbiased for the prefix's distribution
 too, the later tokens' ratios averaging 1). At token level the prefixes stay pi_rollout's, as for the RL term's TIS.
+
+Under torchrun each rank scores its own rows, and a teacher's pass is collective: its micro-batch count is agreed over
+the ranks, each forward of a teacher sharded by FSDP2 or ZeRO-3 gathers weights from all of them, and a
+tensor-parallel vLLM teacher scores its group's requests together. So with `.route_field` every rank runs every route
+that any rank's rows hit, in the order of the routes' names, with as many forwards as the rank that needs the most
+(`rllava.roles.teacher.Teachers.compute_logprobs`): a rank with no rows for a route scores a 2-token stand-in row and
+drops the result, and one with fewer rows than forwards runs a row again. A route no rank hit gets no pass (one
+all-reduce of the counts per step). `loss=full` runs its teacher inside the update, on the single-device engine only
+(a start-up check refuses it on FSDP2 and DeepSpeed), so on one rank.
 """
 
 from __future__ import annotations

@@ -116,7 +116,8 @@ def _distill_section() -> list[str]:
             "sharded and offloaded like the policy; vllm / sglang: its log-probs from an engine of its own, for k1 / "
             "k3), `.offload`, `.engine_kwargs`. Register a loss with `@register_distill_loss` in a file of "
             "`algorithm.plugins`; it declares the tensors it reads among logprobs, old_logprobs, teacher_logprobs "
-            "and full_kl.", "", "| loss | reads | formula |", "|---|---|---|", *rows, "", *refs, ""]
+            "and full_kl.", "", doc[3].replace("\n", " "), "", "| loss | reads | formula |", "|---|---|---|", *rows,
+            "", *refs, ""]
 
 
 def render() -> str:

@@ -148,7 +148,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _reward(name):
-    return load_reward_function(os.path.join(REPO, "examples/reward_function", f"{name}.py:compute_score"))
+    return load_reward_function(os.path.join(REPO, "examples/reward_function", f"{name}.py:score_one"))
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def _pixels(paths, record):
 
 
 def test_grounding_box_is_the_named_shape(sets):
-    grounding = _reward("grounding")
+    grounding = _reward("grounding_iou")
     for r in read_jsonl(sets["grounding"]["train"]):
         assert set(r) == {"images", "problem", "expression", "answer", "solution"}
         color, kind = r["expression"].split()[1:]
@@ -183,7 +183,7 @@ def test_shape_box_matches_drawn_pixels():
 
 
 def test_ovd_boxes_are_every_shape_of_the_category(sets):
-    ovd = _reward("ovd")
+    ovd = _reward("ovd_ap")
     categories = set()
     for r in read_jsonl(sets["ovd"]["train"]):
         assert set(r) == {"images", "problem", "category", "answer", "solution"}
@@ -205,7 +205,7 @@ def test_ovd_boxes_are_every_shape_of_the_category(sets):
 
 
 def test_math_answers(sets):
-    math_reward = _reward("math")
+    math_reward = _reward("math_answer")
     possible = {latex(f(n)) for f in POLYGON_QUESTIONS.values() for n in range(3, 7)}
     assert {"\\frac{1}{5}", "108", "720", "6"} <= possible
     kinds = set()
