@@ -549,7 +549,7 @@ def _kill_weak(seen: dict) -> None:
 
 
 def _result(seen: dict, hits: dict, limits: Limits, guards: dict) -> Result:
-    report, images_data = _report(bytes(seen["result"]))
+    report, images_data = _report(bytes(seen["result"]), limits.max_images)
     status = report.get("status", seen["exit"]) if report else seen["exit"]
     result = Result(_text(seen["stdout"], limits), _text(seen["stderr"], limits), returncode=status, guards=guards)
     if seen["timed_out"]:
@@ -582,22 +582,24 @@ def _result(seen: dict, hits: dict, limits: Limits, guards: dict) -> Result:
 LABELS = {*ERRNO_LIMITS.values(), "memory limit", "process limit"}  # what sandbox_init.limit_of can say
 
 
-def _report(data: bytes) -> tuple[dict | None, list[tuple[str, bytes]]]:
+def _report(data: bytes, max_images: int = Limits.max_images) -> tuple[dict | None, list[tuple[str, bytes]]]:
     """The first process's report ({"status", "limit", "cpu_s", "images", "notes"}) and the images' bytes;
-    (None, []) when there is none or it does not parse (the call was killed)."""
-    lines = data.split(b"\n", 2)[1:]  # the {"pgid"} line, the report, the images
+    (None, []) when there is none or it does not parse (the call was killed). A report line longer than its
+    `max_images` names and 8 notes take (2 KB each as JSON) is not parsed: a forged one could be GBs as objects."""
+    start = data.find(b"\n") + 1  # after the {"pgid"} line
+    end = data.find(b"\n", start, start + 2048 * (8 + max_images))
     try:
-        head = json.loads(lines[0])
+        head = json.loads(data[start:end]) if start and end > 0 else None
         status, cpu = int(head["status"]), float(head["cpu_s"])
-        sizes = [(str(name), int(size)) for name, size in head["images"]]
-        notes = [str(n)[:200] for n in head["notes"]][:8]
+        sizes = [(str(name), int(size)) for name, size in head["images"][:max_images]]
+        notes = [str(n)[:200] for n in head["notes"][:8]]
     except (ValueError, KeyError, TypeError, IndexError):
         return None, []
-    body, images, at = lines[1] if len(lines) > 1 else b"", [], 0
+    body, images, at = memoryview(data)[end + 1:], [], 0
     for name, size in sizes:
-        images.append((name, body[at:at + size]))
+        images.append((name, bytes(body[at:at + size])))
         at += size
-    return {"status": status, "limit": head.get("limit"), "cpu_s": cpu, "notes": notes}, images
+    return {"status": status, "limit": str(head.get("limit")), "cpu_s": cpu, "notes": notes}, images
 
 
 def _text(data: bytearray, limits: Limits) -> str:

@@ -9,9 +9,10 @@ namespace; outside a jail its process group), reads the images the snippet saved
 O_NOFOLLOW, regular files only, at most `file_mb` each) and writes the result on RESULT_FD: a JSON line
 ({"status", "limit", "cpu_s", "images": [[name, size], ...], "notes"}) and the images' bytes, after a first
 line {"pgid"} written when the snippet starts. Imports nothing
-of rllava; numpy and PIL are loaded by the snippets that import them. The snippet runs as the same uid and
-could ptrace this process: all it could change is this call's report, which the parent reads as untrusted
-bytes (bounded, parsed strictly, images decoded only in the documented formats).
+of rllava; numpy and PIL are loaded by the snippets that import them. The snippet runs as the same uid: this
+process makes itself not dumpable before the fork (the kernel then refuses the snippet ptrace, pidfd_getfd and
+process_vm_* on it, so it cannot take RESULT_FD) and runs under the call's rlimits too; the parent still reads
+the report as untrusted bytes (a length cap before parsing, images decoded only in the documented formats).
 """
 
 import errno
@@ -109,6 +110,7 @@ def _images(given: dict, limits: dict) -> tuple[list, list]:
         for name in sorted(os.listdir(here)):
             if not name.lower().endswith(SUFFIXES):
                 continue
+            shown = os.fsencode(name).decode("utf-8", "replace")  # a name that is not UTF-8 reaches text as U+FFFD
             try:
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=here)
             except OSError:
@@ -118,13 +120,13 @@ def _images(given: dict, limits: dict) -> tuple[list, list]:
                 if not stat.S_ISREG(st.st_mode) or given.get(name) == (st.st_ino, st.st_mtime_ns, st.st_size):
                     continue
                 if st.st_size > cap:
-                    notes.append(f"{name}: {st.st_size} bytes is over file_mb")
+                    notes.append(f"{shown}: {st.st_size} bytes is over file_mb")
                     continue
                 if len(images) == limits["max_images"]:
                     notes.append(f"only the first {limits['max_images']} images are shown")
                     break
                 data = os.read(fd, cap + 1)
-                images.append((name, data[:cap]))
+                images.append((shown, data[:cap]))
             finally:
                 os.close(fd)
     finally:
@@ -134,6 +136,10 @@ def _images(given: dict, limits: dict) -> tuple[list, list]:
 
 def main() -> None:
     result_fd, jailed = int(sys.argv[1]), os.getpid() == 1
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0):  # PR_SET_DUMPABLE 0, inherited by the fork
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0)")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     header = b""
     while not header.endswith(b"\n"):
@@ -149,6 +155,7 @@ def main() -> None:
             f.write(_read_exactly(size))
         st = os.stat(name)
         given[name] = (st.st_ino, st.st_mtime_ns, st.st_size)
+    _set_limits(limits, jailed)  # this process's own, before the snippet's process inherits them
     read_label, write_label = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -179,7 +186,7 @@ def main() -> None:
         label = ""
     images, notes = _images(given, limits)
     head = {"status": os.waitstatus_to_exitcode(status), "limit": label, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "images": [[name, len(data)] for name, data in images], "notes": notes}
+            "images": [[name, len(data)] for name, data in images], "notes": [n[:200] for n in notes[:8]]}
     with out:
         out.write(json.dumps(head).encode() + b"\n" + b"".join(data for _, data in images))
 

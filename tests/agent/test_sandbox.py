@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -338,6 +339,53 @@ def test_7_the_limit_is_read_from_the_exception_not_the_cut_text():
     assert result.stopped_by == "open files limit"
     result = run_code("import sys\nprint('MemoryError Too many open files', file=sys.stderr)\nsys.exit(1)\n", [], cut)
     assert result.stopped_by is None and result.returncode == 1
+
+
+PID1_ATTACK = """import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+line = b'{"status": 0, "limit": "", "cpu_s": 0, "images": [], "notes": [' + b'[],' * (3 << 20) + b'[]]}\\n'
+pidfd, taken = os.pidfd_open(1), 0
+for fd in range(3, 64):  # PID 1's report pipe is one of them
+    new = libc.syscall(438, pidfd, fd, 0)  # pidfd_getfd (x86_64)
+    if new >= 0:
+        taken += 1
+        try:
+            os.write(new, line)
+        except OSError:
+            pass
+print('taken', taken, flush=True)
+print('ptrace', libc.ptrace(16, 1, None, None), flush=True)  # PTRACE_ATTACH
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="pidfd_getfd is syscall 438 on x86_64")
+def test_8_pid_1_is_out_of_the_snippets_reach_and_its_report_is_read_bounded():
+    """Issue 45.1: a snippet that took PID 1's report pipe (pidfd_getfd, or ptrace) could write one line of
+    millions of notes, which the trainer parsed whole (GBs). PID 1 is not dumpable: both fail; and the parent
+    drops a report line over its cap before parsing it."""
+    tracemalloc.start()
+    result = run_code(PID1_ATTACK, [], FAST)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert result.stdout.split() == ["taken", "0", "ptrace", "-1"], result.text()
+    assert result.ok and peak < 32 << 20, (peak, result.text())
+    forged = b'{"pgid": 2}\n{"status": 0, "cpu_s": 0, "images": [], "notes": [' + b'[],' * (1 << 20) + b'[]]}\n'
+    tracemalloc.start()
+    assert sandbox._report(forged) == (None, [])
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 20, peak
+
+
+def test_9_a_file_name_that_is_not_utf8_comes_back_as_text():
+    """Issue 45.2: a file name that is not UTF-8 came back as a lone surrogate, which the rollout's tokenizer
+    rejects (the step crashed): names reach text decoded with replacement."""
+    snippet = ("from PIL import Image\nopen(b'\\xff.png', 'wb').write(b'junk')\n"
+               "Image.new('RGB', (4, 4)).save(b'\\xfd.png', format='PNG')\nraise SystemExit(1)\n")
+    result = run_code(snippet, [], FAST)
+    text = result.text()
+    assert text.encode("utf-8") and [im.size for im in result.images] == [(4, 4)], ascii(text)
+    assert result.returncode == 1 and "\ufffd.png: not a readable PNG" in text, ascii(text)
 
 
 # ------------------------------------------------------------------------------ non-root, and fail closed
