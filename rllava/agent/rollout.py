@@ -19,6 +19,7 @@ sequence the engine continued (and Qwen-VL's M-RoPE positions are computed over 
 from __future__ import annotations
 
 import hashlib
+import threading
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
@@ -27,6 +28,7 @@ import torch
 from PIL import Image
 
 from rllava.agent.tools import AgentState, Observation
+from rllava.config.schema import AgentConfig
 from rllava.data.dataset import encode_prompt
 from rllava.data.images import resize_to_pixel_bounds, to_rgb
 from rllava.data.protocol import Sample, Segment, Trajectory, concat_mm
@@ -99,12 +101,14 @@ def observation_digest(obs: Observation) -> str:
 class AgentRollout(Rollout):
     def __init__(self, engine, processor, env, *, max_turns: int, max_response_length: int,
                  observation_role: str = "user", min_pixels: int | None = None, max_pixels: int | None = None,
-                 skip_special_tokens: bool = True, tool_workers: int = 1, asynchronous: bool = False):
+                 skip_special_tokens: bool = True, tool_workers: int = 1, asynchronous: bool = False,
+                 round_image_mb: int = AgentConfig.round_image_mb):
         super().__init__(engine, processor, skip_special_tokens=skip_special_tokens)
         self.env, self.max_turns, self.budget = env, max_turns, max_response_length
         self.asynchronous = asynchronous  # rollout.async_mode: no rounds (`_generate_async`)
         self.tool_workers = tool_workers  # environment steps of one round run at once, at most this many
         self.observation_role, self.min_pixels, self.max_pixels = observation_role, min_pixels, max_pixels
+        self.round_image_mb, self.round_bytes, self.lock = round_image_mb, 0, threading.Lock()
 
     def generate(self, samples: list[Sample], sampling: SamplingParams, prefixes=None) -> list[Trajectory]:
         """`sampling.n` episodes per sample (group id i for sample i), `sampling.max_new_tokens` the most one
@@ -129,6 +133,7 @@ class AgentRollout(Rollout):
         """The next turn of every episode in `active`, one batched engine call; returns those whose turn the
         environment is to read."""
         budgets = [min(sampling.max_new_tokens, self.budget - e.response_tokens) for e in active]
+        self.round_bytes = 0  # the images the observations of this round add (async: of this engine call's turns)
         requests = [GenerationRequest(e.ids, e.mm, e.raw, list(e.state.images), e.sample.videos) for e in active]
         completions = self.engine.generate(requests, replace(sampling, n=1, max_new_tokens=max(budgets)))
         return [e for e, (c,), budget in zip(active, completions, budgets)
@@ -143,7 +148,7 @@ class AgentRollout(Rollout):
         with ThreadPoolExecutor(max(1, self.tool_workers)) as pool:
             while ready or calls:
                 for e in self._turns(ready, sampling) if ready else []:
-                    calls[pool.submit(self.env.step, e.state, e.turn_texts[-1])] = e
+                    calls[pool.submit(self._step, e)] = e
                 ready = []
                 if calls:  # the first call to return, and any others done by then
                     finished, _ = wait(calls, return_when=FIRST_COMPLETED)
@@ -201,11 +206,29 @@ class AgentRollout(Rollout):
     def _step_all(self, episodes: list[Episode]) -> list[Observation]:
         """The environment on each episode's last turn: at most `tool_workers` at once (threads: a tool that
         waits, like the code tool's sandbox, waits alone; each call keeps its own time limit)."""
-        step = lambda e: self.env.step(e.state, e.turn_texts[-1])  # noqa: E731
         if self.tool_workers <= 1 or len(episodes) <= 1:
-            return [step(e) for e in episodes]
+            return [self._step(e) for e in episodes]
         with ThreadPoolExecutor(min(self.tool_workers, len(episodes))) as pool:
-            return list(pool.map(step, episodes))
+            return list(pool.map(self._step, episodes))
+
+    def _step(self, e: Episode) -> Observation:
+        """The environment on the episode's last turn, its observation bounded as it arrives, whatever the tool:
+        text that is not UTF-8 (a lone surrogate, which the tokenizer rejects) gets U+FFFD; images come to
+        data.min/max_pixels now, not when the round ends; and once the round's images pass
+        `rollout.agent.round_image_mb` (as RGB) the rest are dropped, with a note the model reads."""
+        obs = self.env.step(e.state, e.turn_texts[-1])
+        text = obs.text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        images = [resize_to_pixel_bounds(to_rgb(im), self.min_pixels, self.max_pixels) for im in obs.images]
+        kept = 0
+        with self.lock:
+            while kept < len(images) and self.round_bytes + 3 * images[kept].width * images[kept].height <= \
+                    self.round_image_mb << 20:
+                self.round_bytes += 3 * images[kept].width * images[kept].height
+                kept += 1
+        if kept < len(images):
+            text += (f"\n[{len(images) - kept} image{'s' * (len(images) - kept > 1)} not shown: this round's "
+                     f"observations passed rollout.agent.round_image_mb={self.round_image_mb}]")
+        return replace(obs, text=text, images=images[:kept])
 
     def replay(self, samples: list[Sample]) -> list[Trajectory]:
         """Multi-turn SFT: each sample's expert turns (`sample.target`, a list of turn texts; one string is one
@@ -224,7 +247,8 @@ class AgentRollout(Rollout):
                 ids = ids[:self.budget - e.response_tokens - 1] + [self.tokenizer.eos_token_id]
                 last = k == min(len(turns), self.max_turns) - 1
                 if self._add_turn(e, Completion(ids, [0.0] * len(ids), "stop"), last=last):
-                    self._observe(e, self.env.step(e.state, e.turn_texts[-1]))
+                    self.round_bytes = 0  # a turn of one sample is a round
+                    self._observe(e, self._step(e))
                 if e.finish_reason:
                     break
             t = self._trajectory(e)

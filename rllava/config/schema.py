@@ -676,6 +676,7 @@ class AgentConfig:  # rllava section: multi-turn agent rollouts (rllava.agent), 
     tool_kwargs: dict[str, Any] = field(default_factory=dict)  # options per tool: tool_kwargs.search.corpus=...
     tool_format: str = "tags"  # how a call is written: tags (<zoom>[...]</zoom>), json (<tool_call>{...}</tool_call>), or fenced (tags, and a ```python block calls `code`)
     tool_workers: int = 8  # tool calls of one round run at once, at most this many (the code tool's sandboxes); 1 = one by one
+    round_image_mb: int = 1024  # MB of observation images a round adds (RGB, after data.max_pixels); more: dropped
     answer_tag: str = "answer"  # a turn with <answer>...</answer> ends the episode
     invalid_call_penalty: float = 0.0  # tool-level reward of a turn whose call fails (verl's zoom: -0.05)
     observation_role: str = "user"  # the chat role observations are shown in (user, or tool where the template has it)
@@ -685,6 +686,7 @@ class AgentConfig:  # rllava section: multi-turn agent rollouts (rllava.agent), 
         p: list[str] = []
         _choice(p, f"{prefix}.tool_format", self.tool_format, ["tags", "json", "fenced"])
         _positive(p, f"{prefix}.tool_workers", self.tool_workers)
+        _positive(p, f"{prefix}.round_image_mb", self.round_image_mb)
         _choice(p, f"{prefix}.observation_role", self.observation_role, ["user", "tool"])
         if not re.fullmatch(r"[A-Za-z_][\w-]*", self.answer_tag):
             p.append(f"{prefix}.answer_tag={self.answer_tag!r} must be a tag name (e.g. answer)")
@@ -1043,7 +1045,8 @@ def rllava_target_dataset(spec: str | None) -> str | None:
     return name if name in RLLAVA_TARGET_DATASETS else None
 
 # Keys of features whose issues have not landed yet: any change from the default is an error naming the feature.
-PLANNED_FEATURES: dict[str, list[str]] = {}
+PLANNED_FEATURES: dict[str, list[str]] = {  # the driver runs the default until build_rollout passes the key
+    "issue 45 item 4's setting": ["rollout.agent.round_image_mb"]}
 
 
 def agent_on(c) -> bool:
@@ -1060,7 +1063,7 @@ NO_CREDIT = {"rollout.discount": 1.0, "algorithm.step_advantage_w": 0.0, "algori
 AGENT_KEYS = ["rollout.max_turns", "rollout.discount", "algorithm.step_advantage_w",
               "algorithm.gigpo_mean_std_cross_steps", "rollout.agent.tool_kwargs", "rollout.agent.tool_format",
               "rollout.agent.answer_tag", "rollout.agent.invalid_call_penalty", "rollout.agent.observation_role",
-              "rollout.agent.plugins", "rollout.agent.tool_workers"]
+              "rollout.agent.plugins", "rollout.agent.tool_workers", "rollout.agent.round_image_mb"]
 
 def _loss_in(*modes: str) -> Callable[[Any], bool]:
     return lambda c: c.actor.policy_loss.loss_mode in modes

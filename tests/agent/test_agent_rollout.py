@@ -8,6 +8,7 @@ from transformers import AutoModelForImageTextToText
 
 from rllava.agent.rollout import AgentRollout
 from rllava.agent.tools import AgentState, Observation, ToolEnv, build_tools, register_tool, zoom
+from rllava.config.schema import AgentConfig
 from rllava.data.protocol import Batch, Sample, Segment, Trajectory, collate
 from rllava.engine.inference.base import Completion, SamplingParams
 from rllava.model.forward import token_logprobs
@@ -209,6 +210,38 @@ def test_a_rounds_tool_calls_run_at_once_up_to_tool_workers(proc):
         assert peak[0] == expected
         assert [t.agent.calls for t in trajs] == [[("slow", str(i))] for i in range(4)]
         assert all(f"slow: {i}" in proc.tokenizer.decode(t.segments[2].token_ids) for i, t in enumerate(trajs))
+
+
+def test_a_rounds_observations_are_bounded_as_they_arrive(proc):
+    """Issue 45.4 (and 45.2 in the trainer): a round's observations held every image at full size until the
+    round ended (64 code calls of four 4096 x 4096 16-bit PNGs: +4.4 GB). Each image is brought to
+    data.max_pixels as its call returns (the full-size ones are gone before the next call runs), a round adds
+    at most rollout.agent.round_image_mb of them (the rest are dropped with a note the model reads), and text
+    with a lone surrogate (a file name that is not UTF-8) reaches the tokenizer as U+FFFD: it raised TypeError."""
+    import weakref
+
+    import numpy as np
+
+    returned, alive = [], []
+
+    @register_tool("flood")
+    def flood(args, state):
+        alive.append(sum(r() is not None for r in returned))  # the previous calls' full-size images still held
+        images = [Image.fromarray(np.full((1024, 1024), 40000, np.uint16)) for _ in range(4)]  # I;16
+        returned.extend(weakref.ref(im) for im in images)
+        return Observation(text="\udcff.png", images=images)
+
+    scripts = {i: ["<flood>x</flood>", "<answer>1</answer>"] for i in range(4)}
+    rollout = _rollout(proc, scripts, tools=("flood",), max_pixels=256 * 256, round_image_mb=1,
+                       max_response_length=4000)
+    trajs = rollout.generate([_sample(i) for i in range(4)], SamplingParams(max_new_tokens=50))
+    shown = [[im.size for im in t.agent.images] for t in trajs]
+    assert alive == [0, 0, 0, 0]
+    assert shown == [[(256, 256)] * 4, [(256, 256)], [], []]  # 5 x 192 KB of RGB fit in 1 MB
+    texts = [proc.tokenizer.decode(t.segments[2].token_ids) for t in trajs]
+    assert all("\ufffd.png" in t for t in texts) and "not shown" not in texts[0]
+    assert "3 images not shown: this round's observations passed rollout.agent.round_image_mb=1" in texts[1]
+    assert _rollout(proc, scripts).round_image_mb == AgentConfig().round_image_mb
 
 
 @register_tool("nap")
