@@ -538,8 +538,8 @@ def _kill_weak(seen: dict) -> None:
     """Without a jail: the snippet's process group, as the first process reported it (a process that left the
     group is not found: one of the things allow_weaker gives up)."""
     try:
-        pid = json.loads(bytes(seen["result"]).split(b"\n", 1)[0]).get("pgid")
-    except ValueError:
+        pid = json.loads(bytes(seen["result"][:64]).split(b"\n", 1)[0]).get("pgid")  # {"pgid": N}: short
+    except (ValueError, AttributeError):
         pid = None
     if isinstance(pid, int) and pid > 1:
         try:
