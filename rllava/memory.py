@@ -31,10 +31,11 @@ one step runs on it under torch's `MemTracker`, which adds up every live tensor 
                 trainable parameter, in the parameters' dtype; none on the device with actor.fsdp.enable_cpu_offload
                 (the step runs on the host), outside the update with actor.fsdp.offload_optimizer.
 
-FSDP2 (actor.strategy fsdp / fsdp2, or auto with --world-size > 1): rllava's own `shard_model` shards the model
-over a fake process group of --world-size ranks (FSDP2's mixed precision and reshard_after_forward as
-configured; the reference sharded too) and torch's `FSDPMemTracker` tracks it; each rank plans its share of the
-batch (train_batch_size x n / N rows, mini-batches likewise). With actor.fsdp.enable_cpu_offload the shards, their
+FSDP2 (actor.strategy fsdp / fsdp2; auto with --world-size > 1, or on a GPU with actor.fsdp.enable_cpu_offload /
+offload_params, RLLaVA's offload switches, as rllava runs it): rllava's own `shard_model` shards the model over
+a fake process group of --world-size ranks (FSDP2's mixed precision and reshard_after_forward as configured; the
+reference sharded too) and torch's `FSDPMemTracker` tracks it; each rank plans its share of the
+batch (train_batch_size x n / N rows, mini-batches likewise). With either offload switch the shards, their
 gradients and Adam's states are on the host (CPUOffloadPolicy): tracked, but not counted on the device. For HF
 generate every unit is gathered for the whole rollout, as rllava does. DeepSpeed plans as FSDP2 (ZeRO-3's sharding).
 
@@ -354,8 +355,9 @@ def _rows(fixed: int, budget: int, length: int, dynamic: bool, cap: int) -> int:
     return max(1, min(budget // length if dynamic else fixed, cap))
 
 
-def step_of(cfg, config, world: int = 1) -> Step:
-    """`Step` of one rank from rllava's config `cfg`, the model's transformers `config` and the number of ranks."""
+def step_of(cfg, config, world: int = 1, device: str = "cuda") -> Step:
+    """`Step` of one rank from rllava's config `cfg`, the model's transformers `config`, the number of ranks and
+    the run's device (which engine `actor.strategy=auto` picks)."""
     from rllava.config.schema import resolve_strategy
 
     a, d, fsdp, m, r = cfg.actor, cfg.data, cfg.actor.fsdp, cfg.actor.model, cfg.rollout
@@ -363,8 +365,8 @@ def step_of(cfg, config, world: int = 1) -> Step:
     mini = max(1, min(a.ppo_mini_batch_size * r.n // world, rows))
     length, dyn = d.max_prompt_length + d.max_response_length, m.dynamic_batching
     update = _rows(a.ppo_micro_batch_size, a.ppo_max_token_len_per_gpu, length, dyn, mini)
-    sharded = resolve_strategy(a.strategy, world) != "single"
-    host_opt = fsdp.enable_cpu_offload
+    sharded = resolve_strategy(a.strategy, world, fsdp, device) != "single"
+    host_opt = fsdp.enable_cpu_offload or (sharded and fsdp.offload_params)  # FSDP2: either is CPUOffloadPolicy
     return Step(prompt=d.max_prompt_length, response=d.max_response_length,
                 grid=image_grid(config, d.max_pixels, d.max_prompt_length),
                 gen_prompts=max(1, min(r.micro_batch_size, d.train_batch_size // world)), n=r.n,
@@ -684,7 +686,7 @@ def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1
     from rllava.config.schema import resolve_strategy
     from rllava.engine.train.fsdp2 import mixed_precision_policy, shard_model
 
-    strategy = resolve_strategy(cfg.actor.strategy, world)
+    strategy = resolve_strategy(cfg.actor.strategy, world, cfg.actor.fsdp, device)
     if world > 1 and strategy == "single":
         raise RllavaError(f"--world-size {world} with actor.strategy=single: several ranks shard with fsdp2 "
                           "(actor.strategy=auto or fsdp2)")
@@ -693,10 +695,10 @@ def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1
                           "--gpu-memory")
     with (fake_world(world) if strategy != "single" else contextlib.nullcontext()) as mesh, fake_mode():
         model, config = policy_from_config(cfg, device)
-        step = step_of(cfg, config, world)
+        step = step_of(cfg, config, world, device)
         shard = None if mesh is None else functools.partial(
             shard_model, device=torch.device("cpu"), mp=mixed_precision_policy(cfg.actor.fsdp.mixed_precision),
-            cpu_offload=cfg.actor.fsdp.enable_cpu_offload, mesh=mesh)
+            cpu_offload=step.host_shards, mesh=mesh)
         kv = kv_cache_bytes(config, step, model.dtype)
         model = plannable(shard(model, reshard_after_forward=cfg.actor.fsdp.reshard_after_forward) if shard else model)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
@@ -707,7 +709,7 @@ def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1
     return rows
 
 
-def fixes(cfg, world: int = 1) -> list[tuple[str, list[str], int]]:
+def fixes(cfg, world: int = 1, device: str = "cuda") -> list[tuple[str, list[str], int]]:
     """The single changes that lower a step's peak, least intrusive first, as (what, overrides, world size):
     gradient checkpointing, halving each micro-batch (or token budget), the optimizer on the host
     (actor.fsdp.enable_cpu_offload: under FSDP2 the shards too), LoRA, FSDP2 on the same GPUs (one device: so
@@ -731,7 +733,7 @@ def fixes(cfg, world: int = 1) -> list[tuple[str, list[str], int]]:
     if not a.model.use_peft:
         out.append("actor.model.use_peft=true")
     changes = [(c, [c], world) for c in out]
-    if resolve_strategy(a.strategy, world) == "single":  # FSDP2 on these GPUs: with the offload, weights on the host
+    if resolve_strategy(a.strategy, world, a.fsdp, device) == "single":  # FSDP2: with the offload, weights on host
         sharded = ["actor.strategy=fsdp2"]
         if not a.fsdp.enable_cpu_offload:
             sharded.append("actor.fsdp.enable_cpu_offload=true")
@@ -749,7 +751,7 @@ def suggest(overrides: list[str], gpu_bytes: int, device: str = "cuda", world: i
     def peak(extra: list[str], ranks: int) -> int:
         return max(r["peak"] for r in plan(load_config([*overrides, *extra]), gpu_bytes, device, ranks))
 
-    changes = fixes(load_config(overrides), world)
+    changes = fixes(load_config(overrides), world, device)
     tried = [(what, peak(extra, ranks)) for what, extra, ranks in changes]
     if changes and not any(p <= gpu_bytes for _, p in tried):
         tried.append((" ".join(what for what, _, _ in changes),

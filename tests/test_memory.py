@@ -339,3 +339,18 @@ def test_distillation_teachers_are_resident_in_every_phase_with_a_pass_for_a_sam
     assert any("algorithm.distill.loss=full" in line for line in memory.unplanned(routed))
     with pytest.raises(memory.RllavaError, match="algorithm.distill.teacher_path='/no/such'"):
         memory.plan(_cfg(tiny_model_dir, "algorithm.distill.teacher_path=/no/such"), device="cpu")
+
+
+@pytest.mark.slow  # ~25 s on this CPU: a 4B model's plan
+def test_rllavas_example_config_fits_a_4b_model_on_one_24gib_gpu():
+    """RLLaVA's examples/config.yaml as the file is (its KL included) with Qwen3-VL-4B on one 24 GiB GPU (issue 46):
+    its offload switches make actor.strategy=auto FSDP2 with CPU offload, so the weights (the reference's too),
+    gradients and Adam wait on the host; the device holds the gathered root and layer (the whole policy for HF
+    generate) and the activations. The single-device engine's update needed ~27 GiB."""
+    cfg = load_config(["config=examples/config.yaml", "actor.model.model_path=Qwen/Qwen3-VL-4B-Instruct"])
+    rows = {r["phase"]: r for r in memory.plan(cfg, 24 * memory.GiB)}
+    assert list(rows) == ["rollout", "old log-prob", "ref log-prob", "update", "optimizer"]
+    assert all(r["fits"] for r in rows.values()), rows
+    assert rows["update"]["gradients"] == rows["optimizer"]["optimizer"] == 0
+    assert rows["ref log-prob"]["parameters"] < 2 ** 20  # its gathered layers count as the pass's activations
+    assert rows["update"]["parameters"] < 1.5 * memory.GiB < 8 * memory.GiB < rows["rollout"]["parameters"]

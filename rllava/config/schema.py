@@ -48,14 +48,24 @@ CHECKPOINT_CONTENTS = ["model", "optimizer", "extra", "hf_model"]
 DEVICES = ["auto", "cpu", "cuda"]
 
 
-def resolve_strategy(strategy: str, world: Optional[int] = None) -> str:
-    """The train engine `actor.strategy` (or `critic.strategy`) means in this process. `auto`: `single` on one
-    process, `fsdp2` under torchrun with WORLD_SIZE > 1 (RLLaVA's default is FSDP everywhere; here one plain
-    process needs no process group)."""
+def resolve_strategy(strategy: str, world: Optional[int] = None, fsdp: Any = None, device: Any = None) -> str:
+    """The train engine `actor.strategy` (or `critic.strategy`) means in this process. `auto`: `fsdp2` under
+    torchrun with WORLD_SIZE > 1, and on one process too when the role's `fsdp` section keeps the weights on the
+    host (RLLaVA's enable_cpu_offload / offload_params) and `device` is CUDA: FSDP2's CPUOffloadPolicy, as in
+    RLLaVA (whose default is FSDP everywhere), is what trains a 4B model on one 24 GB GPU. Otherwise `single`: a
+    CPU has no device memory to save, and one plain process then needs no process group. `device`: the run's
+    (a torch.device, or trainer.device's cpu | cuda | auto); None or auto: CUDA when available."""
     if strategy != "auto":
         return strategy
     world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
-    return "fsdp2" if world > 1 else "single"
+    host = fsdp is not None and (fsdp.enable_cpu_offload or fsdp.offload_params)
+    return "fsdp2" if world > 1 or (host and _on_cuda(device)) else "single"
+
+
+def _on_cuda(device: Any) -> bool:
+    import torch  # here: the config module itself loads without torch
+
+    return torch.cuda.is_available() if device in (None, "auto") else torch.device(device).type == "cuda"
 
 
 def _choice(problems: list[str], key: str, value: Any, choices: list, hint: str = "") -> None:
@@ -411,10 +421,10 @@ class OptimConfig:
 @dataclass
 class FSDPConfig:  # used when actor.strategy is fsdp/fsdp2; the three offload switches by every engine
     wrap_policy: dict[str, Any] = field(default_factory=dict)  # FSDP auto-wrap policy
-    enable_cpu_offload: bool = False  # optimizer on CPU over fp32 master weights; device keeps params + grads (any engine)
+    enable_cpu_offload: bool = False  # FSDP2: CPUOffloadPolicy (shards on CPU); single: CPU optimizer over fp32 masters
     use_orig_params: bool = False  # FSDP1 use_orig_params
     torch_dtype: Optional[str] = None  # parameter dtype under FSDP
-    offload_params: bool = False  # params and grads on CPU while a rollout engine with its own weights runs (any engine)
+    offload_params: bool = False  # FSDP2: CPUOffloadPolicy (RLLaVA's); else params+grads on CPU while vLLM/SGLang run
     offload_optimizer: bool = False  # optimizer state on CPU outside the update stage (any engine)
     reshard_after_forward: bool = True  # free gathered params after forward
     forward_prefetch: bool = False  # prefetch next all-gather during forward
@@ -492,7 +502,7 @@ class CheckpointConfig:
 @dataclass
 class ActorConfig:
     # fsdp2 (or deepspeed) on one plain `python -m` process runs as a world of one (docs/engines.md).
-    strategy: str = "auto"  # rllava default auto (RLLaVA: fsdp2) = single on one process, fsdp2 under torchrun | single | fsdp/fsdp2 | deepspeed
+    strategy: str = "auto"  # auto (RLLaVA: fsdp2): fsdp2 under torchrun or with fsdp CPU offload on a GPU, else single | single | fsdp2 | deepspeed
     ppo_mini_batch_size: int = 256  # prompts per optimizer step (x rollout.n responses)
     ppo_micro_batch_size: int = 4  # sequences per forward/backward (gradient accumulation unit)
     log_prob_micro_batch_size: int = 16  # sequences per forward when computing old log-probs
@@ -581,7 +591,7 @@ class ActorConfig:
 
     def ignored_keys(self, prefix: str = "actor") -> list[str]:
         """fsdp/deepspeed keys changed from their defaults although this strategy does not read them."""
-        strategy = resolve_strategy(self.strategy)
+        strategy = resolve_strategy(self.strategy, fsdp=self.fsdp)
         sections = {"single": ("fsdp", "deepspeed"), "deepspeed": ("fsdp",)}.get(strategy, ("deepspeed",))
         return [f"{prefix}.{s}.{f.name}" for s in sections for f in fields(getattr(self, s))
                 if getattr(getattr(self, s), f.name) != getattr(type(getattr(self, s))(), f.name)
@@ -1267,7 +1277,7 @@ class PPOConfig:
             p.append(f"algorithm.ref_reset_freq={a.ref_reset_freq} with actor.model.use_peft=true: under LoRA the "
                      "reference is the base model with the adapters off, which a reset cannot move; leave "
                      "algorithm.ref_reset_freq=0 or train every weight (actor.model.use_peft=false)")
-        strategy = resolve_strategy(self.actor.strategy)
+        strategy = resolve_strategy(self.actor.strategy, fsdp=self.actor.fsdp, device=self.trainer.device)
         for key, on in (("algorithm.kl_penalty", a.use_kl_in_reward and a.kl_penalty == "full"),
                         ("actor.kl_loss_type", kl_loss and self.actor.kl_loss_type == "full")):
             if on and strategy != "single":
@@ -1282,7 +1292,8 @@ class PPOConfig:
         d, p = self.algorithm.distill, []
         if not d.on:
             return p
-        strategy, mode = resolve_strategy(self.actor.strategy), self.actor.policy_loss.loss_mode
+        strategy = resolve_strategy(self.actor.strategy, fsdp=self.actor.fsdp, device=self.trainer.device)
+        mode = self.actor.policy_loss.loss_mode
         if d.loss == "full" and strategy != "single":
             p.append(f"algorithm.distill.loss=full with actor.strategy={self.actor.strategy} (the {strategy} engine): "
                      "the full-vocabulary KL runs on the single-device engine only (it needs both LM heads whole); "

@@ -62,9 +62,9 @@ def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
     np.random.seed(cfg.trainer.seed)
     torch.manual_seed(cfg.trainer.seed)
     device = D.init(cfg.trainer.device)  # joins the process group under torchrun
-    strategies = {resolve_strategy(cfg.actor.strategy)} | ({resolve_strategy(cfg.critic.strategy)} if cfg.critic else set())
+    strategies = {resolve_strategy(r.strategy, fsdp=r.fsdp, device=device) for r in (cfg.actor, cfg.critic) if r}
     if world == 1 and strategies & set(DISTRIBUTED_STRATEGIES) and not rollout_side:
-        D.group_of_one(device)  # `python -m ... actor.strategy=fsdp2`: the sharded engine as a world of one
+        D.group_of_one(device)  # `actor.strategy=fsdp2`, or auto with host offload on a GPU: a world of one
     return device, run_outputs_dir(cfg)
 
 
@@ -190,7 +190,9 @@ def build_agent_env(cfg: PPOConfig):
 def build_rollout(cfg: PPOConfig, processor, device: torch.device, env=None) -> Rollout:
     """The Rollout role; multi-turn (`env`, or the one `build_agent_env` makes) when an agent is on."""
     engine = engine_for(cfg, processor, device, ignore_eos=cfg.rollout.ignore_eos)
-    if cfg.actor.fsdp.offload_params and engine.shares_train_model:
+    fsdp = cfg.actor.fsdp  # FSDP2 reads offload_params as its CPU offload: an effect in every phase
+    if fsdp.offload_params and engine.shares_train_model and \
+            resolve_strategy(cfg.actor.strategy, None, fsdp, device) not in ("fsdp", "fsdp2"):
         log.warning("actor.fsdp.offload_params=true has no effect with rollout.name=%s: that engine samples with "
                     "the training model, whose weights must stay on the device", cfg.rollout.name)
     env = env or build_agent_env(cfg)
@@ -262,7 +264,7 @@ def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm
     `deepspeed` (a DeepSpeedConfig) the ZeRO ones."""
     if o.strategy != "adamw":  # the config check allows only what is built here
         raise ConfigError(f"{key}.strategy={o.strategy!r} is not supported (supported: adamw)")
-    strategy = resolve_strategy(strategy)
+    strategy = resolve_strategy(strategy, fsdp=fsdp, device=device)
     offload = dict(offload_params=fsdp.offload_params, offload_optimizer=fsdp.offload_optimizer,
                    cpu_optimizer=fsdp.enable_cpu_offload)
     if strategy in ("fsdp", "fsdp2"):

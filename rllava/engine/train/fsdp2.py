@@ -6,7 +6,11 @@ CPUs), one rank per device.
     actor.fsdp.mixed_precision={param_dtype: bf16, reduce_dtype: fp32}
     actor.fsdp.reshard_after_forward=true                  (false: keep gathered weights until backward)
     actor.fsdp.enable_cpu_offload=true                     (shards on the CPU, optimizer steps there)
-    actor.fsdp.offload_params / offload_optimizer          (as the single-device engine)
+    actor.fsdp.offload_params=true                         (the same: RLLaVA's FSDP2 reads this key for it)
+    actor.fsdp.offload_optimizer=true                      (Adam's state on the CPU outside the update)
+
+With either CPU offload switch, `actor.strategy=auto` runs this engine on one GPU too (a process group of one):
+the parameters wait on the host and only the layer running is gathered on the device, as in RLLaVA.
 
 Each decoder layer / vision block (the classes HF lists in `_no_split_modules`) is one FSDP unit, the root
 module another. Gradients are averaged over ranks by the reduce-scatter, so a rank's loss must be scaled to
@@ -26,7 +30,7 @@ import torch
 from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard,
                                     register_fsdp_forward_method)
 
-from rllava.engine.train.single import HOST, optimizer_on_device, release_device_memory
+from rllava.engine.train.single import optimizer_on_device
 from rllava.errors import ConfigError
 from rllava.model.forward import FSDP_FORWARD_METHOD, _token_logprobs
 
@@ -86,7 +90,8 @@ class FSDP2Engine:
         self.max_grad_norm, self.skip_grad_norm = max_grad_norm, skip_grad_norm
         self.mp = mixed_precision_policy(mixed_precision)
         self.reshard_after_forward = reshard_after_forward
-        self.offload_params, self.offload_optimizer, self.cpu_optimizer = offload_params, offload_optimizer, cpu_optimizer
+        # offload_params is RLLaVA's FSDP2 switch for CPUOffloadPolicy (its enable_cpu_offload is FSDP1's): the same
+        self.offload_optimizer, self.cpu_optimizer = offload_optimizer, cpu_optimizer or offload_params
         self.model = self.optimizer = self.scheduler = None
 
     def prepare(self, model, make_optimizer, make_scheduler):
@@ -125,7 +130,7 @@ class FSDP2Engine:
     @contextmanager
     def rollout_phase(self, shares_model: bool):
         """HF generate (`shares_model`): every unit gathered once for the whole rollout. A separate rollout
-        engine: the shards may go to the CPU (offload_params)."""
+        engine: nothing to do (with CPU offload the shards are on the host already)."""
         if shares_model:
             units = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
             for m in units:
@@ -137,13 +142,6 @@ class FSDP2Engine:
                 for m in units:
                     m.reshard()
                     m.set_reshard_after_forward(self.reshard_after_forward)
-        elif self.offload_params and not self.cpu_optimizer:
-            self.model.to(HOST)
-            release_device_memory(self.device)
-            try:
-                yield
-            finally:
-                self.model.to(self.device)
         else:
             yield
 
