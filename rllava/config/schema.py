@@ -1055,8 +1055,7 @@ def rllava_target_dataset(spec: str | None) -> str | None:
     return name if name in RLLAVA_TARGET_DATASETS else None
 
 # Keys of features whose issues have not landed yet: any change from the default is an error naming the feature.
-PLANNED_FEATURES: dict[str, list[str]] = {  # the driver runs the default until build_rollout passes the key
-    "issue 45 item 4's setting": ["rollout.agent.round_image_mb"]}
+PLANNED_FEATURES: dict[str, list[str]] = {}
 
 
 def agent_on(c) -> bool:

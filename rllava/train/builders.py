@@ -203,7 +203,7 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device, env=None) -> 
                         max_response_length=cfg.data.max_response_length, observation_role=a.observation_role,
                         min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
                         skip_special_tokens=cfg.reward.skip_special_tokens, tool_workers=a.tool_workers,
-                        asynchronous=cfg.rollout.async_mode)
+                        asynchronous=cfg.rollout.async_mode, round_image_mb=a.round_image_mb)
 
 
 def build_rollout_engine(cfg: PPOConfig, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],

@@ -212,9 +212,11 @@ def test_agent_keys_reach_the_driver(tiny_model_dir):
     cfg = load_config(["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={tiny_model_dir}",
                        "rollout.agent.tools=[zoom]", "rollout.agent.answer_tag=final", "rollout.max_turns=7",
                        "rollout.agent.observation_role=tool", "rollout.agent.tool_format=json",
-                       "rollout.agent.invalid_call_penalty=-0.25", "rollout.agent.tool_workers=3"])
+                       "rollout.agent.invalid_call_penalty=-0.25", "rollout.agent.tool_workers=3",
+                       "rollout.agent.round_image_mb=7"])
     rollout = B.build_rollout(cfg, load_processor(tiny_model_dir), torch.device("cpu"))
     assert rollout.tool_workers == 3  # what it does: tests/agent/test_agent_rollout.py (tool_workers)
+    assert rollout.round_image_mb == 7  # what it does: test_a_rounds_observations_are_bounded_as_they_arrive
     assert rollout.max_turns == 7 and "<|im_start|>tool\nseen" in rollout.observation_text(Observation("seen"))
     state = AgentState(None)
     call = '<tool_call>{"name": "zoom", "arguments": [0, 0, 9, 9]}</tool_call>'
