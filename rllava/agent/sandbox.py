@@ -29,8 +29,8 @@ a temporary directory: not isolated) and warns once naming what is not isolated.
 The parent decides which limit stopped a call from what it saw (its clock, the bytes of output, the cgroup's
 OOM and pids counters) and from the first process's report (the snippet's exit status and CPU time, and the
 exception that ended it: MemoryError, errno EMFILE / EFBIG / ENOSPC / EAGAIN), never from the output's text.
-The images the snippet saved come back as bytes (at most `max_images`, each at most `file_mb`), decoded here
-only as PNG, JPEG, BMP, GIF or WEBP after their size is checked against `max_pixels`.
+The images the snippet saved (at most `max_images`, each at most `file_mb`) are decoded by the first process,
+under the call's limits, and come back as RGB pixels of at most `max_pixels`: no decoder runs here.
 
 Not a VM: it does not protect against kernel exploits, or against using the CPU and memory it is allowed.
 """
@@ -62,7 +62,6 @@ from rllava.errors import ConfigError
 
 log = logging.getLogger(__name__)
 INIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_init.py")
-FORMATS = ["PNG", "JPEG", "BMP", "GIF", "WEBP"]  # what the parent decodes of what a snippet saved
 MODULES = ("numpy", "PIL")  # besides the standard library, what a snippet may import
 NOBODY = 65534
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work", "OMP_NUM_THREADS": "1",
@@ -497,7 +496,7 @@ def _pump(sel, proc, request: bytes, result_r: int, limits: Limits, deadline: fl
     """Write the request, read stdout / stderr / the report (keeping what the limits allow) until every pipe is
     closed, the wall clock is past, or the output is over `file_mb`."""
     keep = {"stdout": 4 * limits.output_chars + 4, "stderr": 4 * limits.output_chars + 4,
-            "result": (1 << 16) + limits.max_images * ((limits.file_mb << 20) + 1)}
+            "result": (1 << 16) + limits.max_images * 3 * limits.max_pixels}
     for f, name in ((proc.stdout.fileno(), "stdout"), (proc.stderr.fileno(), "stderr"), (result_r, "result")):
         os.set_blocking(f, False)
         sel.register(f, selectors.EVENT_READ, name)
@@ -549,7 +548,7 @@ def _kill_weak(seen: dict) -> None:
 
 
 def _result(seen: dict, hits: dict, limits: Limits, guards: dict) -> Result:
-    report, images_data = _report(bytes(seen["result"]), limits.max_images)
+    report, images = _report(seen["result"], limits)
     status = report.get("status", seen["exit"]) if report else seen["exit"]
     result = Result(_text(seen["stdout"], limits), _text(seen["stderr"], limits), returncode=status, guards=guards)
     if seen["timed_out"]:
@@ -573,7 +572,7 @@ def _result(seen: dict, hits: dict, limits: Limits, guards: dict) -> Result:
     elif status < 0:
         result.stopped_by = f"crashed (signal {signal.Signals(-status).name})"
     notes = list(report.get("notes", [])) if report else []
-    result.images = _decode(images_data, limits, notes)
+    result.images = images
     if notes:
         result.stderr += ("\n" if result.stderr else "") + "\n".join(notes)
     return result
@@ -582,23 +581,26 @@ def _result(seen: dict, hits: dict, limits: Limits, guards: dict) -> Result:
 LABELS = {*ERRNO_LIMITS.values(), "memory limit", "process limit"}  # what sandbox_init.limit_of can say
 
 
-def _report(data: bytes, max_images: int = Limits.max_images) -> tuple[dict | None, list[tuple[str, bytes]]]:
-    """The first process's report ({"status", "limit", "cpu_s", "images", "notes"}) and the images' bytes;
-    (None, []) when there is none or it does not parse (the call was killed). A report line longer than its
-    `max_images` names and 8 notes take (2 KB each as JSON) is not parsed: a forged one could be GBs as objects."""
+def _report(data: bytes | bytearray, limits: Limits = Limits()) -> tuple[dict | None, list]:
+    """The first process's report ({"status", "limit", "cpu_s", "images", "notes"}) and the images (RGB, their
+    pixels as it sent them: no decoder runs on them); (None, []) when there is none or it does not parse (the call
+    was killed). A report line longer than its `max_images` names and 8 notes take (2 KB each as JSON) is not
+    parsed: a forged one could be GBs as objects; nor one with an image over `max_pixels`."""
     start = data.find(b"\n") + 1  # after the {"pgid"} line
-    end = data.find(b"\n", start, start + 2048 * (8 + max_images))
+    end = data.find(b"\n", start, start + 2048 * (8 + limits.max_images))
     try:
         head = json.loads(data[start:end]) if start and end > 0 else None
         status, cpu = int(head["status"]), float(head["cpu_s"])
-        sizes = [(str(name), int(size)) for name, size in head["images"][:max_images]]
+        sizes = [(str(name), int(w), int(h)) for name, w, h in head["images"][:limits.max_images]]
         notes = [str(n)[:200] for n in head["notes"][:8]]
+        if not all(0 < w and 0 < h and w * h <= limits.max_pixels for _, w, h in sizes):
+            raise ValueError("an image over max_pixels")
+        images, at, body = [], end + 1, memoryview(data)
+        for name, w, h in sizes:
+            images.append(Image.frombytes("RGB", (w, h), body[at:at + 3 * w * h]))  # too short: ValueError
+            at += 3 * w * h
     except (ValueError, KeyError, TypeError, IndexError):
         return None, []
-    body, images, at = memoryview(data)[end + 1:], [], 0
-    for name, size in sizes:
-        images.append((name, bytes(body[at:at + size])))
-        at += size
     return {"status": status, "limit": str(head.get("limit")), "cpu_s": cpu, "notes": notes}, images
 
 
@@ -606,23 +608,6 @@ def _text(data: bytearray, limits: Limits) -> str:
     text = bytes(data).decode("utf-8", "replace")
     limit = limits.output_chars
     return text if len(text) <= limit else text[:limit] + f"\n... (output cut at {limit} characters)"
-
-
-def _decode(images: list[tuple[str, bytes]], limits: Limits, notes: list[str]) -> list:
-    """The images taken back, decoded only in the documented formats after their size is checked."""
-    decoded = []
-    for name, data in images[:limits.max_images]:
-        try:
-            with Image.open(io.BytesIO(data), formats=FORMATS) as im:
-                if im.width * im.height > limits.max_pixels:
-                    notes.append(f"{name}: {im.width} x {im.height} is over {limits.max_pixels} pixels")
-                    continue
-                decoded.append(im.convert("RGB"))
-        except Image.DecompressionBombError:
-            notes.append(f"{name}: a decompression bomb (over PIL's pixel limit), not decoded")
-        except (OSError, ValueError, SyntaxError) as e:
-            notes.append(f"{name}: not a readable {'/'.join(FORMATS)} image ({type(e).__name__})")
-    return decoded
 
 
 def _warn_once(message: str) -> None:

@@ -6,13 +6,15 @@ names and sizes; then the files' bytes), writes snippet.py and the images into t
 the snippet's process, which sets its limits and runs the snippet with stdin on /dev/null. The snippet never
 holds RESULT_FD. When the snippet's process ends, this one kills what the snippet left (every process of the
 namespace; outside a jail its process group), reads the images the snippet saved (through the directory's fd,
-O_NOFOLLOW, regular files only, at most `file_mb` each) and writes the result on RESULT_FD: a JSON line
-({"status", "limit", "cpu_s", "images": [[name, size], ...], "notes"}) and the images' bytes, after a first
-line {"pgid"} written when the snippet starts. Imports nothing
-of rllava; numpy and PIL are loaded by the snippets that import them. The snippet runs as the same uid: this
+O_NOFOLLOW, regular files only, at most `file_mb` each), decodes them here, under the call's limits (only
+`FORMATS`, at most `max_pixels`, refusing files whose decoders cost more than their pixels: `_costly`), and
+writes the result on RESULT_FD: a JSON line ({"status", "limit", "cpu_s", "images": [[name, width, height],
+...], "notes"}) and the images' RGB pixels, after a first line {"pgid"} written when the snippet starts: the
+trainer never runs a decoder on the snippet's bytes. Imports nothing of rllava; PIL only when there are images
+to take back. The snippet runs as the same uid: this
 process makes itself not dumpable before the fork (the kernel then refuses the snippet ptrace, pidfd_getfd and
 process_vm_* on it, so it cannot take RESULT_FD) and runs under the call's rlimits too; the parent still reads
-the report as untrusted bytes (a length cap before parsing, images decoded only in the documented formats).
+the report as untrusted bytes (a length cap before parsing, pixels counted against `max_pixels`).
 """
 
 import errno
@@ -24,6 +26,8 @@ import stat
 import sys
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
+FORMATS = ("PNG", "JPEG", "BMP", "WEBP")  # decoded, by decoders whose cost is linear in pixels (no RLE BMP)
+MAX_SEGMENTS, MAX_SCANS = 64, 32  # JPEG markers before the first scan, PNG chunks besides IDAT; JPEG scans
 RLIMITS = {"RLIMIT_CPU": "cpu_s", "RLIMIT_AS": "memory_mb", "RLIMIT_FSIZE": "file_mb", "RLIMIT_NOFILE": "open_files",
            "RLIMIT_NPROC": "processes"}
 ERRNO_LIMITS = {errno.EMFILE: "open files limit", errno.ENFILE: "open files limit", errno.EFBIG: "file size limit",
@@ -125,13 +129,62 @@ def _images(given: dict, limits: dict) -> tuple[list, list]:
                 if len(images) == limits["max_images"]:
                     notes.append(f"only the first {limits['max_images']} images are shown")
                     break
-                data = os.read(fd, cap + 1)
-                images.append((shown, data[:cap]))
+                pixels = _pixels(shown, os.read(fd, cap + 1)[:cap], limits["max_pixels"], notes)
+                images += [pixels] if pixels else []
             finally:
                 os.close(fd)
     finally:
         os.close(here)
     return images, notes
+
+
+def _costly(data: bytes) -> str:
+    """Why decoding `data` costs more than its pixels, '' if it does not: PIL steps through a JPEG's markers
+    before its first scan, and a PNG's chunks, in Python and keeps their text (a 16 MB JPEG of APP markers: a
+    minute, GBs), libjpeg runs every progressive scan over the whole image (1000 empty ones: 39 s for 33 KB), and
+    PIL decodes RLE BMP in Python. Counted on the bytes before PIL, at most one step of the walk per PIL's."""
+    from PIL.JpegImagePlugin import MARKER
+
+    at, steps, chunks = 2, 0, 0
+    while data[:2] == b"\xff\xd8" and at + 4 <= len(data) and data[at:at + 2] != b"\xff\xda":
+        handled = data[at] == 0xFF and MARKER.get(0xFF00 | data[at + 1], (0, 0, None))[2]  # reads a length
+        at, steps = at + (2 + int.from_bytes(data[at + 2:at + 4], "big") if handled else 1), steps + 1
+        if steps > MAX_SEGMENTS:
+            return f"a JPEG of over {MAX_SEGMENTS} markers before its first scan"
+    if data[:2] == b"\xff\xd8" and data.count(b"\xff\xda") > MAX_SCANS:
+        return f"a JPEG of over {MAX_SCANS} scans"
+    if data[:2] == b"BM" and int.from_bytes(data[14:18], "little") >= 40 and data[30:34] in (b"\1\0\0\0", b"\2\0\0\0"):
+        return "an RLE BMP"
+    at = 8
+    while data[:8] == b"\x89PNG\r\n\x1a\n" and at + 8 <= len(data) and data[at + 4:at + 8] != b"IEND":
+        steps, chunks = steps + (data[at + 4:at + 8] != b"IDAT"), chunks + 1
+        at += 12 + int.from_bytes(data[at:at + 4], "big")
+        if steps > MAX_SEGMENTS or chunks > 256 * MAX_SEGMENTS:
+            return f"a PNG of over {MAX_SEGMENTS} chunks besides IDAT, or {256 * MAX_SEGMENTS} in all"
+    return ""
+
+
+def _pixels(name: str, data: bytes, max_pixels: int, notes: list):
+    """(name, width, height, RGB bytes) of an image the snippet saved, or None with a note on why not: decoded
+    here, under the call's limits, so no snippet's file costs the trainer a decoder's time or memory."""
+    import io
+
+    from PIL import Image
+
+    why = _costly(data)
+    if why:
+        notes.append(f"{name}: {why}, whose decoder costs more than its pixels: not decoded")
+        return None
+    try:
+        with Image.open(io.BytesIO(data), formats=FORMATS) as im:
+            if im.width * im.height <= max_pixels:
+                return name, im.width, im.height, im.convert("RGB").tobytes()
+            notes.append(f"{name}: {im.width} x {im.height} is over {max_pixels} pixels")
+    except Image.DecompressionBombError:
+        notes.append(f"{name}: a decompression bomb (over PIL's pixel limit), not decoded")
+    except Exception as e:  # a decoder's error, MemoryError: a note, never a lost report
+        notes.append(f"{name}: not a readable {'/'.join(FORMATS)} image ({type(e).__name__})")
+    return None
 
 
 def main() -> None:
@@ -186,9 +239,9 @@ def main() -> None:
         label = ""
     images, notes = _images(given, limits)
     head = {"status": os.waitstatus_to_exitcode(status), "limit": label, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "images": [[name, len(data)] for name, data in images], "notes": [n[:200] for n in notes[:8]]}
+            "images": [image[:3] for image in images], "notes": [n[:200] for n in notes[:8]]}
     with out:
-        out.write(json.dumps(head).encode() + b"\n" + b"".join(data for _, data in images))
+        out.write(json.dumps(head).encode() + b"\n" + b"".join(image[3] for image in images))
 
 
 if __name__ == "__main__":

@@ -7,14 +7,18 @@ outlive themselves, race the image take-back, and forge what the parent reads. T
 unprivileged user (`test_the_suite_holds_for_an_unprivileged_user`). Where the jail cannot be made here these
 tests skip with the reason, and `test_no_jail_is_a_startup_error_naming_what_is_missing` asserts the error."""
 
+import io
 import os
 import shlex
 import shutil
 import socket
 import subprocess
+import struct
 import sys
 import tempfile
+import time
 import tracemalloc
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,6 +26,7 @@ from PIL import Image
 
 from rllava.agent import sandbox
 from rllava.agent.sandbox import Limits, run_code
+from rllava.agent.sandbox_init import _costly
 from rllava.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -289,10 +294,10 @@ def test_4_take_back_never_follows_a_link_and_decodes_only_the_documented_format
         result = run_code(swapper, [], FAST)
         sizes = sorted(im.size for im in result.images)
         assert (9, 9) not in sizes and (5, 5) in sizes, result.text()
-    formats = ("from PIL import Image\nfor fmt in ('TIFF', 'PPM', 'TGA', 'SGI'):\n"
+    formats = ("from PIL import Image\nfor fmt in ('TIFF', 'PPM', 'TGA', 'SGI', 'GIF'):\n"
                "    Image.new('RGB', (6, 6)).save(fmt.lower() + '.png', format=fmt)\n")
     result = run_code(formats, [], FAST)
-    assert result.images == [] and result.stderr.count("not a readable PNG/JPEG/BMP/GIF/WEBP image") == 4
+    assert result.images == [] and result.stderr.count("not a readable PNG/JPEG/BMP/WEBP image") == 5
 
 
 def test_5_what_the_snippet_writes_is_not_trusted(jail, caplog):
@@ -386,6 +391,62 @@ def test_9_a_file_name_that_is_not_utf8_comes_back_as_text():
     text = result.text()
     assert text.encode("utf-8") and [im.size for im in result.images] == [(4, 4)], ascii(text)
     assert result.returncode == 1 and "\ufffd.png: not a readable PNG" in text, ascii(text)
+
+
+COSTLY = r"""import io, struct, zlib
+from PIL import Image, PngImagePlugin
+buf = io.BytesIO()
+Image.new('L', (2048, 2048), 128).save(buf, 'JPEG', progressive=True)
+jpeg = buf.getvalue()
+open('scans.jpg', 'wb').write(jpeg[:-2] + b'\xff\xda\x00\x08\x01\x01\x00\x01\x3f\x10' * 1000 + jpeg[-2:])
+open('app.jpg', 'wb').write(jpeg[:2] + b'\xff\xe1\x00\x02' * 250000 + jpeg[2:])
+buf = io.BytesIO()
+Image.new('RGB', (8, 8), 'red').save(buf, 'PNG')
+chunk = lambda kind, body: struct.pack('>I', len(body)) + kind + body + struct.pack('>I', zlib.crc32(kind + body))
+texts = b''.join(chunk(b'tEXt', b'%d\x00v' % i) for i in range(100000))  # each kept in info, before
+open('text.png', 'wb').write(buf.getvalue()[:33] + texts + buf.getvalue()[33:])
+open('idat.png', 'wb').write(buf.getvalue()[:33] + chunk(b'IDAT', b'') * 16385 + buf.getvalue()[33:])
+pixels = (b'\xff\x01' * 4 + b'\x04\x01' + b'\x00\x00') * 1024 + b'\x00\x01'  # RLE8 runs, 1024 x 1024
+dib = struct.pack('<IiiHHIIiiII', 40, 1024, 1024, 1, 8, 1, len(pixels), 0, 0, 256, 0)
+palette = b''.join(bytes((i, i, i, 0)) for i in range(256))
+open('rle.bmp', 'wb').write(b'BM' + struct.pack('<IHHI', 1078 + len(pixels), 0, 0, 1078) + dib + palette + pixels)
+info, exif = PngImagePlugin.PngInfo(), Image.Exif()
+info.add_text('k', 'v' * 1000)
+exif[0x010e] = 'described'
+im = Image.new('RGB', (16, 16), 'blue')
+im.save('ok.png', pnginfo=info)
+im.save('ok.jpg', progressive=True, exif=exif, comment=b'c' * 1000)
+im.save('ok.webp')
+im.save('ok.bmp')
+"""
+
+
+def test_10_images_are_decoded_in_the_call_bounded_by_what_their_decoders_cost():
+    """Issue 45.3: the trainer decoded what a snippet saved, bounded only by pixel count: a progressive JPEG of
+    1000 empty scans (39 s of trainer CPU), a JPEG of APP markers and a PNG of tEXt chunks (PIL parses each in
+    Python and kept them in `info`), an RLE BMP (Python's decoder). PID 1 refuses them by their bytes, decodes
+    the rest under the call's limits and hands back RGB pixels only."""
+    tracemalloc.start()
+    start = time.monotonic()
+    result = run_code(COSTLY, [], Limits(**{**FAST.__dict__, "max_images": 8, "file_mb": 16}))
+    took, peak = time.monotonic() - start, tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert result.ok and took < 5 and peak < 8 << 20, (took, peak, result.text())
+    assert [im.size for im in result.images] == [(16, 16)] * 4 and all(im.info == {} for im in result.images)
+    for note in ("scans.jpg: a JPEG of over 32 scans,", "app.jpg: a JPEG of over 64 markers before its first scan,",
+                 "text.png: a PNG of over 64 chunks besides IDAT, or 16384 in all,", "idat.png: a PNG of over 64",
+                 "rle.bmp: an RLE BMP,"):
+        assert note in result.stderr, result.text()
+    assert result.stderr.count("whose decoder costs more than its pixels: not decoded") == 5, result.text()
+    jpeg, png = io.BytesIO(), io.BytesIO()  # the documented bounds, to the scan and chunk
+    Image.new("L", (8, 8)).save(jpeg, "JPEG", progressive=True)
+    Image.new("L", (8, 8)).save(png, "PNG")
+    jpeg, png, scan, text = jpeg.getvalue(), png.getvalue(), b"\xff\xda\x00\x08\x01\x01\x00\x01\x3f\x10", b"tEXt"
+    text = struct.pack(">I", 0) + text + struct.pack(">I", zlib.crc32(text))
+    for n, refused in ((32, False), (33, True)):
+        assert bool(_costly(jpeg[:-2] + scan * (n - jpeg.count(b"\xff\xda")) + jpeg[-2:])) == refused
+    for n, refused in ((64, False), (65, True)):  # IHDR and n - 1 tEXt chunks
+        assert bool(_costly(png[:33] + text * (n - 1) + png[33:])) == refused
 
 
 # ------------------------------------------------------------------------------ non-root, and fail closed
