@@ -490,7 +490,7 @@ class PolicyLossConfig:
 class CheckpointConfig:
     save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])  # + hf_model
     load_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])  # on resume
-    async_save: bool = False  # save in a background thread (not available yet: saves are synchronous)
+    async_save: bool = False  # engines' state staged to host memory, written in a background thread meanwhile
 
     def check(self, prefix: str) -> list[str]:
         p: list[str] = []
@@ -1024,7 +1024,6 @@ ENGINE_OFFLOAD_KEYS = ("fsdp.enable_cpu_offload", "fsdp.offload_params", "fsdp.o
 
 NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("actor.model.ulysses_size", lambda v: v > 1, "1"),
-    ("actor.checkpoint.async_save", lambda v: v, "false"),  # checkpoints are written synchronously
 ]
 
 # RLLaVA's dataset classes with an expert response (its examples/algorithms/sft-rl/custom_datasets.py), read by

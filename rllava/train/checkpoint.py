@@ -16,6 +16,8 @@
   N steps, stop, resume, M steps gives bitwise the weights of N + M steps straight.
 - Crash-safe: a checkpoint is written under `global_step_N.tmp` and renamed when whole, so a directory named
   `global_step_N` is always complete; `resume=auto` takes the highest N. The next save deletes leftovers.
+- Asynchronous (actor.checkpoint.async_save): the engines' state is staged to host memory and written by one
+  background thread, which also renames and prunes; the next save and the end of the run wait for it.
 - Any world size: the engines' state is keyed by parameter name and resharded by DCP on load. Sampler and
   trainer state are global; only the per-rank RNG states need the same world size (else sampling goes on
   from fresh seeds, with a warning).
@@ -32,14 +34,17 @@ import os
 import random
 import re
 import shutil
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from rllava import distributed as D
 from rllava.config import config_to_yaml
-from rllava.engine.train.checkpoint import load_engine, save_engine
+from rllava.engine.train.checkpoint import _single_process_quiet, load_engine, save_engine
 from rllava.errors import RllavaError, first_failure
 from rllava.model.loader import save_model
 from rllava.utils.fs import replace_directory, write_text_atomic
@@ -149,54 +154,111 @@ def load_rng_file(path: str) -> dict:
                           "resume without its RNG states") from e
 
 
-@contextmanager
-def written_whole(path: str):
-    """Every rank writes into `path.tmp`; once all are done rank 0 renames it to `path`. Killed midway, the
-    `.tmp` stays behind and `path` (an older save of the same step, if any) is untouched."""
-    tmp = f"{path}.tmp"
+def save_checkpoint(run, step: int) -> str:
+    """Write `global_step_{step}` (every rank takes part), then drop checkpoints beyond trainer.save_limit.
+
+    Every rank writes into `global_step_N.tmp`, which rank 0 renames when all is written: killed midway, the
+    `.tmp` stays behind and the checkpoints before it are whole. With actor.checkpoint.async_save the engines'
+    state is copied to host memory here and written (then renamed, recorded, pruned) by one background thread
+    while training goes on; the next save, and the end of the run, wait for it (`wait_for_save`)."""
+    wait_for_save()  # one save in flight at most: pruning never races a newer save
+    cfg, root = run.cfg, checkpoint_root(run.cfg, run.outputs_dir)
+    contents, path = save_contents(cfg), os.path.join(root, f"global_step_{step}")
+    background, tmp = cfg.actor.checkpoint.async_save, f"{path}.tmp"
     if D.is_main():
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
     D.barrier()
-    yield tmp
-    D.barrier()
+    weights = run.actor.engine.full_state_dict() if "hf_model" in contents else None  # a gather: every rank
+    if "extra" in contents:
+        os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
+        torch.save(rng_state(), os.path.join(tmp, "rng", f"rank_{D.rank()}.pt"))
+        if run.partial is not None:  # rollout.partial_rollout: this rank's paused responses
+            torch.save(run.partial.state_dict(), os.path.join(tmp, "rng", f"partial_rank_{D.rank()}.pt"))
+        for r, state in enumerate((run.rollout_rng or []) if D.is_main() else []):  # rllava.train.async_rl
+            torch.save(state["rng"], os.path.join(tmp, "rng", f"rollout_rank_{r}.pt"))
+            if state["partial"] is not None:
+                torch.save(state["partial"], os.path.join(tmp, "rng", f"rollout_partial_rank_{r}.pt"))
     if D.is_main():
-        replace_directory(tmp, path)
-    D.barrier()
+        save_model(run.model, run.processor, os.path.join(tmp, "actor", "huggingface"), weights,
+                   weights=weights is not None, merge_lora=cfg.trainer.hf_merge_lora,
+                   pixels=(cfg.data.min_pixels, cfg.data.max_pixels))
+        with open(os.path.join(tmp, "config.yaml"), "w") as f:
+            f.write(config_to_yaml(cfg, ran=True))
+        state = {"global_step": step, "sampler": run.sampler.state_dict(), "world_size": D.world_size(),
+                 "contents": contents, "engines": sorted(run.engines),
+                 "stateful": {k: v.state_dict() for k, v in run.stateful.items()}}
+        with open(os.path.join(tmp, STATE_FILE), "w") as f:
+            json.dump(state, f, indent=1)
+    del weights
+    parts, (pool, group) = engine_parts(contents), _background() if background else (None, None)
+    staged = {name: _stage(engine, parts) for name, engine in run.engines.items()} if background else None
 
-
-def save_checkpoint(run, step: int) -> str:
-    """Write `global_step_{step}` (every rank takes part), then drop checkpoints beyond trainer.save_limit."""
-    cfg, root = run.cfg, checkpoint_root(run.cfg, run.outputs_dir)
-    contents, path = save_contents(cfg), os.path.join(root, f"global_step_{step}")
-    with written_whole(path) as tmp:
+    def commit() -> None:  # in the background, the engines' state goes last: the rest of `tmp` is written
         for name, engine in run.engines.items():
-            save_engine(engine, os.path.join(tmp, name), engine_parts(contents))
-        weights = run.actor.engine.full_state_dict() if "hf_model" in contents else None  # a gather: every rank
-        if "extra" in contents:
-            os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
-            torch.save(rng_state(), os.path.join(tmp, "rng", f"rank_{D.rank()}.pt"))
-            if run.partial is not None:  # rollout.partial_rollout: this rank's paused responses
-                torch.save(run.partial.state_dict(), os.path.join(tmp, "rng", f"partial_rank_{D.rank()}.pt"))
-            for r, state in enumerate((run.rollout_rng or []) if D.is_main() else []):  # rllava.train.async_rl
-                torch.save(state["rng"], os.path.join(tmp, "rng", f"rollout_rank_{r}.pt"))
-                if state["partial"] is not None:
-                    torch.save(state["partial"], os.path.join(tmp, "rng", f"rollout_partial_rank_{r}.pt"))
+            if staged is None:
+                save_engine(engine, os.path.join(tmp, name), parts)
+            else:
+                write_staged(staged.pop(name), os.path.join(tmp, name), group)
+        _barrier(group)  # rank 0 renames once every rank has written
         if D.is_main():
-            save_model(run.model, run.processor, os.path.join(tmp, "actor", "huggingface"), weights,
-                       weights=weights is not None, merge_lora=cfg.trainer.hf_merge_lora,
-                       pixels=(cfg.data.min_pixels, cfg.data.max_pixels))
-            with open(os.path.join(tmp, "config.yaml"), "w") as f:
-                f.write(config_to_yaml(cfg, ran=True))
-            state = {"global_step": step, "sampler": run.sampler.state_dict(), "world_size": D.world_size(),
-                     "contents": contents, "engines": sorted(run.engines),
-                     "stateful": {k: v.state_dict() for k, v in run.stateful.items()}}
-            with open(os.path.join(tmp, STATE_FILE), "w") as f:
-                json.dump(state, f, indent=1)
-    if D.is_main():
-        write_text_atomic(os.path.join(root, TRACKER_FILE), str(step))
-        prune(root, cfg.trainer.save_limit)
+            replace_directory(tmp, path)
+            write_text_atomic(os.path.join(root, TRACKER_FILE), str(step))
+            prune(root, cfg.trainer.save_limit)
+        _barrier(group)
+
+    if background:
+        _pending.append(pool.submit(commit))
+    else:
+        commit()
     return path
+
+
+_pending: list = []  # the background save in flight (actor.checkpoint.async_save): at most one
+_writer: dict = {}  # its thread and process group, made at the first asynchronous save
+
+
+def _background() -> tuple[ThreadPoolExecutor, object]:
+    """One writer thread; under torchrun its collectives get a gloo group of their own, never interleaved with
+    the training thread's on the default group (NCCL or gloo). Made once, by every rank (a collective)."""
+    if not _writer:
+        _writer.update(pool=ThreadPoolExecutor(1, thread_name_prefix="rllava-checkpoint"),
+                       group=dist.new_group(backend="gloo") if dist.is_initialized() else None)
+    return _writer["pool"], _writer["group"]
+
+
+def _barrier(group) -> None:
+    if dist.is_initialized():
+        dist.barrier(group=group)
+
+
+def _stage(engine, parts) -> dict:
+    """The engine's state copied to host memory (DCP's stager), so training can change the original."""
+    stager = DefaultStager(StagingOptions(False, False, False, False))
+    try:
+        return stager.stage({k: v for k, v in engine.state_dict().items() if k in parts and v is not None})
+    finally:
+        stager.close()
+
+
+def write_staged(state: dict, path: str, group) -> None:
+    """`torch.distributed.checkpoint.save` of a staged state, on the writer thread (tests patch it)."""
+    with _single_process_quiet():
+        dcp.save(state, checkpoint_id=path, process_group=group)
+
+
+def wait_for_save() -> None:
+    """Block until the background save (if any) is written and renamed; its failure stops the run in one line."""
+    while _pending:
+        try:
+            _pending.pop().result()
+        except BaseException as e:  # noqa: BLE001  DCP's CheckpointException is a BaseException
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            cause = first_failure(e)
+            raise RllavaError(f"the background checkpoint save failed ({type(cause).__name__}: "
+                              f"{str(cause).splitlines()[0][:200] if str(cause) else ''}); the checkpoints "
+                              "before it are whole: the same command resumes from the newest") from e
 
 
 def prune(root: str, limit: int) -> None:

@@ -210,6 +210,7 @@ def train_loop(run: Run, step: StepFn, name: str, draw: Callable[[], list[Sample
             run.reward.close()  # the worker processes (reward.num_cpus > 1)
         if run.tracker is not None:
             run.tracker.close()
+        C.wait_for_save()  # actor.checkpoint.async_save: the last checkpoint is whole before the run ends
 
 
 def _train_loop(run: Run, step: StepFn, name: str, draw: Callable[[], list[Sample]]) -> str:
@@ -266,6 +267,7 @@ def _train_loop(run: Run, step: StepFn, name: str, draw: Callable[[], list[Sampl
                 C.save_checkpoint(run, i)
             tracker.log(timer.pop(), i)
     if not t.val_only:
+        C.wait_for_save()
         weights = run.actor.engine.full_state_dict()  # every rank takes part in gathering the shards
         if D.is_main():
             save_model(run.model, run.processor, os.path.join(run.outputs_dir, "final"), state_dict=weights,

@@ -230,6 +230,7 @@ COVERED = {
     "trainer.val_generations_to_log": "tests/train/test_pipelines.py::test_rlvr_two_steps_change_parameters_and_write_metrics",
     "trainer.save_freq": "tests/train/test_checkpoint.py::test_sigkill_mid_save_keeps_the_previous_checkpoint",
     "trainer.save_limit": "tests/train/test_checkpoint.py::test_save_limit_model_only_and_bad_input",
+    "actor.checkpoint.async_save": "tests/train/test_checkpoint.py::test_async_save_resumes_exactly_like_a_sync_save",
     "trainer.save_model_only": "tests/train/test_checkpoint.py::test_save_limit_model_only_and_bad_input",
     "trainer.outputs_dir": "tests/train/test_observability.py::test_plot_without_metrics_is_one_line",
     "trainer.save_checkpoint_path": "tests/config/test_key_wiring.py::test_trainer_keys_for_steps_names_and_checkpoints",

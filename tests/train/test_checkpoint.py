@@ -5,6 +5,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -251,13 +253,14 @@ def _torchrun(nproc, *args):
 
 def test_checkpoint_moves_between_world_sizes(tmp_path, tiny_model_dir, counting_dir, distinct_reward):
     """2 FSDP2 ranks save step 1 -> one process (single-device engine) resumes and saves step 2 -> 2 ranks
-    resume and finish step 3; each resume continues the step count, the data order and the weights."""
+    resume and finish step 3; each resume continues the step count, the data order and the weights. The 2-rank
+    runs save in the background (actor.checkpoint.async_save: DTensor shards staged, a gloo group of its own)."""
     out = str(tmp_path / "run")
     base = _args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.save_freq=1")
-    _torchrun(2, *base, "trainer.max_steps=1", "actor.strategy=fsdp2")
+    _torchrun(2, *base, "trainer.max_steps=1", "actor.strategy=fsdp2", "actor.checkpoint.async_save=true")
     res = _torchrun(1, *base, "trainer.max_steps=2")
     assert "RNG states not restored (saved by 2 ranks, running on 1" in res.stderr
-    _torchrun(2, *base, "trainer.max_steps=3", "actor.strategy=fsdp2")
+    _torchrun(2, *base, "trainer.max_steps=3", "actor.strategy=fsdp2", "actor.checkpoint.async_save=true")
     assert _steps(out) == [1, 2, 3]
     root = os.path.join(out, "checkpoints")
     assert [C.read_state(p)["world_size"] for _, p in C.list_checkpoints(root)] == [2, 1, 2]
@@ -288,3 +291,84 @@ def test_critic_is_checkpointed_and_warmup_counts_from_the_resumed_step(tmp_path
                         "algorithm.adv_estimator=gae", f"critic.model.model_path={tiny_model_dir}",
                         f"trainer.resume={plain}/checkpoints", "trainer.max_steps=2"))
     assert "global_step_1: holds no critic state (the run that wrote it had no critic)" in capsys.readouterr().err
+
+
+def test_async_save_resumes_exactly_like_a_sync_save(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
+                                                     monkeypatch):
+    """actor.checkpoint.async_save=true: the engines' state is written on the writer thread while the next steps
+    train (here: only once steps 3 and 4 have run); stopped before the save of step 4 and resumed from step 2's,
+    the run ends bitwise where the synchronous straight run does: the staged copy is the state at the save, not
+    what training made of it meanwhile."""
+    common = ("trainer.max_steps=4", "trainer.save_freq=2", "data.max_samples=8", "actor.optim.lr=3e-3")
+    straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
+    rlvr.main(_args(tiny_model_dir, counting_dir, straight, distinct_reward, *common))
+    threads, trained, write, save = [], threading.Event(), C.write_staged, C.save_checkpoint
+
+    def slow_write(state, path, group):
+        threads.append(threading.current_thread().name)
+        assert trained.wait(60)
+        write(state, path, group)
+
+    def stop_before_4(run, step):  # steps 3 and 4 have trained while step 2's save waits to be written
+        if step == 4:
+            trained.set()
+            raise KeyboardInterrupt
+        return save(run, step)
+
+    monkeypatch.setattr(C, "write_staged", slow_write)
+    asynchronous = _args(tiny_model_dir, counting_dir, stopped, distinct_reward, *common,
+                         "actor.checkpoint.async_save=true")
+    monkeypatch.setattr(C, "save_checkpoint", stop_before_4)
+    with pytest.raises(SystemExit):
+        rlvr.main(asynchronous)
+    monkeypatch.setattr(C, "save_checkpoint", save)
+    root = os.path.join(stopped, "checkpoints")
+    assert C.list_checkpoints(root) == [(2, os.path.join(root, "global_step_2"))]  # the exit waited for it
+    rlvr.main(asynchronous)
+    assert threads and all(t.startswith("rllava-checkpoint") for t in threads)
+    assert [s for s, _ in C.list_checkpoints(root)] == [2, 4] and open(os.path.join(root, C.TRACKER_FILE)).read() == "4"
+    a, b = _weights(os.path.join(straight, "final")), _weights(os.path.join(stopped, "final"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+ASYNC_KILLER = """
+import os, signal, sys
+from rllava.train import checkpoint as C
+from rllava.train.pipeline import rlvr
+write = C.write_staged
+def write_then_die(state, path, group):  # the writer thread dies with the process after step 2's actor state
+    write(state, path, group)
+    if "global_step_2" in path:
+        os.kill(os.getpid(), signal.SIGKILL)
+C.write_staged = write_then_die
+rlvr.main(sys.argv[1:])
+"""
+
+
+def test_sigkill_or_failure_in_a_background_write(tmp_path, tiny_model_dir, counting_dir, distinct_reward, capsys,
+                                                  monkeypatch):
+    """A SIGKILL while the background thread writes step 2 leaves step 1 whole (step 2 stays a `.tmp`) and the
+    same command resumes from it; a failing background write stops the run with one line at the next wait."""
+    out = str(tmp_path / "run")
+    args = _args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=3", "trainer.save_freq=1",
+                 "trainer.save_limit=1", "actor.checkpoint.async_save=true")
+    res = subprocess.run([sys.executable, "-c", ASYNC_KILLER, *args], capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    root = os.path.join(out, "checkpoints")
+    assert sorted(os.listdir(root)) == ["global_step_1", "global_step_2.tmp", C.TRACKER_FILE]
+    rlvr.main(args)
+    assert f"resumed from {root}/global_step_1 at step 1 of 3" in capsys.readouterr().out
+    assert sorted(os.listdir(root)) == ["global_step_3", C.TRACKER_FILE] and _steps(out) == [1, 2, 3]
+
+    def disk_full(state, path, group):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(C, "write_staged", disk_full)
+    with pytest.raises(SystemExit) as e:
+        rlvr.main(_args(tiny_model_dir, counting_dir, str(tmp_path / "full"), distinct_reward, "trainer.max_steps=3",
+                        "trainer.save_freq=1", "actor.checkpoint.async_save=true"))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "rllava: error: the background checkpoint save failed (OSError"
+            in line and "No space left on device" in line], err
+    assert "Traceback" not in err and not C.list_checkpoints(str(tmp_path / "full" / "checkpoints"))
