@@ -170,7 +170,7 @@ def _pixels(name: str, data: bytes, max_pixels: int, notes: list):
     import importlib
     import io
 
-    why, kind = _costly(data), next((kind for magic, kind in FORMATS.items() if data.startswith(magic)), None)
+    why, kind = _costly(data), next((plugin for magic, plugin in FORMATS.items() if data.startswith(magic)), None)
     if why:
         notes.append(f"{name}: {why}, whose decoder costs more than its pixels: not decoded")
         return None
@@ -183,7 +183,7 @@ def _pixels(name: str, data: bytes, max_pixels: int, notes: list):
                 return name, im.width, im.height, im.convert("RGB").tobytes()
             notes.append(f"{name}: {im.width} x {im.height} is over {max_pixels} pixels")
     except Exception as e:  # a decoder's error, MemoryError: a note, never a lost report
-        formats = "/".join(kind.upper() for kind in FORMATS.values())
+        formats = "/".join(plugin.upper() for plugin in FORMATS.values())
         notes.append(f"{name}: not a readable {formats} image ({type(e).__name__ if kind else e})")
     return None
 
