@@ -39,12 +39,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from rllava import distributed as D
 from rllava.config import config_to_yaml
-from rllava.engine.train.checkpoint import _single_process_quiet, load_engine, save_engine
+from rllava.engine.train.checkpoint import engine_state, load_engine, save_engine, write_state
 from rllava.errors import RllavaError, first_failure
 from rllava.model.loader import save_model
 from rllava.utils.fs import replace_directory, write_text_atomic
@@ -199,7 +198,7 @@ def save_checkpoint(run, step: int) -> str:
             if staged is None:
                 save_engine(engine, os.path.join(tmp, name), parts)
             else:
-                write_staged(staged.pop(name), os.path.join(tmp, name), group)
+                write_state(staged.pop(name), os.path.join(tmp, name), group)
         _barrier(group)  # rank 0 renames once every rank has written
         if D.is_main():
             replace_directory(tmp, path)
@@ -236,15 +235,9 @@ def _stage(engine, parts) -> dict:
     """The engine's state copied to host memory (DCP's stager), so training can change the original."""
     stager = DefaultStager(StagingOptions(False, False, False, False))
     try:
-        return stager.stage({k: v for k, v in engine.state_dict().items() if k in parts and v is not None})
+        return stager.stage(engine_state(engine, parts))
     finally:
         stager.close()
-
-
-def write_staged(state: dict, path: str, group) -> None:
-    """`torch.distributed.checkpoint.save` of a staged state, on the writer thread (tests patch it)."""
-    with _single_process_quiet():
-        dcp.save(state, checkpoint_id=path, process_group=group)
 
 
 def wait_for_save() -> None:

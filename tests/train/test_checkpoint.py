@@ -302,7 +302,7 @@ def test_async_save_resumes_exactly_like_a_sync_save(tmp_path, tiny_model_dir, c
     common = ("trainer.max_steps=4", "trainer.save_freq=2", "data.max_samples=8", "actor.optim.lr=3e-3")
     straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
     rlvr.main(_args(tiny_model_dir, counting_dir, straight, distinct_reward, *common))
-    threads, trained, write, save = [], threading.Event(), C.write_staged, C.save_checkpoint
+    threads, trained, write, save = [], threading.Event(), C.write_state, C.save_checkpoint
 
     def slow_write(state, path, group):
         threads.append(threading.current_thread().name)
@@ -315,7 +315,7 @@ def test_async_save_resumes_exactly_like_a_sync_save(tmp_path, tiny_model_dir, c
             raise KeyboardInterrupt
         return save(run, step)
 
-    monkeypatch.setattr(C, "write_staged", slow_write)
+    monkeypatch.setattr(C, "write_state", slow_write)
     asynchronous = _args(tiny_model_dir, counting_dir, stopped, distinct_reward, *common,
                          "actor.checkpoint.async_save=true")
     monkeypatch.setattr(C, "save_checkpoint", stop_before_4)
@@ -335,12 +335,12 @@ ASYNC_KILLER = """
 import os, signal, sys
 from rllava.train import checkpoint as C
 from rllava.train.pipeline import rlvr
-write = C.write_staged
+write = C.write_state
 def write_then_die(state, path, group):  # the writer thread dies with the process after step 2's actor state
     write(state, path, group)
     if "global_step_2" in path:
         os.kill(os.getpid(), signal.SIGKILL)
-C.write_staged = write_then_die
+C.write_state = write_then_die
 rlvr.main(sys.argv[1:])
 """
 
@@ -363,7 +363,7 @@ def test_sigkill_or_failure_in_a_background_write(tmp_path, tiny_model_dir, coun
     def disk_full(state, path, group):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(C, "write_staged", disk_full)
+    monkeypatch.setattr(C, "write_state", disk_full)
     with pytest.raises(SystemExit) as e:
         rlvr.main(_args(tiny_model_dir, counting_dir, str(tmp_path / "full"), distinct_reward, "trainer.max_steps=3",
                         "trainer.save_freq=1", "actor.checkpoint.async_save=true"))

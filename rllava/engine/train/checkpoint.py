@@ -77,10 +77,20 @@ def _single_process_quiet():
         yield
 
 
+def engine_state(engine, parts=ENGINE_PARTS) -> dict:
+    """What a checkpoint holds of the engine's state: `parts` of it (`("model",)`: weights only)."""
+    return {k: v for k, v in engine.state_dict().items() if k in parts and v is not None}
+
+
 def save_engine(engine, path: str, parts=ENGINE_PARTS) -> None:
-    """Every rank calls it. `parts`: which of the engine's state to write (`("model",)`: weights only)."""
+    """Every rank calls it."""
+    write_state(engine_state(engine, parts), path)
+
+
+def write_state(state: dict, path: str, group=None) -> None:
+    """`torch.distributed.checkpoint.save` of `state` over `group` (None: the default one), every rank calling."""
     with _single_process_quiet():
-        dcp.save({k: v for k, v in engine.state_dict().items() if k in parts and v is not None}, checkpoint_id=path)
+        dcp.save(state, checkpoint_id=path, process_group=group)
 
 
 def check_model_state(state: dict, metadata, path: str) -> None:
