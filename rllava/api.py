@@ -75,8 +75,9 @@ class RLVRPipeline:
             m.model_path = path
             processor = processor if processor is not None else self._load_processor(path)
             c, a = self.cfg, self.cfg.algorithm
+            sharded = resolve_strategy(c.actor.strategy, None, c.actor.fsdp, c.trainer.device) in ("fsdp", "fsdp2")
             loaders = ([f"the KL reference (actor.strategy={c.actor.strategy})"] if not c.ref.model_path and (
-                a.use_kl_loss or a.use_kl_in_reward) and resolve_strategy(c.actor.strategy, None, c.actor.fsdp, c.trainer.device) in ("fsdp", "fsdp2")
+                a.use_kl_loss or a.use_kl_in_reward) and sharded
                 else []) + (["the critic"] if c.critic is not None and not c.critic.model.model_path else [])
             if loaders:
                 log.warning("%s: loaded from actor.model.model_path=%r (the model's name_or_path), not from the "

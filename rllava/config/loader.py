@@ -27,7 +27,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rllava.config.schema import DERIVED_KEYS, USER_KEYS, ConfigError, PPOConfig
+from rllava.config.schema import DERIVED_KEYS, USER_KEYS, ConfigError, PPOConfig, run_dir
 
 # Other names for canonical keys (from RLLaVA scripts and common habits). Rewritten before merging.
 ALIASES = {
@@ -332,11 +332,10 @@ def _none_strings(overrides: dict[str, Any]) -> dict[str, Any]:
 def _filled(get) -> dict[str, Any]:
     """The values RLLaVA's config fills in from other keys (`get(key)` reads them), where rllava keeps None / -1 and
     reads those keys when it runs: what a run's config.yaml writes (`config_to_yaml(ran=True)`)."""
-    run_dir = os.path.join(get("trainer.outputs_dir") or "outputs", get("trainer.project_name"),
-                           get("trainer.experiment_name"))  # as rllava.train.builders.run_outputs_dir
+    run = run_dir(get("trainer.outputs_dir"), get("trainer.project_name"), get("trainer.experiment_name"))
     return {**{key: get(owner) for key, owner in DERIVED_KEYS.items()},
             "actor.model.tokenizer_path": get("actor.model.model_path"),
-            "trainer.save_checkpoint_path": os.path.abspath(os.path.join(run_dir, "checkpoints"))}
+            "trainer.save_checkpoint_path": os.path.abspath(os.path.join(run, "checkpoints"))}
 
 
 def _unfilled(flat: dict[str, Any]) -> dict[str, Any]:

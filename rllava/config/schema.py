@@ -62,6 +62,13 @@ def resolve_strategy(strategy: str, world: Optional[int] = None, fsdp: Any = Non
     return "fsdp2" if world > 1 or (host and _on_cuda(device)) else "single"
 
 
+def run_dir(outputs_dir: Optional[str], project_name: str, experiment_name: str) -> str:
+    """RLLaVA's layout: <trainer.outputs_dir>/<project_name>/<experiment_name>, so runs sharing an outputs_dir
+    (RLLaVA's scripts all say outputs) each get their own folder. No outputs_dir: outputs/<project>/<experiment>
+    (RLLaVA: <project>/<experiment> in the working directory, which in a clone is the package's own folder)."""
+    return os.path.join(outputs_dir or "outputs", project_name, experiment_name)
+
+
 def _on_cuda(device: Any) -> bool:
     import torch  # here: the config module itself loads without torch
 

@@ -26,7 +26,7 @@ from rllava.algorithms.kl import KLController
 from rllava.algorithms.ppo import build_algorithm, load_plugins
 from rllava.algorithms.registry import DISTILL_LOSSES, lookup
 from rllava.config import ConfigError, ModelConfig, PPOConfig
-from rllava.config.schema import agent_on, resolve_strategy
+from rllava.config.schema import agent_on, resolve_strategy, run_dir
 from rllava.data.dataset import PromptDataset
 from rllava.data.sampler import EpochSampler
 from rllava.engine.inference.base import SamplingParams
@@ -72,11 +72,9 @@ DISTRIBUTED_STRATEGIES = ("fsdp", "fsdp2", "deepspeed")
 
 
 def run_outputs_dir(cfg: PPOConfig) -> str:
-    """RLLaVA's layout: <trainer.outputs_dir>/<project_name>/<experiment_name>, so runs sharing an outputs_dir
-    (RLLaVA's scripts all say outputs) each get their own folder. No outputs_dir: outputs/<project>/<experiment>
-    (RLLaVA: <project>/<experiment> in the working directory, which in a clone is the package's own folder)."""
+    """The run's folder (`rllava.config.schema.run_dir`: RLLaVA's layout)."""
     t = cfg.trainer
-    return os.path.join(t.outputs_dir or "outputs", t.project_name, t.experiment_name)
+    return run_dir(t.outputs_dir, t.project_name, t.experiment_name)
 
 
 def check_world_size(cfg: PPOConfig, world: int) -> None:
