@@ -5,6 +5,10 @@ import os
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if "OMP_NUM_THREADS" not in os.environ:  # the commands tests run choose their threads by the load otherwise
+    import torch  # (rllava.train.cli.cpu_threads), and say so: no test may depend on how busy the machine is
+
+    os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())  # torch's own default, for every subprocess
 
 
 @pytest.fixture(scope="session")
