@@ -62,9 +62,12 @@ COUNTING = os.path.join(REPO, "examples", "reward_function", "counting.py")
 
 def run_trl(model_dir: str, data_dir: str, run_dir: str, steps: int, *, lr: float = LR,
             new_tokens: int = NEW_TOKENS, score=compute_score, budget_s: float | None = None,
-            marks: tuple[float, ...] = ()) -> None:
+            marks: tuple[float, ...] = (), device: str = "cpu", prompts: int = PROMPTS, k: int = K,
+            micro: int | None = None) -> None:
     """GRPOTrainer for `steps` steps (or until its steps have taken `budget_s` seconds); writes run_dir/steps.json:
-    per step, seconds and mean completion length. At each of `marks` (seconds of training, saves not counted)
+    per step, seconds, mean completion length and tokens (prompt + completion, TRL's `num_tokens`). One optimizer
+    step a generation of `prompts` x `k` completions, `micro` sequences a forward/backward (default: all);
+    on CUDA in bf16 with gradient checkpointing (benchmarks/gpu_check.py's research scenario). At each of `marks` (seconds of training, saves not counted)
     the weights as they were at that moment go to run_dir/marks/<mark>/ (benchmarks/learning_vs_trl.py)."""
     import jinja2
     import torch
@@ -112,15 +115,22 @@ def run_trl(model_dir: str, data_dir: str, run_dir: str, steps: int, *, lr: floa
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs and self.rows:
                 self.rows[-1]["length"] = logs["completions/mean_length"]
+                self.rows[-1]["tokens"] = logs["num_tokens"] - sum(r.get("tokens", 0) for r in self.rows[:-1])
+                with open(os.path.join(run_dir, "steps.json"), "w") as f:  # as each step ends: a run cut off keeps it
+                    json.dump(self.rows, f)
 
+    cuda = device == "cuda"
+    micro = micro or k * prompts
     args = GRPOConfig(
-        output_dir=run_dir, use_cpu=True, bf16=False, fp16=False, seed=0, report_to=[], save_strategy="no",
-        logging_steps=1, max_steps=steps, per_device_train_batch_size=K * PROMPTS, num_generations=K,
-        steps_per_generation=1, num_iterations=1, gradient_accumulation_steps=1, max_completion_length=new_tokens,
+        output_dir=run_dir, use_cpu=not cuda, bf16=cuda, fp16=False, seed=0, report_to=[], save_strategy="no",
+        logging_steps=1, max_steps=steps, per_device_train_batch_size=micro, num_generations=k,
+        steps_per_generation=k * prompts // micro, num_iterations=1, gradient_accumulation_steps=k * prompts // micro,
+        gradient_checkpointing=cuda, max_completion_length=new_tokens,
         temperature=1.0, top_p=1.0, learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.0, max_grad_norm=1.0, beta=0.0, loss_type="dapo", dataloader_num_workers=0,
         disable_tqdm=True)
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.bfloat16 if cuda else torch.float32,
+                                                        attn_implementation="sdpa")
     times = Times()
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                           processing_class=load_processor(model_dir), callbacks=[times])
@@ -227,9 +237,13 @@ def main(argv=None) -> None:
     p.add_argument("--report-only", action="store_true", help="re-read the runs already in --out, run nothing")
     p.add_argument("--side", choices=["trl", "rllava"], help="run one side only (see the docstring)")
     p.add_argument("--model"), p.add_argument("--data"), p.add_argument("--run")
+    p.add_argument("--device", default="cpu"), p.add_argument("--micro", type=int, default=None)
+    p.add_argument("--prompts", type=int, default=PROMPTS), p.add_argument("--k", type=int, default=K)
+    p.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
     a = p.parse_args(argv)
     if a.side == "trl":
-        return run_trl(a.model, a.data, a.run, a.steps)
+        return run_trl(a.model, a.data, a.run, a.steps, device=a.device, prompts=a.prompts, k=a.k, micro=a.micro,
+                       new_tokens=a.new_tokens)
     if a.side == "rllava":
         subprocess.run(rllava_command(a.model, a.data, a.run, a.steps, a.keys), check=True, cwd=REPO)
         return None
