@@ -404,6 +404,7 @@ def run_isolated(model: str, engine: str, root: str, device: str, args, out: str
 
     cmd = [sys.executable, os.path.abspath(__file__), "--root", root, "--device", device, "--scenario",
            args.scenario, *(["--tiny"] if args.tiny else []), *(["--steps", str(args.steps)] if args.steps else []),
+           *(["--cap-gib", str(args.cap_gib)] if args.cap_gib else []),
            "--no-plan", "--keys", *args.keys, "--one", model, engine, out]
     path = ensure_model(model, root, device, True) if args.tiny else MODELS[model]  # a real one: the child builds
     planned = {}
@@ -486,6 +487,8 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--no-trl", action="store_true", help="research: rllava alone")
     p.add_argument("--keys", nargs="*", default=[], help="extra config keys for the runs (key=value)")
     p.add_argument("--no-plan", action="store_true", help=argparse.SUPPRESS)  # internal: the parent plans
+    p.add_argument("--cap-gib", type=float, default=None, help="cap the card at this many GiB (default: the "
+                   "scenario's: rllava24 24, else none)")
     p.add_argument("--subprocess", action="store_true", help="each run in its own process on CPU too (as on a GPU)")
     p.add_argument("--one", nargs=3, metavar=("MODEL", "ENGINE", "JSON"), help=argparse.SUPPRESS)  # internal
     args = p.parse_args(argv)
@@ -494,6 +497,8 @@ def main(argv: list[str] | None = None) -> str:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.cap_gib:
+        SCENARIOS[args.scenario] = (*SCENARIOS[args.scenario][:3], args.cap_gib, SCENARIOS[args.scenario][4])
     if args.one:  # a child: one run, its results as JSON
         model, engine, out = args.one
         run_one(model, engine, args.root, device, args.tiny, args.scenario, out, args.steps, args.keys,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import inspect
 
 import torch
-from transformers import DynamicCache
+from transformers import (DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria,
+                          StoppingCriteriaList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from rllava.data.protocol import concat_mm
 from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams
@@ -22,7 +23,13 @@ class HFRolloutEngine:
 
     The n samples of a prompt share it: the prompts (images included) are prefilled once and their KV cache is
     copied n times for the sampling, instead of `generate`'s n full copies (`num_return_sequences`), so the vision
-    tower and the prompt's layers run once per prompt, not n times (benchmarks/vs_trl.py)."""
+    tower and the prompt's layers run once per prompt, not n times (benchmarks/vs_trl.py).
+
+    Each sampled token's log-prob under the distribution it was drawn from is taken as it is sampled
+    (`SampledLogProbs`), not from `generate`'s `output_scores`, which keeps every step's [rows, vocabulary] fp32
+    scores until the end: 80 GB for 256 rows of 512 tokens on a 152k vocabulary. Only the rollout keys'
+    sampling applies: `generate` gets a GenerationConfig of its own, so a checkpoint's generation_config.json
+    (Qwen-VL's repetition_penalty, top_k) never leaks in."""
 
     shares_train_model = True
 
@@ -71,17 +78,30 @@ class HFRolloutEngine:
         n = 1 if greedy else sampling.n
         if n > 1:
             inputs = self._prefill_once(inputs, n)
-        gen = self.model.generate(
-            **inputs, do_sample=not greedy, num_return_sequences=1,
-            temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
-            top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k,
+        record = SampledLogProbs()
+        warpers = []  # generate's own order (temperature, top-k, top-p), before the recorder
+        if not greedy and sampling.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(sampling.temperature))
+        if not greedy and sampling.top_k > 0:
+            warpers.append(TopKLogitsWarper(sampling.top_k))
+        if not greedy and sampling.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(sampling.top_p))
+        config = GenerationConfig(  # the warpers are ours: none of generate's own (they would run after the recorder)
+            do_sample=not greedy, **({} if greedy else dict(temperature=1.0, top_k=0, top_p=1.0)),
             max_new_tokens=sampling.max_new_tokens, eos_token_id=self.stop_token_ids, pad_token_id=self.pad_token_id,
-            suppress_tokens=self.banned_token_ids or None, output_scores=True, return_dict_in_generate=True)
-        new_tokens = gen.sequences[:, P:].cpu()  # [N * n, L]
-        # scores are the processed (temperature/top-p) logits the sampler drew from: L x [N * n, V]; gather
-        # step by step so a large vocabulary never makes an [N * n, L, V] tensor
-        token_logps = torch.stack([torch.log_softmax(s.float(), -1).gather(-1, gen.sequences[:, P + j, None])[:, 0]
-                                   for j, s in enumerate(gen.scores)], 1).cpu()  # [N * n, L]
+            suppress_tokens=self.banned_token_ids or None, num_return_sequences=1)
+        # generate fills every field left unset from the model's own generation_config (the checkpoint's file):
+        # a clean one stands in for it meanwhile, so only generate's neutral defaults fill them
+        own, self.model.generation_config = self.model.generation_config, GenerationConfig()
+        try:
+            sequences = self.model.generate(**inputs, generation_config=config,
+                                            logits_processor=LogitsProcessorList([*warpers, record]),
+                                            stopping_criteria=StoppingCriteriaList([record]))
+        finally:
+            self.model.generation_config = own
+        new_tokens = sequences[:, P:].cpu()  # [N * n, L]
+        token_logps = torch.stack(record.logps[:new_tokens.shape[1]], 1).cpu() if new_tokens.shape[1] else \
+            torch.zeros(new_tokens.shape)  # [N * n, L]
         completions = []
         for row in range(new_tokens.shape[0]):
             ids = new_tokens[row].tolist()
@@ -110,3 +130,20 @@ class HFRolloutEngine:
             inner.rope_deltas = inner.rope_deltas.repeat_interleave(n, dim=0)
         return {"input_ids": inputs["input_ids"].repeat_interleave(n, dim=0),
                 "attention_mask": inputs["attention_mask"].repeat_interleave(n, dim=0), CACHE_KWARG: cache}
+
+
+class SampledLogProbs(LogitsProcessor, StoppingCriteria):
+    """Last of `generate`'s logits processors, it keeps the scores the sampler draws from; as a stopping criterion
+    (run right after the draw, the drawn token last in `input_ids`) it stores that token's log-prob, [rows], and
+    never stops a row. One step's scores are held at a time."""
+
+    def __init__(self):
+        self.scores, self.logps = None, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None):
+        if isinstance(scores, torch.Tensor):  # as a logits processor
+            self.scores = scores
+            return scores
+        self.logps.append(torch.log_softmax(self.scores.float(), -1).gather(-1, input_ids[:, -1:])[:, 0])
+        self.scores = None
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
