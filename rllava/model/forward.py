@@ -119,17 +119,26 @@ MEDIA = {"image": ("get_image_features", "pixel_values", "image_grid_thw"),
          "video": ("get_video_features", "pixel_values_videos", "video_grid_thw")}
 
 
+def compute_device(model) -> torch.device:
+    """Where `model` computes: its parameters' device, except a DTensor's that rests elsewhere (FSDP2's CPU
+    offload keeps the shards on the host and gathers them onto the mesh's device for each forward; the reference
+    of RLLaVA's offloaded config ran its first forward with inputs on the host, issue 46's GPU run)."""
+    p = next(model.parameters())
+    mesh = getattr(p, "device_mesh", None)
+    return torch.device(mesh.device_type) if mesh is not None and mesh.device_type != p.device.type else p.device
+
+
 def _dummy_media(backbone, kind: str) -> dict:
     """The smallest input of `kind` the VLM's vision tower takes: Qwen-VL, one 2 x 2-merged patch grid (a frame
     pair for video); the modular VLM, one image of the tower's size."""
-    vision, param = backbone.config.vision_config, next(backbone.parameters())
+    vision, device = backbone.config.vision_config, compute_device(backbone)
     _, pixels, grid = MEDIA[kind]
     if hasattr(vision, "temporal_patch_size"):  # Qwen-VL: flattened patches and their (t, h, w) grid
         m = getattr(vision, "spatial_merge_size", 2)
         width = getattr(vision, "in_channels", 3) * vision.temporal_patch_size * vision.patch_size ** 2
-        return {pixels: torch.zeros(m * m, width, device=param.device), grid: torch.tensor([[1, m, m]], device=param.device)}
+        return {pixels: torch.zeros(m * m, width, device=device), grid: torch.tensor([[1, m, m]], device=device)}
     size = getattr(vision, "image_size", 224)
-    return {pixels: torch.zeros(1, getattr(vision, "num_channels", 3), size, size, device=param.device)}
+    return {pixels: torch.zeros(1, getattr(vision, "num_channels", 3), size, size, device=device)}
 
 
 def _tensors(x):

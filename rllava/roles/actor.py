@@ -21,7 +21,7 @@ from rllava.algorithms.correction import mismatch_metrics, rollout_importance_we
 from rllava.algorithms.losses import LossInputs, aggregate, kl_penalty, masked_mean
 from rllava.algorithms.registry import call_with_params
 from rllava.data.protocol import Batch
-from rllava.model.forward import LOGPROB_CHUNK, token_logprobs
+from rllava.model.forward import LOGPROB_CHUNK, compute_device, token_logprobs
 
 
 def chunks(n: int, size: int) -> list[list[int]]:
@@ -98,7 +98,7 @@ def forward_in_chunks(model, batch: Batch, batching: MicroBatching, fn) -> torch
     each micro-batch's trimmed length). The old-log-prob, reference and critic-value passes all run this way."""
     was_training = model.training
     model.eval()
-    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=_device(model))  # to the host once
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=compute_device(model))  # to the host once
     for idx in batching.split(batch, list(range(len(batch)))):
         v = fn(batch.select(idx or [0]).to(out.device))  # []: more forwards than rows here (a teacher's route)
         out[idx, :v.shape[1]] = v[:len(idx)]
@@ -193,10 +193,6 @@ class Distillation:
     @property
     def full(self) -> bool:
         return self.needs("full_kl")
-
-
-def _device(model) -> torch.device:
-    return next(model.parameters()).device
 
 
 class Actor:

@@ -49,3 +49,20 @@ def test_examples_config_builds_fsdp2_with_host_offload_on_a_gpu_and_the_single_
         monkeypatch.setattr(B.D, "init", lambda _: device)
         B.setup_run(cfg)
     assert groups == [CUDA]
+
+
+def test_a_model_whose_shards_rest_on_the_host_runs_its_forwards_on_the_mesh_device():
+    """FSDP2's CPU offload keeps a frozen model's shards (the reference of RLLaVA's config) on the host, as
+    DTensors of a CUDA mesh: its no-grad passes must send the micro-batches to the mesh's device, not to the
+    host where the parameters rest (on the H100 the reference's first forward failed: "index is on cpu")."""
+    from types import SimpleNamespace
+
+    from rllava.model.forward import compute_device as _device
+
+    offloaded = torch.nn.Linear(2, 2)
+    offloaded.weight.device_mesh = SimpleNamespace(device_type="cuda")  # what a CPU-offloaded DTensor reports
+    assert _device(offloaded) == torch.device("cuda")
+    assert _device(torch.nn.Linear(2, 2)) == torch.device("cpu")
+    on_cpu = torch.nn.Linear(2, 2)
+    on_cpu.weight.device_mesh = SimpleNamespace(device_type="cpu")  # FSDP2 over gloo: computes where it rests
+    assert _device(on_cpu) == torch.device("cpu")
