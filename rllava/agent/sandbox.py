@@ -13,15 +13,18 @@ bubblewrap (`bwrap`, Debian package `bubblewrap`):
 2. a root file system of its own, read-only: the system libraries, the Python interpreter's standard library,
    numpy and PIL; nothing of the project, your home, /etc or /proc. It writes only `/work`, a tmpfs of
    `disk_mb` holding snippet.py and the images (`image.png`, `image_1.png`, ...), which goes with the call;
-3. uid 65534 in its user namespace, every capability dropped, no_new_privs, an empty environment;
+3. uid 65534 in its user namespace, every capability dropped, no_new_privs, an empty environment, and a seccomp
+   filter (`SECCOMP_DENIED`, built with libseccomp through `pyseccomp`): the syscalls that reach kernel objects
+   outside the call's namespaces (keyrings, inotify instances, SysV IPC, io_uring, userfaultfd, perf, bpf,
+   ptrace / pidfd_getfd / process_vm_*) return EPERM;
 4. limits: per process (setrlimit: `cpu_s`, `memory_mb` address space, `file_mb`, `open_files`, no core file)
    and per call: `processes` (the call's processes and threads) and `memory_mb` in a cgroup of its own where
    one can be made (v2, or v1's memory and pids), else RLIMIT_NPROC in the call's user namespace (so the call's
-   memory is at most `processes` x `memory_mb`, plus its `disk_mb` of tmpfs); `wall_s` for the whole call and
-   `file_mb` for its output, after which it is killed.
+   memory is at most `processes` x `memory_mb`, plus its `disk_mb` of tmpfs and `files` inodes in it, ~1 KB of
+   kernel memory each); `wall_s` for the whole call and `file_mb` for its output, after which it is killed.
 
-Fail closed: where one of these cannot be set up (no bwrap, user namespaces refused, root with no writable
-cgroup), `check()` -- which the code tool calls when the run starts, before the model loads -- is one error
+Fail closed: where one of these cannot be set up (no bwrap, user namespaces refused, no libseccomp / pyseccomp,
+root with no writable cgroup), `check()` -- which the code tool calls when the run starts, before the model loads -- is one error
 naming what is missing and how to get it. `rollout.agent.tool_kwargs.code.allow_weaker=true` runs what can be
 run instead (bwrap without the cgroup, or, without bwrap, a plain child process with the per-process limits in
 a temporary directory: not isolated) and warns once naming what is not isolated.
@@ -38,6 +41,8 @@ Not a VM: it does not protect against kernel exploits, or against using the CPU 
 from __future__ import annotations
 
 import argparse
+import errno
+import functools
 import glob
 import importlib.util
 import io
@@ -57,7 +62,7 @@ from itertools import count
 
 from PIL import Image
 
-from rllava.agent.sandbox_init import ERRNO_LIMITS
+from rllava.agent.sandbox_init import ERRNO_LIMITS, FILES_LIMIT
 from rllava.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -84,6 +89,7 @@ class Limits:
     output_chars: int = 2000  # of stdout and of stderr, each, kept for the observation
     max_images: int = 4  # images taken back
     max_pixels: int = 4096 * 4096  # per image taken back
+    files: int = 4096  # files, directories and links in /work (tmpfs's --size bounds bytes, not inodes)
 
 
 @dataclass
@@ -227,6 +233,54 @@ def _signal(pid: int, sig=signal.SIGKILL) -> None:
         pass
 
 
+# ------------------------------------------------------------------------------------------ the syscall filter
+# Docker's default seccomp profile (moby/profiles/seccomp/default.json) is the anchor: these are the x86_64
+# syscalls it refuses to an unprivileged container (and io_uring since Docker 25), plus what rllava refuses beyond
+# it: inotify_init* (instances are a per-user host quota) and SysV shmget / msgget / semget (segments count
+# against no rlimit: a non-root call could hold GBs past its bound). It differs in form: Docker allows a list and
+# refuses the rest, this refuses a list and allows the rest (the interpreter, numpy and PIL need no care then; a
+# syscall new to the kernel is allowed here). clone3 gets ENOSYS, as in Docker (libc falls back to clone).
+SECCOMP_DENIED = (
+    "ptrace", "pidfd_getfd", "process_vm_readv", "process_vm_writev", "kcmp",  # other processes' memory and fds
+    "add_key", "keyctl", "request_key",  # keyrings: charged to the host user's key quota
+    "inotify_init", "inotify_init1", "fanotify_init",  # per-user host instance limits
+    "shmget", "msgget", "semget",  # SysV IPC
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd", "perf_event_open", "bpf",
+    "mount", "umount2", "pivot_root", "unshare", "setns", "open_by_handle_at", "name_to_handle_at", "personality",
+    "acct", "quotactl", "swapon", "swapoff", "reboot", "kexec_load", "kexec_file_load", "init_module",
+    "finit_module", "delete_module", "iopl", "ioperm", "clock_settime", "clock_adjtime", "settimeofday",
+    "lookup_dcookie", "sysfs", "uselib", "ustat", "mbind", "set_mempolicy", "get_mempolicy", "move_pages",
+    "_sysctl", "vm86", "vm86old", "create_module", "get_kernel_syms", "query_module", "nfsservctl")
+
+
+@functools.cache
+def seccomp_program() -> bytes:
+    """The BPF program bwrap loads (`--seccomp FD`): SECCOMP_DENIED -> EPERM, clone3 -> ENOSYS, the rest allowed.
+    Raises where libseccomp or its Python binding is missing (the jail then fails closed)."""
+    import pyseccomp
+
+    f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    for name in SECCOMP_DENIED:
+        try:
+            f.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+        except (ValueError, OSError, RuntimeError):
+            if name in SECCOMP_DENIED[:20]:  # the ones the sandbox's bounds rest on must be there
+                raise
+    f.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+def _seccomp_fd(program: bytes) -> int:
+    """A pipe's read end holding the program, for bwrap to read once."""
+    r, w = os.pipe()
+    os.write(w, program)  # a few hundred bytes: inside the pipe's buffer
+    os.close(w)
+    return r
+
+
 # --------------------------------------------------------------------------------------------- the jail
 @dataclass
 class Jail:
@@ -239,6 +293,7 @@ class Jail:
     weaker: list[str]  # what is not isolated when running without what is missing
     guards: dict
     pylib: list[str]  # sys.path entries for the snippet's modules (in the jail: /pylib)
+    seccomp: bytes | None = None  # the syscall filter's BPF program (None: none, allow_weaker)
 
 
 def _module_dirs() -> dict[str, str]:
@@ -299,7 +354,7 @@ def jail() -> Jail:
 
 
 def _find_jail() -> Jail:
-    missing, weaker, root = [], [], os.geteuid() == 0
+    missing, weaker, root, program = [], [], os.geteuid() == 0, None
     bwrap = shutil.which("bwrap")
     argv = _bwrap_argv(bwrap, 1) if bwrap else None
     if not bwrap:
@@ -312,11 +367,25 @@ def _find_jail() -> Jail:
         argv = None
     else:
         try:
-            probe = subprocess.run(argv + [_python(), "-I", "-S", "-c", "import os; print(os.getpid(), os.getuid())"],
-                                   capture_output=True, text=True, timeout=30)
+            program = seccomp_program()
+        except Exception as e:  # noqa: BLE001 - no libseccomp, no binding, a refused rule: fail closed
+            program = None
+            missing.append(f"the syscall filter cannot be built ({type(e).__name__}: {e}): it needs libseccomp "
+                           "(Debian/Ubuntu: apt-get install libseccomp2) and pyseccomp (pip install pyseccomp)")
+            weaker.append("no syscall filter: keyrings, inotify, SysV IPC, io_uring, userfaultfd, perf and bpf "
+                          "are reachable")
+        fd = _seccomp_fd(program) if program else None
+        try:
+            seccomp = ["--seccomp", str(fd)] if fd is not None else []
+            probe = subprocess.run(argv[:1] + seccomp + argv[1:] + [_python(), "-I", "-S", "-c",
+                                                                     "import os; print(os.getpid(), os.getuid())"],
+                                   capture_output=True, text=True, timeout=30, pass_fds=[fd] if fd else [])
             ok, why = probe.stdout.split() == ["1", str(NOBODY)], (probe.stderr.strip() or probe.stdout).splitlines()
         except (OSError, subprocess.TimeoutExpired) as e:
             ok, why = False, [str(e)]
+        finally:
+            if fd is not None:
+                os.close(fd)
         if not ok:
             missing.append(f"bubblewrap cannot make the jail here ({why[-1] if why else 'no output'}): "
                            "allow user namespaces (sysctl kernel.unprivileged_userns_clone=1 on Debian, "
@@ -342,9 +411,11 @@ def _find_jail() -> Jail:
               "files": "read-only system, Python, numpy and PIL; a tmpfs of disk_mb at /work" if argv else
                        "a temporary directory; the whole file system is reachable",
               "user": f"uid {NOBODY} with no capabilities" if argv else f"uid {os.geteuid()} (this user)",
+              "syscalls": "seccomp: keyrings, inotify, SysV IPC, io_uring, userfaultfd, perf, bpf, ptrace, "
+                          "pidfd_getfd, process_vm_* refused (EPERM)" if argv and program else "no filter",
               "totals": totals}
     pylib = ["/pylib"] if argv else sorted({os.path.dirname(d) for d in _module_dirs()})
-    return Jail(argv, cgroup, missing, weaker, guards, pylib)
+    return Jail(argv, cgroup, missing, weaker, guards, pylib, program if argv else None)
 
 
 def _version(bwrap: str) -> tuple[int, ...]:
@@ -410,18 +481,21 @@ def _call(j: Jail, limits: Limits, request: bytes, cgroup: _Cgroup | None, workd
     or a limit of the parent's (wall clock, output) is passed; return when every process of the call is gone."""
     result_r, result_w = os.pipe()
     status_r, status_w = os.pipe() if j.bwrap else (None, None)
+    filter_r = _seccomp_fd(j.seccomp) if j.bwrap and j.seccomp else None
     python = [_python(), "-I", "-S"]
     if j.bwrap:
         argv = j.bwrap[:]
         argv[argv.index("--size") + 1] = str(limits.disk_mb << 20)
-        argv = argv[:1] + ["--json-status-fd", str(status_w)] + argv[1:] + python + ["/init.py", str(result_w)]
+        seccomp = ["--seccomp", str(filter_r)] if filter_r is not None else []
+        argv = argv[:1] + ["--json-status-fd", str(status_w), *seccomp] + argv[1:] + python + ["/init.py",
+                                                                                              str(result_w)]
     else:
         argv = python + [INIT, str(result_w)]
     deadline = time.monotonic() + limits.wall_s
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            pass_fds=[fd for fd in (result_w, status_w) if fd is not None], env=ENV,
+                            pass_fds=[fd for fd in (result_w, status_w, filter_r) if fd is not None], env=ENV,
                             cwd=workdir or "/", start_new_session=True)
-    for fd in (result_w, status_w):
+    for fd in (result_w, status_w, filter_r):
         if fd is not None:
             os.close(fd)
     seen = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray(), "output": 0, "timed_out": False,
@@ -578,7 +652,7 @@ def _result(seen: dict, hits: dict, limits: Limits, guards: dict) -> Result:
     return result
 
 
-LABELS = {*ERRNO_LIMITS.values(), "memory limit", "process limit"}  # what sandbox_init.limit_of can say
+LABELS = {*ERRNO_LIMITS.values(), "memory limit", "process limit", FILES_LIMIT}  # what sandbox_init.limit_of can say
 
 
 def _report(data: bytes | bytearray, limits: Limits = Limits()) -> tuple[dict | None, list]:

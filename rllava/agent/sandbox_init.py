@@ -24,6 +24,7 @@ import resource
 import signal
 import stat
 import sys
+import time
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 # magic -> PIL's plugin: the formats decoded, by decoders whose cost is linear in pixels (no RLE BMP: `_costly`)
@@ -31,6 +32,7 @@ FORMATS = {b"\x89PNG\r\n\x1a\n": "Png", b"\xff\xd8\xff": "Jpeg", b"BM": "Bmp", b
 MAX_SEGMENTS, MAX_SCANS = 64, 32  # JPEG markers before the first scan, PNG chunks besides IDAT; JPEG scans
 RLIMITS = {"RLIMIT_CPU": "cpu_s", "RLIMIT_AS": "memory_mb", "RLIMIT_FSIZE": "file_mb", "RLIMIT_NOFILE": "open_files",
            "RLIMIT_NPROC": "processes"}
+FILES_LIMIT = "file count limit"  # more than `files` inodes in the work directory (tmpfs's --size counts bytes)
 ERRNO_LIMITS = {errno.EMFILE: "open files limit", errno.ENFILE: "open files limit", errno.EFBIG: "file size limit",
                 errno.ENOSPC: "disk limit", errno.EAGAIN: "process limit", errno.ENOMEM: "memory limit"}
 
@@ -188,6 +190,12 @@ def _pixels(name: str, data: bytes, max_pixels: int, notes: list):
     return None
 
 
+def _inodes() -> int:
+    """Inodes in use on the work directory's tmpfs."""
+    st = os.statvfs(".")
+    return st.f_files - st.f_ffree
+
+
 def main() -> None:
     result_fd, jailed = int(sys.argv[1]), os.getpid() == 1
     import ctypes
@@ -220,10 +228,17 @@ def main() -> None:
     out = os.fdopen(result_fd, "wb")
     out.write(json.dumps({"pgid": pid}).encode() + b"\n")  # outside a jail, the parent kills this group at its limits
     out.flush()
-    while True:  # in the jail, orphans of the snippet come to PID 1: reap them too
-        child, status, usage = os.wait4(-1 if jailed else pid, 0)
+    label = ""
+    start = _inodes() if jailed else 0
+    while True:  # in the jail, orphans of the snippet come to PID 1: reap them too; and count the tmpfs's inodes
+        child, status, usage = os.wait4(-1 if jailed else pid, os.WNOHANG if jailed else 0)
         if child == pid:
             break
+        if child == 0:
+            if _inodes() - start > limits["files"]:  # empty files cost kernel memory that --size does not count
+                label = FILES_LIMIT
+                os.kill(-1, signal.SIGKILL)
+            time.sleep(0.005)
     try:  # from PID 1: every other process of this namespace; outside a jail, the snippet's group
         os.kill(-1, signal.SIGKILL) if jailed else os.killpg(pid, signal.SIGKILL)
     except OSError:
@@ -235,9 +250,9 @@ def main() -> None:
             break
     os.set_blocking(read_label, False)
     try:  # what the snippet's exception said (the snippet can write there too: it can only mislabel itself)
-        label = os.read(read_label, 64).decode("ascii", "replace").split("\n")[0] if status else ""
+        label = label or (os.read(read_label, 64).decode("ascii", "replace").split("\n")[0] if status else "")
     except BlockingIOError:
-        label = ""
+        pass
     images, notes = _images(given, limits)
     head = {"status": os.waitstatus_to_exitcode(status), "limit": label, "cpu_s": usage.ru_utime + usage.ru_stime,
             "images": [image[:3] for image in images], "notes": [n[:200] for n in notes[:8]]}

@@ -254,17 +254,19 @@ def test_1_kill_minus_one_reaches_no_other_call_and_no_process_of_the_trainer():
 
 
 SHM = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
-       "shm = libc.shmget(0x5EED, 64 << 20, 0o1666)\naddr = libc.shmat(shm, None, 0)\n"
-       "ctypes.memset(ctypes.c_void_p(addr), 1, 64 << 20)\nctypes.memmove(ctypes.c_void_p(addr), b'secret', 6)\n"
-       "libc.shmdt(ctypes.c_void_p(addr))\nprint('made', shm >= 0, libc.msgget(0x5EED, 0o1666) >= 0)\n")
+       "shm = libc.shmget(0x5EED, 64 << 20, 0o1666)\nif shm >= 0:\n    addr = libc.shmat(shm, None, 0)\n"
+       "    ctypes.memset(ctypes.c_void_p(addr), 1, 64 << 20)\n    ctypes.memmove(ctypes.c_void_p(addr), b'secret', 6)\n"
+       "    libc.shmdt(ctypes.c_void_p(addr))\nprint('made', shm >= 0, libc.msgget(0x5EED, 0o1666) >= 0)\n")
 SHM_READ = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             "print('found', libc.shmget(0x5EED, 0, 0) >= 0, libc.msgget(0x5EED, 0) >= 0)\n")
 
 
 def test_2_sysv_ipc_dies_with_its_call():
+    """SysV IPC is refused by the syscall filter (issue 45.5/6: non-root, its segments counted against no limit);
+    whatever a call could make would die with its IPC namespace anyway."""
     before = _sysv_keys()
     made = run_code(SHM, [], FAST)
-    assert made.ok and made.stdout.strip() == "made True True", made.text()
+    assert made.ok and made.stdout.strip() == "made False False", made.text()
     assert _sysv_keys() == before  # nothing of it left on the machine (64 MB resident, before)
     read = run_code(SHM_READ, [], FAST)
     assert read.ok and read.stdout.strip() == "found False False", read.text()
@@ -381,6 +383,55 @@ def test_8_pid_1_is_out_of_the_snippets_reach_and_its_report_is_read_bounded():
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 1 << 20, peak
+
+
+SYSCALLS = """import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for name, nr, args in NAMES:
+    ctypes.set_errno(0)
+    r = libc.syscall(nr, *args)
+    print(name, r, ctypes.get_errno())
+import numpy, threading, subprocess
+t = threading.Thread(target=print, args=('thread ok',)); t.start(); t.join()
+pid = os.fork()
+if pid == 0:
+    os._exit(3)
+print('fork ok', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+X86_64 = [("ptrace", 101, (16, 1, 0, 0)), ("pidfd_getfd", 438, (3, 3, 0)), ("process_vm_readv", 310, (1, 0, 0, 0, 0, 0)),
+          ("process_vm_writev", 311, (1, 0, 0, 0, 0, 0)), ("add_key", 248, (0, 0, 0, 0, 0)), ("keyctl", 250, (0, 0)),
+          ("request_key", 249, (0, 0, 0, 0)), ("inotify_init", 253, ()), ("inotify_init1", 294, (0,)),
+          ("shmget", 29, (0, 4096, 0o1600)), ("msgget", 68, (0, 0o1600)), ("semget", 64, (0, 1, 0o1600)),
+          ("io_uring_setup", 425, (8, 0)), ("io_uring_enter", 426, (0, 0, 0, 0, 0, 0)),
+          ("io_uring_register", 427, (0, 0, 0, 0)), ("userfaultfd", 323, (0,)),
+          ("perf_event_open", 298, (0, 0, -1, -1, 0)), ("bpf", 321, (0, 0, 0))]
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the syscall numbers are x86_64's")
+def test_11_a_syscall_filter_refuses_what_reaches_outside_the_call(jail):
+    """Issue 45.5: a seccomp filter on every call. Each of these reached a kernel object outside the call's
+    namespaces (host root's key quota, the user's inotify instances, SysV segments no rlimit counts, io_uring,
+    userfaultfd, perf, bpf, other processes' memory and fds): each returns EPERM, the snippet goes on, and what a
+    snippet normally does (numpy, threads, fork) still works."""
+    if jail.seccomp is None:
+        pytest.skip("no syscall filter on this machine (allow_weaker)")
+    result = run_code(f"NAMES = {X86_64!r}\n" + SYSCALLS, [], FAST)
+    lines = result.stdout.splitlines()
+    assert result.ok and lines[-2:] == ["thread ok", "fork ok 3"], result.text()
+    assert lines[:-2] == [f"{name} -1 1" for name, _, _ in X86_64], result.text()  # -1, errno EPERM
+    assert "seccomp" in result.guards["syscalls"]
+
+
+def test_12_the_work_directorys_inodes_are_bounded(jail):
+    """Issue 45.6: tmpfs's --size bounds bytes, not inodes: empty files with long names took +690 MB of kernel
+    memory against a 320 MB bound. The call is stopped past `files` inodes (PID 1 counts them as it waits)."""
+    limits = Limits(**{**FAST.__dict__, "files": 500, "wall_s": 20.0})
+    flood = "for i in range(200000):\n    open('f%07d' % i + 'x' * 240, 'w').close()\nprint('all made')\n"
+    result = run_code(flood, [], limits)
+    assert result.stopped_by == "file count limit" and "all made" not in result.stdout, result.text()
+    some = run_code("import os\nfor i in range(400):\n    open(f'f{i}', 'w').close()\nprint(len(os.listdir()))\n",
+                    [], limits)
+    assert some.ok and int(some.stdout) == 401, some.text()  # the snippet's file too
 
 
 def test_9_a_file_name_that_is_not_utf8_comes_back_as_text():
@@ -509,6 +560,26 @@ def _fresh_jail(monkeypatch, **patches):
     monkeypatch.setattr(sandbox, "_jail", None)
     for name, value in patches.items():
         monkeypatch.setattr(sandbox, name, value)
+
+
+def test_no_syscall_filter_is_a_startup_error(monkeypatch, caplog):
+    """Fail closed (issue 45.5): without libseccomp or its binding the jail is not made silently weaker; with
+    allow_weaker=true it runs without the filter and says so."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("no bwrap")
+
+    def missing():
+        raise RuntimeError("Unable to find libseccomp")
+    _fresh_jail(monkeypatch, _warned=set(), seccomp_program=missing)
+    from rllava.agent.code import Code
+
+    with pytest.raises(ConfigError) as e:
+        Code(wall_s=5)
+    assert "\n" not in str(e.value) and "apt-get install libseccomp2" in str(e.value), e.value
+    with caplog.at_level("WARNING"):
+        result = run_code("import ctypes\nprint(ctypes.CDLL(None).syscall(294, 0) >= 0)\n", [], FAST, allow_weaker=True)
+    assert result.ok and result.guards["syscalls"] == "no filter", result.text()
+    assert any("no syscall filter" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("bwrap", ["missing", "refused", "old"])
