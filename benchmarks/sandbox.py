@@ -1,11 +1,13 @@
 """What one call of the code sandbox costs: the latency of `rllava.agent.sandbox.run_code` for typical snippets.
 
-    python benchmarks/sandbox.py [--calls 30] [--workers 1,8]
+    python benchmarks/sandbox.py [--calls 30] [--workers 1,8] [--gaps-ms 0,100] [--no-pool]
 
 For each snippet (an empty one, one that uses PIL on the given image and saves one back, one that imports
-numpy) it runs `--calls` calls one after another (and, for each `--workers` > 1, `--calls` calls from that many
-threads at once, as the code tool's pool does) and prints the median and 90th-percentile latency of a call and
-the calls per second. Prints the jail the machine gives first (which guards hold).
+numpy) it runs `--calls` calls one after another, each `--gaps-ms` after the last ended (0: back to back; 100: a
+model's turn between calls, as in a rollout, which leaves the jail pool time to start the next jail), and, for
+each `--workers` > 1, `--calls` calls from that many threads at once (as the code tool's pool does); it prints
+the median and 90th-percentile latency of a call and the calls per second. `--no-pool` starts every call's jail
+when the call comes (the pool off: what a call cost before it). Prints the jail the machine gives first.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from PIL import Image
 
+from rllava.agent import sandbox
 from rllava.agent.sandbox import Limits, run_code
 
 SNIPPETS = {
@@ -31,25 +34,32 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=30)
     p.add_argument("--workers", default="1,8")
+    p.add_argument("--gaps-ms", default="0,100", help="one-at-a-time runs: ms between a call's end and the next")
+    p.add_argument("--no-pool", action="store_true", help="no jails started ahead of need")
     a = p.parse_args()
+    if a.no_pool:
+        sandbox.POOL.MAX = 0
     image, limits = Image.new("RGB", (224, 224), (200, 30, 30)), Limits()
     first = run_code("print('warm-up')", [image], limits)  # starts what a process starts once
     print(f"guards: {first.guards}\n")
-    print(f"| snippet | workers | median ms | p90 ms | calls/s |\n|---|---|---|---|---|")
+    print(f"| snippet | workers | gap ms | median ms | p90 ms | calls/s |\n|---|---|---|---|---|---|")
+    runs = [(1, int(g)) for g in a.gaps_ms.split(",")] + [(int(w), 0) for w in a.workers.split(",") if int(w) > 1]
     for name, code in SNIPPETS.items():
-        for workers in map(int, a.workers.split(",")):
+        for workers, gap in runs:
             def one(_):
                 t = time.perf_counter()
                 result = run_code(code, [image], limits)
                 assert result.ok, result.text()
-                return time.perf_counter() - t
+                took = time.perf_counter() - t
+                time.sleep(gap / 1000)
+                return took
 
             start = time.perf_counter()
             with ThreadPoolExecutor(workers) as pool:
                 times = sorted(pool.map(one, range(a.calls)))
             wall = time.perf_counter() - start
             p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
-            print(f"| {name} | {workers} | {1000 * statistics.median(times):.0f} | {1000 * p90:.0f} | "
+            print(f"| {name} | {workers} | {gap} | {1000 * statistics.median(times):.0f} | {1000 * p90:.0f} | "
                   f"{a.calls / wall:.1f} |")
 
 

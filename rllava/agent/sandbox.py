@@ -41,6 +41,7 @@ Not a VM: it does not protect against kernel exploits, or against using the CPU 
 from __future__ import annotations
 
 import argparse
+import atexit
 import errno
 import functools
 import glob
@@ -49,6 +50,7 @@ import io
 import json
 import logging
 import os
+import queue
 import selectors
 import shutil
 import signal
@@ -463,80 +465,200 @@ def run_code(code: str, images: list | tuple = (), limits: Limits = Limits(), al
         files.append(("image.png" if i == 0 else f"image_{i}.png", buf.getvalue()))
     head = {"limits": asdict(limits), "files": [[name, len(data)] for name, data in files], "path": j.pylib}
     request = json.dumps(head).encode() + b"\n" + b"".join(data for _, data in files)
-    cgroup = _Cgroup(*j.cgroup, limits) if j.cgroup else None
     workdir = None if j.bwrap else tempfile.mkdtemp(prefix="rllava_sandbox_")
+    started = POOL.take(j, limits, code, bool(images)) if j.bwrap else None
     try:
-        seen = _call(j, limits, request, cgroup, workdir)
-        hits = cgroup.events() if cgroup else {}
+        started = started or _start(j, limits, workdir)
+        seen = _finish(started, request, limits)
+        hits = started.cgroup.events() if started.cgroup else {}
     finally:
-        if cgroup:
-            cgroup.remove()
+        if j.bwrap:
+            POOL.done()
+        if started and started.cgroup:
+            started.cgroup.remove()
         if workdir:  # rm walks any depth of tree; shutil.rmtree recurses
             subprocess.run(["rm", "-rf", "--one-file-system", "--", workdir], capture_output=True, env=ENV)
     return _result(seen, hits, limits, dict(j.guards))
 
 
-def _call(j: Jail, limits: Limits, request: bytes, cgroup: _Cgroup | None, workdir: str | None) -> dict:
-    """Start the call's first process, send the request, collect stdout / stderr / the report until it ends
-    or a limit of the parent's (wall clock, output) is passed; return when every process of the call is gone."""
+@dataclass
+class _Started:
+    """A call's jail whose first process runs and waits for its request."""
+
+    proc: subprocess.Popen
+    result_r: int
+    first: int | None  # a pidfd of the call's first process: PID 1 of its namespace, whose end ends them all
+    cgroup: _Cgroup | None
+    weak: bool = False  # no jail (allow_weaker): a plain child process, whose process group is killed at the end
+
+
+def _start(j: Jail, limits: Limits, workdir: str | None = None, preload: tuple = ()) -> _Started:
+    """Start a call's first process (in the jail: bwrap, PID 1 `sandbox_init.py`, importing `preload` while it
+    waits for the request) inside the call's cgroup."""
     result_r, result_w = os.pipe()
     status_r, status_w = os.pipe() if j.bwrap else (None, None)
     filter_r = _seccomp_fd(j.seccomp) if j.bwrap and j.seccomp else None
-    python = [_python(), "-I", "-S"]
+    init = [_python(), "-I", "-S"]
     if j.bwrap:
         argv = j.bwrap[:]
         argv[argv.index("--size") + 1] = str(limits.disk_mb << 20)
         seccomp = ["--seccomp", str(filter_r)] if filter_r is not None else []
-        argv = argv[:1] + ["--json-status-fd", str(status_w), *seccomp] + argv[1:] + python + ["/init.py",
-                                                                                              str(result_w)]
+        init += ["/init.py", str(result_w), *([":".join(j.pylib), ",".join(preload)] if preload else [])]
+        argv = argv[:1] + ["--json-status-fd", str(status_w), *seccomp] + argv[1:] + init
     else:
-        argv = python + [INIT, str(result_w)]
-    deadline = time.monotonic() + limits.wall_s
+        argv = init + [INIT, str(result_w)]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             pass_fds=[fd for fd in (result_w, status_w, filter_r) if fd is not None], env=ENV,
                             cwd=workdir or "/", start_new_session=True)
     for fd in (result_w, status_w, filter_r):
         if fd is not None:
             os.close(fd)
-    seen = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray(), "output": 0, "timed_out": False,
-            "over": False}
-    first = None  # a pidfd of the call's first process: PID 1 of its namespace, whose end ends them all
+    first, cgroup = None, _Cgroup(*j.cgroup, limits) if j.cgroup else None
     try:
-        pid = _first_pid(status_r, deadline) if j.bwrap else proc.pid
-        if pid is not None:
-            try:
-                first = os.pidfd_open(pid)
-            except ProcessLookupError:
-                pid = None  # already gone, and its namespace with it
-        if pid is not None:
+        pid = _first_pid(status_r, time.monotonic() + max(limits.wall_s, 10.0)) if j.bwrap else proc.pid
+    finally:
+        if status_r is not None:
+            os.close(status_r)
+    if pid is not None:
+        try:
+            first = os.pidfd_open(pid)
             if cgroup:  # before the request: the snippet's first fork is already inside
                 cgroup.add(pid)
-            _exchange(proc, request, result_r, limits, deadline, seen)
+        except ProcessLookupError:
+            pass  # already gone, and its namespace with it
+    return _Started(proc, result_r, first, cgroup, weak=not j.bwrap)
+
+
+def _finish(started: _Started, request: bytes, limits: Limits) -> dict:
+    """Send the request, collect stdout / stderr / the report until the call ends or a limit of the parent's
+    (wall clock, output) is passed; return when every process of the call is gone."""
+    proc, seen = started.proc, {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray(), "output": 0,
+                                "timed_out": False, "over": False}
+    deadline = time.monotonic() + limits.wall_s
+    try:
+        if started.first is not None:
+            _exchange(proc, request, started.result_r, limits, deadline, seen)
     finally:
-        if proc.poll() is None:
-            proc.kill()  # bwrap: its first process dies with it (PDEATHSIG), then the whole namespace
-        if not j.bwrap:
-            _kill_weak(seen)
-        if first is None:  # it never started: what bubblewrap said
-            os.set_blocking(proc.stderr.fileno(), False)
-            try:
-                seen["stderr"] += proc.stderr.read(4096) or b""
-            except OSError:
-                pass
-        for f in (proc.stdin, proc.stdout, proc.stderr):
-            try:
-                f.close()
-            except OSError:
-                pass
-        for fd in (result_r, status_r):
-            if fd is not None:
-                os.close(fd)
-        proc.wait()
-        if first is not None:  # readable once PID 1 has exited, after the kernel reaped the rest of the call
-            _wait_readable(first, 10.0)
-            os.close(first)
-    seen["exit"] = proc.returncode
+        _end(started, seen)
     return seen
+
+
+def _end(started: _Started, seen: dict | None = None) -> None:
+    proc = started.proc
+    if proc.poll() is None:
+        proc.kill()  # bwrap: its first process dies with it (PDEATHSIG), then the whole namespace
+    if started.weak and seen is not None:
+        _kill_weak(seen)
+    if seen is not None and started.first is None:  # it never started: what bubblewrap said
+        os.set_blocking(proc.stderr.fileno(), False)
+        try:
+            seen["stderr"] += proc.stderr.read(4096) or b""
+        except OSError:
+            pass
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        try:
+            f.close()
+        except OSError:
+            pass
+    os.close(started.result_r)
+    proc.wait()
+    if started.first is not None:  # readable once PID 1 has exited, after the kernel reaped the rest of the call
+        _wait_readable(started.first, 10.0)
+        os.close(started.first)
+    if seen is not None:
+        seen["exit"] = proc.returncode
+
+
+class _Pool:
+    """Jails started ahead of need, each used by exactly one call and then destroyed: a call takes one whose
+    first process is already up (and has imported numpy / PIL when recent snippets used them), and a new one is
+    started behind it, off the call's critical path. Kept per `Limits` (a jail's tmpfs size and cgroup are its
+    call's), as many as calls recently ran at once (at most `MAX`, all kinds together)."""
+
+    MAX = 8
+
+    def __init__(self):
+        self.lock, self.idle, self.want, self.filling = threading.Lock(), {}, 1, set()  # (limits, jail) -> [...]
+        self.running, self.share = 0, {"numpy": 0.0, "PIL.Image": 0.0}  # recent snippets' imports (moving mean)
+        self.requests, self.pid = None, os.getpid()  # the starter thread's queue; the process the jails are of
+        atexit.register(self.close)
+
+    def take(self, j: Jail, limits: Limits, code: str, images: bool) -> _Started | None:
+        """A started jail for `limits`, or None (the call starts its own); a new one is started behind it. Every
+        take is followed by one `done` when its call ends."""
+        with self.lock:
+            if os.getpid() != self.pid:  # a forked process: the jails and the starter thread are its parent's
+                self.idle, self.filling, self.requests, self.running, self.pid = {}, set(), None, 0, os.getpid()
+            for module, used in (("numpy", "numpy" in code), ("PIL.Image", "PIL" in code or images)):
+                self.share[module] = 0.8 * self.share[module] + 0.2 * used
+            self.running += 1
+            self.want = min(self.MAX, max(self.want, self.running))
+            key = (limits, id(j))  # a jail found again (another bwrap, no filter) starts its own
+            ready = self.idle.get(key, [])
+            started = ready.pop(0) if ready else None
+            refill = key not in self.filling
+            self.filling.add(key)
+        if refill:
+            self._worker().put((j, limits))
+        if started is not None and started.proc.poll() is not None:  # died waiting: the call starts its own
+            _discard(started)
+            started = None
+        return started
+
+    def _worker(self) -> queue.SimpleQueue:
+        """The one thread that starts the pool's jails, for the process's life: bwrap dies with the thread that
+        started it (--die-with-parent is the kernel's parent-death signal, which follows the thread)."""
+        with self.lock:
+            if self.requests is None:
+                self.requests = queue.SimpleQueue()
+                threading.Thread(target=lambda: [self._refill(*self.requests.get()) for _ in iter(int, 1)],
+                                 name="rllava-sandbox-pool", daemon=True).start()
+            return self.requests
+
+    def done(self) -> None:
+        with self.lock:
+            self.running -= 1
+
+    def _refill(self, j: Jail, limits: Limits) -> None:
+        """Start jails for `limits` until `want` wait (other limits' idle ones make room under MAX)."""
+        key = (limits, id(j))
+        try:
+            while True:
+                with self.lock:
+                    ready = self.idle.setdefault(key, [])
+                    if len(ready) >= self.want:
+                        return
+                    preload = tuple(m for m, share in self.share.items() if share > 0.25)
+                    evict = None
+                    if sum(map(len, self.idle.values())) >= self.MAX:
+                        other = next((k for k, v in self.idle.items() if k != key and v), None)
+                        if other is None:
+                            return
+                        evict = self.idle[other].pop()
+                if evict is not None:
+                    _discard(evict)
+                started = _start(j, limits, preload=preload)
+                with self.lock:
+                    self.idle[key].append(started)
+        finally:
+            with self.lock:
+                self.filling.discard(key)
+
+    def close(self) -> None:
+        with self.lock:
+            idle, self.idle = [s for v in self.idle.values() for s in v], {}
+        for started in idle:
+            _discard(started)
+
+
+def _discard(started: _Started) -> None:
+    """End a jail that served no call."""
+    _end(started)
+    if started.cgroup:
+        started.cgroup.remove()
+
+
+POOL = _Pool()
 
 
 def _wait_readable(fd: int, timeout: float) -> bool:

@@ -434,6 +434,26 @@ def test_12_the_work_directorys_inodes_are_bounded(jail):
     assert some.ok and int(some.stdout) == 401, some.text()  # the snippet's file too
 
 
+def test_13_jails_started_ahead_serve_one_call_each():
+    """Issue 45's per-call cost: jails are started ahead of need (`sandbox.POOL`), numpy imported in them once
+    recent snippets used it, but each serves exactly one call and is destroyed: nothing a call leaves (a file, a
+    process, a module's state) reaches the next, and none outlives the pool."""
+    mark = ("import os, sys, numpy\nprint(os.path.exists('/work/mark'), getattr(numpy, 'touched', False))\n"
+            "open('/work/mark', 'w').close()\nnumpy.touched = True\n"
+            "if os.fork() == 0:\n    os.setsid()\n    import time\n    time.sleep(30)\n")
+    for _ in range(6):
+        result = run_code(mark, [], FAST)
+        assert result.ok and result.stdout.split() == ["False", "False"], result.text()
+        time.sleep(0.3)  # a model's turn: the pool starts the next jail meanwhile
+    preloaded = run_code("import sys\nprint('numpy' in sys.modules)\n", [], FAST)
+    assert preloaded.stdout.strip() == "True", preloaded.text()  # the jail that served it had numpy imported
+    assert leftovers() == []
+    waiting = [s.proc.pid for v in sandbox.POOL.idle.values() for s in v]
+    assert waiting and all(os.path.exists(f"/proc/{pid}") for pid in waiting)
+    sandbox.POOL.close()
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in waiting)
+
+
 def test_9_a_file_name_that_is_not_utf8_comes_back_as_text():
     """Issue 45.2: a file name that is not UTF-8 came back as a lone surrogate, which the rollout's tokenizer
     rejects (the step crashed): names reach text decoded with replacement."""
