@@ -1,6 +1,11 @@
 """The multi-turn driver: masks, image observations (token counts, pixels, M-RoPE over the whole interleaved
 sequence), episodes ending at different turns, max_turns, the context budget, tools that fail."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from PIL import Image
@@ -315,3 +320,72 @@ def test_the_reward_reads_each_turn_and_rllavas_step_reward(proc):
     assert fields["turn_texts"] == scripts[0] and fields["response"] == "\n".join(scripts[0])
     assert fields["step_reward"] == 2.0 and ran.turn_rewards == [0.0, -0.1, 0.0, 0.0]
     assert sample_fields(answered)["step_reward"] == 0.0 and sample_fields(answered)["turn_texts"] == scripts[1]
+
+
+ROUND = r'''
+import json, resource, sys
+from PIL import Image
+sys.path.insert(0, REPO)
+import rllava.agent.code  # noqa: F401 - registers the code tool
+from rllava.agent.rollout import AgentRollout
+from rllava.agent.tools import ToolEnv, build_tools
+from rllava.engine.inference.base import SamplingParams
+from rllava.model.processor import get_tokenizer, load_processor
+from tests.agent.test_agent_rollout import ScriptedEngine, _sample
+
+HOSTILE = [
+    "from PIL import Image\nfor i in range(4):\n    Image.new('RGB', (256, 256), (i, 0, 0)).save(f'i{i}.png')\n",
+    "import sys\nsys.stdout.write('x' * 10000000)\n",
+    "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\npidfd = os.pidfd_open(1)\n"
+    "print([libc.syscall(438, pidfd, fd, 0) for fd in range(3, 40)])\n",
+    "from PIL import Image\nImage.new('RGB', (64, 64)).save(bytes([255]) + b'.png', format='PNG')\n",
+    "import io\nfrom PIL import Image\nb = io.BytesIO()\nImage.new('L', (256, 256)).save(b, 'JPEG', progressive=True)\n"
+    "j = b.getvalue()\nopen('s.jpg', 'wb').write(j[:-2] + bytes.fromhex('ffda000801010001' + '3f10') * 500 + j[-2:])\n",
+    "import os\nwhile True:\n    os.fork()\n",
+    "x = bytearray(1 << 40)\n",
+    "for i in range(100000):\n    open('f%06d' % i, 'w').close()\n",
+]
+proc = load_processor(sys.argv[1])
+tok = get_tokenizer(proc)
+limits = dict(max_images=4, max_pixels=256 * 256, output_chars=500, memory_mb=512, processes=8, files=256,
+              wall_s=5.0, cpu_s=2)
+
+
+def round_of(n):
+    scripts = {i: ["<code>" + HOSTILE[i % len(HOSTILE)] + "</code>", "<answer>1</answer>"] for i in range(n)}
+    env = ToolEnv(build_tools(["code"], {"code": limits}), invalid_call_penalty=-0.1)
+    rollout = AgentRollout(ScriptedEngine(tok, scripts), proc, env, max_turns=3, max_response_length=4000,
+                           tool_workers=8, max_pixels=128 * 128, round_image_mb=2)
+    return rollout.generate([_sample(i) for i in range(n)], SamplingParams(max_new_tokens=400))
+
+
+round_of(16)  # warm-up: imports, decoders, the jail pool
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+trajs = round_of(64)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"growth_mb": (after - before) / 1024, "episodes": len(trajs),
+                  "images": sum(len(t.agent.images) for t in trajs)}))
+'''
+
+
+def test_a_round_of_64_hostile_code_calls_grows_the_trainer_within_its_bound(tiny_model_dir):
+    """Issue 45 (done when): a round of 64 hostile code calls (images at max_images x max_pixels, 10 MB of
+    output, PID 1's report pipe taken, a non-UTF-8 name, a costly JPEG, fork / memory / file floods), 8 at a
+    time, completes (no snippet makes the step raise) and the trainer's peak RSS grows by at most the documented
+    bound (docs/agents.md): tool_workers x (max_images x 3 x max_pixels x 2 + 8 x output_chars) + round_image_mb
+    + 24 MB (the interpreter's own: read buffers, arenas), here 8 x 1.6 MB + 2 MB + 24 MB = 39 MB (25 MB
+    measured). Measured in a process of its own (ru_maxrss is a lifetime peak), after a warm-up round."""
+    from rllava.agent import sandbox
+
+    try:
+        sandbox.check()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(str(e))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", f"REPO = {repo!r}\n" + ROUND, tiny_model_dir], capture_output=True,
+                         text=True, cwd=repo, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    bound = 8 * (4 * 3 * 256 * 256 * 2 + 8 * 500) / 2 ** 20 + 2 + 24
+    assert got["episodes"] == 64 and got["images"] > 0, got
+    assert got["growth_mb"] <= bound, (got, bound)
