@@ -25,6 +25,21 @@
 #
 #     python3 -m pip install -q --no-index --no-deps --target /tmp/site wheels/*.whl && export PYTHONPATH=/tmp/site
 #     PYTHON=python3 bash benchmarks/gpu_check.sh --run-timeout 150     # ~6.5 min on one H200
+#
+# Issue 46's scenarios (benchmarks/gpu_check.py --scenario rllava24 | research) ran 2026-11-27 on an H100 with
+# .whl/ holding omegaconf 2.4.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19, transformers 5.24.0, tokenizers
+# 0.23.3, regex 2026.11.19, mathruler 0.1.0, pylatexenc 2.11 and trl 1.16.0 (20 MiB; RLLaVA's math reward needs
+# mathruler, the TRL side trl), each call starting with
+#
+#     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+#         .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+#     python3 benchmarks/gpu_check.py --scenario rllava24 --steps 1 --keys data.train_batch_size=8 \
+#         --run-timeout 290 --root /tmp/g --out $OUT/rllava24.md          # ~150 s to the ref pass, + the update
+#     python3 benchmarks/gpu_check.py --scenario research --steps 2 --run-timeout 285 --root /tmp/g2 \
+#         --out $OUT/research.md                                            # rllava ~190 s, then TRL's side
+#
+# Next GPU: TRL's side did not finish its first step in 150 s (give it --run-timeout 300, or run it first); the
+# rllava24 rows past the reference's pass are unmeasured (docs/performance.md, "Issue 46's scenarios").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
