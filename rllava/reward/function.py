@@ -33,7 +33,7 @@ step rewards summed over the observations shown; for rllava's tools 1 per call t
 of rollout.env_config_path its own rewards).
 A result is a float or a dict of named floats with an `overall` entry (the scalar used for training).
 
-The function is untrusted code (`rllava.reward.sandbox`): each call has `reward.timeout` seconds; raising,
+The function is untrusted code (`rllava.reward.guard`): each call has `reward.timeout` seconds; raising,
 timing out, exiting the process or returning something that is not a finite number is a failure, one line
 naming the function and the sample index. `reward.strict=true` stops the run with it; otherwise (the default)
 the line is logged as a warning, the sample scores `reward.fallback_score` and counts in `reward/errors`
@@ -56,7 +56,7 @@ import torch
 
 from rllava.data.protocol import Trajectory
 from rllava.errors import RllavaError
-from rllava.reward.sandbox import make_runner
+from rllava.reward.guard import make_runner
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ import torch
 from rllava.data.protocol import Sample, Trajectory
 from rllava.errors import RllavaError
 from rllava.reward.function import Fallible, RewardError, _as_scores, load_reward_function, sample_fields
-from rllava.reward.sandbox import make_runner
+from rllava.reward.guard import make_runner
 
 MODEL_KEYS = {"type", "model", "tokenizer_path", "torch_dtype", "attn_implementation", "trust_remote_code",
               "override_config"}

@@ -6,7 +6,7 @@ import pytest
 
 from rllava.data.protocol import Sample, Segment, Trajectory
 from rllava.reward.function import RewardError, RewardFunction, load_reward_function
-from rllava.reward.sandbox import Hanging
+from rllava.reward.guard import Hanging
 
 
 def _traj(response, truth, index=0):

@@ -1,4 +1,4 @@
-"""Calling a user's reward function as untrusted code: a time limit per call, and nothing it does ends the run.
+"""Guarding the run against a user's reward function: a time limit per call, and nothing it does ends the run.
 
 A reward file is code the run did not write. It may loop, sleep, raise, call `sys.exit` or `os._exit`, or return
 garbage. Every call therefore ends in an `Outcome`: the value, or one line saying what went wrong (raised,
