@@ -351,7 +351,7 @@ class Step:
 
 def _rows(fixed: int, budget: int, length: int, dynamic: bool, cap: int) -> int:
     """Sequences per forward: `fixed`, or with dynamic batching as many full-length rows as `budget` tokens hold
-    (rllava.roles.actor.token_budget_groups: at least one), at most `cap`."""
+    (rllava.roles.batching.token_budget_groups: at least one), at most `cap`."""
     return max(1, min(budget // length if dynamic else fixed, cap))
 
 

@@ -50,11 +50,11 @@ SLOW_CASES = ("checkpointing", "accumulating", "no shared prefix")  # `make test
 def test_planned_peaks_match_rllavas_real_step_within_10_percent(tiny_model_dir, case):
     """Calibration: the plan (fake weights) against rllava's own code run for real on CPU, real weights and
     tensors of the same shapes, under torch's MemTracker in real mode: the old log-probs of the whole batch as
-    the Actor computes them (rllava.roles.actor.compute_logprobs: its micro-batching, dynamic or not, and the
+    the Actor computes them (rllava.roles.batching.compute_logprobs: its micro-batching, dynamic or not, and the
     forward's layout), and one update micro-batch's forward + backward through rllava's token_logprobs (the
     second one where a mini-batch has several, beside the first one's gradients). Peaks within 10 %."""
     from rllava.model.forward import token_logprobs
-    from rllava.roles.actor import MicroBatching, compute_logprobs
+    from rllava.roles.batching import MicroBatching, compute_logprobs
 
     cfg = _cfg(tiny_model_dir, *CALIBRATED[case])
     planned = {r["phase"]: r["peak"] for r in memory.plan(cfg, device="cpu")}

@@ -13,7 +13,7 @@ from rllava.algorithms.advantage import gae_returns
 from rllava.algorithms.kl import token_rewards_of
 from rllava.algorithms.losses import aggregate, masked_mean, value_loss
 from rllava.data.protocol import Batch
-from rllava.roles.actor import MeanMetrics, MicroBatching, forward_in_chunks, mini_batches
+from rllava.roles.batching import MeanMetrics, MicroBatching, forward_in_chunks, mini_batches
 
 
 class Critic:

@@ -18,7 +18,7 @@ from rllava.data.protocol import Batch
 from rllava.errors import RllavaError
 from rllava.model.forward import LOGPROB_CHUNK, _backbone_and_head, token_logprobs, trained_hidden
 from rllava.model.lora import adapters_disabled
-from rllava.roles.actor import MicroBatching, compute_logprobs, forward_in_chunks
+from rllava.roles.batching import MicroBatching, compute_logprobs, forward_in_chunks
 
 
 def _zero3(params: list) -> bool:

@@ -3,7 +3,7 @@
 import pytest
 
 from rllava import distributed as D
-from rllava.roles.actor import equal_count
+from rllava.roles.batching import equal_count
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])

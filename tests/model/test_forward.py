@@ -15,7 +15,8 @@ from rllava.model.forward import logprobs_from_hidden, token_logprobs
 from rllava.model.processor import get_tokenizer, load_processor
 from rllava.model.tiny import build_tiny, build_tokenizer
 from rllava.model.value import ValueModel
-from rllava.roles.actor import Actor, MicroBatching, compute_logprobs, token_budget_groups
+from rllava.roles.actor import Actor
+from rllava.roles.batching import MicroBatching, compute_logprobs, token_budget_groups
 from rllava.roles.critic import Critic
 
 # (image size or None, prompt words, response tokens): rows of different lengths, one without an image

@@ -14,7 +14,7 @@ from rllava.model.processor import get_tokenizer, load_processor
 from rllava.model.shared_prefix import prefix_layout
 from rllava.model.tiny import build_tiny
 from rllava.model.value import ValueModel
-from rllava.roles.actor import MicroBatching, compute_logprobs
+from rllava.roles.batching import MicroBatching, compute_logprobs
 
 from tests.model.test_forward import _assert_same, _text_lm_and_batch, _update_grads, _values_and_grads, _vlm
 

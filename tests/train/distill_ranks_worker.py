@@ -18,7 +18,7 @@ from rllava import distributed as D
 from rllava.data.protocol import Sample, Segment, Trajectory, collate
 from rllava.model.forward import token_logprobs
 from rllava.model.loader import load_model
-from rllava.roles.actor import MicroBatching
+from rllava.roles.batching import MicroBatching
 from rllava.roles.reference import Reference
 from rllava.roles.teacher import Teachers
 

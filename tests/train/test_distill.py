@@ -18,7 +18,8 @@ from rllava.data.protocol import Sample, Segment, Trajectory, collate
 from rllava.errors import RllavaError
 from rllava.model.forward import model_inputs
 from rllava.model.processor import load_processor
-from rllava.roles.actor import Actor, Distillation, MicroBatching, compute_logprobs
+from rllava.roles.actor import Actor, Distillation
+from rllava.roles.batching import MicroBatching, compute_logprobs
 from rllava.roles.reference import Reference
 from rllava.roles.teacher import DEFAULT, EngineTeacher, Teachers
 from rllava.train import builders as B

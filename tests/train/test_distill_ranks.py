@@ -15,7 +15,7 @@ from transformers import AutoModelForImageTextToText
 
 from rllava import distributed as D
 from rllava.model.processor import get_tokenizer
-from rllava.roles.actor import MicroBatching, compute_logprobs
+from rllava.roles.batching import MicroBatching, compute_logprobs
 from rllava.roles.reference import Reference
 from rllava.roles.teacher import Teachers
 
@@ -72,7 +72,7 @@ def test_vllm_tensor_parallel_ranks_may_score_different_counts(monkeypatch, tiny
 def test_a_rank_runs_the_forwards_another_rank_needs(monkeypatch, tiny_model_dir):
     """This process as a rank whose 2 rows go to teacher a, beside one that needs 4 forwards of a and 2 of b (one
     row each): it runs a 4 times (its rows, row 0 twice more) and b twice on the stand-in row; it keeps its own."""
-    import rllava.roles.actor as A
+    import rllava.roles.batching as A
     from distill_ranks_worker import rows
 
     a, b = (AutoModelForImageTextToText.from_pretrained(tiny_model_dir, dtype=torch.float32) for _ in range(2))

@@ -15,7 +15,7 @@ from rllava.config.schema import ModelConfig, RefConfig
 from rllava.data.protocol import Sample, Segment, Trajectory, collate
 from rllava.model.forward import model_inputs, token_logprobs
 from rllava.model.loader import build_reference
-from rllava.roles.actor import MicroBatching, compute_logprobs
+from rllava.roles.batching import MicroBatching, compute_logprobs
 from rllava.roles.reference import Reference
 from rllava.train.pipeline import rlvr
 from rllava.train.outputs import keys_for

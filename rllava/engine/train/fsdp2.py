@@ -14,7 +14,7 @@ the parameters wait on the host and only the layer running is gathered on the de
 
 Each decoder layer / vision block (the classes HF lists in `_no_split_modules`) is one FSDP unit, the root
 module another. Gradients are averaged over ranks by the reduce-scatter, so a rank's loss must be scaled to
-its share of the global batch (the Actor's normalisers do that: see `rllava.roles.actor.mini_batches`).
+its share of the global batch (the Actor's normalisers do that: see `rllava.roles.batching.mini_batches`).
 
 Generation runs per rank with a different number of forward calls on each, which would desynchronise the
 all-gathers; `rollout_phase` therefore gathers every unit once and keeps it gathered until rollout ends.

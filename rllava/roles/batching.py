@@ -1,0 +1,148 @@
+"""Splitting a batch for the roles' passes: mini-batches (one optimizer step each), micro-batches (a forward
+each) by row count or by a token budget (`MicroBatching`), the no-grad passes over them (`forward_in_chunks`,
+`compute_logprobs`: old log-probs, the reference's, a critic's values), and the means logged over them."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from rllava import distributed as D
+from rllava.data.protocol import Batch
+from rllava.model.forward import LOGPROB_CHUNK, compute_device, token_logprobs
+
+
+def chunks(n: int, size: int) -> list[list[int]]:
+    return [list(range(s, min(s + size, n))) for s in range(0, n, size)]
+
+
+def token_budget_groups(lengths: list[int], max_tokens: int, *, packed: bool) -> list[list[int]]:
+    """Indices of `lengths` grouped so that each group's token count stays within `max_tokens`.
+
+    A group's count is what its forward computes over: the sum of its lengths when `packed` (padding-free),
+    else rows x its longest row (`Batch.select` pads to that). Rows are taken longest first and added to
+    the current group until the next one would overflow it: sorting puts rows of similar length together,
+    which wastes less padding and, packed or not, leaves fewer partly empty groups than row order. A row
+    longer than the budget alone gets a group of its own. Each group lists its indices in ascending order.
+    """
+    groups: list[list[int]] = []
+    group: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):  # stable: equal lengths keep row order
+        rows = group + [i]
+        tokens = sum(lengths[j] for j in rows) if packed else len(rows) * max(lengths[j] for j in rows)
+        if group and tokens > max_tokens:
+            groups.append(sorted(group))
+            rows = [i]
+        group = rows
+    return groups + [sorted(group)] if group else groups
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a batch's rows are split into micro-batches (one forward each, and in an update one backward).
+
+    Fixed: `size` rows each, in row order. Dynamic (`max_tokens` set; RLLaVA's `dynamic_batching`): as many
+    rows as fit the token budget (`token_budget_groups`), so short responses make few large micro-batches
+    and long ones many small ones; `size` is then not read. `padding_free` micro-batches run packed
+    (`rllava.model.forward.packed_inputs`), which also changes what a micro-batch's tokens count.
+    """
+
+    size: int
+    max_tokens: int | None = None
+    padding_free: bool = False
+    shared_prefix: bool = False  # each forward runs a group's prompt once (rllava.model.shared_prefix)
+
+    @property
+    def layout(self) -> dict[str, bool]:
+        """The forward's layout switches (`token_logprobs` / `ValueModel` keywords)."""
+        return {"padding_free": self.padding_free, "shared_prefix": self.shared_prefix}
+
+    def split(self, batch: Batch, rows: list[int]) -> list[list[int]]:
+        """`rows` (indices into `batch`) as a list of micro-batches of row indices."""
+        if self.max_tokens is None:  # (a hybrid's demonstration rows may make ranks' row counts differ)
+            groups = [[rows[i] for i in idx] for idx in chunks(len(rows), self.size)]
+        else:
+            lengths = batch.attention_mask[rows].sum(-1).tolist()
+            groups = [[rows[i] for i in idx] for idx in token_budget_groups(lengths, self.max_tokens,
+                                                                            packed=self.padding_free)]
+        return equal_count(groups, D.all_max(len(groups)))
+
+
+def equal_count(groups: list[list[int]], n: int) -> list[list[int]]:
+    """`groups` split until there are `n` (the largest count over ranks): under FSDP every rank must run the
+    same number of forwards, each one a collective. The biggest group is halved first; past this rank's row count
+    the groups come out empty (a teacher's route may hold fewer rows here than on another rank)."""
+    groups = [list(g) for g in groups]
+    while len(groups) < n:
+        big = max(range(len(groups)), key=lambda i: len(groups[i]))
+        g = groups.pop(big)
+        groups[big:big] = [g[:len(g) // 2], g[len(g) // 2:]]
+    return groups
+
+
+@torch.no_grad()
+def forward_in_chunks(model, batch: Batch, batching: MicroBatching, fn) -> torch.Tensor:
+    """`fn(micro)` -> [b, t] for each micro-batch, in eval mode and without grad, gathered into [B, T] (zeros past
+    each micro-batch's trimmed length). The old-log-prob, reference and critic-value passes all run this way."""
+    was_training = model.training
+    model.eval()
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=compute_device(model))  # to the host once
+    for idx in batching.split(batch, list(range(len(batch)))):
+        v = fn(batch.select(idx or [0]).to(out.device))  # []: more forwards than rows here (a teacher's route)
+        out[idx, :v.shape[1]] = v[:len(idx)]
+    model.train(was_training)
+    return out.cpu()
+
+
+def compute_logprobs(model, batch: Batch, batching: MicroBatching, temperature: float, *,
+                     chunk_size: int = LOGPROB_CHUNK) -> torch.Tensor:
+    """log pi(x_t | x_<t) [B, T] at every trained position, without grad (old-policy / reference pass)."""
+    return forward_in_chunks(model, batch, batching, lambda micro: token_logprobs(
+        model, micro, temperature=temperature, chunk_size=chunk_size, **batching.layout)[0])
+
+
+def mini_batches(batch: Batch, epochs: int, size: int, rl_mask: torch.Tensor | None = None,
+                 sft_mask: torch.Tensor | None = None):
+    """(row indices, aggregation normalisers) of each mini-batch of each epoch: one optimizer step each. The
+    normalisers are the mini-batch's token / sequence counts, so its micro-batches sum to the unsplit loss.
+
+    With N ranks (`size` and `batch` are then this rank's share) the gradients are averaged over ranks, so
+    each rank divides by 1/N of the *global* counts: the average of the ranks' losses is then the loss of
+    the global mini-batch, however its tokens are spread over the ranks.
+
+    Hybrids: the counts are `rl_mask`'s (the tokens of the RL term) instead of loss_mask's; `sft_mask` [B, T] adds its counts as `sft_tokens` / `sft_seqs` (the SFT term is normalised over its
+    own tokens), and `batch.sft_only` rows (demonstrations added beside the groups) are spread evenly over the
+    mini-batches that `size` makes of the other rows, so every optimizer step mixes both."""
+    rows = list(range(len(batch)))
+    extra = [] if batch.sft_only is None else [i for i in rows if batch.sft_only[i]]
+    rows = [i for i in rows if i not in set(extra)]
+    minis = [[rows[j] for j in idx] for idx in chunks(len(rows), size)] or [[]]
+    for k, share in enumerate(chunks(len(extra), -(-len(extra) // len(minis))) if extra else []):
+        minis[k] = sorted(minis[k] + [extra[j] for j in share])
+    for _ in range(epochs):
+        for mini in minis:
+            masks = [(batch.loss_mask if rl_mask is None else rl_mask)[mini]] + ([] if sft_mask is None else [sft_mask[mini]])
+            counts = D.all_sum([float(c) for m in masks for c in (m.sum(), (m.sum(-1) > 0).sum())])
+            norm = [torch.tensor(max(c, 1.0) / D.world_size()) for c in counts]
+            out = {"num_tokens": norm[0], "num_seqs": norm[1]}
+            if sft_mask is not None:
+                out.update(sft_tokens=norm[2], sft_seqs=norm[3])
+            yield mini, out
+
+
+class MeanMetrics:
+    """Averages named scalars over the micro-/mini-batches of one update. Tensor values stay on the device until
+    `means()`: reading one (`.item()`) would make the host wait for the device after every micro-batch."""
+
+    def __init__(self):
+        self.sums, self.counts = defaultdict(float), defaultdict(int)
+
+    def add(self, metrics: dict[str, float | torch.Tensor]) -> None:
+        for name, value in metrics.items():
+            self.sums[name] = self.sums[name] + (value.detach() if torch.is_tensor(value) else float(value))
+            self.counts[name] += 1
+
+    def means(self) -> dict[str, float]:
+        return {k: float(self.sums[k]) / self.counts[k] for k in self.sums}
