@@ -21,6 +21,7 @@ from rllava.algorithms.registry import call_with_params
 from rllava.data.protocol import Batch
 from rllava.model.forward import LOGPROB_CHUNK, token_logprobs
 from rllava.roles.batching import MeanMetrics, MicroBatching, compute_logprobs, mini_batches
+from rllava.roles.teacher import Teachers
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Distillation:
 
     fn: Callable
     coef: float
-    teachers: object
+    teachers: Teachers
     key: str = "algorithm.distill.loss"
 
     def needs(self, name: str) -> bool:
