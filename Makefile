@@ -23,10 +23,10 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 demo: $(STAMP)
-	$(PY) -m rllava.demo --out outputs/demo
+	$(PY) -m rllava.commands.demo --out outputs/demo
 
 proof: $(STAMP)
-	$(PY) -m rllava.proof --out outputs/proof
+	$(PY) -m rllava.commands.proof --out outputs/proof
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -3,7 +3,7 @@ per-phase costs, and from them the expected gain at 8 GPUs (on paper).
 
     python benchmarks/async.py [--rl-steps 60] [--val-freq 20] [--staleness 1] [--out outputs/bench/async]
 
-One SFT-warmed tiny Qwen2-VL on the synthetic counting task (`rllava.proof`'s recipe: 50 SFT steps), then the
+One SFT-warmed tiny Qwen2-VL on the synthetic counting task (`rllava.commands.proof`'s recipe: 50 SFT steps), then the
 same GRPO run twice from it: synchronous in one process with 2 threads (rollout and update take turns, each on
 both cores), and asynchronous under torchrun, 1 trainer + 1 rollout process of 1 thread each
 (`trainer.async_training=true trainer.rollout_ranks=1`, `--staleness`, token-level TIS). Each run's first step
@@ -33,8 +33,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from rllava.plot import read_metrics  # noqa: E402
-from rllava.proof import TASKS, prepare, summarize, train_rl, warm_up  # noqa: E402
+from rllava.commands.plot import read_metrics  # noqa: E402
+from rllava.commands.proof import TASKS, prepare, summarize, train_rl, warm_up  # noqa: E402
 
 RUNS = {"sync (1 process, 2 threads)": ("2", 1, ()),
         "async (1 + 1 processes, 1 thread each)": ("1", 2, ("trainer.async_training=true", "trainer.rollout_ranks=1",

@@ -3,7 +3,7 @@ one evaluator scores both at fixed marks. Slow (about 15 minutes at the defaults
 
     python benchmarks/learning_vs_trl.py [--budget 240] [--marks 8] [--lr 1e-4] [--out outputs/bench/learning_vs_trl]
 
-The task is the proof's counting (`rllava.proof`): a tiny random Qwen2-VL (demo size) warmed up by rllava's SFT
+The task is the proof's counting (`rllava.commands.proof`): a tiny random Qwen2-VL (demo size) warmed up by rllava's SFT
 (examples/tasks/counting/tiny_cpu_sft.yaml), 4000 synthetic training records, 200 held-out. Both trainers then
 run the counting recipe (examples/tasks/counting/tiny_cpu.yaml): K=8 samples of 8 prompts per step, at most 10 new
 tokens at temperature 1, lr 1e-4 (`--lr`) constant (a decaying schedule would depend on each side's step count), no KL,
@@ -111,7 +111,7 @@ def main(argv=None) -> None:
         return run_trl(a.model, a.data, a.run, 100000, lr=a.lr, new_tokens=NEW_TOKENS, score=counting_score,
                        budget_s=a.budget, marks=tuple(marks))
 
-    from rllava.proof import TASKS, prepare, warm_up
+    from rllava.commands.proof import TASKS, prepare, warm_up
 
     out = os.path.abspath(a.out)
     env = bench_env()

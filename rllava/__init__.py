@@ -1,4 +1,4 @@
-"""rllava: RL for vision-language models. The Python API (imported on first use, so `python -m rllava.plot` and
+"""rllava: RL for vision-language models. The Python API (imported on first use, so `python -m rllava.commands.plot` and
 the config tools stay light):
 
     from rllava import RLVRPipeline, PPO, register_ppo, register_adv_estimator, register_policy_loss

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rllava.demo import report, run_demo
+from rllava.commands.demo import report, run_demo
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""rllava/proof.py: the summary, table and curve from a run's metrics (fast); the proof itself is slow."""
+"""rllava/commands/proof.py: the summary, table and curve from a run's metrics (fast); the proof itself is slow."""
 
 import json
 import math
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from rllava.proof import (HYBRID_METHODS, TASKS, hybrids_table, plot_task, results_table, run_hybrids,
+from rllava.commands.proof import (HYBRID_METHODS, TASKS, hybrids_table, plot_task, results_table, run_hybrids,
                           run_task, summarize, write_results)
 
 
@@ -88,7 +88,7 @@ def hard_start(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["grpo", "chord", "luffy", "hpt", "uft", "srft"])
 def test_hybrids_help_where_grpo_cannot_start(hard_start, method):
-    """`python -m rllava.proof --hybrids --tasks math --sft-steps 20 --rl-steps 120 --val-freq 20`, one method at a
+    """`python -m rllava.commands.proof --hybrids --tasks math --sft-steps 20 --rl-steps 120 --val-freq 20`, one method at a
     time from one warm-up (each ~6 minutes on a CPU core): GRPO gains < 5 points; CHORD, LUFFY and HPT at least
     10 more than GRPO; UFT and SRFT more than GRPO. (CHORD-phi is in the table, docs/proof.md, without a target:
     phi(p) ~ p gives a model that cannot answer almost no SFT signal, by design.)"""
@@ -111,7 +111,7 @@ def easy_start(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", HYBRID_METHODS[1:])
 def test_no_hybrid_falls_behind_grpo_on_the_easy_start(easy_start, method):
-    """`python -m rllava.proof --hybrids --tasks counting --sft-steps 50 --rl-steps 120 --val-freq 20`: where GRPO
+    """`python -m rllava.commands.proof --hybrids --tasks counting --sft-steps 50 --rl-steps 120 --val-freq 20`: where GRPO
     learns on its own, no hybrid ends more than 3 points below it."""
     kw = dict(sft_steps=50, rl_steps=120, val_freq=20)
     (grpo,) = run_hybrids(TASKS["counting"], easy_start, methods=["grpo"], **kw)
@@ -121,7 +121,7 @@ def test_no_hybrid_falls_behind_grpo_on_the_easy_start(easy_start, method):
 
 
 def test_async_table_rows_and_gap_to_the_synchronous_run():
-    from rllava.proof import async_table
+    from rllava.commands.proof import async_table
 
     def run(name, seed, start, end):
         return {"method": name, "seed": seed, "sampled_before": start, "sampled_after": end, "greedy_after": end + 1,
@@ -137,7 +137,7 @@ def test_async_table_rows_and_gap_to_the_synchronous_run():
 def test_run_methods_runs_each_once_with_its_keys_and_processes(tmp_path, monkeypatch):
     """One warm-up serves every method; each runs with its keys on its process count; a method already
     summarised is not run again (run_hybrids and --async go through it)."""
-    import rllava.proof as P
+    import rllava.commands.proof as P
 
     calls = []
     monkeypatch.setattr(P, "prepare", lambda task, out, seed=0: calls.append(("prepare", seed)) or ["data.x=1"])
@@ -156,7 +156,7 @@ def test_run_methods_runs_each_once_with_its_keys_and_processes(tmp_path, monkey
 
 
 def test_distill_table_rows_and_the_step_opd_reaches_grpos_end():
-    from rllava.proof import distill_table
+    from rllava.commands.proof import distill_table
 
     def run(name, curve):
         return {"method": name, "sampled_before": curve[0][1], "sampled_after": sum(v for _, v in curve[-3:]) / 3,
@@ -172,10 +172,10 @@ def test_distill_table_rows_and_the_step_opd_reaches_grpos_end():
 
 @pytest.mark.slow
 def test_distillation_moves_where_grpo_cannot(tmp_path):
-    """`python -m rllava.proof --distill --tasks math --sft-steps 20 --teacher-steps 200 --rl-steps 120
+    """`python -m rllava.commands.proof --distill --tasks math --sft-steps 20 --teacher-steps 200 --rl-steps 120
     --val-freq 20` (GRPO and pure distillation with the exact reverse KL): on the hard start (2 % sampled, GRPO
     stays there: docs/proof.md) the teacher's per-token signal lifts the student by 5 points or more over GRPO."""
-    from rllava.proof import distill_table, run_distill
+    from rllava.commands.proof import distill_table, run_distill
 
     teacher, (grpo, opd) = run_distill(TASKS["math"], str(tmp_path / "math"), sft_steps=20, teacher_steps=200,
                                        rl_steps=120, val_freq=20, methods=("grpo", "opd"))
@@ -185,11 +185,11 @@ def test_distillation_moves_where_grpo_cannot(tmp_path):
 
 @pytest.mark.slow
 def test_distillation_reaches_grpos_end_in_a_third_of_the_steps(tmp_path):
-    """`python -m rllava.proof --distill --tasks counting --sft-steps 50 --teacher-steps 150 --rl-steps 100
+    """`python -m rllava.commands.proof --distill --tasks counting --sft-steps 50 --teacher-steps 150 --rl-steps 100
     --val-freq 10` (GRPO's config, and pure distillation with the exact reverse KL over 64 prompts x 1 sample a
     step: docs/proof.md): from the student's SFT start, OPD's held-out accuracy passes GRPO's step-100 accuracy
     (mean of its last 3 evaluations) by step 33 and ends within 3 points of its teacher (~9 min alone)."""
-    from rllava.proof import distill_table, run_distill
+    from rllava.commands.proof import distill_table, run_distill
 
     teacher, (grpo, opd) = run_distill(TASKS["counting"], str(tmp_path / "counting"), sft_steps=50,
                                        teacher_steps=150, rl_steps=100, val_freq=10, methods=("grpo", "opd_wide"))

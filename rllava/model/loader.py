@@ -174,7 +174,7 @@ def save_model(model, processor, path: str, state_dict: dict | None = None, *, w
     policy is saved with its adapters merged (`merge_lora=False`: the base weights), and the adapter alone
     under `path/adapter`. `state_dict`: the full weights when the model itself holds only shards (FSDP2:
     `engine.full_state_dict()`). `weights=False`: config, generation config and processor only (what a
-    checkpoint keeps beside its sharded weights so that `rllava.export` can rebuild the model). `pixels`: the
+    checkpoint keeps beside its sharded weights so that `rllava.commands.export` can rebuild the model). `pixels`: the
     training's (data.min_pixels, data.max_pixels), kept by the saved image processor."""
     from rllava.model.lora import has_lora, merged_state_dict, save_adapter
     from rllava.utils.fs import atomic_directory

@@ -8,7 +8,7 @@
             ref/                   the reference's weights, when algorithm.ref_reset_freq moves them
             rng/rank_R.pt          rank R's python / numpy / torch (/ cuda) RNG states
             trainer_state.json     step, sampler (epoch, position), world size, KL controller, what was saved
-            config.yaml            the run's resolved config (`python -m rllava.export` reads it)
+            config.yaml            the run's resolved config (`python -m rllava.commands.export` reads it)
         latest_checkpointed_iteration.txt   the newest step (verl's tracker file)
 
 - Exact: the sampler's epoch and position (each epoch is reshuffled with data.seed + epoch), optimizer, LR

@@ -41,7 +41,7 @@ STALE_PREFIXES = (".final.tmp-",)  # what a kill during the final save leaves (r
 
 def keys_for(run_dir: str) -> list[str]:
     """The keys that make a run write exactly `run_dir` (RLLaVA's layout: <outputs_dir>/<project>/<experiment>),
-    for tools that place runs themselves (rllava.proof, benchmarks/)."""
+    for tools that place runs themselves (rllava.commands.proof, benchmarks/)."""
     run_dir = os.path.abspath(run_dir)
     project = os.path.dirname(run_dir)
     return [f"trainer.outputs_dir={os.path.dirname(project)}", f"trainer.project_name={os.path.basename(project)}",

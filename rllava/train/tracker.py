@@ -4,7 +4,7 @@ plus `outputs_dir/samples.jsonl`, a few training generations every trainer.sampl
 Each metrics.jsonl row also carries `time/elapsed_s`: wall-clock seconds the run has spent since its tracker
 started (model loaded, checkpoint restored), summed over resumes: a resumed run goes on from the value logged at
 its checkpoint's step, so the time a stopped run spent past its last checkpoint (redone after the resume) and the
-restart itself are not counted. `python -m rllava.compare` plots curves against it."""
+restart itself are not counted. `python -m rllava.commands.compare` plots curves against it."""
 
 from __future__ import annotations
 

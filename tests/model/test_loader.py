@@ -129,7 +129,7 @@ STANDARD = {"qwen2_vl": ("Qwen2VLProcessor", "Qwen2VLVideoProcessor"),
 
 @pytest.mark.parametrize("arch", list(STANDARD))
 def test_export_names_the_standard_processor(tmp_path, arch, fake_torchvision):
-    """`save_model` (final/, every hf_model save, rllava.export) writes the model's standard processor class:
+    """`save_model` (final/, every hf_model save, rllava.commands.export) writes the model's standard processor class:
     plain transformers with torchvision loads that processor (not a bare tokenizer) and the model; rllava
     without torchvision loads it as its image-only processor, encoding exactly as before the save."""
     import json

@@ -14,7 +14,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-from rllava import export as X
+from rllava.commands import export as X
 from rllava.data.sampler import EpochSampler
 from rllava.train import checkpoint as C
 from rllava.train.pipeline import rlvr
@@ -214,7 +214,7 @@ def _generates(path):
 @pytest.mark.parametrize("lora", [False, True])
 def test_hf_export_every_save_and_after_the_fact(tmp_path, tiny_model_dir, counting_dir, distinct_reward, lora):
     """save_contents=[.., hf_model]: each checkpoint holds a save_pretrained copy (LoRA merged, the run's chat
-    template included); `python -m rllava.export` rebuilds the same from a checkpoint without one."""
+    template included); `python -m rllava.commands.export` rebuilds the same from a checkpoint without one."""
     template = AutoTokenizer.from_pretrained(tiny_model_dir).chat_template + "{# rllava export test #}"
     out = str(tmp_path / "run")
     lora_args = ["actor.model.use_peft=true", "actor.model.lora_r=4", "actor.model.lora_alpha=16",
@@ -230,7 +230,7 @@ def test_hf_export_every_save_and_after_the_fact(tmp_path, tiny_model_dir, count
     assert os.path.isfile(os.path.join(hf, "adapter", "adapter_model.safetensors")) == lora
 
     exported = str(tmp_path / "exported")
-    res = subprocess.run([sys.executable, "-m", "rllava.export", os.path.join(out, "checkpoints"), exported],
+    res = subprocess.run([sys.executable, "-m", "rllava.commands.export", os.path.join(out, "checkpoints"), exported],
                          capture_output=True, text=True, cwd=REPO)
     assert res.returncode == 0, res.stderr[-2000:]
     again = _weights(exported)

@@ -1,5 +1,5 @@
-"""A/B experiments: `python -m rllava.compare` (curves, final/best table, config diff, mean ± std over seeds),
-`python -m rllava.sweep` (a grid of normal runs, skipped / resumed / restarted on re-launch, one per GPU with
+"""A/B experiments: `python -m rllava.commands.compare` (curves, final/best table, config diff, mean ± std over seeds),
+`python -m rllava.commands.sweep` (a grid of normal runs, skipped / resumed / restarted on re-launch, one per GPU with
 --parallel), and the wall-clock field `time/elapsed_s` they plot against."""
 
 import importlib.util
@@ -11,8 +11,8 @@ import types
 
 import pytest
 
-from rllava import compare as X
-from rllava import sweep as S
+from rllava.commands import compare as X
+from rllava.commands import sweep as S
 from rllava.errors import RllavaError
 from rllava.train import tracker as T
 
@@ -138,7 +138,7 @@ def test_compare_smooths_training_curves_skips_all_zero_metrics_and_knows_a_path
     assert sorted(os.path.basename(p) for p in result["plots"]) == ["reward_mean.png", "val_accuracy.png"]
     fig = X.plot_metric("reward/mean", X.group_runs([X.load_run(runs[0], "a")[0]], []), False, str(tmp_path), 0.5)
     assert os.path.isfile(fig)
-    from rllava import plot
+    from rllava.commands import plot
 
     assert plot.auto_smoothing(30) == 0.0 and plot.auto_smoothing(300) == pytest.approx(1 - 2 / 16)
     assert plot.ema([1.0, 3.0] * 50, None) == plot.ema([1.0, 3.0] * 50, plot.auto_smoothing(100))

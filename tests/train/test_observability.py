@@ -12,7 +12,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rllava import plot
+from rllava.commands import plot
 from rllava.data.protocol import Sample, Segment, Trajectory, collate
 from rllava.train.evaluate import headline
 from rllava.train.pipeline import rlvr
@@ -81,8 +81,8 @@ def test_tensorboard_console_samples_and_plots(tmp_path, tiny_model_dir, countin
             assert s["reward_parts"] == {"overall": pytest.approx(s["reward"]),
                                          "short": float(len(s["response"]) < 30)}
 
-    # python -m rllava.plot: one PNG per quantity the run logged, one per validation metric, titled with the run
-    res = subprocess.run([sys.executable, "-m", "rllava.plot", out], capture_output=True, text=True, cwd=REPO)
+    # python -m rllava.commands.plot: one PNG per quantity the run logged, one per validation metric, titled with the run
+    res = subprocess.run([sys.executable, "-m", "rllava.commands.plot", out], capture_output=True, text=True, cwd=REPO)
     assert res.returncode == 0, res.stderr[-2000:]
     names = sorted(os.path.basename(p) for p in res.stdout.split())
     assert {"reward.png", "reward_parts.png", "entropy.png", "response_length.png", "val_score.png",
@@ -95,7 +95,7 @@ def test_tensorboard_console_samples_and_plots(tmp_path, tiny_model_dir, countin
 
 
 def test_plot_without_metrics_is_one_line(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "rllava.plot", str(tmp_path)], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "rllava.commands.plot", str(tmp_path)], capture_output=True, text=True,
                          cwd=REPO)
     assert res.returncode == 2 and res.stderr.strip() == (
         f"rllava: error: {tmp_path}/metrics.jsonl does not exist: give a run's folder, "

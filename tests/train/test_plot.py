@@ -1,4 +1,4 @@
-"""python -m rllava.plot on hand-written metrics: the EMA, the panels it draws and skips, the run's name."""
+"""python -m rllava.commands.plot on hand-written metrics: the EMA, the panels it draws and skips, the run's name."""
 
 import json
 import math
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rllava import plot
+from rllava.commands import plot
 from rllava.errors import RllavaError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -72,7 +72,7 @@ def test_panels_name_their_y_axis_and_the_cli_writes_where_told(tmp_path):
     labels = {p.name: plot.draw(p, rows).axes[0].get_ylabel() for p in plot.panels(rows, "r")}
     assert labels["reward"] == "reward" and labels["entropy"] == "entropy (nats / token)" and \
         labels["val_accuracy"] == "accuracy"
-    res = subprocess.run([sys.executable, "-m", "rllava.plot", out, "--out", str(tmp_path / "figs"), "--smoothing",
+    res = subprocess.run([sys.executable, "-m", "rllava.commands.plot", out, "--out", str(tmp_path / "figs"), "--smoothing",
                           "auto"], capture_output=True, text=True, cwd=REPO)
     assert res.returncode == 0 and all(p.startswith(str(tmp_path / "figs")) for p in res.stdout.split()), res.stderr
 
@@ -86,13 +86,13 @@ def test_run_name_falls_back_to_the_directory(tmp_path):
 
 def test_cli_writes_one_png_per_panel_and_rejects_a_bad_weight(tmp_path):
     out = _run(tmp_path, "counting_grpo")
-    res = subprocess.run([sys.executable, "-m", "rllava.plot", out, "--ema", "0.8"], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "rllava.commands.plot", out, "--ema", "0.8"], capture_output=True, text=True,
                          cwd=REPO)
     assert res.returncode == 0, res.stderr[-2000:]
     assert sorted(os.path.basename(p) for p in res.stdout.split()) == [
         "accuracy.png", "entropy.png", "loss.png", "reward.png", "reward_parts.png", "val_accuracy.png",
         "val_format.png", "val_pass_2.png"]
-    res = subprocess.run([sys.executable, "-m", "rllava.plot", out, "--smoothing", "1.5"], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "rllava.commands.plot", out, "--smoothing", "1.5"], capture_output=True,
                          text=True, cwd=REPO)
     assert res.returncode == 2 and res.stderr.strip() == (
         "rllava: error: smoothing=1.5: expected a weight in [0, 1) (0 = no smoothing)")

@@ -205,6 +205,6 @@ def load_engine(engine, path: str, parts=ENGINE_PARTS) -> list[str]:
 
 def load_weights(state: dict, path: str) -> None:
     """Fill a model state dict (full tensors, in place) with the weights of the engine checkpoint at `path`;
-    the optimizer state there is not read (`rllava.export`)."""
+    the optimizer state there is not read (`rllava.commands.export`)."""
     check_model_state(state, read_metadata(path), path)
     _dcp_load({"model": state}, path)

@@ -1,6 +1,6 @@
 """`make proof`: on each task, GRPO visibly improves an SFT-warmed tiny model on held-out data, on a CPU.
 
-    python -m rllava.proof --out outputs/proof [--tasks counting grounding math ovd agent_search] [--seed 0]
+    python -m rllava.commands.proof --out outputs/proof [--tasks counting grounding math ovd agent_search] [--seed 0]
 
 For each task: build a tiny random VLM (`rllava.model.tiny`, `Task.arch`) and its synthetic set
 (`rllava.data.synthetic TASK`, 4000 train / 200 held out), warm the model up with SFT on the records'
@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 from rllava.data.synthetic import make_dataset
 from rllava.model.tiny import build_tiny
-from rllava.plot import read_metrics, series
+from rllava.commands.plot import read_metrics, series
 from rllava.train.outputs import keys_for
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclass(frozen=True)
@@ -376,7 +376,7 @@ def results_table(summaries: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.proof", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rllava.commands.proof", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="outputs/proof")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--seed", type=int, default=0)
@@ -435,7 +435,7 @@ def write_results(out: str) -> str:
                 summaries.append(json.load(f))
     table = results_table(summaries)
     with open(os.path.join(out, "results.md"), "w") as f:
-        f.write("# GRPO on SFT-warmed tiny Qwen2-VLs, held-out sets of 200 (python -m rllava.proof)\n\n"
+        f.write("# GRPO on SFT-warmed tiny Qwen2-VLs, held-out sets of 200 (python -m rllava.commands.proof)\n\n"
                 f"{table}\n\nSampled at the rollout temperature (2 samples per prompt); 'after' = mean of the last 3 "
                 "evaluations; 2 CPU cores shared with other work, so the seconds vary. Curves: <task>.png.\n")
     return table

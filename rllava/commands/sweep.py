@@ -1,6 +1,6 @@
-"""A grid of runs, one normal run per point, then `rllava.compare` over them.
+"""A grid of runs, one normal run per point, then `rllava.commands.compare` over them.
 
-    python -m rllava.sweep config=examples/config.yaml algorithm.adv_estimator=grpo,rloo trainer.seed=1,2,3 \\
+    python -m rllava.commands.sweep config=examples/config.yaml algorithm.adv_estimator=grpo,rloo trainer.seed=1,2,3 \\
         trainer.max_steps=100 [--parallel] [--out DIR] [--pipeline rlvr]
 
 - An override whose value has a comma outside brackets and quotes is an axis, one value per comma; any other is
@@ -19,7 +19,7 @@
   and nothing runs (drop --parallel to run the grid one after another).
 - A failed run is reported (its name, exit status, last log line and log file) and the sweep goes on; the exit
   status is 1 when any run failed, 2 for a bad grid, 130 when interrupted (launch again to go on).
-- At the end, `rllava.compare` over the finished runs into OUT/compare/ (PNGs and compare.md, the table also
+- At the end, `rllava.commands.compare` over the finished runs into OUT/compare/ (PNGs and compare.md, the table also
   printed), with seed axes (SEED_KEYS) averaged: mean ± std over the seeds of each setting.
 """
 
@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from queue import Queue
 
-from rllava.compare import compare, config_changes, flat_config, short_keys
+from rllava.commands.compare import compare, config_changes, flat_config, short_keys
 from rllava.config import config_to_yaml, load_config
 from rllava.errors import RllavaError
 
@@ -263,7 +263,7 @@ def sweep(args: list[str], out: str | None = None, parallel: bool = False, pipel
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.sweep", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rllava.commands.sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", metavar="KEY=V1,V2", help="config=FILE, fixed and swept keys")
     parser.add_argument("--out", help="trainer.outputs_dir of every run: the runs go to "
                         "OUT/<project_name>/<experiment_name>/<name>")

@@ -1,6 +1,6 @@
 """`make demo`: the whole pipeline on a CPU in a few minutes, with numbers that show RL working.
 
-    python -m rllava.demo --out outputs/demo [--sft-steps 50] [--rl-steps 240] [--seed 0]
+    python -m rllava.commands.demo --out outputs/demo [--sft-steps 50] [--rl-steps 240] [--seed 0]
 
 1. build a tiny random Qwen2-VL (`rllava.model.tiny`, ~4.8 M parameters) and a synthetic counting set
    (`rllava.data.synthetic`, 4000 train / 200 held-out images with 1-5 shapes);
@@ -8,7 +8,7 @@
    format but counts well below perfectly;
 3. run GRPO (`rllava.train.pipeline.rlvr`) with a strict reward;
 4. print held-out accuracy of the SFT model and after GRPO: sampled at the rollout temperature (what RL
-   optimises) and greedy beside it; write the GRPO run's curves (`python -m rllava.plot`) to grpo/plots/.
+   optimises) and greedy beside it; write the GRPO run's curves (`python -m rllava.commands.plot`) to grpo/plots/.
 
 Steps 2 and 3 are the real command lines a user runs (printed before they start), as subprocesses. One
 evaluation of a tiny model jumps by whole count classes, so "after" averages the last `--average` evaluations.
@@ -20,13 +20,13 @@ import argparse
 import os
 import subprocess
 
-from rllava.plot import plot
-from rllava.proof import TASKS, run_task
+from rllava.commands.plot import plot
+from rllava.commands.proof import TASKS, run_task
 
 
 def run_demo(out: str, sft_steps: int = 50, rl_steps: int = 240, val_freq: int = 40, average: int = 3,
              seed: int = 0) -> dict:
-    """Build, warm up, train (the counting row of `rllava.proof`); returns the summary that is printed (also
+    """Build, warm up, train (the counting row of `rllava.commands.proof`); returns the summary that is printed (also
     written to `out/summary.json`)."""
     return run_task(TASKS["counting"], out, sft_steps=sft_steps, rl_steps=rl_steps, val_freq=val_freq,
                     average=average, seed=seed)
@@ -48,7 +48,7 @@ def report(s: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rllava.commands.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="outputs/demo")
     parser.add_argument("--sft-steps", type=int, default=50)
     parser.add_argument("--rl-steps", type=int, default=240)
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     except subprocess.CalledProcessError as e:
         parser.exit(1, f"demo: a training run failed (exit status {e.returncode}); its output is above\n")
     print(report(summary))
-    print("curves (python -m rllava.plot):", " ".join(plot(os.path.join(summary["outputs"], "grpo"))))
+    print("curves (python -m rllava.commands.plot):", " ".join(plot(os.path.join(summary["outputs"], "grpo"))))
 
 
 if __name__ == "__main__":

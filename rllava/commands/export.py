@@ -1,6 +1,6 @@
 """A trainer checkpoint as a plain `save_pretrained` directory, after the fact:
 
-    python -m rllava.export CHECKPOINT OUT [--no-merge-lora]
+    python -m rllava.commands.export CHECKPOINT OUT [--no-merge-lora]
 
 CHECKPOINT is a `global_step_N` directory or a directory of them (the newest is taken), written by any number
 of ranks. The model is rebuilt from the checkpoint alone: its config and processor (`actor/huggingface/`), its
@@ -54,7 +54,7 @@ def export(checkpoint: str, out: str, merge_lora: bool = True) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rllava.commands.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a global_step_N directory, or a directory of them (newest taken)")
     parser.add_argument("out", help="the save_pretrained directory to write")
     parser.add_argument("--no-merge-lora", action="store_true", help="LoRA: save the base weights, not merged")

@@ -1,6 +1,6 @@
 """Training curves as PNG files, from a run's metrics.jsonl:
 
-    python -m rllava.plot OUTPUTS_DIR [--smoothing auto|0.9] [--out DIR]  -> DIR (default OUTPUTS_DIR/plots)/*.png
+    python -m rllava.commands.plot OUTPUTS_DIR [--smoothing auto|0.9] [--out DIR]  -> DIR (default OUTPUTS_DIR/plots)/*.png
 
 One figure per quantity a researcher checks first (reward or score, accuracy, the reward's own parts, KL, entropy,
 response length, losses) and one per validation metric (sampled and greedy on one axis, as measured), each with
@@ -148,7 +148,7 @@ def draw(panel: Panel, rows: list[dict], smoothing: float | None = SMOOTHING):
 
 def smoothed(ax, x, values, smoothing: float | None, label: str):
     """A training curve: raw (thin, faint) under its EMA (bold, the same colour), or raw alone at smoothing 0;
-    returns the labelled line (rllava.compare draws its curves the same way)."""
+    returns the labelled line (rllava.commands.compare draws its curves the same way)."""
     if smoothing == 0:
         line, = ax.plot(x, values, label=label)
         return line
@@ -178,7 +178,7 @@ def smoothing_arg(text: str) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.plot", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rllava.commands.plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("outputs_dir", help="a run's folder, <outputs_dir>/<project_name>/<experiment_name> "
                         "(holding metrics.jsonl)")
     parser.add_argument("--smoothing", "--ema", type=smoothing_arg, default=SMOOTHING,

@@ -1,10 +1,10 @@
 """Compare runs: their curves overlaid, a table of final and best validation metrics, the config keys that differ.
 
-    python -m rllava.compare RUN_DIR RUN_DIR ... [--out DIR] [--group-by KEY ...] [--smoothing auto|0.9]
+    python -m rllava.commands.compare RUN_DIR RUN_DIR ... [--out DIR] [--group-by KEY ...] [--smoothing auto|0.9]
 
 - One PNG per metric in OUT (default ./compare): reward/mean, reward/accuracy_mean, every val/* and val_greedy/*
   metric, the KL terms, actor/entropy, response_length/mean (a metric every run logged as 0 is left out); the
-  training curves raw (thin) and smoothed (bold) as `rllava.plot` draws them, the validation metrics as measured;
+  training curves raw (thin) and smoothed (bold) as `rllava.commands.plot` draws them, the validation metrics as measured;
   left panel against the step, right panel against
   wall-clock (`time/elapsed_s` of metrics.jsonl, see rllava.train.tracker; a run logged before that field existed
   falls back to the running sum of `timing/step`, which leaves out validation and checkpoints, with a note).
@@ -16,7 +16,7 @@
 - `--group-by trainer.seed`: runs whose configs differ only in that key (and NOT_COMPARED) form one group, shown
   as the mean over its runs with a ± one standard deviation band per step, and as `mean ± std` over the runs'
   final and best values in the table (std: the sample standard deviation, n-1; 0 for a group of one). A group is
-  named by the keys that differ between groups. `python -m rllava.sweep` groups its seeds this way.
+  named by the keys that differ between groups. `python -m rllava.commands.sweep` groups its seeds this way.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 from rllava.config.loader import _flatten
 from rllava.config.schema import DERIVED_KEYS
 from rllava.errors import RllavaError
-from rllava.plot import SMOOTHING, ema, read_metrics, smoothed, smoothing_arg
+from rllava.commands.plot import SMOOTHING, ema, read_metrics, smoothed, smoothing_arg
 
 CURVES = ["reward/mean", "reward/accuracy_mean", "actor/kl_loss", "actor/reward_kl", "actor/ppo_kl",
           "actor/entropy", "response_length/mean"]  # then every validation metric
@@ -207,7 +207,7 @@ def table(runs: list[Run], groups: dict[str, list[Run]], grouped: bool) -> str:
 def plot_metric(key: str, groups: dict[str, list[Run]], grouped: bool, out_dir: str,
                 smoothing: float | None = SMOOTHING) -> str:
     """One PNG, two panels: `key` against the step and against wall-clock; a line per run (or per group's mean,
-    with a ± std band); a training curve raw and thin under its EMA (`rllava.plot.ema`)."""
+    with a ± std band); a training curve raw and thin under its EMA (`rllava.commands.plot.ema`)."""
     import matplotlib.pyplot as plt
 
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
@@ -269,14 +269,14 @@ def compare(run_dirs: list[str], out_dir: str = "compare", group_by: list[str] |
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rllava.commands.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
                         help="runs' folders (<outputs_dir>/<project_name>/<experiment_name>)")
     parser.add_argument("--out", default="compare", help="where the PNGs and compare.md go (default ./compare)")
     parser.add_argument("--group-by", action="append", default=[], metavar="KEY",
                         help="average runs that differ only in KEY (e.g. trainer.seed); repeatable")
     parser.add_argument("--smoothing", "--ema", type=smoothing_arg, default=SMOOTHING,
-                        help="EMA weight over the training curves (default auto, as rllava.plot; 0 = off)")
+                        help="EMA weight over the training curves (default auto, as rllava.commands.plot; 0 = off)")
     args = parser.parse_args(argv)
     try:
         result = compare(args.run_dirs, args.out, args.group_by, args.smoothing)
