@@ -4,7 +4,7 @@ A hybrid trains on two kinds of tokens in one batch: the policy's own (on-policy
 (`Segment.off_policy`: a demonstration, a hint, an expert sample in a group). Each is one config (the scripts
 `examples/algorithms/{chord,chord_phi,luffy,uft,hpt,srft}.sh`); what it does with the expert tokens:
 
-    method  expert tokens                                  from (rllava.train.hybrid)              select with
+    method  expert tokens                                  from (rllava.train.hybrid_step)              select with
     LUFFY   RL in the group, shaped f(p) = p/(p+gamma),    n_prefix of the K responses are the     loss_mode=luffy
             no clip (arXiv:2504.14945)                     expert's (prefix_strategy=random)
     SRFT    LUFFY's shaped RL + SFT x 0.5 exp(-H_i); own   as LUFFY                                loss_mode=srft

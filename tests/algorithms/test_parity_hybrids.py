@@ -3,7 +3,7 @@ d loss / d log p on small float64 examples.
 
 rllava composes each hybrid in `Actor.update` (`rllava.roles.actor`): the policy loss on the RL tokens, an SFT
 term -w_t log p_t on the expert tokens, each normalised over its own tokens, combined as
-rl_coef L_RL + sft_coef L_SFT with the coefficients of `rllava.train.hybrid.Hybrid`. Each test drives
+rl_coef L_RL + sft_coef L_SFT with the coefficients of `rllava.train.hybrid_step.Hybrid`. Each test drives
 `Actor.update` over one mini-batch (the model's forward replaced by fixed log-probs) and compares with the
 reference's objective, written out below from the reference code:
 
@@ -52,7 +52,7 @@ from rllava.algorithms.ppo import build_algorithm
 from rllava.config.schema import ActorConfig, AlgorithmConfig, PolicyLossConfig
 from rllava.data.protocol import Batch
 from rllava.roles.actor import Actor, ExpertLoss
-from rllava.train.hybrid import Hybrid
+from rllava.train.hybrid_step import Hybrid
 
 F64 = torch.float64
 

@@ -1,4 +1,4 @@
-"""SFT+RL hybrids in the RLVR step (rllava.train.hybrid): where the expert tokens come from, the rollout that
+"""SFT+RL hybrids in the RLVR step (rllava.train.hybrid_step): where the expert tokens come from, the rollout that
 continues them, HPT's switch, CHORD's demonstration rows, a 2-step run of each method, exact resume, bad keys."""
 
 import json
@@ -16,7 +16,7 @@ from rllava.data.protocol import collate
 from rllava.engine.inference.base import Completion, SamplingParams
 from rllava.model.processor import get_tokenizer, load_processor
 from rllava.roles.rollout import Rollout
-from rllava.train.hybrid import Hybrid, expert_rows_per_step
+from rllava.train.hybrid_step import Hybrid, expert_rows_per_step
 from rllava.train.pipeline import rlvr
 from rllava.train.outputs import keys_for
 
@@ -301,7 +301,7 @@ def test_rllavas_expert_dataset_classes_are_read_with_their_meaning(tiny_model_d
     max_target_length cuts the expert tokens; what rllava does not do is an error naming the key."""
     from rllava.data.protocol import Sample
     from rllava.model.processor import load_processor
-    from rllava.train.hybrid import Hybrid
+    from rllava.train.hybrid_step import Hybrid
 
     base = ["actor.policy_loss.loss_mode=luffy", "algorithm.prefix_strategy=random", f"actor.model.model_path={tiny_model_dir}"]
     spec = "data.dataset_class=examples/algorithms/sft-rl/custom_datasets.py:"

@@ -33,7 +33,7 @@ from rllava.train import async_rl
 from rllava.train import builders as B
 from rllava.train.cli import run_cli
 from rllava.train.evaluate import headline
-from rllava.train.hybrid import build_hybrid
+from rllava.train.hybrid_step import build_hybrid
 from rllava.train.loop import Given, Run, build_run, train_loop
 from rllava.train.tracker import Timer
 
