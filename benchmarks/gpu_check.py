@@ -53,6 +53,14 @@ Issue 46's two scenarios (`--scenario`, one run each, the engine chosen by the c
              tokens/s/GPU is verl's `perf/throughput`: every prompt + response token of a step / step seconds / GPUs
              (rllava's `perf/tokens_per_s`, one GPU), of the steps after the first; the rollout's share is
              `timing/rollout / timing/step`.
+             The A/B for the next GPU (issue 46: the rollout was 48 % of the step, token-by-token decode), the HF
+             engine's decode path, rllava alone, one model directory for both (--root):
+                 python benchmarks/gpu_check.py --scenario research --no-trl --root /tmp/gc --out eager.md
+                 python benchmarks/gpu_check.py --scenario research --no-trl --root /tmp/gc --out compiled.md \
+                     --keys rollout.hf_decode=compiled      # (and =static: the cache alone, no compile)
+             compare tokens/s and the rollout share (the first step, which compiles, is left out of both); the
+             log-prob gap must stay that of the eager run.
+`--keys k=v ...` go to every run's config (after the scenario's) and head the table.
 Each writes its rows as soon as a phase is measured (a run cut off by its timeout keeps the phases it reached).
 """
 
@@ -519,6 +527,8 @@ def main(argv: list[str] | None = None) -> str:
                          "micro-batch 16, bf16, gradient checkpointing, HF rollout"}[args.scenario]
     if args.tiny:
         sizes = f"{args.scenario}, tiny sizes, {'bf16' if device == 'cuda' else 'fp32'}"
+    if args.keys:
+        sizes += "; keys: " + " ".join(args.keys)
     flops, name = matmul_peak(device), torch.cuda.get_device_name() if device == "cuda" else device
     results, text = [], ""
 

@@ -40,12 +40,19 @@ def test_gpu_check_tiny_on_cpu_writes_its_table(tmp_path):
         assert r[2] == "1" and float(r[3]) > 0 and r[6] == "n/a" and float(r[7]) >= 0  # logprob gap logged
 
 
-def test_issue_46_scenarios_run_their_configs_on_tiny_models(tmp_path):
+def test_issue_46_scenarios_run_their_configs_on_tiny_models(tmp_path, monkeypatch):
     """rllava24 (RLLaVA's examples/config.yaml as the file is: the reference's pass is a phase) and research (one
-    optimizer step, no KL) plan and train one step each through the same code as on the GPU."""
-    for scenario, phases in (("rllava24", gpu_check.PHASES), ("research", ("rollout", "update", "optimizer"))):
+    optimizer step, no KL) plan and train one step each through the same code as on the GPU; research with
+    `--keys rollout.hf_decode=static`, the decode A/B of the module docstring (the key reaches the HF engine)."""
+    from rllava.engine.inference import hf
+
+    copies, static_copy = [], hf.static_copy
+    monkeypatch.setattr(hf, "static_copy", lambda *a, **k: copies.append(1) or static_copy(*a, **k))
+    for scenario, phases, keys in (("rllava24", gpu_check.PHASES, []),
+                                   ("research", ("rollout", "update", "optimizer"), ["rollout.hf_decode=static"])):
         text = gpu_check.main(["--tiny", "--device", "cpu", "--scenario", scenario, "--no-trl", "--out",
-                               str(tmp_path / f"{scenario}.md"), "--root", str(tmp_path / "root")])
+                               str(tmp_path / f"{scenario}.md"), "--root", str(tmp_path / "root"), "--keys", *keys])
+        assert len(copies) == (scenario == "research") and ("keys: rollout.hf_decode=static" in text) == bool(keys)
         planned = {line.split(" | ")[2] for line in text.splitlines() if line.startswith("| tiny") and
                    line.count("|") == 7}
         assert set(phases) <= planned, (scenario, planned)

@@ -35,6 +35,7 @@ OPTIMIZERS_PLANNED = ["adamw_bf16"]  # RLLaVA's AdamW with bf16 states
 VAL_OVERRIDE_KEYS = ["n", "temperature", "top_p", "top_k"]  # the rollout keys builders.sampling_params reads
 ROLLOUT_ENGINES = ["hf", "vllm", "sglang"]  # vllm / sglang: optional extras, pip install "rllava[vllm]"
 ROLLOUT_ENGINES_PLANNED: list[str] = []
+HF_DECODE_MODES = ["eager", "static", "compiled"]  # rollout.hf_decode (rllava.engine.inference.hf)
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KL_TYPES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]  # full: over the vocabulary (single engine)
 KL_CTRL_TYPES = ["fixed", "adaptive"]
@@ -727,6 +728,8 @@ class RolloutConfig:
     ignore_eos: bool = False  # keep generating past EOS, to max_response_length (rollout.name=hf only)
     disable_tqdm: bool = False  # hide the generation progress bar (rllava shows none: true warns)
     micro_batch_size: int = 2  # prompts per generate call
+    # rllava key: the HF engine's decode path (rllava.engine.inference.hf.HFRolloutEngine, its docstring)
+    hf_decode: str = "eager"  # rollout.name=hf's KV cache: eager (the growing DynamicCache) | static (a preallocated StaticCache: fixed decode shapes, the same tokens and log-probs) | compiled (static, and generate compiles the decode step: CUDA graphs; CUDA and actor.strategy single only); models with sliding-window or linear-attention layers stay eager; eager by default until measured on a GPU (issue 46)
     val_override_config: dict[str, Any] = field(default_factory=dict)  # validation sampling: n/temperature/top_p/top_k
     # rollout.partial_rollout (roles.rollout.PartialRollouts): responses written in rounds of at most
     # partial_rollout_tokens tokens; once a step has its batch of complete groups, the others pause until the next
@@ -760,6 +763,7 @@ class RolloutConfig:
         _available(p, f"{prefix}.name", self.name, ROLLOUT_ENGINES, ROLLOUT_ENGINES_PLANNED)
         _positive(p, f"{prefix}.n", self.n)
         _positive(p, f"{prefix}.micro_batch_size", self.micro_batch_size)
+        _choice(p, f"{prefix}.hf_decode", self.hf_decode, HF_DECODE_MODES)
         _positive(p, f"{prefix}.max_turns", self.max_turns)
         p += self.agent.check(f"{prefix}.agent")
         if self.temperature < 0:
@@ -1166,7 +1170,7 @@ NO_EFFECT_KEYS: list[tuple[str, Callable[[Any], bool], str]] = [
 # Rollout keys only some engines read: changed while another engine runs, they are ignored with a warning.
 ENGINE_ONLY_KEYS = {"vllm": ["rollout.vllm.", "rollout.load_format", "rollout.bucket_size"],
                     "sglang": ["rollout.sglang.", "rollout.load_format", "rollout.bucket_size"],
-                    "hf": ["rollout.micro_batch_size"]}
+                    "hf": ["rollout.micro_batch_size", "rollout.hf_decode"]}
 
 # RLLaVA copies these values into rollout.* in post_init; rllava keeps one owner per value.
 DERIVED_KEYS = {
@@ -1239,7 +1243,7 @@ class PPOConfig:
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")
         p += (self._derived_problems() + self._not_built_problems() + self._planned_problems()
               + self._hybrid_problems() + self._agent_problems() + self._reference_problems() + self._async_problems()
-              + self._distill_problems())
+              + self._distill_problems() + self._decode_problems())
         if self.actor.policy_loss.loss_mode == "decoupled_ppo" and (
                 self.algorithm.rollout_is != "none" or self.actor.tis_imp_ratio_cap > 0):
             p.append("actor.policy_loss.loss_mode=decoupled_ppo already weights each token by pi_old / pi_rollout: "
@@ -1346,6 +1350,21 @@ class PPOConfig:
             p.append(f"rollout.partial_rollout_tokens={r.partial_rollout_tokens} is for "
                      "rollout.partial_rollout=true; set it, or leave rollout.partial_rollout_tokens=0")
         return p
+
+    def _decode_problems(self) -> list[str]:
+        """rollout.hf_decode=compiled: CUDA graphs of the decode step, on the single-device engine's whole weights
+        (a CUDA device that `auto` did not find is the builder's error)."""
+        if self.rollout.name != "hf" or self.rollout.hf_decode != "compiled":
+            return []
+        strategy = resolve_strategy(self.actor.strategy, fsdp=self.actor.fsdp, device=self.trainer.device)
+        if self.trainer.device == "cpu":
+            return ["rollout.hf_decode=compiled compiles the decode step for CUDA graphs, and trainer.device=cpu: "
+                    "use rollout.hf_decode=static (the same cache, no compile) or eager"]
+        if strategy != "single":
+            return [f"rollout.hf_decode=compiled with the {strategy} engine (actor.strategy={self.actor.strategy}): "
+                    "the compiled decode is built for the single-device engine's whole weights, not yet for "
+                    "sharded ones; use rollout.hf_decode=static or eager"]
+        return []
 
     def _hybrid_problems(self) -> list[str]:
         """SFT+RL hybrid keys: each is read only with the loss / strategy it belongs to (HYBRID_READERS), and

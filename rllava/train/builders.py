@@ -213,8 +213,12 @@ def build_rollout_engine(cfg: PPOConfig, pad_token_id: int, stop_token_ids: list
     the rollout.vllm / rollout.sglang ones (a teacher engine's algorithm.distill.engine_kwargs)."""
     r, m, world = cfg.rollout, model or cfg.actor.model, D.world_size()
     if r.name == "hf":
+        if r.hf_decode == "compiled" and torch.device(device).type != "cuda":
+            raise ConfigError(f"rollout.hf_decode=compiled compiles the decode step for CUDA graphs; this run's "
+                              f"device is {device}: use rollout.hf_decode=static (no compile) or eager")
         return HFRolloutEngine(pad_token_id=pad_token_id, stop_token_ids=stop_token_ids,
-                               banned_token_ids=banned_token_ids, micro_batch_size=r.micro_batch_size, device=device)
+                               banned_token_ids=banned_token_ids, micro_batch_size=r.micro_batch_size, device=device,
+                               decode=r.hf_decode)
     common = dict(model_path=m.model_path, stop_token_ids=stop_token_ids, banned_token_ids=banned_token_ids,
                   seed=r.seed, load_format=r.load_format, bucket_mb=r.bucket_size, trust_remote_code=m.trust_remote_code,
                   stay_awake=r.async_mode)
