@@ -466,7 +466,7 @@ def run_code(code: str, images: list | tuple = (), limits: Limits = Limits(), al
     head = {"limits": asdict(limits), "files": [[name, len(data)] for name, data in files], "path": j.pylib}
     request = json.dumps(head).encode() + b"\n" + b"".join(data for _, data in files)
     workdir = None if j.bwrap else tempfile.mkdtemp(prefix="rllava_sandbox_")
-    started = POOL.take(j, limits, code, bool(images)) if j.bwrap else None
+    started = POOL.take(j, limits, code) if j.bwrap else None
     try:
         started = started or _start(j, limits, workdir)
         seen = _finish(started, request, limits)
@@ -474,8 +474,8 @@ def run_code(code: str, images: list | tuple = (), limits: Limits = Limits(), al
     finally:
         if j.bwrap:
             POOL.done()
-        if started and started.cgroup:
-            started.cgroup.remove()
+        if started and started.cgroup:  # every process of the call is gone: removing it (~7 ms) can wait
+            POOL.later(started.cgroup.remove) if j.bwrap else started.cgroup.remove()
         if workdir:  # rm walks any depth of tree; shutil.rmtree recurses
             subprocess.run(["rm", "-rf", "--one-file-system", "--", workdir], capture_output=True, env=ENV)
     return _result(seen, hits, limits, dict(j.guards))
@@ -580,16 +580,16 @@ class _Pool:
     def __init__(self):
         self.lock, self.idle, self.want, self.filling = threading.Lock(), {}, 1, set()  # (limits, jail) -> [...]
         self.running, self.share = 0, {"numpy": 0.0, "PIL.Image": 0.0}  # recent snippets' imports (moving mean)
-        self.requests, self.pid = None, os.getpid()  # the starter thread's queue; the process the jails are of
+        self.requests, self.pid = None, os.getpid()  # the pool thread's queue; the process the jails are of
         atexit.register(self.close)
 
-    def take(self, j: Jail, limits: Limits, code: str, images: bool) -> _Started | None:
+    def take(self, j: Jail, limits: Limits, code: str) -> _Started | None:
         """A started jail for `limits`, or None (the call starts its own); a new one is started behind it. Every
         take is followed by one `done` when its call ends."""
         with self.lock:
             if os.getpid() != self.pid:  # a forked process: the jails and the starter thread are its parent's
                 self.idle, self.filling, self.requests, self.running, self.pid = {}, set(), None, 0, os.getpid()
-            for module, used in (("numpy", "numpy" in code), ("PIL.Image", "PIL" in code or images)):
+            for module, used in (("numpy", "numpy" in code), ("PIL.Image", "PIL" in code)):
                 self.share[module] = 0.8 * self.share[module] + 0.2 * used
             self.running += 1
             self.want = min(self.MAX, max(self.want, self.running))
@@ -599,21 +599,21 @@ class _Pool:
             refill = key not in self.filling
             self.filling.add(key)
         if refill:
-            self._worker().put((j, limits))
+            self.later(lambda: self._refill(j, limits))
         if started is not None and started.proc.poll() is not None:  # died waiting: the call starts its own
             _discard(started)
             started = None
         return started
 
-    def _worker(self) -> queue.SimpleQueue:
-        """The one thread that starts the pool's jails, for the process's life: bwrap dies with the thread that
-        started it (--die-with-parent is the kernel's parent-death signal, which follows the thread)."""
+    def later(self, job) -> None:
+        """Run `job()` on the pool's one thread, which lives as long as the process: bwrap dies with the thread
+        that started it (--die-with-parent is the kernel's parent-death signal, which follows the thread)."""
         with self.lock:
             if self.requests is None:
                 self.requests = queue.SimpleQueue()
-                threading.Thread(target=lambda: [self._refill(*self.requests.get()) for _ in iter(int, 1)],
+                threading.Thread(target=lambda: [self.requests.get()() for _ in iter(int, 1)],
                                  name="rllava-sandbox-pool", daemon=True).start()
-            return self.requests
+        self.requests.put(job)
 
     def done(self) -> None:
         with self.lock:
@@ -645,10 +645,16 @@ class _Pool:
                 self.filling.discard(key)
 
     def close(self) -> None:
+        """End the waiting jails, and let the pool thread finish what it was given (cgroups to remove)."""
         with self.lock:
             idle, self.idle = [s for v in self.idle.values() for s in v], {}
+            pending = self.requests is not None and self.pid == os.getpid()
         for started in idle:
             _discard(started)
+        if pending:
+            drained = threading.Event()
+            self.later(drained.set)
+            drained.wait(30)
 
 
 def _discard(started: _Started) -> None:

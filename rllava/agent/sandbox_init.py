@@ -98,15 +98,20 @@ def _snippet(label_fd: int, limits: dict, jailed: bool) -> None:
             os._exit(code)
 
 
-def _read_exactly(n: int) -> bytes:
-    chunks = []
-    while n:
-        chunk = os.read(0, min(n, 1 << 20))
+_read_ahead = bytearray()  # the request's bytes read past the header line, for the files
+
+
+def _read_until(end: bytes = b"", n: int = 0) -> bytes:
+    """The request's next bytes: through the first `end`, or exactly `n`."""
+    while (end and end not in _read_ahead) or (not end and len(_read_ahead) < n):
+        chunk = os.read(0, 1 << 20)
         if not chunk:
             raise EOFError("the request ended early")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
+        _read_ahead.extend(chunk)
+    n = _read_ahead.index(end) + len(end) if end else n
+    out = bytes(_read_ahead[:n])
+    del _read_ahead[:n]
+    return out
 
 
 def _images(given: dict, limits: dict) -> tuple[list, list]:
@@ -210,18 +215,12 @@ def main() -> None:
                 __import__(module)
             except Exception:  # noqa: BLE001 - the snippet then imports it itself (and sees the error)
                 pass
-    header = b""
-    while not header.endswith(b"\n"):
-        byte = os.read(0, 1)
-        if not byte:
-            raise EOFError("no request")
-        header += byte
-    request = json.loads(header)
+    request = json.loads(_read_until(b"\n"))
     limits, given = request["limits"], {}
     sys.path += request["path"]  # numpy and PIL
     for name, size in request["files"]:
         with open(name, "wb") as f:
-            f.write(_read_exactly(size))
+            f.write(_read_until(n=size))
         st = os.stat(name)
         given[name] = (st.st_ino, st.st_mtime_ns, st.st_size)
     _set_limits(limits, jailed)  # this process's own, before the snippet's process inherits them
