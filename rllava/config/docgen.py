@@ -1,6 +1,6 @@
 """docs/config.md, generated from the schema: every key, its default and the comment beside its field.
 
-    python -m rllava.config.reference > docs/config.md     (a test fails when the file drifts)
+    python -m rllava.config.docgen > docs/config.md     (a test fails when the file drifts)
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _rows(cls, prefix: str):
 
 def render() -> str:
     lines = ["# Config reference", "",
-             "Generated from `rllava/config/schema.py` by `python -m rllava.config.reference`; do not edit.",
+             "Generated from `rllava/config/schema.py` by `python -m rllava.config.docgen`; do not edit.",
              "Keys are RLLaVA's; `rllava:` marks keys or defaults of our own. Set them in YAML (`config=FILE`)",
              "or on the command line (`key=value`).", "", "## Aliases", "", "| alias | canonical key |", "|---|---|"]
     lines += [f"| `{a}` | `{c}` |" for a, c in sorted(ALIASES.items())]
