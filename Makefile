@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test test-slow demo proof clean
+.PHONY: install test test-slow demo proof size clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,6 +27,10 @@ demo: $(STAMP)
 
 proof: $(STAMP)
 	$(PY) -m rllava.commands.proof --out outputs/proof
+
+size:  # the budgets of README.md's "Size": library <= 15,000 lines, commands <= 2,500
+	@echo "library  $$(find rllava -name '*.py' -not -path 'rllava/commands/*' | xargs cat | wc -l) lines (budget 15000)"
+	@echo "commands $$(cat rllava/commands/*.py | wc -l) lines (budget 2500)"
 
 clean:
 	rm -rf outputs .pytest_cache

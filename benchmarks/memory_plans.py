@@ -4,10 +4,10 @@
 
 Each `examples/tasks/*/*.sh` (the tiny CPU ones aside) is run by bash with `python` and `torchrun` replaced by
 functions that print their arguments, so what is planned is the command line the script would launch, variables
-expanded and nothing executed; its keys go through `load_config` and `rllava.memory.plan` on one of torchrun's
+expanded and nothing executed; its keys go through `load_config` and `rllava.commands.memory.plan` on one of torchrun's
 --nproc_per_node ranks (see that module's docstring), timed on this machine. A table row per script: model,
 GPUs, the phase at the peak, the step's peak and whether it fits `--gpu-memory`, the seconds the plan took
-(issue 34: each under a minute on this 2-core CPU) and what the plan counts another way (`rllava.memory.unplanned`).
+(issue 34: each under a minute on this 2-core CPU) and what the plan counts another way (`rllava.commands.memory.unplanned`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scripts", nargs="+", default=None)
     args = parser.parse_args(argv)
     sys.path.insert(0, REPO)
-    from rllava import memory
+    from rllava.commands import memory
     from rllava.config import load_config
 
     gpu = memory.parse_size(args.gpu_memory)

@@ -1,4 +1,4 @@
-"""rllava.memory: the planner's per-phase peaks against the real step's, the CLI, and a seed model by name."""
+"""rllava.commands.memory: the planner's per-phase peaks against the real step's, the CLI, and a seed model by name."""
 
 import json
 import os
@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from rllava import memory
+from rllava.commands import memory
 from rllava.config import load_config
 
 TINY_CPU = "examples/tasks/counting/tiny_cpu.yaml"

@@ -1,6 +1,6 @@
 """Will it fit? The device memory of one configured RL step, planned without weights and without a GPU:
 
-    python -m rllava.memory config=examples/tasks/counting/tiny_cpu.yaml k=v ... [--gpu-memory 24GiB] [--world-size N]
+    python -m rllava.commands.memory config=examples/tasks/counting/tiny_cpu.yaml k=v ... [--gpu-memory 24GiB] [--world-size N]
 
 The policy is built from its config.json under torch's FakeTensorMode (tensors with shapes and dtypes, no
 storage), with the config's training switches (frozen parts, LoRA, gradient checkpointing), and each phase of
@@ -786,7 +786,7 @@ def table(rows: list[dict], gpu_bytes: int | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.memory", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rllava.commands.memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="config=FILE and key=value overrides, as for training")
     parser.add_argument("--gpu-memory", type=str, default=None, help="the GPU's memory, e.g. 24GiB or 80GB")
     parser.add_argument("--world-size", type=int, default=1, help="GPUs the run shards over (FSDP2), as torchrun's")
