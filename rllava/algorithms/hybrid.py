@@ -30,11 +30,12 @@ import torch
 
 from rllava.algorithms.losses import LossInputs, _clipped_surrogate, _seq_mean, masked_mean
 from rllava.algorithms.registry import register_policy_loss
+from rllava.config.schema import HYBRIDS
 
 # What each hybrid loss does with the expert (off-policy) tokens: RL (shaped), SFT, or both.
 EXPERT_IN_RL = {"luffy", "srft"}
 EXPERT_IN_SFT = {"srft", "chord", "hpt", "uft"}
-HYBRID_LOSSES = ("luffy", "srft", "chord", "hpt", "uft")
+HYBRID_LOSSES = HYBRIDS  # the one list of their names, the config's: it checks them before torch loads
 # The actor.* keys the hybrid losses declare (keyword-only parameters of the same names)
 HYBRID_LOSS_KEYS = ("loss_remove_clip", "off_policy_reshape", "off_policy_reshape_weight", "off_policy_reshape_pow_exp",
                     "off_policy_max_clip", "off_policy_min_clip", "all_max_clip", "on_policy_reshape",

@@ -1088,7 +1088,7 @@ def _loss_in(*modes: str) -> Callable[[Any], bool]:
     return lambda c: c.actor.policy_loss.loss_mode in modes
 
 
-HYBRIDS = ("luffy", "srft", "uft", "hpt", "chord")  # rllava.algorithms.hybrid.HYBRID_LOSSES
+HYBRIDS = ("luffy", "srft", "uft", "hpt", "chord")  # the SFT+RL hybrid losses (rllava.algorithms.hybrid registers each)
 RESHAPES = ("no_reshape", "logp", "p_logp", "square_root", "pow", "p_div_p_<gamma>")  # rllava.algorithms.hybrid.reshape
 
 

@@ -123,5 +123,7 @@ def test_expert_loss_masks_and_separate_normalisation():
     assert aggregate(loss, rl, "token-mean", max_len=4).item() == pytest.approx(-1.0)  # -A r over the 6 own tokens
 
 
-def test_the_schema_knows_every_hybrid_loss():
-    assert set(HYBRIDS) == set(HYBRID_LOSSES)
+def test_every_hybrid_name_the_config_accepts_is_a_registered_policy_loss():
+    from rllava.algorithms.registry import POLICY_LOSSES
+
+    assert HYBRID_LOSSES is HYBRIDS and set(HYBRIDS) <= set(POLICY_LOSSES)
