@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import torch
 
+from rllava.algorithms.losses import LossInputs
 from rllava.algorithms.registry import register_distill_loss
 
 
-@register_distill_loss("full")
-def full(*, full_kl: torch.Tensor) -> torch.Tensor:
+@register_distill_loss("full", reads=("full_kl",))
+def full(inp: LossInputs) -> torch.Tensor:
     """Exact reverse KL over the whole vocabulary, differentiated directly:
 
         loss_t = KL(pi_theta(. | x_<t) || q(. | x_<t))
@@ -50,11 +51,11 @@ def full(*, full_kl: torch.Tensor) -> torch.Tensor:
     Reference: GKD's generalized JSD at beta = 1 (the reverse KL) over full-vocabulary logits, TRL
     `trl/trainer/gkd_trainer.py` `generalized_jsd_loss` (arXiv:2306.13649); rllava adds nothing, chunked.
     """
-    return full_kl
+    return inp.full_kl["teacher"]
 
 
-@register_distill_loss("k1")
-def k1(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
+@register_distill_loss("k1", reads=("logprobs", "old_logprobs", "teacher_logprobs"))
+def k1(inp: LossInputs) -> torch.Tensor:
     """The sampled log-ratio as a per-token advantage, trained by importance sampling (the OPD post):
 
         A_t = log q(x_t | x_<t) - log pi_old(x_t | x_<t)                 (no grad; discount 0)
@@ -74,12 +75,13 @@ def k1(*, logprobs: torch.Tensor, old_logprobs: torch.Tensor, teacher_logprobs: 
     log q - log pi_sampler; rllava's ratio is pi_theta / pi_old times the rollout correction's pi_old / pi_rollout
     (truncated at its cap), its advantage against pi_old: the reverse KL's gradient at pi_old while under the cap.
     """
-    advantage = (teacher_logprobs - old_logprobs).detach()
-    return -torch.exp(logprobs - old_logprobs.detach()) * advantage
+    old = inp.need("old_logprobs", "k1")
+    advantage = (inp.need("teacher_logprobs", "k1") - old).detach()
+    return -torch.exp(inp.logprobs - old.detach()) * advantage
 
 
-@register_distill_loss("k3")
-def k3(*, logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
+@register_distill_loss("k3", reads=("logprobs", "teacher_logprobs"))
+def k3(inp: LossInputs) -> torch.Tensor:
     """Schulman's k3 estimate of the reverse KL at the sampled token, differentiated directly:
 
         d_t = log q(x_t | x_<t) - log pi_theta(x_t | x_<t)
@@ -92,5 +94,5 @@ def k3(*, logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tenso
     Reference: TRL `trl/trainer/grpo_trainer.py` per-token KL, `exp(ref - logp) - (ref - logp) - 1` with the
     teacher in the reference's place; torchrl `DistillationLoss` (k3, kl_direction="reverse"). Not clamped.
     """
-    d = teacher_logprobs - logprobs
+    d = inp.need("teacher_logprobs", "k3") - inp.logprobs
     return torch.exp(d) - 1 - d

@@ -105,7 +105,7 @@ def _correction_section() -> list[str]:
 def _distill_section() -> list[str]:
     """On-policy distillation (`rllava.algorithms.distill`): the module's formula, then one row per registered loss."""
     doc = Dl.__doc__.split("\n\n")
-    rows = [f"| `{name}` | {', '.join(p for p in inspect.signature(fn).parameters)} | {_formula(fn.__doc__)} |"
+    rows = [f"| `{name}` | {', '.join(fn.reads)} | {_formula(fn.__doc__)} |"
             for name, fn in sorted(DISTILL_LOSSES.items())]
     refs = [f"- `{name}`: {_reference(fn.__doc__)}" for name, fn in sorted(DISTILL_LOSSES.items())]
     return ["## On-policy distillation (`algorithm.distill`)", "", doc[0].replace("\n", " "), "", "```",
@@ -114,9 +114,9 @@ def _distill_section() -> list[str]:
             "`.coef` (its weight), `.use_reward` (false: pure distillation), `.route_field` + `.teachers` (one teacher "
             "per value of a record field; other rows: `teacher_path`), `.engine` (hf: the teacher in the trainer, "
             "sharded and offloaded like the policy; vllm / sglang: its log-probs from an engine of its own, for k1 / "
-            "k3), `.offload`, `.engine_kwargs`. Register a loss with `@register_distill_loss` in a file of "
-            "`algorithm.plugins`; it declares the tensors it reads among logprobs, old_logprobs, teacher_logprobs "
-            "and full_kl.", "", doc[3].replace("\n", " "), "", "| loss | reads | formula |", "|---|---|---|", *rows,
+            "k3), `.offload`, `.engine_kwargs`. Register a loss with `@register_distill_loss(name, reads=...)` in a "
+            "file of `algorithm.plugins`: a function of `LossInputs`, `reads` naming the fields it reads among "
+            "logprobs, old_logprobs, teacher_logprobs and full_kl.", "", doc[3].replace("\n", " "), "", "| loss | reads | formula |", "|---|---|---|", *rows,
             "", *refs, ""]
 
 

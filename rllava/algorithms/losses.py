@@ -8,7 +8,7 @@ works with any aggregation. Names follow RLLaVA (`actor.policy_loss.loss_mode`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,11 +26,18 @@ class LossInputs:
     entropy: torch.Tensor | None = None  # [B, T]
     off_policy: torch.Tensor | None = None  # [B, T] 1 on expert-written tokens (SFT+RL hybrids), else None
     scores: torch.Tensor | None = None  # [B] each row's reward (SRFT: a rollout is correct when it reaches a threshold)
+    trained_mask: torch.Tensor | None = None  # [B, T] every trained token, of the RL and of the SFT term
+    sft_mask: torch.Tensor | None = None  # [B, T] a hybrid's SFT-term tokens (expert tokens), else None
+    teacher_logprobs: torch.Tensor | None = None  # [B, T] on-policy distillation's teacher, at the sampled tokens
+    full_kl: dict[str, torch.Tensor] = field(default_factory=dict)  # [B, T] exact KL(pi || model) by model:
+    #   "reference" (kl_loss_type=full), "teacher" (distill.loss=full), each from the model's own LM head
+    rl_weights: torch.Tensor | None = None  # rollout correction's IS weights of the RL term (algorithm.rollout_is)
+    distill_weights: torch.Tensor | None = None  # ... and of the distillation term (rllava.algorithms.distill)
 
     def need(self, name: str, loss: str) -> torch.Tensor:
         value = getattr(self, name)
         if value is None:
-            raise ValueError(f"policy loss {loss!r} needs LossInputs.{name}, which this batch does not carry")
+            raise ValueError(f"loss {loss!r} needs LossInputs.{name}, which this batch does not carry")
         return value
 
 

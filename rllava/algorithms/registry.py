@@ -17,6 +17,7 @@ ADV_ESTIMATORS: dict[str, Callable] = {}
 POLICY_LOSSES: dict[str, Callable] = {}
 ALGORITHMS: dict[str, type] = {}  # whole algorithms: PPO subclasses, selected by algorithm.adv_estimator
 DISTILL_LOSSES: dict[str, Callable] = {}  # on-policy distillation's per-token terms (algorithm.distill.loss)
+LOSS_TERMS: dict[str, Callable] = {}  # further terms of the update's loss (actor.loss_terms)
 
 
 def _register(table: dict, kind: str, name: str):
@@ -40,11 +41,22 @@ def register_policy_loss(name: str):
     return _register(POLICY_LOSSES, "policy loss", name)
 
 
-def register_distill_loss(name: str):
-    """Register `fn(*, tensors) -> per_token_loss [B, T]` as `name` (`algorithm.distill.loss=name`); the tensors
-    it declares are among logprobs (with grad), old_logprobs, teacher_logprobs and full_kl
-    (`rllava.algorithms.distill`)."""
-    return _register(DISTILL_LOSSES, "distillation loss", name)
+def register_distill_loss(name: str, *, reads: tuple[str, ...]):
+    """Register `fn(inputs: LossInputs) -> per_token_loss [B, T]` as `name` (`algorithm.distill.loss=name`);
+    `reads`: the LossInputs fields it reads, among logprobs (with grad), old_logprobs, teacher_logprobs (a teacher
+    pass before the update) and full_kl (the teacher runs inside the update) (`rllava.algorithms.distill`)."""
+    def wrap(fn):
+        fn.reads = reads
+        return _register(DISTILL_LOSSES, "distillation loss", name)(fn)
+    return wrap
+
+
+def register_loss_term(name: str):
+    """Register `fn(inputs: LossInputs) -> (per_token_loss [B, T], metrics)` as a term of the update's loss, added
+    with its coefficient by `actor.loss_terms={name: coef}` (a file of `algorithm.plugins` registers it): the
+    Actor aggregates it over the RL term's tokens (`actor.loss_agg_mode`, as the KL term) and logs its value as
+    `actor/<name>`, its metrics as `actor/<name>/<metric>`."""
+    return _register(LOSS_TERMS, "loss term", name)
 
 
 def register_ppo(name: str):

@@ -531,6 +531,7 @@ class ActorConfig:
     clip_upper_bound: float = 1.0  # SRFT (srft_type=classic_rl): the ratio's upper clamp is max(this, 1 + clip_ratio_high)
     loss_agg_mode: str = "token-mean"  # token-mean|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm
     entropy_coeff: float = 0.0  # entropy bonus coefficient
+    loss_terms: dict[str, float] = field(default_factory=dict)  # rllava: {name: coef} of registered terms added to the loss (@register_loss_term in a file of algorithm.plugins)
     tis_imp_ratio_cap: float = -1.0  # truncated importance sampling cap (rollout vs train); -1 = off
     ppo_epochs: int = 1  # passes over each rollout batch
     use_torch_compile: bool = False  # rllava default (RLLaVA: True): rllava does not torch.compile; true warns

@@ -7,7 +7,6 @@ into micro-batches, by a fixed row count or by a token budget (`MicroBatching`),
 
 from __future__ import annotations
 
-import inspect
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
@@ -17,7 +16,6 @@ import torch
 from rllava.algorithms.hybrid import EXPERT_IN_RL, EXPERT_IN_SFT, sft_token_weights
 from rllava.algorithms.correction import mismatch_metrics, rollout_importance_weights, rollout_rejection_mask
 from rllava.algorithms.losses import LossInputs, aggregate, kl_penalty, masked_mean
-from rllava.algorithms.registry import call_with_params
 from rllava.data.protocol import Batch
 from rllava.model.forward import LOGPROB_CHUNK, token_logprobs
 from rllava.roles.batching import MeanMetrics, MicroBatching, compute_logprobs, mini_batches
@@ -52,13 +50,27 @@ class Distillation:
     key: str = "algorithm.distill.loss"
 
     def needs(self, name: str) -> bool:
-        """The loss declares `name`: teacher_logprobs (a teacher pass before the update), full_kl (the teacher
-        runs on every micro-batch of the update)."""
-        return name in inspect.signature(self.fn).parameters
+        """The loss reads `name`: teacher_logprobs (a teacher pass before the update), full_kl (the teacher runs
+        on every micro-batch of the update)."""
+        return name in self.fn.reads
 
     @property
     def full(self) -> bool:
         return self.needs("full_kl")
+
+
+@dataclass(frozen=True)
+class Term:
+    """One term of the update's loss: `fn(inputs, norm)` -> (its aggregated loss, its metrics), or None where a
+    micro-batch has none of its tokens; the loss adds coef x value, times the hybrid schedule's coefficient
+    `scale` ("rl" / "sft") at each step. Its metrics are averaged over the micro-batches holding tokens of kind
+    `on` ("rl": the RL term's tokens; "sft": a hybrid's expert tokens)."""
+
+    name: str
+    fn: Callable[[LossInputs, dict], tuple[torch.Tensor, dict] | None]
+    coef: float = 1.0
+    scale: str | None = None
+    on: str = "rl"
 
 
 class Actor:
@@ -69,7 +81,7 @@ class Actor:
                  rollout_rs: str | None = None, rollout_rs_threshold: str | None = None, off_policy: bool = False,
                  padding_free: bool = False, shared_prefix: bool = False, max_token_len: int | None = None,
                  log_prob_max_token_len: int | None = None, logprob_chunk_size: int = LOGPROB_CHUNK,
-                 expert: ExpertLoss | None = None):
+                 expert: ExpertLoss | None = None, loss_terms: dict[str, tuple[Callable, float]] | None = None):
         """`max_token_len` / `log_prob_max_token_len` set: dynamic batching of the update / the no-grad pass
         by that token budget instead of `micro_batch_size` / `log_prob_micro_batch_size` rows."""
         self.model, self.engine, self.algorithm = model, engine, algorithm
@@ -86,10 +98,38 @@ class Actor:
         self.rollout_rs, self.rollout_rs_threshold = rollout_rs, rollout_rs_threshold  # rejection sampling; None: off
         self.off_policy = off_policy  # asynchronous or partial rollouts: the mismatch metrics even uncorrected
         self.expert = expert  # a hybrid's treatment of expert tokens; None: every trained token is RL-trained
+        self.loss_terms = loss_terms or {}  # actor.loss_terms: name -> (registered fn, coef)
         # the Reference, for a full-vocabulary KL loss (kl_loss_type=full): its forward runs on every micro-batch of
         # the update (no grad), since the loss needs its whole distribution at each position, not one log-prob
         self.reference = None
         self.distill: Distillation | None = None  # on-policy distillation's term, beside the policy loss
+        self._terms: list[Term] | None = None
+
+    @property
+    def terms(self) -> list[Term]:
+        """The loss's terms, in the order they are summed: the policy loss, a hybrid's SFT term, the KL to the
+        reference, on-policy distillation, the registered terms of actor.loss_terms, the entropy bonus (each only
+        when configured)."""
+        if self._terms is None:
+            agg = dict(mode=self.loss_agg_mode, max_len=self.max_response_length)
+            self._terms = [Term("policy", lambda inp, norm: policy_term(self.algorithm, inp, agg, norm), scale="rl")]
+            if self.expert is not None:
+                self._terms.append(Term("sft", lambda inp, norm: sft_term(self.expert, inp, self.max_response_length,
+                                                                          norm), scale="sft", on="sft"))
+            if self.use_kl_loss:
+                self._terms.append(Term("kl", lambda inp, norm: kl_term(self.kl_loss_type, inp, agg, norm),
+                                        coef=self.kl_loss_coef))
+            if self.distill is not None:
+                self._terms.append(Term("distill", lambda inp, norm: distill_term(self.distill, inp, agg, norm),
+                                        coef=self.distill.coef))
+            for name, (fn, coef) in self.loss_terms.items():
+                self._terms.append(Term(name, lambda inp, norm, name=name, fn=fn: registered_term(
+                    name, fn, inp, agg, norm), coef=coef))
+            if self.entropy_coeff != 0:
+                self._terms.append(Term("entropy", lambda inp, norm: (aggregate(
+                    inp.entropy, inp.mask, **agg, num_tokens=norm["num_tokens"], num_seqs=norm["num_seqs"]), {}),
+                    coef=-self.entropy_coeff))
+        return self._terms
 
     def needs_old_logprobs(self, batch: Batch) -> bool:
         """With one epoch over one mini-batch, the policy that sampled is the one being updated, so pi_old is
@@ -158,60 +198,92 @@ class Actor:
 
     def _backward(self, micro: Batch, norm: dict, rl_coef: float = 1.0, sft_coef: float = 1.0,
                   has: tuple[bool, bool] = (True, True)) -> dict[str, float | torch.Tensor]:
-        """One micro-batch's loss, backward; its metrics (`has`: whether it holds any token of the RL term, of
-        the SFT term)."""
-        full = self.use_kl_loss and self.kl_loss_type == "full"
-        distill_full = self.distill is not None and self.distill.full
-        others = ([self.reference.hidden(micro)] if full else []) + ([self.distill.teachers.hidden(micro)]
-                                                                     if distill_full else [])
+        """One micro-batch's loss (the sum of the terms), backward; its metrics (`has`: whether it holds any token
+        of the RL term, of the SFT term)."""
+        inputs, correction = self._loss_inputs(micro)
+        loss, scales, holds = None, {"rl": rl_coef, "sft": sft_coef}, {"rl": has[0], "sft": has[1]}
+        out = {f"actor/{k}": v for k, v in correction.items()} if has[0] else {}
+        for term in self.terms:
+            got = term.fn(inputs, norm)
+            if got is None:
+                continue
+            value, metrics = got
+            part = term.coef * scales.get(term.scale, 1.0) * value
+            loss = part if loss is None else loss + part
+            if holds[term.on]:
+                out.update(metrics)
+        self.engine.backward(loss)
+        return out
+
+    def _loss_inputs(self, micro: Batch) -> tuple[LossInputs, dict]:
+        """A micro-batch as the terms read it: the forward (with the exact KLs the configured terms read) and the
+        rollout correction (its metrics beside)."""
+        exact = [name for name, on in (("reference", self.use_kl_loss and self.kl_loss_type == "full"),
+                                       ("teacher", self.distill is not None and self.distill.full)) if on]
+        hidden = {"reference": lambda: self.reference.hidden(micro),
+                  "teacher": lambda: self.distill.teachers.hidden(micro)}
         logprobs, entropy, *full_kl = token_logprobs(
             self.model, micro, temperature=self.temperature, with_entropy=True, entropy_grad=self.entropy_coeff != 0,
-            chunk_size=self.logprob_chunk_size, ref_hidden=others, **self.micro_batching.layout)
+            chunk_size=self.logprob_chunk_size, ref_hidden=[hidden[name]() for name in exact],
+            **self.micro_batching.layout)
         mask, sft_mask = self._masks(micro)
         old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
         mask, weights, distill_weights, corr_metrics = self._rollout_correction(micro, mask, old)
         inputs = LossInputs(
             logprobs=logprobs, mask=mask, advantages=micro.advantages, old_logprobs=old,
             ref_logprobs=micro.ref_logprobs, rollout_logprobs=micro.rollout_logprobs, entropy=entropy,
-            off_policy=micro.off_policy_mask, scores=micro.scores)
-        per_token, metrics = self.algorithm.policy_loss(inputs)
-        if weights is not None:
-            per_token = per_token * weights
-        metrics.update(corr_metrics)
-        agg = dict(mode=self.loss_agg_mode, max_len=self.max_response_length, num_tokens=norm["num_tokens"],
-                   num_seqs=norm["num_seqs"])
-        pg_loss = aggregate(per_token, mask, **agg)
-        loss = rl_coef * pg_loss
-        out = {f"actor/{k}": v for k, v in metrics.items()}
-        if sft_mask is not None:  # the hybrid's SFT term on expert tokens: -w_t log p_t over its own tokens
-            weights = sft_token_weights(self.expert.loss_mode, logprobs, entropy, micro.loss_mask,
-                                        enable_phi_function=self.expert.enable_phi_function)
-            sft_loss = aggregate(-weights * logprobs, sft_mask, "token-mean" if self.expert.token_level_sft
-                                 else "seq-mean-token-mean", max_len=self.max_response_length,
-                                 num_tokens=norm["sft_tokens"], num_seqs=norm["sft_seqs"])
-            loss = loss + sft_coef * sft_loss
-            if has[1]:  # averaged over the micro-batches that hold expert tokens
-                out["actor/sft_nll"] = masked_mean(-logprobs.detach(), sft_mask)
-                out["actor/sft_weight"] = masked_mean(weights, sft_mask)
-        if self.use_kl_loss:
-            kl = full_kl[0] if full else kl_penalty(logprobs, micro.need("ref_logprobs"), self.kl_loss_type)
-            kl_loss = aggregate(kl, mask, **agg)
-            loss = loss + self.kl_loss_coef * kl_loss
-            out["actor/kl_loss"] = masked_mean(kl.detach(), mask)
-        if self.distill is not None:  # on-policy distillation: the teacher's per-token term
-            pool = {"logprobs": logprobs, "old_logprobs": old, "teacher_logprobs": micro.teacher_logprobs,
-                    "full_kl": full_kl[-1] if distill_full else None}
-            w = 1.0 if distill_weights is None else distill_weights  # rollout correction, as the RL term's
-            distill_loss = aggregate(call_with_params(self.distill.fn, (), pool, self.distill.key) * w, mask, **agg)
-            loss = loss + self.distill.coef * distill_loss
-            kl = full_kl[-1] if distill_full else old - micro.need("teacher_logprobs")  # exact, or k1's estimate
-            out.update({"actor/distill_loss": distill_loss.detach(),
-                        "distill/reverse_kl": masked_mean(kl.detach(), mask)})
-        if self.entropy_coeff != 0:
-            loss = loss - self.entropy_coeff * aggregate(entropy, mask, **agg)
-        self.engine.backward(loss)
-        if not has[0]:  # a micro-batch of demonstrations only (HPT): no RL token to average over
-            return {k: v for k, v in out.items() if k in ("actor/sft_nll", "actor/sft_weight")}
-        out["actor/pg_loss"] = pg_loss.detach()
-        out["actor/entropy"] = masked_mean(entropy.detach(), mask)
-        return out
+            off_policy=micro.off_policy_mask, scores=micro.scores, trained_mask=micro.loss_mask, sft_mask=sft_mask,
+            teacher_logprobs=micro.teacher_logprobs, full_kl=dict(zip(exact, full_kl)), rl_weights=weights,
+            distill_weights=distill_weights)
+        return inputs, corr_metrics
+
+
+# ---- the terms (Actor.terms): each (its aggregated loss, its metrics) from LossInputs --------------------------
+def _agg(agg: dict, norm: dict) -> dict:
+    return dict(agg, num_tokens=norm["num_tokens"], num_seqs=norm["num_seqs"])
+
+
+def policy_term(algorithm, inp: LossInputs, agg: dict, norm: dict):
+    """The configured policy loss (`actor.policy_loss.loss_mode`) on the RL term's tokens, times the rollout
+    correction's IS weights; its metrics, the correction's, pg_loss and the entropy."""
+    per_token, metrics = algorithm.policy_loss(inp)
+    if inp.rl_weights is not None:
+        per_token = per_token * inp.rl_weights
+    pg_loss = aggregate(per_token, inp.mask, **_agg(agg, norm))
+    return pg_loss, {**{f"actor/{k}": v for k, v in metrics.items()}, "actor/pg_loss": pg_loss.detach(),
+                     "actor/entropy": masked_mean(inp.entropy.detach(), inp.mask)}
+
+
+def sft_term(expert: ExpertLoss, inp: LossInputs, max_len: int, norm: dict):
+    """A hybrid's SFT term on the expert tokens: -w_t log p_t over its own tokens (`rllava.algorithms.hybrid`)."""
+    if inp.sft_mask is None:
+        return None
+    w = sft_token_weights(expert.loss_mode, inp.logprobs, inp.entropy, inp.trained_mask,
+                          enable_phi_function=expert.enable_phi_function)
+    loss = aggregate(-w * inp.logprobs, inp.sft_mask, "token-mean" if expert.token_level_sft else
+                     "seq-mean-token-mean", max_len=max_len, num_tokens=norm["sft_tokens"], num_seqs=norm["sft_seqs"])
+    return loss, {"actor/sft_nll": masked_mean(-inp.logprobs.detach(), inp.sft_mask),
+                  "actor/sft_weight": masked_mean(w, inp.sft_mask)}
+
+
+def kl_term(kl_type: str, inp: LossInputs, agg: dict, norm: dict):
+    """KL(pi || pi_ref) on the RL term's tokens (`actor.kl_loss_type`; full: over the vocabulary)."""
+    kl = inp.full_kl["reference"] if kl_type == "full" else kl_penalty(
+        inp.logprobs, inp.need("ref_logprobs", f"kl_loss_type={kl_type}"), kl_type)
+    return aggregate(kl, inp.mask, **_agg(agg, norm)), {"actor/kl_loss": masked_mean(kl.detach(), inp.mask)}
+
+
+def distill_term(distill: Distillation, inp: LossInputs, agg: dict, norm: dict):
+    """On-policy distillation's per-token loss (`algorithm.distill.loss`) on the RL term's tokens, times its
+    rollout-correction weights; the reverse KL to the teacher (exact, or k1's estimate) logged beside it."""
+    w = 1.0 if inp.distill_weights is None else inp.distill_weights
+    loss = aggregate(distill.fn(inp) * w, inp.mask, **_agg(agg, norm))
+    kl = inp.full_kl["teacher"] if distill.full else inp.old_logprobs - inp.need("teacher_logprobs", "distill")
+    return loss, {"actor/distill_loss": loss.detach(), "distill/reverse_kl": masked_mean(kl.detach(), inp.mask)}
+
+
+def registered_term(name: str, fn: Callable, inp: LossInputs, agg: dict, norm: dict):
+    """A term of `actor.loss_terms` (`rllava.algorithms.registry.register_loss_term`) on the RL term's tokens."""
+    per_token, metrics = fn(inp)
+    loss = aggregate(per_token, inp.mask, **_agg(agg, norm))
+    return loss, {f"actor/{name}": loss.detach(), **{f"actor/{name}/{k}": v for k, v in metrics.items()}}

@@ -24,7 +24,7 @@ from rllava.agent.tools import ToolEnv, build_tools
 from rllava.algorithms.hybrid import HYBRID_LOSSES
 from rllava.algorithms.kl import KLController
 from rllava.algorithms.ppo import build_algorithm, load_plugins
-from rllava.algorithms.registry import DISTILL_LOSSES, lookup
+from rllava.algorithms.registry import DISTILL_LOSSES, LOSS_TERMS, lookup
 from rllava.config import ConfigError, ModelConfig, PPOConfig
 from rllava.config.schema import agent_on, resolve_strategy, run_dir
 from rllava.data.dataset import PromptDataset
@@ -329,7 +329,9 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
                  entropy_coeff=cfg.actor.entropy_coeff, **_rollout_is(cfg, sft), **_actor_batching(cfg),
                  expert=None if sft or algorithm.loss_name not in HYBRID_LOSSES else ExpertLoss(
                      algorithm.loss_name, cfg.algorithm.enable_phi_function,
-                     cfg.algorithm.use_token_level_loss_in_sft))
+                     cfg.algorithm.use_token_level_loss_in_sft),
+                 loss_terms={} if sft else {name: (lookup(LOSS_TERMS, name, "actor.loss_terms"), float(coef))
+                                            for name, coef in cfg.actor.loss_terms.items()})
 
 
 def _actor_batching(cfg: PPOConfig) -> dict:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rllava.algorithms.distill import full, k1, k3
+from rllava.algorithms.losses import LossInputs
 from rllava.model.forward import full_kl_from_hidden
 
 Z = [1.0, 0.0, -1.0]  # student logits
@@ -44,7 +45,8 @@ def test_full_loss_and_gradient_equal_the_hand_computed_reverse_kl(chunk):
     z = torch.tensor([Z], requires_grad=True)
     teacher_h = torch.tensor([[math.log(q) for q in Q] + [0.0]])
     teacher_w = torch.cat([torch.eye(4)[:3], torch.tensor([[0.0, 0.0, 0.0, -1e4]])])  # row 4: a padding token
-    kl = full(full_kl=full_kl_from_hidden(head, z, teacher_h, teacher_w, chunk_size=chunk))
+    exact = full_kl_from_hidden(head, z, teacher_h, teacher_w, chunk_size=chunk)
+    kl = full(LossInputs(logprobs=z, mask=torch.ones(1), full_kl={"teacher": exact}))
     kl.sum().backward()
     assert kl.item() == pytest.approx(KL, abs=1e-6)
     assert z.grad[0].tolist() == pytest.approx(GRAD, abs=1e-6)
@@ -56,7 +58,7 @@ def test_k1_is_the_ops_advantage_and_its_expected_gradient_is_the_kl_gradient():
     z = torch.tensor(Z, requires_grad=True)
     logp = torch.log_softmax(z, -1)
     old, teacher = logp.detach(), torch.tensor([math.log(q) for q in Q])
-    per_token = k1(logprobs=logp, old_logprobs=old, teacher_logprobs=teacher)
+    per_token = k1(LossInputs(logprobs=logp, mask=torch.ones(3), old_logprobs=old, teacher_logprobs=teacher))
     assert per_token.tolist() == pytest.approx([math.log(p) - math.log(q) for p, q in zip(PI, Q)], abs=1e-6)
     (per_token * torch.tensor(PI)).sum().backward()  # E_{x ~ pi}, the weights held fixed (no grad)
     assert z.grad.tolist() == pytest.approx(GRAD, abs=1e-6)
@@ -67,12 +69,12 @@ def test_k3_value_gradient_and_expectation():
     """loss_t = exp(d) - 1 - d, d = log q - log pi: at pi = 0.5, q = 0.25 it is 0.5 - 1 + ln 2 = 0.1931 and its
     gradient in log pi is 1 - q / pi = 0.5; averaged over x ~ pi it is the reverse KL (unbiased)."""
     logp = torch.tensor([math.log(0.5)], requires_grad=True)
-    loss = k3(logprobs=logp, teacher_logprobs=torch.tensor([math.log(0.25)]))
+    loss = k3(LossInputs(logprobs=logp, mask=torch.ones(1), teacher_logprobs=torch.tensor([math.log(0.25)])))
     loss.backward()
     assert loss.item() == pytest.approx(0.5 - 1 + math.log(2), abs=1e-6) and round(loss.item(), 4) == 0.1931
     assert logp.grad.item() == pytest.approx(0.5, abs=1e-6)
-    per_token = k3(logprobs=torch.tensor([math.log(p) for p in PI]), teacher_logprobs=torch.tensor(
-        [math.log(q) for q in Q]))
+    per_token = k3(LossInputs(logprobs=torch.tensor([math.log(p) for p in PI]), mask=torch.ones(3),
+                              teacher_logprobs=torch.tensor([math.log(q) for q in Q])))
     assert (torch.tensor(PI) * per_token).sum().item() == pytest.approx(KL, abs=1e-6)
 
 

@@ -36,6 +36,7 @@ COVERED = {
     "algorithm.distill.engine_kwargs": "tests/engine/test_rollout_engines.py::test_a_teacher_engine_is_built_from_the_distill_keys_and_scores_the_trained_tokens",
     "rollout.partial_rollout": "tests/train/test_async.py::test_partial_rollouts_resume_exactly",
     "rollout.hf_decode": "tests/engine/test_hf_static_cache.py::test_the_key_reaches_the_engine_and_compiled_needs_cuda",
+    "actor.loss_terms": "tests/train/test_loss_terms.py::test_a_term_registered_outside_the_package_trains_with_the_rest",
     "rollout.agent.round_image_mb": "tests/agent/test_agent_pipeline.py::test_agent_keys_reach_the_driver",
     "trainer.max_staleness": "tests/train/test_async.py::test_resume_is_the_uninterrupted_run",
     "reward.num_cpus": ("tests/reward/test_function.py::test_worker_pool_scores_kills_hung_workers_and_replaces_dead_ones", "num_cpus"),
