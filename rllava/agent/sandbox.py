@@ -473,7 +473,7 @@ def run_code(code: str, images: list | tuple = (), limits: Limits = Limits(), al
         hits = started.cgroup.events() if started.cgroup else {}
     finally:
         if j.bwrap:
-            POOL.done()
+            POOL.done(j, limits)
         if started and started.cgroup:  # every process of the call is gone: removing it (~7 ms) can wait
             POOL.later(started.cgroup.remove) if j.bwrap else started.cgroup.remove()
         if workdir:  # rm walks any depth of tree; shutil.rmtree recurses
@@ -490,6 +490,7 @@ class _Started:
     first: int | None  # a pidfd of the call's first process: PID 1 of its namespace, whose end ends them all
     cgroup: _Cgroup | None
     weak: bool = False  # no jail (allow_weaker): a plain child process, whose process group is killed at the end
+    preload: tuple = ()  # the modules its first process imported while it waited
 
 
 def _start(j: Jail, limits: Limits, workdir: str | None = None, preload: tuple = ()) -> _Started:
@@ -526,7 +527,7 @@ def _start(j: Jail, limits: Limits, workdir: str | None = None, preload: tuple =
                 cgroup.add(pid)
         except ProcessLookupError:
             pass  # already gone, and its namespace with it
-    return _Started(proc, result_r, first, cgroup, weak=not j.bwrap)
+    return _Started(proc, result_r, first, cgroup, weak=not j.bwrap, preload=preload)
 
 
 def _finish(started: _Started, request: bytes, limits: Limits) -> dict:
@@ -573,33 +574,36 @@ class _Pool:
     """Jails started ahead of need, each used by exactly one call and then destroyed: a call takes one whose
     first process is already up (and has imported numpy / PIL when recent snippets used them), and a new one is
     started behind it, off the call's critical path. Kept per `Limits` (a jail's tmpfs size and cgroup are its
-    call's), as many as calls recently ran at once (at most `MAX`, all kinds together)."""
+    call's), as many as calls of those limits ran at once (at most `MAX` waiting, all limits together)."""
 
     MAX = 8
 
     def __init__(self):
-        self.lock, self.idle, self.want, self.filling = threading.Lock(), {}, 1, set()  # (limits, jail) -> [...]
-        self.running, self.share = 0, {"numpy": 0.0, "PIL.Image": 0.0}  # recent snippets' imports (moving mean)
-        self.requests, self.pid = None, os.getpid()  # the pool thread's queue; the process the jails are of
+        self.lock, self.idle, self.filling = threading.Lock(), {}, set()  # (limits, jail) -> [_Started]
+        self.want, self.running = {}, {}  # (limits, jail) -> jails to keep ready (its most calls at once), calls now
+        self.share = {"numpy": 0.0, "PIL.Image": 0.0}  # recent snippets' imports (moving mean)
+        self.requests, self.thread, self.pid = None, None, os.getpid()  # the pool thread and its queue; our pid
+        self.generation = 0  # one more at each close: a jail a refill started before it is not kept
         atexit.register(self.close)
 
     def take(self, j: Jail, limits: Limits, code: str) -> _Started | None:
         """A started jail for `limits`, or None (the call starts its own); a new one is started behind it. Every
         take is followed by one `done` when its call ends."""
         with self.lock:
-            if os.getpid() != self.pid:  # a forked process: the jails and the starter thread are its parent's
-                self.idle, self.filling, self.requests, self.running, self.pid = {}, set(), None, 0, os.getpid()
+            if os.getpid() != self.pid:  # a forked process: the jails and the pool thread are its parent's
+                self.idle, self.filling, self.requests, self.running, self.pid = {}, set(), None, {}, os.getpid()
+                self.thread, self.want = None, {}
             for module, used in (("numpy", "numpy" in code), ("PIL.Image", "PIL" in code)):
                 self.share[module] = 0.8 * self.share[module] + 0.2 * used
-            self.running += 1
-            self.want = min(self.MAX, max(self.want, self.running))
             key = (limits, id(j))  # a jail found again (another bwrap, no filter) starts its own
+            self.running[key] = self.running.get(key, 0) + 1
+            self.want[key] = min(self.MAX, max(self.want.get(key, 1), self.running[key]))
             ready = self.idle.get(key, [])
             started = ready.pop(0) if ready else None
             refill = key not in self.filling
             self.filling.add(key)
         if refill:
-            self.later(lambda: self._refill(j, limits))
+            self.later(lambda generation=self.generation: self._refill(j, limits, generation))
         if started is not None and started.proc.poll() is not None:  # died waiting: the call starts its own
             _discard(started)
             started = None
@@ -609,26 +613,43 @@ class _Pool:
         """Run `job()` on the pool's one thread, which lives as long as the process: bwrap dies with the thread
         that started it (--die-with-parent is the kernel's parent-death signal, which follows the thread)."""
         with self.lock:
-            if self.requests is None:
-                self.requests = queue.SimpleQueue()
-                threading.Thread(target=lambda: [self.requests.get()() for _ in iter(int, 1)],
-                                 name="rllava-sandbox-pool", daemon=True).start()
+            if self.requests is None or not self.thread.is_alive():
+                self.requests = self.requests or queue.SimpleQueue()
+                self.thread = threading.Thread(target=self._serve, name="rllava-sandbox-pool", daemon=True)
+                self.thread.start()
         self.requests.put(job)
 
-    def done(self) -> None:
-        with self.lock:
-            self.running -= 1
+    def _serve(self) -> None:
+        while True:
+            job = self.requests.get()
+            try:
+                job()
+            except Exception as e:  # noqa: BLE001 - a jail that failed to start: its call starts its own
+                _warn_once(f"code sandbox: the jail pool's thread: {type(e).__name__}: {e}")
 
-    def _refill(self, j: Jail, limits: Limits) -> None:
+    def done(self, j: Jail, limits: Limits) -> None:
+        """A call that took (or not) a jail for `limits` ended."""
+        with self.lock:
+            self.running[(limits, id(j))] -= 1
+
+    def _refill(self, j: Jail, limits: Limits, generation: int) -> None:
         """Start jails for `limits` until `want` wait (other limits' idle ones make room under MAX)."""
         key = (limits, id(j))
         try:
             while True:
                 with self.lock:
                     ready = self.idle.setdefault(key, [])
-                    if len(ready) >= self.want:
+                    if self.generation != generation:
                         return
                     preload = tuple(m for m, share in self.share.items() if share > 0.25)
+                    stale = [s for s in ready if s.preload != preload]  # what recent snippets import changed
+                    ready[:] = [s for s in ready if s.preload == preload]
+                    done = len(ready) >= self.want.get(key, 1)
+                for started in stale:
+                    _discard(started)
+                if done:
+                    return
+                with self.lock:
                     evict = None
                     if sum(map(len, self.idle.values())) >= self.MAX:
                         other = next((k for k, v in self.idle.items() if k != key and v), None)
@@ -639,7 +660,12 @@ class _Pool:
                     _discard(evict)
                 started = _start(j, limits, preload=preload)
                 with self.lock:
-                    self.idle[key].append(started)
+                    keep = self.generation == generation
+                    if keep:
+                        self.idle.setdefault(key, []).append(started)
+                if not keep:  # the pool was closed meanwhile
+                    _discard(started)
+                    return
         finally:
             with self.lock:
                 self.filling.discard(key)
@@ -648,7 +674,8 @@ class _Pool:
         """End the waiting jails, and let the pool thread finish what it was given (cgroups to remove)."""
         with self.lock:
             idle, self.idle = [s for v in self.idle.values() for s in v], {}
-            pending = self.requests is not None and self.pid == os.getpid()
+            self.generation, self.want = self.generation + 1, {}
+            pending = self.thread is not None and self.thread.is_alive() and self.pid == os.getpid()
         for started in idle:
             _discard(started)
         if pending:
