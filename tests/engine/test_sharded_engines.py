@@ -166,7 +166,8 @@ def test_rlvr_pipeline_on_two_ranks(tmp_path, tiny_model_dir, counting_dir, dist
 
 @pytest.mark.parametrize("strategy", [["actor.strategy=fsdp2"],
                                       pytest.param(["actor.strategy=deepspeed", "actor.deepspeed.zero_stage=3",
-                                                    "actor.deepspeed.torch_dtype=fp32"], marks=DEEPSPEED)],
+                                                    "actor.deepspeed.torch_dtype=fp32"],
+                                                   marks=[DEEPSPEED, pytest.mark.slow])],  # 75 s: make test-slow
                          ids=["fsdp2", "deepspeed3"])
 def test_text_only_and_image_records_mixed_over_two_ranks(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
                                                           strategy):
