@@ -126,9 +126,8 @@ class Actor:
                 self._terms.append(Term(name, lambda inp, norm, name=name, fn=fn: registered_term(
                     name, fn, inp, agg, norm), coef=coef))
             if self.entropy_coeff != 0:
-                self._terms.append(Term("entropy", lambda inp, norm: (aggregate(
-                    inp.entropy, inp.mask, **agg, num_tokens=norm["num_tokens"], num_seqs=norm["num_seqs"]), {}),
-                    coef=-self.entropy_coeff))
+                self._terms.append(Term("entropy", lambda inp, norm: entropy_term(inp, agg, norm),
+                                        coef=-self.entropy_coeff))
         return self._terms
 
     def needs_old_logprobs(self, batch: Batch) -> bool:
@@ -280,6 +279,11 @@ def distill_term(distill: Distillation, inp: LossInputs, agg: dict, norm: dict):
     loss = aggregate(distill.fn(inp) * w, inp.mask, **_agg(agg, norm))
     kl = inp.full_kl["teacher"] if distill.full else inp.old_logprobs - inp.need("teacher_logprobs", "distill")
     return loss, {"actor/distill_loss": loss.detach(), "distill/reverse_kl": masked_mean(kl.detach(), inp.mask)}
+
+
+def entropy_term(inp: LossInputs, agg: dict, norm: dict):
+    """The entropy on the RL term's tokens (`actor.entropy_coeff` its bonus: the term's coefficient is minus it)."""
+    return aggregate(inp.entropy, inp.mask, **_agg(agg, norm)), {}
 
 
 def registered_term(name: str, fn: Callable, inp: LossInputs, agg: dict, norm: dict):
