@@ -103,7 +103,7 @@ def test_a_sleeping_reward_times_out_in_process(tmp_path):
     fn = RewardFunction(f"{path}:f", timeout=0.2)
     start = time.time()
     assert fn.score([_traj("fast", "1"), _traj("slow", "1", 1)])[0].tolist() == [1.0, 0.0]
-    assert time.time() - start < 5 and fn.errors == 1
+    assert time.time() - start < 25 and fn.errors == 1  # not the 30 s the slow call sleeps
     with pytest.raises(RewardError, match=r"sample 1: did not return within reward.timeout=0.2s"):
         RewardFunction(f"{path}:f", timeout=0.2, strict=True).score([_traj("slow", "1", 1)])
 
@@ -112,18 +112,20 @@ def test_a_sleeping_reward_times_out_in_process(tmp_path):
 def test_a_reward_that_hangs_stops_the_run_naming_it(tmp_path, num_cpus):
     """A timeout costs reward.timeout per sample: 3 in a row in one batch (in the order calls end) is a hang,
     which stops the run naming the function, strict or not; a slow sample between fast ones is only its own."""
+    calls = tmp_path / "calls"
     path = _write(tmp_path, "import time\n"
                             "def f(response, ground_truth):\n"
+                            f"    open({str(calls)!r}, 'a').write(response + '\\n')\n"
                             "    time.sleep(30 if response == 'slow' else 0)\n    return 1.0\n")
     fn = RewardFunction(f"{path}:f", timeout=0.2, num_cpus=num_cpus)
     try:
         mixed = [_traj(r, "1", i) for i, r in enumerate(["slow", "fast", "slow", "fast", "slow"])]
         assert fn.score(mixed)[0].tolist() == [0.0, 1.0, 0.0, 1.0, 0.0] and fn.errors == 3
-        start = time.time()
+        calls.unlink()
         with pytest.raises(Hanging, match=r"reward.reward_function=.*r.py:f: 3 calls in a row did not return "
                                               r"within reward.timeout=0.2s: it hangs"):
             fn.score([_traj("slow", "1", i) for i in range(64)])
-        assert time.time() - start < 5  # not 64 x 0.2 s
+        assert len(calls.read_text().split()) <= 3 + num_cpus  # not 64 x 0.2 s: it stopped at the third
     finally:
         fn.close() if hasattr(fn, "close") else None
 
@@ -142,7 +144,7 @@ def test_worker_pool_scores_kills_hung_workers_and_replaces_dead_ones(tmp_path):
         start = time.time()
         scores, _ = fn.score(trajs)
         assert scores.tolist() == [2.0, 0.0, 3.0, 0.0, 4.0, 1.0] and fn.errors == 2
-        assert time.time() - start < 10
+        assert time.time() - start < 60  # the hung worker never returns: it was killed
         assert fn.score([_traj("xy", "1")])[0].tolist() == [2.0]  # the replaced workers serve on
         with pytest.raises(RewardError, match=r"sample 3: ended its worker process \(exit code 5"):
             RewardFunction(f"{path}:f", num_cpus=2, strict=True).score(trajs[2:4])
