@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from itertools import accumulate
 
 # The frame each model family writes boxes in (Qwen2.5-VL's technical report, arXiv:2502.13923, switched to
 # absolute coordinates; Qwen2-VL and Qwen3-VL use 0-1000 relative ones).
@@ -41,9 +42,7 @@ def answer_text(response: str) -> str | None:
 def strict_answer(response: str) -> str | None:
     """The answer of a response that is exactly `[<think>...</think>] <answer>...</answer>` (whitespace around
     allowed, one answer, nothing else), else None: the format part of the rewards."""
-    if not isinstance(response, str):
-        return None
-    match = _THINK_ANSWER.fullmatch(response)
+    match = _THINK_ANSWER.fullmatch(response) if isinstance(response, str) else None
     return match.group(1) if match else None
 
 
@@ -51,9 +50,7 @@ def parse_box(text) -> tuple[float, float, float, float] | None:
     """The first box in `text`: `[x1, y1, x2, y2]` (JSON, e.g. Qwen2.5-VL's `{"bbox_2d": [...]}`) or
     `(x1,y1),(x2,y2)` (Qwen2-VL's `<|box_start|>` form). None if there is none or it is not a finite box
     with x1 < x2 and y1 < y2."""
-    if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
-        return None
-    match = _BOX.search(text)
+    match = _BOX.search(text) if isinstance(text, str) and len(text) <= MAX_ANSWER_CHARS else None
     if match is None:
         return None
     box = tuple(float(v) for v in match.groups() if v is not None)
@@ -112,22 +109,15 @@ def parse_detections(text) -> tuple[list[tuple[tuple[float, ...], float]], int]:
     `"confidence"`) or `[x1, y1, x2, y2, c]`, boxes in 0-1000 integers, c in [0, 1] with at most two decimals.
     Returns (valid (box, c) pairs, number of malformed items); a text that is not a JSON list is one malformed
     item."""
-    if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
-        return [], 1
     try:
-        items = json.loads(text)
+        items = json.loads(text) if isinstance(text, str) and len(text) <= MAX_ANSWER_CHARS else None
     except (ValueError, RecursionError):
-        return [], 1
+        items = None
     if not isinstance(items, list):
         return [], 1
-    valid, bad = [], 0
-    for item in items:
-        pair = _detection(item)
-        if pair is None:
-            bad += 1
-        else:
-            valid.append(pair)
-    return valid, bad
+    pairs = [_detection(item) for item in items]
+    valid = [pair for pair in pairs if pair is not None]
+    return valid, len(pairs) - len(valid)
 
 
 def _detection(item) -> tuple[tuple[float, ...], float] | None:
@@ -170,11 +160,8 @@ def average_precision(detections, truths, iou_threshold: float = 0.5) -> float:
         if hit:
             used.add(best[1])
         hits.append(hit)
-    precisions, recalls, tp = [], [], 0
-    for k, hit in enumerate(hits, 1):
-        tp += hit
-        precisions.append(tp / k)
-        recalls.append(tp / len(truths))
+    tp = list(accumulate(map(int, hits)))  # true positives among the first k detections
+    precisions, recalls = [n / k for k, n in enumerate(tp, 1)], [n / len(truths) for n in tp]
     ap, prev_recall = 0.0, 0.0
     for k in range(len(hits)):
         if hits[k]:  # recall steps up here; precision envelope = best precision at this recall or beyond

@@ -100,12 +100,6 @@ def load_reward_function(spec: str, key: str = "reward.reward_function") -> Call
 POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def _positional_params(fn: Callable) -> int:
-    """Positional parameters without a default: 2 = fn(response, ground_truth), 1 = fn(reward_input(s))."""
-    return sum(p.kind in POSITIONAL and p.default is inspect.Parameter.empty
-               for p in inspect.signature(fn).parameters.values())
-
-
 def _input_kind(param: inspect.Parameter) -> str | None:
     """What the first parameter says it takes: 'dict' (one sample), 'list' (the batch) or None (silent).
     Annotations may be strings (`from __future__ import annotations`): read the outer type's name."""
@@ -128,7 +122,8 @@ def call_form(fn: Callable, reward_type: str, spec: str, key: str = "reward.rewa
         params = [p for p in inspect.signature(fn).parameters.values() if p.kind in POSITIONAL]
     except (TypeError, ValueError):  # a builtin without a signature: trust reward_type
         return "batch" if reward_type in ("auto", "batch") else "sequential"
-    required = _positional_params(fn)
+    # positional parameters without a default: 2 = fn(response, ground_truth), 1 = fn(reward_input(s))
+    required = sum(p.default is inspect.Parameter.empty for p in params)
     if required >= 2:
         if reward_type == "batch":
             raise RewardError(f"{key}={spec!r}: reward_type=batch calls {name}(reward_inputs: "
@@ -183,9 +178,8 @@ def _sample_params(fn: Callable, configured: dict, form: str) -> list[str]:
 
 
 def sample_fields(t: Trajectory, heavy=()) -> dict:
-    """What a reward function may read about one trajectory (see the module docstring): RLLaVA's reward_input
-    (response, response_length, ground_truth, the record's other fields) plus the prompt and image sizes, and
-    the `heavy` fields named (images, videos)."""
+    """The per-sample fields of the module docstring for one trajectory; of the heavy ones (images, videos) only
+    those named in `heavy`."""
     fields = {**t.sample.extra, "prompt": t.sample.prompt, "response": t.response,
               "response_length": t.num_response_tokens, "ground_truth": t.sample.ground_truth,
               "image_sizes": t.sample.image_sizes, "model_image_sizes": t.model_image_sizes}
@@ -267,11 +261,10 @@ class RewardFunction(Fallible):
     def _score_batch(self, trajectories: list[Trajectory], fields: list[dict]) -> list[dict[str, float]]:
         named = {k: [f[k] for f in fields] for k in self.heavy}  # images / videos: one entry per input
         (outcome,) = self.runner.run([(([self._light(f) for f in fields],), named)])
-        results = outcome.value
-        problem = outcome.error
+        results, problem = outcome.value, outcome.error
         if problem is None and (not isinstance(results, (list, tuple)) or len(results) != len(trajectories)):
-            problem = (f"returned {type(results).__name__}" + (f" of {len(results)}" if hasattr(results, "__len__")
-                                                               else "") + f": expected a list of {len(trajectories)} results")
+            size = f" of {len(results)}" if hasattr(results, "__len__") else ""
+            problem = f"returned {type(results).__name__}{size}: expected a list of {len(trajectories)} results"
         if problem is not None:  # the whole batch failed: every sample shares the report
             first, last = trajectories[0].sample.index, trajectories[-1].sample.index
             return [self._checked(problem, t, where=f"the batch (samples {first}..{last})") for t in trajectories]

@@ -77,10 +77,9 @@ class _ProcessExit(BaseException):
 
 def _describe(e: BaseException) -> str:
     """One line for what a call did instead of returning."""
-    if isinstance(e, SystemExit):
-        return f"called sys.exit({e.code!r}) (a reward must return a score, not end the process)"
-    if isinstance(e, _ProcessExit):
-        return f"called os._exit({e.code!r}) (a reward must return a score, not end the process)"
+    if isinstance(e, (SystemExit, _ProcessExit)):
+        exit_fn = "sys.exit" if isinstance(e, SystemExit) else "os._exit"
+        return f"called {exit_fn}({e.code!r}) (a reward must return a score, not end the process)"
     text = str(e).splitlines()[0] if str(e) else ""
     return f"raised {type(e).__name__}" + (f": {text}" if text else "")
 

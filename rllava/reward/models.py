@@ -67,6 +67,13 @@ class _Source(Fallible):
     def _finite(self, value: float) -> dict[str, float] | str:
         return {"overall": value} if math.isfinite(value) else f"the model's score is {value}"
 
+    def _render(self, template: jinja2.Template, what: str, t: Trajectory) -> str:
+        """`template` over the sample's fields (`sample_fields`); a template error names `what` and the sample."""
+        try:
+            return template.render(**sample_fields(t))
+        except jinja2.TemplateError as e:
+            raise RewardError(f"{self.name}.{what}: rendering it for {t.sample.where} failed: {e}") from e
+
     def close(self) -> None:
         pass
 
@@ -133,11 +140,7 @@ class JudgeReward(_Source):
         self.runner = make_runner(function, timeout, 1, self.name) if function is not None else None
 
     def _sample(self, t: Trajectory) -> Sample:
-        try:
-            text = self.template.render(**sample_fields(t))
-        except jinja2.TemplateError as e:
-            raise RewardError(f"{self.name}.template {self.template_path}: rendering it for {t.sample.where} "
-                              f"failed: {e}") from e
+        text = self._render(self.template, f"template {self.template_path}", t)
         images = t.sample.images if self.vision else []
         content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}] if images else text
         return Sample(index=t.sample.index, messages=[{"role": "user", "content": content}], images=images,
@@ -199,12 +202,7 @@ class EmbeddingReward(_Source):
     def score(self, trajectories: list[Trajectory], train: bool = False):
         from rllava.agent.search import embed
 
-        refs = []
-        for t in trajectories:
-            try:
-                refs.append(self.reference.render(**sample_fields(t)))
-            except jinja2.TemplateError as e:
-                raise RewardError(f"{self.name}.reference: rendering it for {t.sample.where} failed: {e}") from e
+        refs = [self._render(self.reference, "reference", t) for t in trajectories]
         e = embed([t.response for t in trajectories] + refs)  # [2B, 384], unit vectors
         cos = (e[:len(trajectories)] * e[len(trajectories):]).sum(-1)
         return self._finish([self._finite(float(c)) for c in cos], trajectories)
@@ -215,6 +213,7 @@ def build_model_reward(entry, cfg, device: torch.device, key: str = "reward.mode
     the keys in ENTRY_KEYS; `weight` / `name` are left to the caller). Every problem names `key`; the entry is
     checked before its model loads."""
     from omegaconf import OmegaConf
+    from transformers import AutoModelForSequenceClassification
 
     from rllava.model.loader import ModelLoadError, load_model, resolve_dtype
     from rllava.model.processor import load_processor
@@ -243,7 +242,7 @@ def build_model_reward(entry, cfg, device: torch.device, key: str = "reward.mode
     model = load_model(e["model"], dtype=resolve_dtype(e.get("torch_dtype"), device, key),
                        attn_implementation=e.get("attn_implementation", "sdpa"), trust_remote_code=trust,
                        override_config=e.get("override_config"), key=key,
-                       auto=None if kind == "judge" else _sequence_classification())
+                       auto=None if kind == "judge" else AutoModelForSequenceClassification)
     try:
         processor = load_processor(tokenizer, trust)
     except (OSError, ValueError, ImportError) as err:
@@ -267,12 +266,6 @@ def build_model_reward(entry, cfg, device: torch.device, key: str = "reward.mode
         raise RewardError(f"{key}.model_path={e['model']} has {labels} labels: a reward model scores with one "
                           "logit (num_labels=1); which label is better is the checkpoint's convention")
     return ClassifierReward(key, model, processor, device, size, **policy)
-
-
-def _sequence_classification():
-    from transformers import AutoModelForSequenceClassification
-
-    return AutoModelForSequenceClassification
 
 
 def _judge_options(e: dict, key: str) -> dict:
