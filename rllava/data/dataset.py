@@ -208,10 +208,6 @@ class PromptDataset:
     def __getitem__(self, i: int) -> Sample:
         return self.sample(self.indices[i])
 
-    def fits(self, row: int) -> bool:
-        """Within rollout.limit_images and (if data.filter_overlong_prompts) data.max_prompt_length."""
-        return self.filtered(row) is None
-
     def filtered(self, row: int) -> int | str | None:
         """Why record `row` is filtered: "images" (over rollout.limit_images), its prompt length in tokens (over
         data.max_prompt_length, when data.filter_overlong_prompts), or None: kept."""

@@ -183,19 +183,13 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> Batch:
             lp += s.logprobs if (s.trained and s.logprobs is not None) else [0.0] * len(s.token_ids)
         rows.append(ids), masks.append(mask), logps.append(lp), offs.append(off)
     T = max(len(r) for r in rows)
-    B = len(rows)
-    input_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((B, T), dtype=torch.long)
-    loss_mask = torch.zeros((B, T), dtype=torch.float32)
-    rollout_logprobs = torch.zeros((B, T), dtype=torch.float32)
-    off_policy_mask = torch.zeros((B, T), dtype=torch.float32)
-    for i, (ids, mask, lp, off) in enumerate(zip(rows, masks, logps, offs)):
-        n = len(ids)
-        input_ids[i, :n] = torch.tensor(ids)
-        attention_mask[i, :n] = 1
-        loss_mask[i, :n] = torch.tensor(mask, dtype=torch.float32)
-        rollout_logprobs[i, :n] = torch.tensor(lp, dtype=torch.float32)
-        off_policy_mask[i, :n] = torch.tensor(off, dtype=torch.float32)
+
+    def padded(lists: list[list], value, dtype: torch.dtype) -> torch.Tensor:  # [B, T], right-padded with `value`
+        return torch.tensor([x + [value] * (T - len(x)) for x in lists], dtype=dtype)
+
+    input_ids = padded(rows, pad_token_id, torch.long)
+    attention_mask = padded([[1] * len(r) for r in rows], 0, torch.long)
+    loss_mask, rollout_logprobs, off_policy_mask = (padded(x, 0, torch.float32) for x in (masks, logps, offs))
     # expert tokens were not sampled: they carry no rollout log-probs and need none
     sampled = [s for t in trajectories for s in t.segments if s.trained and not s.off_policy]
     have_logprobs = bool(sampled) and all(s.logprobs is not None for s in sampled)

@@ -30,10 +30,8 @@ class DataError(RllavaError):
 
 def split_spec(spec: str) -> tuple[str, str | None]:
     """`path@split` -> (path, split). A path that exists as written keeps any `@` in its name."""
-    if os.path.exists(os.path.expanduser(spec)):
-        return os.path.expanduser(spec), None
     path, sep, split = spec.rpartition("@")
-    if not sep or not path or not split:
+    if os.path.exists(os.path.expanduser(spec)) or not (sep and path and split):
         return os.path.expanduser(spec), None
     return os.path.expanduser(path), split
 
@@ -134,7 +132,7 @@ def base_dir(spec: str, image_dir: str | None = None) -> str | None:
 
 def _load_file(path: str) -> datasets.Dataset:
     if path.endswith(".jsonl"):
-        return _load_jsonl(path)
+        return _typed_dataset(path, lambda: (record for _, record in json_lines(path)))
     if path.endswith(".json"):
         return _load_json(path)
     if path.endswith(".parquet"):
@@ -144,10 +142,6 @@ def _load_file(path: str) -> datasets.Dataset:
             raise DataError(f"{path}: cannot read it as parquet ({_reason(e)})") from e
     raise DataError(f"{path}: unsupported file type {os.path.splitext(path)[1]!r}; use .jsonl, .json, "
                     ".parquet, a save_to_disk directory or a hub-style dataset directory")
-
-
-def _load_jsonl(path: str) -> datasets.Dataset:
-    return _typed_dataset(path, lambda: (record for _, record in json_lines(path)))
 
 
 def json_lines(path: str):
@@ -198,9 +192,7 @@ _NATIVE = {str: "string", bool: "bool", int: "int64", float: "float64"}
 
 
 def _kind(value) -> str:
-    if type(value) is int and not -2**63 <= value < 2**63:
-        return "json"
-    return _NATIVE.get(type(value), "json")
+    return "json" if type(value) is int and not -2**63 <= value < 2**63 else _NATIVE.get(type(value), "json")
 
 
 def _typed_dataset(path: str, records, in_memory: bool = False) -> datasets.Dataset:
@@ -248,8 +240,7 @@ def with_encoded_columns(ds: datasets.Dataset, columns: list[str], pickled: bool
 
     def transform(batch: dict) -> dict:
         decode = pickle.loads if pickled else json.loads
-        return {k: ([None if v is None else decode(v) for v in vs] if k in columns else vs)
-                for k, vs in batch.items()}
+        return {k: ([None if v is None else decode(v) for v in vs] if k in columns else vs) for k, vs in batch.items()}
 
     ds.set_transform(transform)
     return ds

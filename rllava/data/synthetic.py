@@ -150,13 +150,8 @@ def draw_shapes(size: int, shapes: list[tuple], colors: list[str]) -> Image.Imag
     img = Image.new("RGB", (size, size), BACKGROUND)
     draw = ImageDraw.Draw(img)
     for (kind, x, y, r), color in zip(shapes, colors):
-        fill = COLORS[color]
-        if kind == "circle":
-            draw.ellipse(_corners(kind, x, y, r), fill=fill)
-        elif kind == "square":
-            draw.rectangle(_corners(kind, x, y, r), fill=fill)
-        else:
-            draw.polygon(_corners(kind, x, y, r), fill=fill)
+        paint = {"circle": draw.ellipse, "square": draw.rectangle, "triangle": draw.polygon}[kind]
+        paint(_corners(kind, x, y, r), fill=COLORS[color])
     return img
 
 

@@ -73,8 +73,7 @@ def load_video(obj, spec: VideoSpec, *, base_dir: str | None, where: str) -> Vid
         keep = _sample_indices(len(obj), min(len(obj), _frame_cap(spec)))
         frames = [load_image(obj[i], base_dir=base_dir, where=f"{where}[{i}]") for i in keep]
         return _finish(frames, spec.fps, keep, len(obj), spec, where)
-    frames, fps, keep, total = _decode_file(obj, spec, base_dir, where)
-    return _finish(frames, fps, keep, total, spec, where)
+    return _finish(*_decode_file(obj, spec, base_dir, where), spec, where)
 
 
 def num_sampled_frames(total: int, source_fps: float, spec: VideoSpec) -> int:
