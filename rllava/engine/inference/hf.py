@@ -61,12 +61,8 @@ class HFRolloutEngine:
         if decode == "compiled" and torch.device(device).type != "cuda":
             raise ValueError(f"decode=compiled compiles the decode step for CUDA graphs: it needs a CUDA device "
                              f"(this one is {device}); decode=static is the same cache without the compile")
-        self.decode = decode
-        self.pad_token_id = pad_token_id
-        self.stop_token_ids = stop_token_ids
-        self.banned_token_ids = banned_token_ids
-        self.micro_batch_size = micro_batch_size
-        self.device = device
+        self.decode, self.pad_token_id, self.stop_token_ids = decode, pad_token_id, stop_token_ids
+        self.banned_token_ids, self.micro_batch_size, self.device = banned_token_ids, micro_batch_size, device
         self.model, self._static = None, None
 
     def load(self, model: torch.nn.Module) -> None:

@@ -120,8 +120,7 @@ class SGLangRolloutEngine:
             outputs = self.engine.generate(**_inputs(requests), return_logprob=True, logprob_start_len=0,
                                            sampling_params={"max_new_tokens": 0, "temperature": 1.0})  # prefill only
         finally:
-            if not self.stay_awake:
-                self.engine.release_memory_occupation()
+            self.offload()
         return [[0.0] + [lp for lp, _, _ in o["meta_info"]["input_token_logprobs"][1:]] for o in outputs]
 
 

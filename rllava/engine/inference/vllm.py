@@ -127,8 +127,7 @@ class VLLMRolloutEngine:
         try:
             outputs = self._run(requests, params)
         finally:
-            if not self.stay_awake:
-                self.llm.sleep(level=1)
+            self.offload()
         return [_prompt_logprobs(out) for out in outputs]
 
     def _run(self, requests: list[GenerationRequest], params) -> list:

@@ -195,9 +195,6 @@ class DeepSpeedEngine:
         finally:
             self.ds.reload_states()
 
-    def unwrap_model(self, model) -> torch.nn.Module:
-        return model
-
     # -- state ----------------------------------------------------------------------------------------------
     def _module(self) -> torch.nn.Module:
         """The module whose names the checkpoint uses (the HF model / the value model)."""

@@ -22,7 +22,6 @@ all-gathers; `rollout_phase` therefore gathers every unit once and keeps it gath
 
 from __future__ import annotations
 
-import math
 import types
 from contextlib import contextmanager
 
@@ -30,7 +29,7 @@ import torch
 from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard,
                                     register_fsdp_forward_method)
 
-from rllava.engine.train.single import optimizer_on_device
+from rllava.engine.train.single import clipped_step, optimizer_on_device
 from rllava.errors import ConfigError
 from rllava.model.forward import FSDP_FORWARD_METHOD, _token_logprobs
 
@@ -111,16 +110,8 @@ class FSDP2Engine:
         loss.backward()
 
     def optimizer_step(self) -> float:
-        """Clip by the global norm (over every rank's shards), step, schedule, zero grads; returns the norm."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm) if params else torch.tensor(0.0)
-        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        if math.isfinite(norm) and (self.skip_grad_norm is None or norm <= self.skip_grad_norm):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.scheduler is not None:
-            self.scheduler.step()
-        return norm
+        return clipped_step(self.model, self.optimizer, self.scheduler, self.max_grad_norm, self.skip_grad_norm,
+                            self.optimizer.step)
 
     @contextmanager
     def update_phase(self):
@@ -144,9 +135,6 @@ class FSDP2Engine:
                     m.set_reshard_after_forward(self.reshard_after_forward)
         else:
             yield
-
-    def unwrap_model(self, model) -> torch.nn.Module:
-        return model
 
     def state_dict(self) -> dict:
         """Sharded model + optimizer state (DTensors) for torch.distributed.checkpoint, which reshards on load."""

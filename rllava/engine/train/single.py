@@ -35,6 +35,22 @@ def release_device_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()  # hand the freed blocks back, e.g. to a rollout engine
 
 
+def clipped_step(model, optimizer, scheduler, max_grad_norm: float, skip_grad_norm: float | None, step) -> float:
+    """Clip `model`'s gradients by their global norm (FSDP2: over every rank's shards), call `step()` unless the
+    norm is not finite or above `skip_grad_norm`, zero the grads, advance the LR schedule; returns the norm
+    before clipping."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm) if params else torch.tensor(0.0)
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2's norm is a DTensor
+    if math.isfinite(norm) and (skip_grad_norm is None or norm <= skip_grad_norm):
+        step()
+    model.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=True)
+    if scheduler is not None:
+        scheduler.step()
+    return norm
+
+
 @contextmanager
 def optimizer_on_device(optimizer: torch.optim.Optimizer, device: torch.device, offload: bool):
     """With `offload`, the optimizer state lives on the CPU and comes to `device` only inside the block."""
@@ -74,19 +90,8 @@ class SingleDeviceEngine:
         loss.backward()
 
     def optimizer_step(self) -> float:
-        """Clip, step, advance the LR schedule, zero grads; returns the gradient norm before clipping."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)) if params else 0.0
-        if math.isfinite(norm) and (self.skip_grad_norm is None or norm <= self.skip_grad_norm):
-            if self.masters:
-                self._step_on_host()
-            else:
-                self.optimizer.step()
-        self.model.zero_grad(set_to_none=True)
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.scheduler is not None:
-            self.scheduler.step()
-        return norm
+        return clipped_step(self.model, self.optimizer, self.scheduler, self.max_grad_norm, self.skip_grad_norm,
+                            self._step_on_host if self.masters else self.optimizer.step)
 
     def _step_on_host(self) -> None:
         for p, master in self.masters.items():
@@ -116,9 +121,6 @@ class SingleDeviceEngine:
             yield
         finally:
             self.model.to(self.device)
-
-    def unwrap_model(self, model) -> torch.nn.Module:
-        return model
 
     def _param_names(self) -> dict[torch.Tensor, str]:
         """Optimizer parameter (the device parameter, or its CPU master) -> the parameter's name."""
