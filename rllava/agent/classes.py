@@ -38,14 +38,10 @@ from rllava.errors import ConfigError
 # RLLaVA's own tool and environment classes, and what runs their job in rllava
 SEARCH = ("rollout.agent.tools=[search] over a local corpus (rollout.agent.tool_kwargs.search.corpus=...; web search "
           "APIs need the internet)")
-RLLAVA_CLASSES = {
-    "VisualCropTool": "rollout.agent.tools=[zoom]",
-    "WebSearchTool": SEARCH,
-    "CodeExecuteTool": "rollout.agent.tools=[code] (the sandboxed code tool; limits: rollout.agent.tool_kwargs.code.*)",
-    "AgentSearchEnv": SEARCH,
-    "AgentCodeEnv": "rollout.agent.tools=[code] (the sandboxed code tool; limits: rollout.agent.tool_kwargs.code.*)",
-    "DeepEyesEnv": "rollout.agent.tools=[zoom]",
-}
+CODE = "rollout.agent.tools=[code] (the sandboxed code tool; limits: rollout.agent.tool_kwargs.code.*)"
+ZOOM = "rollout.agent.tools=[zoom]"
+RLLAVA_CLASSES = {"VisualCropTool": ZOOM, "WebSearchTool": SEARCH, "CodeExecuteTool": CODE, "AgentSearchEnv": SEARCH,
+                  "AgentCodeEnv": CODE, "DeepEyesEnv": ZOOM}
 
 
 def _equivalent(spec: str) -> str:
@@ -54,8 +50,7 @@ def _equivalent(spec: str) -> str:
     name = spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
     low = spec.lower()
     return RLLAVA_CLASSES.get(name) or next(
-        (v for k, v in (("search", SEARCH), ("code", RLLAVA_CLASSES["CodeExecuteTool"]), ("crop", "rollout.agent.tools="
-                        "[zoom]"), ("zoom", "rollout.agent.tools=[zoom]")) if k in low),
+        (v for k, v in (("search", SEARCH), ("code", CODE), ("crop", ZOOM), ("zoom", ZOOM)) if k in low),
         "a tool of your own registered with @register_tool (rollout.agent.plugins; docs/agents.md)")
 
 
@@ -123,19 +118,15 @@ def _observation(obs: Any, reward: float = 0.0, done: bool = False) -> Observati
     """An RLLaVA observation (text, PIL image, or {"text", "image"} dict) as rllava's."""
     if isinstance(obs, Observation):
         return obs
-    if obs is None:
-        return Observation(reward=reward, done=done)
-    if isinstance(obs, str):
-        return Observation(text=obs, reward=reward, done=done)
-    if isinstance(obs, Image.Image):
-        return Observation(images=[obs], reward=reward, done=done)
-    if isinstance(obs, dict):
-        images = obs.get("image", obs.get("images")) or []
-        images = images if isinstance(images, (list, tuple)) else [images]
-        if not all(isinstance(im, Image.Image) for im in images):
-            raise TypeError("an observation's image must be a PIL image")
-        return Observation(text=str(obs.get("text", "")), images=list(images), reward=reward, done=done)
-    raise TypeError(f"an observation is a string, a PIL image or a dict with text/image, not {type(obs).__name__}")
+    if obs is None or isinstance(obs, (str, Image.Image)):  # text or an image alone: the dict form's one entry
+        obs = {"text": obs} if isinstance(obs, str) else {"image": obs}
+    if not isinstance(obs, dict):
+        raise TypeError(f"an observation is a string, a PIL image or a dict with text/image, not {type(obs).__name__}")
+    images = obs.get("image", obs.get("images")) or []
+    images = images if isinstance(images, (list, tuple)) else [images]
+    if not all(isinstance(im, Image.Image) for im in images):
+        raise TypeError("an observation's image must be a PIL image")
+    return Observation(text=str(obs.get("text", "")), images=list(images), reward=reward, done=done)
 
 
 class ClassToolsEnv(ToolEnv):

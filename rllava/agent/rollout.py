@@ -219,11 +219,10 @@ class AgentRollout(Rollout):
         obs = self.env.step(e.state, e.turn_texts[-1])
         text = obs.text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
         images = [resize_to_pixel_bounds(to_rgb(im), self.min_pixels, self.max_pixels) for im in obs.images]
-        kept = 0
+        rgb_bytes, kept = [3 * im.width * im.height for im in images], 0
         with self.lock:
-            while kept < len(images) and self.round_bytes + 3 * images[kept].width * images[kept].height <= \
-                    self.round_image_mb << 20:
-                self.round_bytes += 3 * images[kept].width * images[kept].height
+            while kept < len(images) and self.round_bytes + rgb_bytes[kept] <= self.round_image_mb << 20:
+                self.round_bytes += rgb_bytes[kept]
                 kept += 1
         if kept < len(images):
             text += (f"\n[{len(images) - kept} image{'s' * (len(images) - kept > 1)} not shown: this round's "

@@ -24,10 +24,10 @@ bubblewrap (`bwrap`, Debian package `bubblewrap`):
    kernel memory each); `wall_s` for the whole call and `file_mb` for its output, after which it is killed.
 
 Fail closed: where one of these cannot be set up (no bwrap, user namespaces refused, no libseccomp / pyseccomp,
-root with no writable cgroup), `check()` -- which the code tool calls when the run starts, before the model loads -- is one error
-naming what is missing and how to get it. `rollout.agent.tool_kwargs.code.allow_weaker=true` runs what can be
-run instead (bwrap without the cgroup, or, without bwrap, a plain child process with the per-process limits in
-a temporary directory: not isolated) and warns once naming what is not isolated.
+root with no writable cgroup), `check()` -- which the code tool calls when the run starts, before the model
+loads -- is one error naming what is missing and how to get it. `rollout.agent.tool_kwargs.code.allow_weaker=true`
+runs what can be run instead (bwrap without the cgroup, or, without bwrap, a plain child process with the
+per-process limits in a temporary directory: not isolated) and warns once naming what is not isolated.
 
 The parent decides which limit stopped a call from what it saw (its clock, the bytes of output, the cgroup's
 OOM and pids counters) and from the first process's report (the snippet's exit status and CPU time, and the
@@ -372,7 +372,6 @@ def _find_jail() -> Jail:
         try:
             program = seccomp_program()
         except Exception as e:  # noqa: BLE001 - no libseccomp, no binding, a refused rule: fail closed
-            program = None
             missing.append(f"the syscall filter cannot be built ({type(e).__name__}: {e}): it needs libseccomp "
                            "(Debian/Ubuntu: apt-get install libseccomp2) and pyseccomp (pip install pyseccomp)")
             weaker.append("no syscall filter: keyrings, inotify, SysV IPC, io_uring, userfaultfd, perf and bpf "
@@ -509,12 +508,11 @@ def _start(j: Jail, limits: Limits, workdir: str | None = None, preload: tuple =
         argv = argv[:1] + ["--json-status-fd", str(status_w), *seccomp] + argv[1:] + init
     else:
         argv = init + [INIT, str(result_w)]
+    passed = [fd for fd in (result_w, status_w, filter_r) if fd is not None]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            pass_fds=[fd for fd in (result_w, status_w, filter_r) if fd is not None], env=ENV,
-                            cwd=workdir or "/", start_new_session=True)
-    for fd in (result_w, status_w, filter_r):
-        if fd is not None:
-            os.close(fd)
+                            pass_fds=passed, env=ENV, cwd=workdir or "/", start_new_session=True)
+    for fd in passed:
+        os.close(fd)
     first, cgroup = None, _Cgroup(*j.cgroup, limits) if j.cgroup else None
     try:
         pid = _first_pid(status_r, time.monotonic() + max(limits.wall_s, 10.0)) if j.bwrap else proc.pid
@@ -718,49 +716,45 @@ def _first_pid(status_r: int, deadline: float) -> int | None:
 
 
 def _exchange(proc, request: bytes, result_r: int, limits: Limits, deadline: float, seen: dict) -> None:
-    with selectors.DefaultSelector() as sel:
-        _pump(sel, proc, request, result_r, limits, deadline, seen)
-
-
-def _pump(sel, proc, request: bytes, result_r: int, limits: Limits, deadline: float, seen: dict) -> None:
     """Write the request, read stdout / stderr / the report (keeping what the limits allow) until every pipe is
     closed, the wall clock is past, or the output is over `file_mb`."""
-    keep = {"stdout": 4 * limits.output_chars + 4, "stderr": 4 * limits.output_chars + 4,
-            "result": (1 << 16) + limits.max_images * 3 * limits.max_pixels}
-    for f, name in ((proc.stdout.fileno(), "stdout"), (proc.stderr.fileno(), "stderr"), (result_r, "result")):
-        os.set_blocking(f, False)
-        sel.register(f, selectors.EVENT_READ, name)
-    os.set_blocking(proc.stdin.fileno(), False)
-    sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
-    todo = memoryview(request)
-    while sel.get_map():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            seen["timed_out"] = True
-            return
-        for key, _ in sel.select(left):
-            if key.data == "stdin":
-                try:
-                    todo = todo[os.write(key.fd, todo):]
-                except BlockingIOError:
+    with selectors.DefaultSelector() as sel:
+        keep = {"stdout": 4 * limits.output_chars + 4, "stderr": 4 * limits.output_chars + 4,
+                "result": (1 << 16) + limits.max_images * 3 * limits.max_pixels}
+        for f, name in ((proc.stdout.fileno(), "stdout"), (proc.stderr.fileno(), "stderr"), (result_r, "result")):
+            os.set_blocking(f, False)
+            sel.register(f, selectors.EVENT_READ, name)
+        os.set_blocking(proc.stdin.fileno(), False)
+        sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
+        todo = memoryview(request)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                seen["timed_out"] = True
+                return
+            for key, _ in sel.select(left):
+                if key.data == "stdin":
+                    try:
+                        todo = todo[os.write(key.fd, todo):]
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # the first process is gone: nothing more to send
+                        todo = todo[:0]
+                    if not todo:
+                        sel.unregister(key.fd)
+                        proc.stdin.close()
                     continue
-                except BrokenPipeError:  # the first process is gone: nothing more to send
-                    todo = todo[:0]
-                if not todo:
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
                     sel.unregister(key.fd)
-                    proc.stdin.close()
-                continue
-            chunk = os.read(key.fd, 1 << 16)
-            if not chunk:
-                sel.unregister(key.fd)
-                continue
-            buf = seen[key.data]
-            buf += chunk[:max(0, keep[key.data] - len(buf))]
-            if key.data != "result":
-                seen["output"] += len(chunk)
-                if seen["output"] > limits.file_mb << 20:
-                    seen["over"] = True
-                    return
+                    continue
+                buf = seen[key.data]
+                buf += chunk[:max(0, keep[key.data] - len(buf))]
+                if key.data != "result":
+                    seen["output"] += len(chunk)
+                    if seen["output"] > limits.file_mb << 20:
+                        seen["over"] = True
+                        return
 
 
 def _kill_weak(seen: dict) -> None:
@@ -780,7 +774,7 @@ def _kill_weak(seen: dict) -> None:
 def _result(seen: dict, hits: dict, limits: Limits, guards: dict) -> Result:
     report, images = _report(seen["result"], limits)
     status = report.get("status", seen["exit"]) if report else seen["exit"]
-    result = Result(_text(seen["stdout"], limits), _text(seen["stderr"], limits), returncode=status, guards=guards)
+    result = Result(_text(seen["stdout"], limits), _text(seen["stderr"], limits), images, status, guards=guards)
     if seen["timed_out"]:
         result.stopped_by = "wall-clock limit"
     elif seen["over"]:
@@ -802,7 +796,6 @@ def _result(seen: dict, hits: dict, limits: Limits, guards: dict) -> Result:
     elif status < 0:
         result.stopped_by = f"crashed (signal {signal.Signals(-status).name})"
     notes = list(report.get("notes", [])) if report else []
-    result.images = images
     if notes:
         result.stderr += ("\n" if result.stderr else "") + "\n".join(notes)
     return result

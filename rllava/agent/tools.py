@@ -189,8 +189,7 @@ def _box(args) -> list[float]:
     if isinstance(args, dict):
         args = args.get("bbox_2d", args.get("box"))
     if isinstance(args, str):
-        nums = re.findall(r"-?\d+(?:\.\d+)?", args)
-        args = [float(v) for v in nums]
+        args = [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", args)]
     if not isinstance(args, (list, tuple)) or len(args) != 4 or not all(isinstance(v, (int, float)) for v in args):
         raise ToolError("zoom takes one box [x1, y1, x2, y2]")
     return [float(v) for v in args]
