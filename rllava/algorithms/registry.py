@@ -18,6 +18,7 @@ POLICY_LOSSES: dict[str, Callable] = {}
 ALGORITHMS: dict[str, type] = {}  # whole algorithms: PPO subclasses, selected by algorithm.adv_estimator
 DISTILL_LOSSES: dict[str, Callable] = {}  # on-policy distillation's per-token terms (algorithm.distill.loss)
 LOSS_TERMS: dict[str, Callable] = {}  # further terms of the update's loss (actor.loss_terms)
+SCORERS: dict[str, Callable] = {}  # passes that fill a batch field before the advantage (rllava.train.scorers)
 
 
 def _register(table: dict, kind: str, name: str):
@@ -57,6 +58,13 @@ def register_loss_term(name: str):
     Actor aggregates it over the RL term's tokens (`actor.loss_agg_mode`, as the KL term) and logs its value as
     `actor/<name>`, its metrics as `actor/<name>/<metric>`."""
     return _register(LOSS_TERMS, "loss term", name)
+
+
+def register_scorer(name: str):
+    """Register `fn(cfg, parts: rllava.train.scorers.Parts) -> Scorer | None` as `name`: at start-up every
+    registered builder is called in registration order (the built-in ones first; a file of `algorithm.plugins`
+    registers more) and returns the pass it adds to this run, or None when the run does not use it."""
+    return _register(SCORERS, "scorer", name)
 
 
 def register_ppo(name: str):

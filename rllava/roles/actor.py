@@ -81,9 +81,11 @@ class Actor:
                  rollout_rs: str | None = None, rollout_rs_threshold: str | None = None, off_policy: bool = False,
                  padding_free: bool = False, shared_prefix: bool = False, max_token_len: int | None = None,
                  log_prob_max_token_len: int | None = None, logprob_chunk_size: int = LOGPROB_CHUNK,
-                 expert: ExpertLoss | None = None, loss_terms: dict[str, tuple[Callable, float]] | None = None):
+                 expert: ExpertLoss | None = None, loss_terms: dict[str, tuple[Callable, float]] | None = None,
+                 scorers: list | None = None):
         """`max_token_len` / `log_prob_max_token_len` set: dynamic batching of the update / the no-grad pass
-        by that token budget instead of `micro_batch_size` / `log_prob_micro_batch_size` rows."""
+        by that token budget instead of `micro_batch_size` / `log_prob_micro_batch_size` rows. `scorers`: the
+        run's passes before the update (rllava.train.scorers), of which the Actor reads two inside it."""
         self.model, self.engine, self.algorithm = model, engine, algorithm
         self.ppo_epochs, self.mini_batch_size = ppo_epochs, mini_batch_size
         self.micro_batching = MicroBatching(micro_batch_size, max_token_len, padding_free, shared_prefix)
@@ -99,10 +101,12 @@ class Actor:
         self.off_policy = off_policy  # asynchronous or partial rollouts: the mismatch metrics even uncorrected
         self.expert = expert  # a hybrid's treatment of expert tokens; None: every trained token is RL-trained
         self.loss_terms = loss_terms or {}  # actor.loss_terms: name -> (registered fn, coef)
+        self.scorers = list(scorers or [])
+        roles = {s.fills: s.role for s in self.scorers}
         # the Reference, for a full-vocabulary KL loss (kl_loss_type=full): its forward runs on every micro-batch of
         # the update (no grad), since the loss needs its whole distribution at each position, not one log-prob
-        self.reference = None
-        self.distill: Distillation | None = None  # on-policy distillation's term, beside the policy loss
+        self.reference = roles.get("ref_logprobs")
+        self.distill: Distillation | None = roles.get("teacher_logprobs")  # on-policy distillation's term
         self._terms: list[Term] | None = None
 
     @property

@@ -44,7 +44,6 @@ import torch
 from rllava import distributed as D
 from rllava.engine.inference.base import weight_buckets
 from rllava.errors import RllavaError
-from rllava.train import builders as B
 from rllava.train import checkpoint as C
 from rllava.train.tracker import Timer
 
@@ -90,12 +89,12 @@ def regroup(parts: list, shares: int) -> list:
         picked = [(gid, p, j) for gid, key in enumerate(keys[i * per:(i + 1) * per]) for p, j in groups[key]]
         first = parts[0]
         out.append(type(first)(
-            [replace(parts[p].trajectories[j], group_id=gid) for gid, p, j in picked],
-            torch.stack([parts[p].scores[j] for _, p, j in picked]),
-            [parts[p].details[j] for _, p, j in picked],
-            [r for r, (_, p, j) in enumerate(picked) if j in parts[p].dropped],
-            torch.stack([parts[p].baseline[j] for _, p, j in picked]) if first.baseline is not None else None,
-            {k: float(np.mean([q.metrics[k] for q in parts if k in q.metrics])) for k in first.metrics}))
+            trajectories=[replace(parts[p].trajectories[j], group_id=gid) for gid, p, j in picked],
+            scores=torch.stack([parts[p].scores[j] for _, p, j in picked]),
+            details=[parts[p].details[j] for _, p, j in picked],
+            dropped=[r for r, (_, p, j) in enumerate(picked) if j in parts[p].dropped],
+            baseline=torch.stack([parts[p].baseline[j] for _, p, j in picked]) if first.baseline is not None else None,
+            metrics={k: float(np.mean([q.metrics[k] for q in parts if k in q.metrics])) for k in first.metrics}))
     return out
 
 
@@ -189,31 +188,20 @@ def serve(cfg, make_produce) -> str:
     """A rollout rank's run: stages 1-2 of every batch, sampled by the weights the schedule names, sent to the
     trainers; returns outputs_dir."""
     from rllava.algorithms.ppo import build_algorithm
-    from rllava.model.loader import build_policy
-    from rllava.train.loop import Run, add_reward_models, build_reward
+    from rllava.train.loop import build_run
 
-    reward = build_reward(cfg)  # (SFT+RL hybrids are refused at start-up: the config's _async_problems)
+    run = build_run(cfg, role="rollout")  # (SFT+RL hybrids are refused at start-up: the config's _async_problems)
     try:
-        env = B.build_agent_env(cfg)
-        device, outputs_dir = B.setup_run(cfg)
-        reward = add_reward_models(reward, cfg, device)
-        model, processor = build_policy(cfg.actor.model, device, trainable=False)
-        train_set, _ = B.build_datasets(cfg, processor)
-        sampler = B.build_sampler(cfg, train_set)
-        steps = B.total_steps(cfg, sampler)
-        rollout = B.build_rollout(cfg, processor, device, env)
-        B.seed_sampling(cfg)
-        run = Run(cfg, device, outputs_dir, model, processor, train_set, None, sampler, steps, None, None, rollout,
-                  reward)
-        produce = make_produce(run, None, build_algorithm(cfg.algorithm, cfg.actor).needs("baseline_scores"),
-                               _Copy(model), lambda s: version_for(s, cfg.trainer.max_staleness, cfg.trainer.save_freq))
-        resume_from = C.find_resume(cfg, outputs_dir)
+        baseline = build_algorithm(cfg.algorithm, cfg.actor).needs("baseline_scores")
+        produce = make_produce(run, None, baseline, _Copy(run.model),
+                               lambda s: version_for(s, cfg.trainer.max_staleness, cfg.trainer.save_freq))
+        resume_from = C.find_resume(cfg, run.outputs_dir)
         if resume_from:
             run.step = _resume(run, resume_from)
         _serve(run, produce)
     finally:
-        reward.close()
-    return outputs_dir
+        run.reward.close()
+    return run.outputs_dir
 
 
 def _resume(run, path: str) -> int:

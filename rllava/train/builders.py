@@ -41,6 +41,7 @@ from rllava.roles.critic import Critic
 from rllava.roles.reference import Reference, weight_shapes
 from rllava.roles.rollout import Rollout
 from rllava.roles.teacher import DEFAULT, EngineTeacher, Teachers, layout_mismatch, tokenizer_mismatch
+from rllava.train.scorers import Parts, build_scorers
 from rllava.train.tracker import Tracker
 
 log = logging.getLogger(__name__)
@@ -306,20 +307,36 @@ def lr_scheduler(o, optimizer, updates: int):
                                       scheduler_specific_kwargs=extra or None)
 
 
-def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, sft: bool = False) -> Actor:
-    """Optimizer + LR schedule + train engine + the Actor role around `model`.
+def _mini_batch(cfg: PPOConfig, sft: bool) -> tuple[int, int]:
+    """(sequences per prompt, this rank's sequences per mini-batch): RLLaVA counts prompts, over all ranks."""
+    n = 1 if sft else cfg.rollout.n
+    return n, cfg.actor.ppo_mini_batch_size * n // D.world_size()
+
+
+def build_engine(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, sft: bool = False) -> TrainEngine:
+    """The policy's train engine (actor.strategy) with its optimizer and LR schedule over the run's updates."""
+    n, mini = _mini_batch(cfg, sft)
+    return _engine(model, cfg.actor.optim, device, cfg.actor.max_grad_norm, cfg.actor.skip_grad_norm,
+                   updates=_num_updates(cfg, num_steps, cfg.actor.ppo_epochs, mini, n), key="actor.optim",
+                   strategy=cfg.actor.strategy, fsdp=cfg.actor.fsdp, deepspeed=cfg.actor.deepspeed)
+
+
+def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, sft: bool = False,
+                processor=None, engine: TrainEngine | None = None) -> Actor:
+    """The Actor role around `model` (its train engine: `engine`, else `build_engine`'s); in RL, the run's
+    scorers (rllava.train.scorers: reference, teachers, critic, KL in the reward, plugins' ones), which frozen
+    copies shard like the engine and the Actor reads two of inside its update (the reference's, the teachers').
 
     `sft=True`: one reference response per prompt, the `sft` loss (NLL) at temperature 1."""
-    n = 1 if sft else cfg.rollout.n
-    mini = cfg.actor.ppo_mini_batch_size * n // D.world_size()  # RLLaVA counts prompts, over all ranks
-    engine = _engine(model, cfg.actor.optim, device, cfg.actor.max_grad_norm, cfg.actor.skip_grad_norm,
-                     updates=_num_updates(cfg, num_steps, cfg.actor.ppo_epochs, mini, n), key="actor.optim",
-                     strategy=cfg.actor.strategy, fsdp=cfg.actor.fsdp, deepspeed=cfg.actor.deepspeed)
+    engine = engine or build_engine(cfg, model, device, num_steps, sft=sft)
+    _, mini = _mini_batch(cfg, sft)
     model = engine.model
     load_plugins(cfg.algorithm.plugins)
     algorithm = build_algorithm(cfg.algorithm, cfg.actor, loss_mode="sft" if sft else None,
                                 discount=cfg.rollout.discount)
-    return Actor(model, engine, algorithm, ppo_epochs=cfg.actor.ppo_epochs,
+    scorers = [] if sft else build_scorers(cfg, Parts(cfg=cfg, policy=model, engine=engine, processor=processor,
+                                                      device=device, steps=num_steps, algorithm=algorithm))
+    return Actor(model, engine, algorithm, ppo_epochs=cfg.actor.ppo_epochs, scorers=scorers,
                  mini_batch_size=mini, micro_batch_size=cfg.actor.ppo_micro_batch_size,
                  log_prob_micro_batch_size=cfg.actor.log_prob_micro_batch_size,
                  loss_agg_mode=cfg.actor.loss_agg_mode, max_response_length=cfg.data.max_response_length,

@@ -164,6 +164,7 @@ def save_checkpoint(run, step: int) -> str:
     cfg, root = run.cfg, checkpoint_root(run.cfg, run.outputs_dir)
     contents, path = save_contents(cfg), os.path.join(root, f"global_step_{step}")
     background, tmp = cfg.actor.checkpoint.async_save, f"{path}.tmp"
+    engines, states = run.held()
     if D.is_main():
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
@@ -185,16 +186,16 @@ def save_checkpoint(run, step: int) -> str:
         with open(os.path.join(tmp, "config.yaml"), "w") as f:
             f.write(config_to_yaml(cfg, ran=True))
         state = {"global_step": step, "sampler": run.sampler.state_dict(), "world_size": D.world_size(),
-                 "contents": contents, "engines": sorted(run.engines),
-                 "stateful": {k: v.state_dict() for k, v in run.stateful.items()}}
+                 "contents": contents, "engines": sorted(engines),
+                 "stateful": {k: v.state_dict() for k, v in states.items()}}
         with open(os.path.join(tmp, STATE_FILE), "w") as f:
             json.dump(state, f, indent=1)
     del weights
     parts, (pool, group) = engine_parts(contents), _background() if background else (None, None)
-    staged = {name: _stage(engine, parts) for name, engine in run.engines.items()} if background else None
+    staged = {name: _stage(engine, parts) for name, engine in engines.items()} if background else None
 
     def commit() -> None:  # in the background, the engines' state goes last: the rest of `tmp` is written
-        for name, engine in run.engines.items():
+        for name, engine in engines.items():
             if staged is None:
                 save_engine(engine, os.path.join(tmp, name), parts)
             else:
@@ -268,7 +269,8 @@ def load_checkpoint(run, path: str) -> int:
     """Restore `run` (engines, sampler, KL controller, RNG states) from the checkpoint at `path`; returns its
     step. What is loaded follows actor.checkpoint.load_contents."""
     state, wanted = read_state(path), list(run.cfg.actor.checkpoint.load_contents)
-    for name, engine in run.engines.items():
+    engines, states = run.held()
+    for name, engine in engines.items():
         if name not in state["engines"]:
             raise RllavaError(f"{path}: holds no {name} state (the run that wrote it had no {name})")
         loaded = _load_engine_or_explain(engine, os.path.join(path, name), engine_parts(wanted))
@@ -277,7 +279,7 @@ def load_checkpoint(run, path: str) -> int:
                         "optimizer starts fresh, so the run does not continue exactly", path, name,
                         state["contents"], wanted)
     run.sampler.load_state_dict(state["sampler"])
-    for name, obj in run.stateful.items():
+    for name, obj in states.items():
         if name in state["stateful"]:
             obj.load_state_dict(state["stateful"][name])
     partial = os.path.join(path, "rng", f"partial_rank_{D.rank()}.pt")

@@ -201,7 +201,7 @@ class Hybrid:
 
 
 def build_hybrid(cfg, run) -> Hybrid | None:
-    """The run's Hybrid (None unless loss_mode is a hybrid loss), registered in run.stateful for resume."""
+    """The run's Hybrid (None unless loss_mode is a hybrid loss), held by the run (`Run.held`: checkpointed)."""
     if not is_hybrid(cfg):
         return None
     expert_set = None
@@ -221,5 +221,5 @@ def build_hybrid(cfg, run) -> Hybrid | None:
             raise ConfigError(f"CHORD draws {rows} demonstration rows per step but the expert data has "
                               f"{len(expert_set)} records: lower data.expert_batch_size / algorithm.expert_data_ratio")
     hybrid = Hybrid(cfg, run.processor, expert_set)
-    run.stateful["hybrid"] = hybrid
+    run.hybrid = hybrid
     return hybrid

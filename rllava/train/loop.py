@@ -42,12 +42,13 @@ from rllava.train import builders as B
 from rllava.train import checkpoint as C
 from rllava.train import evaluate as E
 from rllava.train import outputs as O
+from rllava.train.scorers import old_logprobs
 from rllava.train.tracker import Timer, Tracker
 
 StepFn = Callable[[list[Sample], Timer], tuple[dict[str, float], Batch]]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
     """What every pipeline builds from the config before its first step."""
 
@@ -57,24 +58,35 @@ class Run:
     model: torch.nn.Module
     processor: object
     train_set: PromptDataset
-    val_set: PromptDataset | None
+    val_set: PromptDataset | None = None
     sampler: EpochSampler
     steps: int
-    actor: Actor
-    tracker: Tracker | None  # created by train_loop once the run owns outputs_dir
+    actor: Actor | None  # None on an asynchronous run's rollout ranks
     rollout: Rollout | None  # None only for SFT without a reward to validate with
     reward: Scoring | None
+    scorers: list = field(default_factory=list)  # RL's passes before the advantage (rllava.train.scorers)
+    hybrid: object = None  # SFT+RL: the expert side (rllava.train.hybrid_step), built by the pipeline
+    tracker: Tracker | None = None  # created by train_loop once the run owns outputs_dir
     resume_from: str | None = None  # the checkpoint train_loop starts from (trainer.resume)
     fresh: bool = False  # the old run's files in outputs_dir are deleted first (outputs.check_outputs)
     step: int = 0  # the step running now (1-based); the checkpoint's step after a resume
-    # What a checkpoint holds besides sampler and RNG: train engines by name ("actor", "critic") and objects
-    # with state_dict()/load_state_dict() (e.g. "kl_ctrl"). Pipelines add theirs before train_loop.
-    engines: dict = field(default_factory=dict)
-    stateful: dict = field(default_factory=dict)
     # rollout.partial_rollout: the paused responses (roles.rollout.PartialRollouts), saved per rank
     partial: object = None
     # an asynchronous run: the rollout ranks' RNG states and paused responses after the last batch
     rollout_rng: list | None = None
+
+    def held(self) -> tuple[dict, dict]:
+        """What a checkpoint holds besides the sampler, RNG states and paused responses, named as in its files:
+        (train engines and weights that move, saved with torch.distributed.checkpoint; objects whose
+        state_dict() goes in state.json). The actor's engine, what each scorer holds (the critic's engine, a
+        reference that resets, the KL controller), a hybrid's expert sampler."""
+        engines, states = ({"actor": self.actor.engine} if self.actor else {}), {}
+        for s in self.scorers:
+            engines.update(s.engines)
+            states.update(s.states)
+        if self.hybrid is not None:
+            states["hybrid"] = self.hybrid
+        return engines, states
 
     def next_samples(self) -> list[Sample]:
         """This rank's share of the next data.train_batch_size prompts (the resumable sampler, the same on every
@@ -134,13 +146,16 @@ class Given:
     val: object = None
 
 
-def build_run(cfg, *, sft: bool = False, given: Given | None = None) -> Run:
-    """Policy, data, sampler, Actor; the Rollout and Reward roles when the pipeline samples (RL) or can validate
-    (a val set and a reward function). Reads outputs_dir but writes nothing there (see `train_loop`)."""
-    given = given or Given()
+def build_run(cfg, *, role: str = "rl", given: Given | None = None) -> Run:
+    """Policy, data, sampler, Actor (with RL's scorers); the Rollout and Reward roles when the pipeline samples
+    (RL) or can validate (a val set and a reward function). `role`: "rl", "sft", or "rollout" (an asynchronous
+    run's rollout rank: the policy frozen, no Actor; it samples for the trainers). Reads outputs_dir but writes
+    nothing there (see `train_loop`)."""
+    given, sft, serving = given or Given(), role == "sft", role == "rollout"
     outputs_dir = B.run_outputs_dir(cfg)
-    resume_from = C.find_resume(cfg, outputs_dir)  # a bad path fails here, before anything is written
-    fresh = O.check_outputs(cfg, outputs_dir, resume_from)  # another run's outputs there, not writable: one line
+    # the trainers check outputs_dir and find the checkpoint; a rollout rank reads its own (async_rl.serve)
+    resume_from = None if serving else C.find_resume(cfg, outputs_dir)  # a bad path fails here, before any write
+    fresh = not serving and O.check_outputs(cfg, outputs_dir, resume_from)  # another run's outputs there: one line
     # the reward file first: a typo in it fails in a second, not after loading the model
     scores = cfg.reward.reward_function or cfg.reward.reward_functions or cfg.reward.model.model_path
     reward = build_reward(cfg) if not sft or (cfg.data.val_files and scores) else None
@@ -149,7 +164,7 @@ def build_run(cfg, *, sft: bool = False, given: Given | None = None) -> Run:
     device, outputs_dir = B.setup_run(cfg)
     reward = add_reward_models(reward, cfg, device) if reward is not None else None
     if given.model is None:
-        model, processor = B.build_policy(cfg.actor.model, device)
+        model, processor = B.build_policy(cfg.actor.model, device, trainable=not serving)
     else:
         model, processor = adopt_policy(given.model, cfg.actor.model, device), given.processor
     expert = sft or cfg.actor.policy_loss.loss_mode in HYBRID_LOSSES  # SFT and hybrids read the expert response
@@ -157,15 +172,18 @@ def build_run(cfg, *, sft: bool = False, given: Given | None = None) -> Run:
                                           given=(given.train, given.val))
     sampler = B.build_sampler(cfg, train_set)
     steps = B.total_steps(cfg, sampler)
-    actor = B.build_actor(cfg, model, device, steps, sft=sft)
+    engine = None if serving else B.build_engine(cfg, model, device, steps, sft=sft)  # before a rollout engine
     if sft and val_set is None and reward is not None:  # nothing to validate on
         reward.close()
         reward = None
     # agents' SFT replays the expert's turns through the agent driver (its tools make the observations)
     rollout = B.build_rollout(cfg, processor, device, env) if reward is not None or env is not None else None
-    B.seed_sampling(cfg)
-    return Run(cfg, device, outputs_dir, model, processor, train_set, val_set, sampler, steps, actor, None,
-               rollout, reward, resume_from, fresh=fresh, engines={"actor": actor.engine})
+    B.seed_sampling(cfg)  # what the scorers' models draw at their making (a value head) comes from the run's seed
+    actor = None if serving else B.build_actor(cfg, model, device, steps, sft=sft, processor=processor, engine=engine)
+    scorers = [] if actor is None or sft else [old_logprobs(actor), *actor.scorers]
+    return Run(cfg=cfg, device=device, outputs_dir=outputs_dir, model=model, processor=processor,
+               train_set=train_set, val_set=None if serving else val_set, sampler=sampler, steps=steps, actor=actor,
+               rollout=rollout, reward=reward, scorers=scorers, resume_from=resume_from, fresh=fresh)
 
 
 def sample_rows(batch: Batch, dataset: PromptDataset, k: int) -> list[dict]:

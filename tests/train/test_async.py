@@ -84,9 +84,9 @@ def test_staleness_metrics_count_tokens_by_lag():
 def test_regroup_splits_whole_groups_over_trainers():
     def part(groups, base):
         trajs = [_traj(g, [0]) for g in groups]
-        return Rollouts(trajs, torch.tensor([base + i for i in range(len(trajs))], dtype=torch.float),
-                        [{"i": base + i} for i in range(len(trajs))], [1], torch.tensor([base + 0.5] * len(trajs)),
-                        {"batch/sampling_rounds": base})
+        return Rollouts(trajectories=trajs, scores=torch.tensor([base + i for i in range(len(trajs))], dtype=torch.float),
+                        details=[{"i": base + i} for i in range(len(trajs))], dropped=[1],
+                        baseline=torch.tensor([base + 0.5] * len(trajs)), metrics={"batch/sampling_rounds": base})
 
     a, b = part([0, 0, 1, 1], 0), part([0, 0, 1, 1], 10)  # two rollout ranks, 2 prompts x 2 samples each
     shares = regroup([a, b], 2)

@@ -28,7 +28,7 @@ from rllava.algorithms.filtering import fill_batch
 from rllava.config import ConfigError
 from rllava.data.protocol import Batch, Sample, Trajectory, collate
 from rllava.engine.inference.base import generate_context
-from rllava.roles.rollout import PartialRollouts, logprob_gap_metrics, tag_versions
+from rllava.roles.rollout import PartialRollouts, tag_versions
 from rllava.train import async_rl
 from rllava.train import builders as B
 from rllava.train.cli import run_cli
@@ -38,7 +38,7 @@ from rllava.train.loop import Given, Run, build_run, train_loop
 from rllava.train.tracker import Timer
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Rollouts:
     """Stages 1-2 of a step, what stages 3-4 start from (`collate` makes the Batch)."""
 
@@ -119,7 +119,8 @@ def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine,
             baseline = baseline[[t.group_id for t in trajectories]]
         if run.partial is not None:  # groups over trainer.max_staleness this step (PartialRollouts)
             metrics["async/dropped_stale"], run.partial.dropped = float(run.partial.dropped), 0
-        return Rollouts(trajectories, scores, details, dropped, baseline, metrics)
+        return Rollouts(trajectories=trajectories, scores=scores, details=details, dropped=dropped,
+                        baseline=baseline, metrics=metrics)
 
     return produce
 
@@ -133,68 +134,35 @@ def train(cfg, given: Given | None = None) -> str:
                           "config instead")
     if cfg.trainer.async_training and D.split_roles(cfg.trainer.rollout_ranks) == "rollout":
         return async_rl.serve(cfg, make_produce)  # this process generates for the trainers
-    run = build_run(cfg, given=given)
-    rollout, actor = run.rollout, run.actor
-    reference = B.build_reference_role(cfg, run.model, run.device, actor.engine)
-    kl_in_reward = B.build_kl_controller(cfg)  # None unless algorithm.use_kl_in_reward
-    critic = B.build_critic(cfg, run.device, run.steps, actor.algorithm)  # None unless `critic` is set
-    if critic is not None:  # checkpoints hold them too
-        run.engines["critic"] = critic.engine
-    if reference is not None and reference.reset_freq:  # resets move the reference: exact resume needs its weights
-        run.engines["ref"] = reference
-    actor.reference = reference  # a full-vocabulary KL loss runs it inside the update
-    # on-policy distillation (algorithm.distill): the teacher(s) score the samples, a dense term joins the loss
-    distill = actor.distill = B.build_distillation(cfg, rollout.processor, run.model, run.device, actor.engine)
-    use_reward = distill is None or cfg.algorithm.distill.use_reward
-    if kl_in_reward is not None:
-        run.stateful["kl_ctrl"] = kl_in_reward
-    pad_id = rollout.tokenizer.pad_token_id
+    run = build_run(cfg, given=given)  # the Actor and the scorers (rllava.train.scorers) among the rest
+    actor, pad_id = run.actor, run.rollout.tokenizer.pad_token_id
+    use_reward = actor.distill is None or cfg.algorithm.distill.use_reward
     hybrid = build_hybrid(cfg, run)  # SFT+RL (LUFFY, SRFT, UFT, HPT, CHORD): the expert side; None for pure RL
-
     produce = make_produce(run, hybrid, actor.algorithm.needs("baseline_scores"), actor.engine)
 
     def learn(r: Rollouts, timer: Timer) -> tuple[dict[str, float], Batch]:
         """Stages 3-4 on what `produce` made (here, or in the rollout ranks of an asynchronous run)."""
         metrics = {**r.metrics, **async_rl.staleness_metrics(r.trajectories, run.step)}
         batch = collate(r.trajectories, pad_id)
-        batch.scores, batch.reward_details = r.scores, r.details
+        batch.scores, batch.reward_details, batch.baseline_scores = r.scores, r.details, r.baseline
         batch.loss_mask[r.dropped] = 0  # HPT: the rollouts of a group trained on its demonstration instead
-        if r.baseline is not None:
-            batch.baseline_scores = r.baseline
-        if actor.needs_old_logprobs(batch) or kl_in_reward is not None:
-            with timer("old_logprob"):
-                batch.old_logprobs = actor.compute_logprobs(batch)
-            metrics.update(logprob_gap_metrics(batch))  # engine vs trainer on the sampled tokens
-        full_kl = None
-        if reference is not None:
-            with timer("ref"):
-                batch.ref_logprobs = reference.compute_logprobs(batch)
-                if kl_in_reward is not None and kl_in_reward.estimator == "full":  # KL(pi_old || pi_ref), exact
-                    full_kl = reference.full_kl(batch, actor.model)
-        if distill is not None and distill.needs("teacher_logprobs"):
-            with timer("teacher"):
-                batch.teacher_logprobs = distill.teachers.compute_logprobs(batch)
-        if critic is not None:
-            with timer("values"):
-                batch.values = critic.compute_values(batch)
+        for scorer in run.scorers:  # old / reference / teacher log-probs, values, KL-shaped rewards: one field each
+            if scorer.when(batch):
+                with timer(scorer.name):
+                    metrics.update(scorer.fill(batch))
         with timer("advantage"):
-            if kl_in_reward is not None:
-                batch.token_rewards, kl_metrics = kl_in_reward.penalize(batch.scores, batch.loss_mask,
-                                                                        batch.old_logprobs, batch.ref_logprobs, full_kl)
-                metrics.update(kl_metrics)
             batch.advantages = actor.algorithm.compute_advantage(batch)  # 3. advantage
             if not use_reward:  # pure distillation: the reward is logged, the teacher's term trains alone
                 batch.advantages = torch.zeros_like(batch.advantages)
             if batch.sft_only is not None:  # demonstrations are in no group: no advantage
                 batch.advantages[batch.sft_only] = 0.0
         with timer("update"):
-            if critic is not None:
-                metrics.update(critic.update(batch))
             if run.step > cfg.trainer.critic_warmup:  # the actor waits for the critic's warm-up steps
                 rl_coef, sft_coef = hybrid.coefficients(run.step) if hybrid is not None else (1.0, 1.0)
                 metrics.update(actor.update(batch, rl_coef=rl_coef, sft_coef=sft_coef))  # 4. update
-            if reference is not None:  # algorithm.ref_reset_freq: pi_ref <- pi_theta every k steps
-                metrics.update(reference.after_update(actor.model, run.step))
+            for scorer in run.scorers:  # the critic's own update, the reference's resets (algorithm.ref_reset_freq)
+                if scorer.after_update is not None:
+                    metrics.update(scorer.after_update(batch, run.step))
         if hybrid is not None:
             metrics.update(hybrid.metrics(batch, run.step))
         return {**metrics, **batch_metrics(batch)}, batch

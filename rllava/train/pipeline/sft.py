@@ -37,7 +37,7 @@ def train(cfg) -> str:
                           "trainer.async_training=false")
     if not cfg.data.target_key:
         raise ConfigError("the SFT pipeline needs data.target_key: the record field holding the reference response")
-    run = build_run(cfg, sft=True)
+    run = build_run(cfg, role="sft")
     pad_id = get_tokenizer(run.processor).pad_token_id
 
     def step(samples: list[Sample], timer: Timer) -> tuple[dict[str, float], Batch]:
