@@ -153,18 +153,24 @@ def make_trainable(model, model_cfg, device: torch.device, key: str = "actor.mod
     return model
 
 
-def build_reference(policy, ref_cfg, model_cfg, device: torch.device):
-    """Frozen reference policy: `ref.model_path` if set, else a copy of the policy's starting weights."""
-    if ref_cfg.model_path:
-        ref = load_model(ref_cfg.model_path, dtype=resolve_dtype(model_cfg.torch_dtype, device),
-                         attn_implementation=model_cfg.attn_implementation,
-                         trust_remote_code=model_cfg.trust_remote_code, key="ref")
-    else:
+def load_frozen(path: str | None, device: torch.device, *, key: str, dtype: torch.dtype | None = None,
+                attn_implementation: str = "sdpa", trust_remote_code: bool = False, engine=None, offload: bool = False,
+                copy_of: torch.nn.Module | None = None, **load_kwargs) -> torch.nn.Module:
+    """A model no pass trains (the reference, a distillation teacher, a reward model): loaded from `path` (`key`
+    names it in errors), or a copy of `copy_of`'s weights when `path` is None; no grad, eval mode. Sharded like the
+    policy when its train `engine` shards (FSDP2, ZeRO-3: `shard_frozen`), else on `device` (host memory with
+    `offload`: it is brought to the device for its passes)."""
+    if path is None:
         import copy
 
-        ref = copy.deepcopy(policy)
-    ref.requires_grad_(False)
-    return ref.eval().to(device)
+        model = copy.deepcopy(copy_of)
+    else:
+        model = load_model(path, dtype=dtype, attn_implementation=attn_implementation,
+                           trust_remote_code=trust_remote_code, key=key, **load_kwargs)
+    model = model.requires_grad_(False).eval()
+    if hasattr(engine, "shard_frozen"):
+        return engine.shard_frozen(model, cpu_offload=offload)
+    return model.to("cpu" if offload else device)
 
 
 def save_model(model, processor, path: str, state_dict: dict | None = None, *, weights: bool = True,

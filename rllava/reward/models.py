@@ -215,7 +215,7 @@ def build_model_reward(entry, cfg, device: torch.device, key: str = "reward.mode
     from omegaconf import OmegaConf
     from transformers import AutoModelForSequenceClassification
 
-    from rllava.model.loader import ModelLoadError, load_model, resolve_dtype
+    from rllava.model.loader import ModelLoadError, load_frozen, resolve_dtype
     from rllava.model.processor import load_processor
 
     e = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else dict(entry)
@@ -239,15 +239,14 @@ def build_model_reward(entry, cfg, device: torch.device, key: str = "reward.mode
     if not isinstance(size, int) or size <= 0:
         raise RewardError(f"{key}.micro_batch_size={size} must be a positive integer")
     trust, tokenizer = bool(e.get("trust_remote_code", False)), e.get("tokenizer_path") or e["model"]
-    model = load_model(e["model"], dtype=resolve_dtype(e.get("torch_dtype"), device, key),
-                       attn_implementation=e.get("attn_implementation", "sdpa"), trust_remote_code=trust,
-                       override_config=e.get("override_config"), key=key,
-                       auto=None if kind == "judge" else AutoModelForSequenceClassification)
+    model = load_frozen(e["model"], device, key=key, dtype=resolve_dtype(e.get("torch_dtype"), device, key),
+                        attn_implementation=e.get("attn_implementation", "sdpa"), trust_remote_code=trust,
+                        override_config=e.get("override_config"),
+                        auto=None if kind == "judge" else AutoModelForSequenceClassification)
     try:
         processor = load_processor(tokenizer, trust)
     except (OSError, ValueError, ImportError) as err:
         raise ModelLoadError(f"{key}: no processor/tokenizer at {tokenizer!r}: {err}") from err
-    model = model.requires_grad_(False).eval().to(device)
     if getattr(processor, "chat_template", None) is None:
         raise RewardError(f"{key}: {tokenizer} has no chat template to put the conversation in (give its "
                           f"tokenizer one, or point {key}.tokenizer_path at one that has)")

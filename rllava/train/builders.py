@@ -33,7 +33,7 @@ from rllava.engine.inference.base import SamplingParams
 from rllava.engine.inference.hf import HFRolloutEngine
 from rllava.engine.train.base import TrainEngine
 from rllava.engine.train.single import SingleDeviceEngine
-from rllava.model.loader import build_policy, build_reference, load_model, make_trainable, resolve_dtype
+from rllava.model.loader import build_policy, load_frozen, load_model, make_trainable, resolve_dtype
 from rllava.model.value import ValueModel
 from rllava.model.processor import get_tokenizer, load_processor
 from rllava.roles.actor import Actor, Distillation, ExpertLoss, MicroBatching
@@ -387,6 +387,12 @@ def _ref_batching(cfg: PPOConfig) -> MicroBatching:
                          m.use_shared_prefix)
 
 
+def _frozen_like(m: ModelConfig, device: torch.device) -> dict:
+    """A frozen copy's dtype, attention and remote code: actor.model's."""
+    return dict(dtype=resolve_dtype(m.torch_dtype, device), attn_implementation=m.attn_implementation,
+                trust_remote_code=m.trust_remote_code)
+
+
 def build_reference_role(cfg: PPOConfig, policy, device: torch.device, engine=None) -> Reference | None:
     """Built only when a KL uses it (`needs_reference`)."""
     if not needs_reference(cfg):
@@ -397,12 +403,9 @@ def build_reference_role(cfg: PPOConfig, policy, device: torch.device, engine=No
               reset_freq=cfg.algorithm.ref_reset_freq)
     if m.use_peft and not cfg.ref.model_path:
         return Reference(policy, batching, lora_base=True, **kw)
-    if hasattr(engine, "shard_frozen"):  # FSDP2: a fresh copy of the starting weights, sharded as the policy
-        ref = load_model(cfg.ref.model_path or m.model_path, dtype=resolve_dtype(m.torch_dtype, device),
-                         attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code, key="ref")
-        ref = engine.shard_frozen(ref.eval())
-    else:
-        ref = build_reference(policy, cfg.ref, m, device)
+    sharded = hasattr(engine, "shard_frozen")  # FSDP2 / ZeRO-3: a fresh copy of the starting weights, sharded alike
+    ref = load_frozen(cfg.ref.model_path or (m.model_path if sharded else None), device, key="ref", copy_of=policy,
+                      engine=engine, **_frozen_like(m, device))
     if kw["reset_freq"] and weight_shapes(ref) != weight_shapes(policy):
         differ = sorted(set(weight_shapes(ref).items()) ^ set(weight_shapes(policy).items()))
         raise ConfigError(f"algorithm.ref_reset_freq={kw['reset_freq']} copies the policy into the reference, but "
@@ -447,12 +450,9 @@ def build_distillation(cfg: PPOConfig, processor, policy, device: torch.device, 
                     engine_cfg, teacher_tokenizer.pad_token_id, [], [], device, model=ModelConfig(
                         model_path=path, trust_remote_code=m.trust_remote_code), **keep, **d.engine_kwargs), processor)
         else:
-            model = load_model(path, dtype=resolve_dtype(m.torch_dtype, device), attn_implementation=m.attn_implementation,
-                               trust_remote_code=m.trust_remote_code, key=key).requires_grad_(False).eval()
+            model = load_frozen(path, device, key=key, engine=engine, offload=d.offload, **_frozen_like(m, device))
             problem = problem or layout_mismatch(getattr(policy, "config", None), model.config, path, key)
             if problem is None:
-                model = engine.shard_frozen(model, cpu_offload=d.offload) if hasattr(engine, "shard_frozen") \
-                    else model.to("cpu" if d.offload else device)
                 teachers[route] = Reference(model, batching, temperature=cfg.rollout.temperature,
                                             chunk_size=cfg.actor.logprob_chunk_size)
         if problem is not None:

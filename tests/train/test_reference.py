@@ -11,10 +11,9 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from rllava.config import ConfigError, load_config
-from rllava.config.schema import ModelConfig, RefConfig
 from rllava.data.protocol import Sample, Segment, Trajectory, collate
 from rllava.model.forward import model_inputs, token_logprobs
-from rllava.model.loader import build_reference
+from rllava.model.loader import load_frozen
 from rllava.roles.batching import MicroBatching, compute_logprobs
 from rllava.roles.reference import Reference
 from rllava.train.pipeline import rlvr
@@ -56,7 +55,7 @@ def test_reset_makes_the_reference_the_policy_every_k_steps(tiny_model_dir):
     after the policy moves on, it does not (single-device engine)."""
     policy = _model(tiny_model_dir)
     batching = MicroBatching(3)
-    ref = Reference(build_reference(policy, RefConfig(), ModelConfig(), torch.device("cpu")), batching, 1.0,
+    ref = Reference(load_frozen(None, torch.device("cpu"), key="ref", copy_of=policy), batching, 1.0,
                     reset_freq=2)
     batch = _batch(policy.get_output_embeddings().weight.shape[0])
 
