@@ -120,9 +120,7 @@ def _overrides(raw: DictConfig, source: str) -> dict[str, Any]:
     """Flat canonical overrides from one source; ConfigError on unknown keys and alias conflicts."""
     flat: dict[str, Any] = {}
     _flatten(OmegaConf.to_container(raw, resolve=False), "", flat)
-    problems: list[str] = []
-    canonical: dict[str, Any] = {}
-    given_as: dict[str, str] = {}
+    problems, canonical, given_as = [], {}, {}  # given_as: canonical key -> the key as written
     for key, value in flat.items():
         target = ALIASES.get(key, key)
         if target in canonical and canonical[target] != value:
@@ -212,9 +210,7 @@ def _load_yaml(path: str) -> DictConfig:
 
 def _split_args(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
     """(config file or None, dotlist) from argv-style arguments."""
-    config_path: Optional[str] = None
-    dotlist: list[str] = []
-    rest = list(args)
+    config_path, dotlist, rest = None, [], list(args)
     while rest:
         arg = rest.pop(0)
         if arg == "--config":

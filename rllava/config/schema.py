@@ -29,12 +29,10 @@ from rllava.errors import ConfigError
 # Names accepted by the validators below. Method names (adv_estimator, policy_loss.loss_mode) are not listed
 # here: their registries own them and reject unknown names when the pipeline is built.
 ACTOR_STRATEGIES = ["auto", "single", "fsdp", "fsdp2", "deepspeed"]  # RLLaVA's `fsdp` runs the FSDP2 engine
-ACTOR_STRATEGIES_PLANNED: list[str] = []
 OPTIMIZERS = ["adamw"]  # what builders._engine builds (torch.optim.AdamW)
 OPTIMIZERS_PLANNED = ["adamw_bf16"]  # RLLaVA's AdamW with bf16 states
 VAL_OVERRIDE_KEYS = ["n", "temperature", "top_p", "top_k"]  # the rollout keys builders.sampling_params reads
 ROLLOUT_ENGINES = ["hf", "vllm", "sglang"]  # vllm / sglang: optional extras, pip install "rllava[vllm]"
-ROLLOUT_ENGINES_PLANNED: list[str] = []
 HF_DECODE_MODES = ["eager", "static", "compiled"]  # rollout.hf_decode (rllava.engine.inference.hf)
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KL_TYPES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]  # full: over the vocabulary (single engine)
@@ -76,19 +74,24 @@ def _on_cuda(device: Any) -> bool:
     return torch.cuda.is_available() if device in (None, "auto") else torch.device(device).type == "cuda"
 
 
+def _closest(value: Any, choices) -> Optional[str]:
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+    return close[0] if close else None
+
+
 def _choice(problems: list[str], key: str, value: Any, choices: list, hint: str = "") -> None:
     """value in choices; otherwise the problem names the closest choice, or `hint` when given."""
     if value not in choices:
-        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-        hint = f"; {hint}" if hint else f"; did you mean {key}={close[0]}?" if close else ""
+        close = _closest(value, choices)
+        hint = f"; {hint}" if hint else f"; did you mean {key}={close}?" if close else ""
         problems.append(f"{key}={value} is not one of: {', '.join(map(str, choices))}{hint}")
 
 
 def _each_choice(problems: list[str], key: str, items: list, choices: list) -> None:
     for item in items:
         if item not in choices:
-            close = difflib.get_close_matches(str(item), [str(c) for c in choices], n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
+            close = _closest(item, choices)
+            hint = f"; did you mean {close}?" if close else ""
             problems.append(f"{key} contains {item}, which is not one of: {', '.join(map(str, choices))}{hint}")
 
 
@@ -118,6 +121,12 @@ def _positive(problems: list[str], key: str, value: Any, *sentinels: Any) -> Non
 def _between(problems: list[str], key: str, value: Any, lo: float, hi: float) -> None:
     if value is not None and not lo <= value <= hi:
         problems.append(f"{key}={value} must be in [{lo}, {hi}]")
+
+
+def _nonnegative(problems: list[str], key: str, value: Any, meaning: str = "") -> None:
+    """value >= 0 (or None); `meaning` says what 0 (or null) stands for."""
+    if value is not None and value < 0:
+        problems.append(f"{key}={value} must be >= 0" + (f" ({meaning})" if meaning else ""))
 
 
 @dataclass
@@ -176,8 +185,7 @@ class DataConfig:
             p.append(f"{prefix}.video_min_pixels={_show(self.video_min_pixels)} is above {prefix}.video_max_pixels="
                      f"{_show(self.video_max_pixels)} (null = {prefix}.min_pixels={self.min_pixels} / "
                      f"{prefix}.max_pixels={self.max_pixels})")
-        if self.num_workers < 0:
-            p.append(f"{prefix}.num_workers={self.num_workers} must be >= 0 (0 = load in the main process)")
+        _nonnegative(p, f"{prefix}.num_workers", self.num_workers, "0 = load in the main process")
         return p
 
 
@@ -208,8 +216,7 @@ class DistillConfig:  # rllava: on-policy distillation (rllava.algorithms.distil
     def check(self, prefix: str = "algorithm.distill") -> list[str]:
         p: list[str] = []  # (the loss is looked up at build time: a plugin may register it)
         _choice(p, f"{prefix}.engine", self.engine, ["hf", "vllm", "sglang"])
-        if self.coef < 0:
-            p.append(f"{prefix}.coef={self.coef} must be >= 0")
+        _nonnegative(p, f"{prefix}.coef", self.coef)
         if bool(self.teachers) != bool(self.route_field):
             p.append(f"{prefix}.teachers and {prefix}.route_field go together: the field's value picks a teacher "
                      f"(e.g. {prefix}.route_field=data_source {prefix}.teachers='{{chart: /models/a}}')")
@@ -283,12 +290,11 @@ class AlgorithmConfig:
 
     def check(self, prefix: str = "algorithm") -> list[str]:
         p: list[str] = self.distill.check(f"{prefix}.distill")
-        _between(p, f"{prefix}.gamma", self.gamma, 0.0, 1.0)
-        _between(p, f"{prefix}.lam", self.lam, 0.0, 1.0)
+        for name in ("gamma", "lam", "mu_peak", "mu_valley", "min_prefix_ratio", "max_prefix_ratio"):
+            _between(p, f"{prefix}.{name}", getattr(self, name), 0.0, 1.0)
         _choice(p, f"{prefix}.kl_penalty", self.kl_penalty, KL_TYPES)
         _choice(p, f"{prefix}.kl_ctrl.type", self.kl_ctrl.type, KL_CTRL_TYPES)
-        if self.ref_reset_freq < 0:
-            p.append(f"{prefix}.ref_reset_freq={self.ref_reset_freq} must be >= 0 (0 = never reset the reference)")
+        _nonnegative(p, f"{prefix}.ref_reset_freq", self.ref_reset_freq, "0 = never reset the reference")
         if self.filter_low > self.filter_high:
             p.append(f"{prefix}.filter_low={self.filter_low} is above {prefix}.filter_high={self.filter_high}")
         _choice(p, f"{prefix}.rollout_is", self.rollout_is, ["none", "token", "sequence"])
@@ -306,15 +312,10 @@ class AlgorithmConfig:
         _choice(p, f"{prefix}.unify_strategy", self.unify_strategy, ["none", "switch", "soft"])
         _choice(p, f"{prefix}.strategy", self.strategy, ["none", "mix_chord"])
         _between(p, f"{prefix}.expert_data_ratio", self.expert_data_ratio, 0.0, 0.99)
-        _between(p, f"{prefix}.mu_peak", self.mu_peak, 0.0, 1.0)
-        _between(p, f"{prefix}.mu_valley", self.mu_valley, 0.0, 1.0)
         for name in ("mu_warmup_steps", "mu_decay_steps", "hint_steps", "switch_gate"):
-            if getattr(self, name) < 0:
-                p.append(f"{prefix}.{name}={getattr(self, name)} must be >= 0")
+            _nonnegative(p, f"{prefix}.{name}", getattr(self, name))
         _positive(p, f"{prefix}.hint_chunks", self.hint_chunks)
         _choice(p, f"{prefix}.prefix_strategy", self.prefix_strategy, ["none", "random", "hint"])
-        _between(p, f"{prefix}.min_prefix_ratio", self.min_prefix_ratio, 0.0, 1.0)
-        _between(p, f"{prefix}.max_prefix_ratio", self.max_prefix_ratio, 0.0, 1.0)
         if self.min_prefix_ratio > self.max_prefix_ratio:
             p.append(f"{prefix}.min_prefix_ratio={self.min_prefix_ratio} is above "
                      f"{prefix}.max_prefix_ratio={self.max_prefix_ratio}")
@@ -413,11 +414,9 @@ class OptimConfig:
                      "(or total_epochs); set trainer.max_steps instead")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             p.append(f"{prefix}.betas={self.betas} must be two numbers in [0, 1), e.g. [0.9,0.999]")
-        if self.weight_decay < 0:
-            p.append(f"{prefix}.weight_decay={self.weight_decay} must be >= 0")
+        _nonnegative(p, f"{prefix}.weight_decay", self.weight_decay)
         _between(p, f"{prefix}.lr_warmup_ratio", self.lr_warmup_ratio, 0.0, 1.0)
-        if self.lr_warmup_steps is not None and self.lr_warmup_steps < 0:
-            p.append(f"{prefix}.lr_warmup_steps={self.lr_warmup_steps} must be >= 0 (or null)")
+        _nonnegative(p, f"{prefix}.lr_warmup_steps", self.lr_warmup_steps, "or null")
         _choice(p, f"{prefix}.lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS)
         _between(p, f"{prefix}.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         if self.warmup_style != "constant":
@@ -570,14 +569,13 @@ class ActorConfig:
 
     def check(self, prefix: str = "actor") -> list[str]:
         p: list[str] = []
-        _available(p, f"{prefix}.strategy", self.strategy, ACTOR_STRATEGIES, ACTOR_STRATEGIES_PLANNED)
+        _choice(p, f"{prefix}.strategy", self.strategy, ACTOR_STRATEGIES)
         for name in ("ppo_mini_batch_size", "ppo_micro_batch_size", "log_prob_micro_batch_size", "ppo_epochs",
                      "max_grad_norm", "ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
             _positive(p, f"{prefix}.{name}", getattr(self, name))
         _positive(p, f"{prefix}.logprob_chunk_size", self.logprob_chunk_size, 0, -1)
         for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
-            if getattr(self, name) < 0:
-                p.append(f"{prefix}.{name}={getattr(self, name)} must be >= 0")
+            _nonnegative(p, f"{prefix}.{name}", getattr(self, name))
         if self.clip_ratio_c <= 1:
             p.append(f"{prefix}.clip_ratio_c={self.clip_ratio_c} must be > 1 (dual-clip constant, e.g. 3.0)")
         _choice(p, f"{prefix}.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
@@ -590,10 +588,8 @@ class ActorConfig:
         elif cap is not None and self.policy_loss.loss_mode != "decoupled_ppo":
             p.append(f"{prefix}.policy_loss.behav_imp_weight_cap={cap} is read only by actor.policy_loss.loss_mode="
                      f"decoupled_ppo (this run: {self.policy_loss.loss_mode})")
-        p += self.model.check(f"{prefix}.model")
-        p += self.optim.check(f"{prefix}.optim")
-        p += self.checkpoint.check(f"{prefix}.checkpoint")
-        p += self.fsdp.check(f"{prefix}.fsdp")
+        p += self.model.check(f"{prefix}.model") + self.optim.check(f"{prefix}.optim")
+        p += self.checkpoint.check(f"{prefix}.checkpoint") + self.fsdp.check(f"{prefix}.fsdp")
         if self.strategy == "deepspeed":
             p += self.deepspeed.check(f"{prefix}.deepspeed")
         return p
@@ -639,7 +635,7 @@ class CriticConfig:  # PPO value model: the backbone of critic.model.model_path 
 
     def check(self, prefix: str = "critic") -> list[str]:
         p: list[str] = []
-        _available(p, f"{prefix}.strategy", self.strategy, ACTOR_STRATEGIES, ACTOR_STRATEGIES_PLANNED)
+        _choice(p, f"{prefix}.strategy", self.strategy, ACTOR_STRATEGIES)
         if self.strategy == "deepspeed":
             p += self.deepspeed.check(f"{prefix}.deepspeed")
         for name in ("ppo_mini_batch_size", "ppo_micro_batch_size", "log_prob_micro_batch_size",
@@ -761,20 +757,18 @@ class RolloutConfig:
 
     def check(self, prefix: str = "rollout") -> list[str]:
         p: list[str] = []
-        _available(p, f"{prefix}.name", self.name, ROLLOUT_ENGINES, ROLLOUT_ENGINES_PLANNED)
+        _choice(p, f"{prefix}.name", self.name, ROLLOUT_ENGINES)
         _positive(p, f"{prefix}.n", self.n)
         _positive(p, f"{prefix}.micro_batch_size", self.micro_batch_size)
         _choice(p, f"{prefix}.hf_decode", self.hf_decode, HF_DECODE_MODES)
         _positive(p, f"{prefix}.max_turns", self.max_turns)
         p += self.agent.check(f"{prefix}.agent")
-        if self.temperature < 0:
-            p.append(f"{prefix}.temperature={self.temperature} must be >= 0 (0 = greedy)")
+        _nonnegative(p, f"{prefix}.temperature", self.temperature, "0 = greedy")
         if not 0 < self.top_p <= 1:
             p.append(f"{prefix}.top_p={self.top_p} must be in (0, 1]; 1.0 turns nucleus sampling off")
         if self.top_k != -1 and self.top_k <= 0:
             p.append(f"{prefix}.top_k={self.top_k} must be > 0, or -1 to turn top-k off")
-        if self.limit_images < 0:
-            p.append(f"{prefix}.limit_images={self.limit_images} must be >= 0 (0 = no limit)")
+        _nonnegative(p, f"{prefix}.limit_images", self.limit_images, "0 = no limit")
         if self.ignore_eos and self.name != "hf":
             p.append(f"{prefix}.ignore_eos=true is implemented for {prefix}.name=hf only (it is {self.name})")
         return p + self._val_override_problems(prefix)
@@ -786,9 +780,8 @@ class RolloutConfig:
         good = {}
         for name, value in self.val_override_config.items():
             if name not in own:
-                close = difflib.get_close_matches(str(name), own, n=1)
-                hint = f"; did you mean {key}.{close[0]}?" if close else ""
-                p.append(f"{key}.{name} is not a {prefix} key{hint}")
+                close = _closest(name, own)
+                p.append(f"{key}.{name} is not a {prefix} key" + (f"; did you mean {key}.{close}?" if close else ""))
             elif name not in VAL_OVERRIDE_KEYS:
                 p.append(f"{key}.{name} is not applied at validation (it overrides: {', '.join(VAL_OVERRIDE_KEYS)})")
             elif isinstance(value, bool) or not isinstance(value, (int, float)) or (name in ("n", "top_k")
@@ -868,9 +861,8 @@ class RewardConfig:
             p.append(f"{prefix}.overlong_buffer.len={self.overlong_buffer.len} must be > 0 when "
                      f"{prefix}.overlong_buffer.enable=true")
         _positive(p, f"{prefix}.repetition_penalty.ngram_size", self.repetition_penalty.ngram_size)
-        if self.repetition_penalty.penalty_factor < 0:
-            p.append(f"{prefix}.repetition_penalty.penalty_factor={self.repetition_penalty.penalty_factor} must be "
-                     ">= 0 (it is subtracted)")
+        _nonnegative(p, f"{prefix}.repetition_penalty.penalty_factor", self.repetition_penalty.penalty_factor,
+                     "it is subtracted")
         if self.reward_function_name is not None:
             p.append(f"{prefix}.reward_function_name={self.reward_function_name} is derived in rllava; "
                      f"set {prefix}.reward_function=path/file.py:{self.reward_function_name} instead")
@@ -1007,8 +999,7 @@ class TrainerConfig:
         if len(set(self.logger)) != len(self.logger):
             p.append(f"{prefix}.logger={self.logger} lists a logger twice")
         _choice(p, f"{prefix}.device", self.device, DEVICES, hint=f"for a GPU set {prefix}.device=cuda")
-        if self.val_generations_to_log < 0:
-            p.append(f"{prefix}.val_generations_to_log={self.val_generations_to_log} must be >= 0")
+        _nonnegative(p, f"{prefix}.val_generations_to_log", self.val_generations_to_log)
         _positive(p, f"{prefix}.save_freq", self.save_freq, -1, 0)
         _positive(p, f"{prefix}.save_limit", self.save_limit, -1)
         _positive(p, f"{prefix}.samples_freq", self.samples_freq, -1, 0)
@@ -1029,11 +1020,11 @@ class TrainerConfig:
         return p
 
 
-# Accepted for RLLaVA compatibility but not built yet: (key, is_turned_on, the value to set instead).
-# Delete a line when its feature lands.
 # RLLaVA's FSDP offload switches, read by every train engine (single device included).
 ENGINE_OFFLOAD_KEYS = ("fsdp.enable_cpu_offload", "fsdp.offload_params", "fsdp.offload_optimizer")
 
+# Accepted for RLLaVA compatibility but not built yet: (key, is_turned_on, the value to set instead).
+# Delete a line when its feature lands.
 NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("actor.model.ulysses_size", lambda v: v > 1, "1"),
 ]
@@ -1064,9 +1055,6 @@ def rllava_target_dataset(spec: str | None) -> str | None:
     """The RLLaVA expert-response class `data.dataset_class` names, or None."""
     name = rllava_dataset(spec)
     return name if name in RLLAVA_TARGET_DATASETS else None
-
-# Keys of features whose issues have not landed yet: any change from the default is an error naming the feature.
-PLANNED_FEATURES: dict[str, list[str]] = {}
 
 
 def agent_on(c) -> bool:
@@ -1242,7 +1230,7 @@ class PPOConfig:
         if self.actor.ppo_mini_batch_size > 0 and self.data.train_batch_size % self.actor.ppo_mini_batch_size:
             p.append(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")
-        p += (self._derived_problems() + self._not_built_problems() + self._planned_problems()
+        p += (self._derived_problems() + self._not_built_problems() + self._redirected_problems()
               + self._hybrid_problems() + self._agent_problems() + self._reference_problems() + self._async_problems()
               + self._distill_problems() + self._decode_problems())
         if self.actor.policy_loss.loss_mode == "decoupled_ppo" and (
@@ -1265,14 +1253,9 @@ class PPOConfig:
                 warnings.warn(f"{key}={_show(get_key(self, key))} has no effect: {why}", stacklevel=2)
 
     def _derived_problems(self) -> list[str]:
-        p = []
-        for key, owner in DERIVED_KEYS.items():
-            value, owner_value = get_key(self, key), get_key(self, owner)
-            default = getattr(RolloutConfig(), key.split(".")[-1])
-            if value != default and value != owner_value:
-                p.append(f"{key}={_show(value)} is read from {owner}={_show(owner_value)} in rllava; "
-                         f"set {owner} instead")
-        return p
+        return [f"{key}={_show(get_key(self, key))} is read from {owner}={_show(get_key(self, owner))} in rllava; "
+                f"set {owner} instead" for key, owner in DERIVED_KEYS.items()
+                if get_key(self, key) not in (_default_of(key), get_key(self, owner))]
 
     def _reference_problems(self) -> list[str]:
         """The reference policy's keys: a reset needs a reference that is a model of its own; the full-vocabulary
@@ -1344,9 +1327,8 @@ class PPOConfig:
             p.append("rollout.async_mode=true keeps a vLLM / SGLang engine awake between rollouts and lets agent "
                      "episodes go on without rounds; a single-turn rollout.name=hf run has neither (to overlap "
                      "rollout and training: trainer.async_training=true); set rollout.async_mode=false")
-        if r.partial_rollout_tokens < 0:
-            p.append(f"rollout.partial_rollout_tokens={r.partial_rollout_tokens} must be >= 0 (0 = a "
-                     "quarter of data.max_response_length)")
+        _nonnegative(p, "rollout.partial_rollout_tokens", r.partial_rollout_tokens,
+                     "0 = a quarter of data.max_response_length")
         if r.partial_rollout_tokens and not r.partial_rollout:
             p.append(f"rollout.partial_rollout_tokens={r.partial_rollout_tokens} is for "
                      "rollout.partial_rollout=true; set it, or leave rollout.partial_rollout_tokens=0")
@@ -1471,39 +1453,25 @@ class PPOConfig:
                      "UFT) is for single-turn responses, not agent rollouts (rollout.agent.tools)")
         return p
 
-    def _planned_problems(self) -> list[str]:
-        p = []
-        for feature, keys in PLANNED_FEATURES.items():
-            for key in keys:
-                value, default = get_key(self, key), _default_of(key)
-                if value != default:
-                    p.append(f"{key}={_show(value)} is for {feature}, not available yet in rllava; leave it at "
-                             f"{_show(default)}")
-        for key, instead in REDIRECTED_KEYS.items():
-            if get_key(self, key) != _default_of(key):
-                p.append(f"{key}={_show(get_key(self, key))} is not read in rllava; set {instead} instead")
-        return p
+    def _redirected_problems(self) -> list[str]:
+        return [f"{key}={_show(get_key(self, key))} is not read in rllava; set {instead} instead"
+                for key, instead in REDIRECTED_KEYS.items() if get_key(self, key) != _default_of(key)]
 
     def _rollout_ignored_keys(self) -> list[str]:
         """Rollout keys changed from their defaults although the chosen engine does not read them."""
         read = ENGINE_ONLY_KEYS.get(self.rollout.name, [])
         others = {k for name, keys in ENGINE_ONLY_KEYS.items() if name != self.rollout.name for k in keys} - set(read)
-        out = []
-        for key in LEAF_KEYS("rollout", RolloutConfig):
-            if any(key == o or (o.endswith(".") and key.startswith(o)) for o in others):
-                if get_key(self, key) != _default_of(key) and key not in REDIRECTED_KEYS:
-                    out.append(key)
+        out = [key for key in LEAF_KEYS("rollout", RolloutConfig)
+               if any(key == o or (o.endswith(".") and key.startswith(o)) for o in others)
+               and get_key(self, key) != _default_of(key) and key not in REDIRECTED_KEYS]
         if self.rollout.name == "hf" and self.rollout.tensor_parallel_size != 1:
             out.append("rollout.tensor_parallel_size")
         return out
 
     def _not_built_problems(self) -> list[str]:
-        p = self._dataset_class_problems()
-        for key, is_on, off in NOT_BUILT_YET:
-            value = get_key(self, key)
-            if is_on(value):
-                p.append(f"{key}={_show(value)} is not available yet in rllava; set {key}={off}")
-        return p
+        return self._dataset_class_problems() + [
+            f"{key}={_show(get_key(self, key))} is not available yet in rllava; set {key}={off}"
+            for key, is_on, off in NOT_BUILT_YET if is_on(get_key(self, key))]
 
 
 # The keys the user set (the command line, a config file not shipped in examples/), while `load_config` validates:
