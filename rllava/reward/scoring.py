@@ -7,7 +7,7 @@ A source is any object with
     errors       samples it gave the fallback score so far (a failure under reward.strict=false)
     last_error   the line of the latest one (or None)
     close()
-`RewardFunction` (a user's `file.py:fn`, rllava.reward.function) is one; `rllava.train.loop.build_reward` builds
+`RewardFunction` (a user's `file.py:fn`, rllava.reward.function) is one; `rllava.train.builders.build_reward` builds
 them from the config. A new kind of source is a class with these four members and a line there.
 
 What is logged (`reward/<key>_mean` per step, `val/<key>` per validation, one key per details entry):

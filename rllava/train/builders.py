@@ -36,6 +36,9 @@ from rllava.engine.train.single import SingleDeviceEngine
 from rllava.model.loader import build_policy, load_frozen, load_model, make_trainable, resolve_dtype
 from rllava.model.value import ValueModel
 from rllava.model.processor import get_tokenizer, load_processor
+from rllava.reward.function import RewardFunction
+from rllava.reward.models import build_model_reward, model_sources
+from rllava.reward.scoring import Scoring
 from rllava.roles.actor import Actor, Distillation, ExpertLoss, MicroBatching
 from rllava.roles.critic import Critic
 from rllava.roles.reference import Reference, weight_shapes
@@ -168,6 +171,47 @@ def engine_for(cfg: PPOConfig, processor, device: torch.device, model=None, igno
     banned = [vocab[t] for t in VISION_PLACEHOLDERS if t in vocab]
     return build_rollout_engine(cfg, tok.pad_token_id, [] if ignore_eos else [tok.eos_token_id], banned, device,
                                 model=model)
+
+
+def build_reward(cfg: PPOConfig) -> Scoring:
+    """The Reward role from `reward.*`: each reward function (reward.reward_function, or every entry of
+    reward.reward_functions with its weight) as a source of the Scoring stage, its call form checked now (one
+    line at start-up, not at the first reward call), run under reward.timeout / strict / num_cpus."""
+    r, ob, rp = cfg.reward, cfg.reward.overlong_buffer, cfg.reward.repetition_penalty
+    strict, fallback = r.error_policy()
+    sources = []
+    try:
+        for s in r.sources():
+            if "entry" in s:  # a model: loaded by add_reward_models once the device is set up
+                continue
+            sources.append((s["name"], float(s["weight"]), RewardFunction(
+                s["function"], s["reward_type"], s["kwargs"], timeout=r.timeout, strict=strict, fallback_score=fallback,
+                num_cpus=r.num_cpus, key=s["key"], kwargs_key=s["kwargs_key"])))
+    except BaseException:
+        for _, _, source in sources:  # the workers of the functions built before the one that failed
+            source.close()
+        raise
+    return Scoring(sources, named=bool(r.reward_functions), strict=strict, fallback_score=fallback,
+                   overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None,
+                   repetition=(rp.ngram_size, rp.penalty_factor) if rp.enable else None)
+
+
+def add_reward_models(reward: Scoring, cfg: PPOConfig, device: torch.device) -> Scoring:
+    """The model-based sources (rllava.reward.models), in config order: reward.reward_functions' model entries,
+    then the reward model of reward.model.model_path (weight reward.model_weight). With more than one source, or
+    a reward model, each is logged under its name (`reward/reward_model_mean`)."""
+    entries = [s for s in cfg.reward.sources() if "entry" in s]
+    try:  # loading them leaves the RNG as it was: a run draws the same LoRA init and samples with or without them
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            for s in entries:
+                model = build_model_reward(s["entry"], cfg, device, s["key"])
+                reward.sources.append((s["name"], float(s["weight"]), model))
+            reward.sources += model_sources(cfg, device)
+    except BaseException:
+        reward.close()
+        raise
+    reward.named = reward.named or len(reward.sources) > 1 or bool(cfg.reward.model.model_path)
+    return reward
 
 
 def build_agent_env(cfg: PPOConfig):

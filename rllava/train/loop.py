@@ -33,8 +33,6 @@ from rllava.data.protocol import Batch, Sample
 from rllava.data.sampler import EpochSampler
 from rllava.errors import RllavaError
 from rllava.model.loader import adopt_policy, save_model
-from rllava.reward.function import RewardFunction
-from rllava.reward.models import build_model_reward, model_sources
 from rllava.reward.scoring import Scoring
 from rllava.roles.actor import Actor
 from rllava.roles.rollout import Rollout
@@ -94,47 +92,6 @@ class Run:
         return [self.train_set[j] for j in D.shard(self.sampler.next_batch(), "prompts")]
 
 
-def build_reward(cfg) -> Scoring:
-    """The Reward role from `reward.*`: each reward function (reward.reward_function, or every entry of
-    reward.reward_functions with its weight) as a source of the Scoring stage, its call form checked now (one
-    line at start-up, not at the first reward call), run under reward.timeout / strict / num_cpus."""
-    r, ob, rp = cfg.reward, cfg.reward.overlong_buffer, cfg.reward.repetition_penalty
-    strict, fallback = r.error_policy()
-    sources = []
-    try:
-        for s in r.sources():
-            if "entry" in s:  # a model: loaded by add_reward_models once the device is set up
-                continue
-            sources.append((s["name"], float(s["weight"]), RewardFunction(
-                s["function"], s["reward_type"], s["kwargs"], timeout=r.timeout, strict=strict, fallback_score=fallback,
-                num_cpus=r.num_cpus, key=s["key"], kwargs_key=s["kwargs_key"])))
-    except BaseException:
-        for _, _, source in sources:  # the workers of the functions built before the one that failed
-            source.close()
-        raise
-    return Scoring(sources, named=bool(r.reward_functions), strict=strict, fallback_score=fallback,
-                   overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None,
-                   repetition=(rp.ngram_size, rp.penalty_factor) if rp.enable else None)
-
-
-def add_reward_models(reward: Scoring, cfg, device: torch.device) -> Scoring:
-    """The model-based sources (rllava.reward.models), in config order: reward.reward_functions' model entries,
-    then the reward model of reward.model.model_path (weight reward.model_weight). With more than one source, or
-    a reward model, each is logged under its name (`reward/reward_model_mean`)."""
-    entries = [s for s in cfg.reward.sources() if "entry" in s]
-    try:  # loading them leaves the RNG as it was: a run draws the same LoRA init and samples with or without them
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            for s in entries:
-                model = build_model_reward(s["entry"], cfg, device, s["key"])
-                reward.sources.append((s["name"], float(s["weight"]), model))
-            reward.sources += model_sources(cfg, device)
-    except BaseException:
-        reward.close()
-        raise
-    reward.named = reward.named or len(reward.sources) > 1 or bool(cfg.reward.model.model_path)
-    return reward
-
-
 @dataclass
 class Given:
     """What the Python API (`rllava.api.RLVRPipeline`) hands `build_run` instead of the config's model_path and
@@ -158,11 +115,11 @@ def build_run(cfg, *, role: str = "rl", given: Given | None = None) -> Run:
     fresh = not serving and O.check_outputs(cfg, outputs_dir, resume_from)  # another run's outputs there: one line
     # the reward file first: a typo in it fails in a second, not after loading the model
     scores = cfg.reward.reward_function or cfg.reward.reward_functions or cfg.reward.model.model_path
-    reward = build_reward(cfg) if not sft or (cfg.data.val_files and scores) else None
+    reward = B.build_reward(cfg) if not sft or (cfg.data.val_files and scores) else None
     sampled = reward is not None or (sft and agent_on(cfg))  # the run samples (agents' SFT replays through tools)
     env = B.build_agent_env(cfg) if sampled else None  # the agent's tools, before the model loads
     device, outputs_dir = B.setup_run(cfg)
-    reward = add_reward_models(reward, cfg, device) if reward is not None else None
+    reward = B.add_reward_models(reward, cfg, device) if reward is not None else None
     if given.model is None:
         model, processor = B.build_policy(cfg.actor.model, device, trainable=not serving)
     else:

@@ -20,13 +20,14 @@ A scorer sees the fields the scorers before it filled (the built-in ones come fi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import torch
 
 from rllava.algorithms.registry import SCORERS, register_scorer
 from rllava.data.protocol import Batch
+from rllava.errors import ConfigError
 from rllava.roles.rollout import logprob_gap_metrics
 
 
@@ -69,12 +70,16 @@ class Scorer:
 
 def build_scorers(cfg, parts: Parts) -> list[Scorer]:
     """Every registered scorer this run uses, in registration order (plugins loaded by the caller)."""
-    scorers = []
-    for builder in SCORERS.values():
+    scorers, batch_fields = [], {f.name for f in fields(Batch)}
+    for name, builder in SCORERS.items():
         scorer = builder(cfg, parts)
-        if scorer is not None:
-            scorers.append(scorer)
-            parts.built[scorer.fills] = scorer
+        if scorer is None:
+            continue
+        if scorer.fills not in batch_fields:
+            raise ConfigError(f"scorer {name!r} ({builder.__code__.co_filename}) fills batch.{scorer.fills}, which is not a "
+                              f"field of the Batch (rllava.data.protocol): one of {', '.join(sorted(batch_fields))}")
+        scorers.append(scorer)
+        parts.built[scorer.fills] = scorer
     return scorers
 
 

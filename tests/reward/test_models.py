@@ -317,7 +317,7 @@ def test_rl_steps_with_only_a_reward_model_and_with_both(tmp_path, tiny_model_di
 def test_model_entries_in_the_weighted_list(tmp_path, rm_dir):
     """reward.reward_functions mixes functions and models: r = 1.0 x rule + 0.5 x cosine + 0.25 x RM logit, each
     logged under its name; a model entry's unknown key is an error naming the entry."""
-    from rllava.train.loop import add_reward_models, build_reward
+    from rllava.train.builders import add_reward_models, build_reward
 
     (tmp_path / "rule.py").write_text("def rule(response, ground_truth):\n    return float(response == ground_truth)\n")
     entries = (f"reward.reward_functions=[{{function: {tmp_path}/rule.py:rule, weight: 1.0}}, "

@@ -11,7 +11,7 @@ from rllava.data.protocol import Sample, Segment, Trajectory
 from rllava.data.video import Video
 from rllava.reward.function import RewardError, RewardFunction
 from rllava.reward.scoring import Scoring
-from rllava.train.loop import build_reward
+from rllava.train.builders import build_reward
 
 RED, BLUE = Image.new("RGB", (4, 2), (200, 10, 30)), Image.new("RGB", (6, 6), (0, 0, 250))
 

@@ -7,7 +7,7 @@ import pytest
 from rllava.config import load_config
 from rllava.data.protocol import Sample, Segment, Trajectory
 from rllava.reward.shaping import repetition_penalty, response_token_ids
-from rllava.train.loop import build_reward
+from rllava.train.builders import build_reward
 
 
 @pytest.fixture(autouse=True)

@@ -64,3 +64,60 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--write"]:  # the golden file, 
     os.makedirs(os.path.dirname(GOLDEN), exist_ok=True)
     with open(GOLDEN, "w") as f:
         json.dump(golden, f, indent=0)
+
+
+PRM = '''import torch
+from rllava.algorithms.kl import token_rewards_of
+from rllava.algorithms.registry import register_scorer
+from rllava.train.scorers import Scorer
+
+
+@register_scorer("length_prm")
+def length_prm(cfg, parts):
+    """A process reward stand-in: +0.05 on the odd token ids the policy wrote, on top of what filled it before."""
+    def score(batch):
+        bonus = 0.05 * (batch.input_ids % 2) * batch.loss_mask
+        return token_rewards_of(batch) + bonus, {"prm/bonus_sum": bonus.sum(-1).mean().item()}
+
+    return Scorer("token_rewards", score, "prm")
+
+
+@register_scorer("nowhere")
+def nowhere(cfg, parts):
+    return Scorer("prm_scores", lambda batch: None, "nowhere") if {bad} else None
+'''
+
+
+def test_a_scorer_registered_outside_the_package_fills_its_field(tmp_path, tiny_model_dir, counting_dir, capsys):
+    """A new pass before the advantage is a registration in a file of `algorithm.plugins`: no edit to the
+    pipeline. Its per-token rewards reach the advantage (GRPO sums them: the gradients differ from a run
+    without it, from the same seed), its metrics and timer are logged; a field the Batch lacks is a start-up error."""
+    from rllava.algorithms.registry import SCORERS
+    from rllava.train.outputs import keys_for
+    from rllava.train.pipeline import rlvr
+
+    os.chdir(REPO)
+    base = ["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={tiny_model_dir}",
+            f"data.train_files={counting_dir}/train.jsonl", "data.val_files=null", "data.max_samples=8",
+            "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2", "trainer.max_steps=2",
+            "trainer.val_freq=-1", "trainer.val_before_train=false", "trainer.logger=[jsonl]", "trainer.seed=0"]
+
+    def steps(name: str, bad: bool = False, plugin: bool = True) -> list[dict]:
+        path, out = tmp_path / f"prm_{name}.py", str(tmp_path / name)
+        path.write_text(PRM.replace("{bad}", str(bad)))
+        try:
+            rlvr.main([*base, *keys_for(out), *([f"algorithm.plugins=[{path}]"] if plugin else [])])
+        finally:  # this process's registrations go with the run (another test's run must not see them)
+            SCORERS.pop("length_prm", None), SCORERS.pop("nowhere", None)
+        return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+
+    with_prm, without = steps("with"), steps("without", plugin=False)
+    assert all(r["prm/bonus_sum"] > 0 and "timing/prm" in r for r in with_prm if "actor/pg_loss" in r)
+    assert not any("prm/bonus_sum" in r for r in without)
+    assert [r["actor/grad_norm"] for r in with_prm] != [r["actor/grad_norm"] for r in without]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        steps("bad", bad=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("rllava: error: scorer 'nowhere' (") and "fills batch.prm_scores, which is not " \
+        "a field of the Batch" in err[-1], err
