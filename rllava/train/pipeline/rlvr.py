@@ -6,9 +6,10 @@
     for each step:
         1. rollout    K responses per prompt                (Rollout role, through a rollout engine)
         2. reward     one score per response                (Reward role: the user's file.py:fn)
+           scorers    old / reference / teacher log-probs, values, KL-shaped rewards   (rllava.train.scorers)
         3. advantage  scores -> per-token advantages        (registered estimator, e.g. grpo)
-        4. update     policy loss (+ KL to the reference)   (Actor role, through a train engine)
-                      (+ a teacher's per-token reverse KL: on-policy distillation, algorithm.distill)
+        4. update     the loss's terms: policy loss, KL to the reference, a teacher's per-token reverse KL
+                      (algorithm.distill), actor.loss_terms, entropy   (Actor role, through a train engine)
 
 Stages 1-2 are `make_produce`, 3-4 `learn`: one after the other here, or overlapped with
 `trainer.async_training=true`, where rollout processes of the same launch produce (rllava.train.async_rl).
