@@ -429,7 +429,7 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, *, max_len: int
     if mode == "seq-mean-token-sum":
         return (loss * mask).sum() / num_seqs
     if mode == "seq-mean-token-mean":
-        return ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / num_seqs
+        return _seq_mean(loss, mask).sum() / num_seqs
     if mode == "seq-mean-token-sum-norm":
         return (loss * mask).sum() / (num_seqs * max_len)
     raise ValueError(f"unknown actor.loss_agg_mode {mode!r}")

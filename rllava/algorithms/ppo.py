@@ -38,10 +38,8 @@ class PPO:
             lookup({**ADV_ESTIMATORS, **ALGORITHMS}, self.estimator_name, "algorithm.adv_estimator")  # raises
         self.loss_fn = lookup(POLICY_LOSSES, self.loss_name, "actor.policy_loss.loss_mode")
         # The pool of hyperparameters an estimator may declare (keyword-only, by these names).
-        self.adv_params = {"norm_adv_by_std_in_grpo": algorithm_cfg.norm_adv_by_std_in_grpo,
-                           "gamma": algorithm_cfg.gamma, "lam": algorithm_cfg.lam,
-                           "discount": discount, "step_advantage_w": algorithm_cfg.step_advantage_w,
-                           "gigpo_mean_std_cross_steps": algorithm_cfg.gigpo_mean_std_cross_steps}
+        self.adv_params = {"discount": discount, **{k: getattr(algorithm_cfg, k) for k in (
+            "norm_adv_by_std_in_grpo", "gamma", "lam", "step_advantage_w", "gigpo_mean_std_cross_steps")}}
         # The pool for policy losses: RLLaVA's actor.* and actor.policy_loss.* names.
         self.loss_params = {
             "clip_ratio_low": actor_cfg.clip_ratio_low, "clip_ratio_high": actor_cfg.clip_ratio_high,
