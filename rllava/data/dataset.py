@@ -1,10 +1,9 @@
 """Prompt datasets: records -> `Sample` (chat messages + images + videos), and samples -> token ids.
 
-A record's prompt text (`data.prompt_key`) goes through the `data.format_prompt` Jinja template (variables:
-`content` = the prompt text, and every field of the record); `<image>` and `<video>` markers place the images
-and videos inside the text, otherwise they come first (images, then videos). Images are opened and bounded by
-`min_pixels`/`max_pixels`, and videos sampled and sized (`rllava.data.video`), only when a sample is read, so
-an epoch of pixels never sits in memory.
+A record's prompt text (`data.prompt_key`) goes through the `data.format_prompt` Jinja template (variables: `content` =
+the prompt text, and every field of the record); `<image>` and `<video>` markers place the images and videos inside the
+text, otherwise they come first (images, then videos). Images are opened and bounded by `min_pixels`/`max_pixels`, and
+videos sampled and sized (`rllava.data.video`), only when a sample is read, so an epoch of pixels never sits in memory.
 
 `data.video_key` holds a list of videos (or one), each a video file or a list of frames, as in RLLaVA:
 `{"videos": ["clip.mp4"]}` or `{"videos": [["f0.png", "f1.png", ...]]}`.

@@ -9,7 +9,7 @@ marks an expert segment `off_policy`. `collate` derives every tensor the trainer
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -133,9 +133,7 @@ class Batch:
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name == "trajectories":
-                out[f.name] = [v[i] for i in idx]
-            elif f.name == "reward_details":
+            if f.name in ("trajectories", "reward_details"):  # lists of rows (no reward details before scoring)
                 out[f.name] = [v[i] for i in idx] if v else []
             elif isinstance(v, torch.Tensor):
                 v = v[index]
@@ -148,7 +146,8 @@ class Batch:
         """A copy with every tensor on `device` (trajectories stay on the host)."""
         moved = {f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v)
                  for f in fields(self)}
-        moved["trajectories"] = [t if not t.mm_inputs else _with_mm(t, device) for t in self.trajectories]
+        moved["trajectories"] = [replace(t, mm_inputs={k: v.to(device) for k, v in t.mm_inputs.items()})
+                                 if t.mm_inputs else t for t in self.trajectories]
         return Batch(**moved)
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
@@ -163,12 +162,6 @@ def concat_mm(mm_inputs: list[dict[str, torch.Tensor]], keys=None) -> dict[str, 
     in row order (only the names in `keys`, when given)."""
     names = sorted({k for m in mm_inputs for k in m if keys is None or k in keys})
     return {k: torch.cat([m[k] for m in mm_inputs if k in m], dim=0) for k in names}
-
-
-def _with_mm(t: Trajectory, device) -> Trajectory:
-    from dataclasses import replace
-
-    return replace(t, mm_inputs={k: v.to(device) for k, v in t.mm_inputs.items()})
 
 
 def collate(trajectories: list[Trajectory], pad_token_id: int) -> Batch:

@@ -174,8 +174,6 @@ def _load_json(path: str) -> datasets.Dataset:
     for i, record in enumerate(data):
         if not isinstance(record, dict):
             raise DataError(f"{path}: item {i} is a {type(record).__name__}, expected a JSON object")
-    if not data:
-        raise DataError(f"{path}: no records")
     return _typed_dataset(path, lambda: iter(data))
 
 

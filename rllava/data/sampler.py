@@ -13,9 +13,8 @@ from rllava.data.records import DataError
 
 
 class EpochSampler:
-    """`next_batch()` walks the epochs forever; iterating yields the rest of the current epoch (a fresh
-    epoch once this one is used up), so it also serves as a DataLoader `batch_sampler`.
-    `len()` is the number of batches per epoch."""
+    """`next_batch()` walks the epochs forever; iterating yields the rest of the current epoch (a fresh epoch once this
+    one is used up), so it also serves as a DataLoader `batch_sampler`. `len()` is the number of batches per epoch."""
 
     def __init__(self, n: int, batch_size: int, *, shuffle: bool, seed: int, drop_last: bool = True):
         if batch_size < 1:

@@ -14,12 +14,11 @@ CPU (docs/cpu_learning.md): 112 px images, radius 11-16 px (scaled with --size).
     {"images": ["images/train_00000.png"], "problem": "<image>How many shapes are in the image?",
      "answer": "3", "solution": "<answer>3</answer>"}
 
-grounding (RefCOCO-like referring expressions): 1-2 shapes of different colours, each centred in its own cell of
-a 2 x 2 grid with a fixed radius (a box takes one of 12 positions: learnable by a tiny model on a CPU, see
-`_grid_layout`); the expression names one by colour and kind; `answer` is its box in pixels of the image
-(RefCOCO's frame), `solution` the same box on Qwen2-VL's / Qwen3-VL's 0-1000 grid. The image comes after the
-expression, so the text between the image and the answer is the same in every prompt (M-RoPE then places each
-image token at a fixed offset from the answer).
+grounding (RefCOCO-like referring expressions): 1-2 shapes of different colours, each centred in its own cell of a 2 x 2
+grid with a fixed radius (a box takes one of 12 positions: learnable by a tiny model on a CPU, see `_grid_layout`); the
+expression names one by colour and kind; `answer` is its box in pixels of the image (RefCOCO's frame), `solution` the
+same box on Qwen2-VL's / Qwen3-VL's 0-1000 grid. The image comes after the expression, so the text between the image and
+the answer is the same in every prompt (M-RoPE then places each image token at a fixed offset from the answer).
     {"images": [...], "problem": "Locate the red circle.<image>", "expression": "the red circle",
      "answer": [11, 67, 46, 102], "solution": "<answer>[98, 598, 411, 911]</answer>"}
 
