@@ -78,12 +78,11 @@ def load_class(spec: Any, key: str) -> type:
             module = importlib.import_module(module_name)
     except ConfigError:
         raise
-    except ModuleNotFoundError as e:
-        if (e.name or "").startswith("rllava.") and (e.name or "").split(".")[1] in ("ppo", "eval", "workflow"):
-            raise ConfigError(f"{key}: {spec} is written against RLLaVA's internals ({e.name}), which rllava does "
-                              f"not have; in rllava use {_equivalent(spec)}") from e
-        raise ConfigError(f"{key}: importing {spec} failed: {type(e).__name__}: {e}") from e
     except Exception as e:
+        missing = (e.name or "") if isinstance(e, ModuleNotFoundError) else ""
+        if missing.startswith("rllava.") and missing.split(".")[1] in ("ppo", "eval", "workflow"):
+            raise ConfigError(f"{key}: {spec} is written against RLLaVA's internals ({missing}), which rllava does "
+                              f"not have; in rllava use {_equivalent(spec)}") from e
         raise ConfigError(f"{key}: importing {spec} failed: {type(e).__name__}: {e}") from e
     cls = getattr(module, name, None)
     if not isinstance(cls, type):
@@ -133,9 +132,8 @@ class ClassToolsEnv(ToolEnv):
     """`rollout.tool_config_path`: tool objects that find their own calls in a turn (the first that does runs)."""
 
     def __init__(self, path: str, *, answer_tag: str = "answer", invalid_call_penalty: float = 0.0):
-        key = "rollout.tool_config_path"
         tools = []
-        for cls, config, where in _entries(path, key, "tools"):
+        for cls, config, where in _entries(path, "rollout.tool_config_path", "tools"):
             for method in ("extract_tool_call", "execute"):
                 if not callable(getattr(cls, method, None)):
                     raise ConfigError(f"{where}: {cls.__name__} has no {method}() (a tool has extract_tool_call "

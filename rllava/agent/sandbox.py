@@ -447,10 +447,9 @@ def check(allow_weaker: bool = False) -> Jail:
         raise ConfigError(f"rollout.agent.tools=[code]: the code sandbox cannot isolate its calls on this machine: "
                           f"{'; '.join(j.missing)}. Set {KEY}.allow_weaker=true to run them anyway, weaker "
                           f"({'; '.join(j.weaker)})")
-    if j.missing and "weaker" not in _warned:
-        _warned.add("weaker")
-        log.warning("code sandbox (%s.allow_weaker=true): running weaker than promised: %s (missing: %s)", KEY,
-                    "; ".join(j.weaker), "; ".join(j.missing))
+    if j.missing:
+        _warn_once(f"code sandbox ({KEY}.allow_weaker=true): running weaker than promised: {'; '.join(j.weaker)} "
+                   f"(missing: {'; '.join(j.missing)})")
     return j
 
 
