@@ -1,8 +1,7 @@
 """Pure helpers for rule rewards: answer extraction, boxes, IoU, coordinate frames and detection matching.
 
 rllava's example rewards (`examples/reward_function/{counting,math_answer,grounding_iou,ovd_ap}.py`) are built from
-these. Every function takes any input and never raises on model output: text that does not parse gives `None` or
-`[]`.
+these. Every function takes any input and never raises on model output: text that does not parse gives `None` or `[]`.
 
 Boxes are `(x1, y1, x2, y2)`, top-left and bottom-right corners, x to the right and y down.
 
@@ -47,9 +46,8 @@ def strict_answer(response: str) -> str | None:
 
 
 def parse_box(text) -> tuple[float, float, float, float] | None:
-    """The first box in `text`: `[x1, y1, x2, y2]` (JSON, e.g. Qwen2.5-VL's `{"bbox_2d": [...]}`) or
-    `(x1,y1),(x2,y2)` (Qwen2-VL's `<|box_start|>` form). None if there is none or it is not a finite box
-    with x1 < x2 and y1 < y2."""
+    """The first box in `text`: `[x1, y1, x2, y2]` (JSON, e.g. Qwen2.5-VL's `{"bbox_2d": [...]}`) or `(x1,y1),(x2,y2)`
+    (Qwen2-VL's `<|box_start|>` form). None if there is none or it is not a finite box with x1 < x2 and y1 < y2."""
     match = _BOX.search(text) if isinstance(text, str) and len(text) <= MAX_ANSWER_CHARS else None
     if match is None:
         return None
@@ -106,9 +104,8 @@ def to_image_pixels(box, frame: str, image_size, model_image_size=None) -> tuple
 
 def parse_detections(text) -> tuple[list[tuple[tuple[float, ...], float]], int]:
     """OVD answers: a JSON list whose items are `{"bbox_2d": [x1, y1, x2, y2], "score": c}` (also `"bbox"` /
-    `"confidence"`) or `[x1, y1, x2, y2, c]`, boxes in 0-1000 integers, c in [0, 1] with at most two decimals.
-    Returns (valid (box, c) pairs, number of malformed items); a text that is not a JSON list is one malformed
-    item."""
+    `"confidence"`) or `[x1, y1, x2, y2, c]`, boxes in 0-1000 integers, c in [0, 1] with at most two decimals. Returns
+    (valid (box, c) pairs, number of malformed items); a text that is not a JSON list is one malformed item."""
     try:
         items = json.loads(text) if isinstance(text, str) and len(text) <= MAX_ANSWER_CHARS else None
     except (ValueError, RecursionError):

@@ -17,20 +17,19 @@ The form is checked when the reward is built, so a mismatch (a batch reward with
 sequential one annotated `list`, a configured kwarg the function does not take) stops the run at start-up.
 
 Per-sample fields: `prompt` (the prompt text as the model saw it: the last user message, template applied,
-`<image>`/`<video>` where those sit), `response`, `response_length` (tokens), `ground_truth`, the record's other
-fields, `image_sizes` ((width, height) of each image as stored), `model_image_sizes` (as the model saw it, after
-its processor's resize: what a Qwen2.5-VL box is measured in), and two heavy ones: `images` (the sample's
-images, PIL, as given to the processor) and `videos` (each video's sampled frames, a list of PIL). The dicts of
-the sequential and batch forms hold every field but the heavy two, which are not copied (nor pickled to
-`reward.num_cpus` workers) for a function that never reads them: a dict-form function gets them by naming a
-parameter `images` / `videos` after its input: `fn(reward_input, images=())` the sample's, `fn(reward_inputs,
-images=None)` a list with one entry per input. For agent rollouts (`rollout.agent.tools`) the response is every
-model turn joined by newlines, plus `tool_calls` ((tool, arguments) of each call), `num_turns`,
-`returned_images` (images the tools showed: count tool use by these, not by tags in the text), `tool_memory`
-(what the tools noted, e.g. the ids of the documents each search returned), `turn_texts` (each model turn's text;
-the last is what RLLaVA's agentic workflow scores as the response) and `step_reward` (RLLaVA's: the environment's
-step rewards summed over the observations shown; for rllava's tools 1 per call that ran, for an environment class
-of rollout.env_config_path its own rewards).
+`<image>`/`<video>` where those sit), `response`, `response_length` (tokens), `ground_truth`, the record's other fields,
+`image_sizes` ((width, height) of each image as stored), `model_image_sizes` (as the model saw it, after its processor's
+resize: what a Qwen2.5-VL box is measured in), and two heavy ones: `images` (the sample's images, PIL, as given to the
+processor) and `videos` (each video's sampled frames, a list of PIL). The dicts of the sequential and batch forms hold
+every field but the heavy two, which are not copied (nor pickled to `reward.num_cpus` workers) for a function that never
+reads them: a dict-form function gets them by naming a parameter `images` / `videos` after its input: `fn(reward_input,
+images=())` the sample's, `fn(reward_inputs, images=None)` a list with one entry per input. For agent rollouts
+(`rollout.agent.tools`) the response is every model turn joined by newlines, plus `tool_calls` ((tool, arguments) of
+each call), `num_turns`, `returned_images` (images the tools showed: count tool use by these, not by tags in the text),
+`tool_memory` (what the tools noted, e.g. the ids of the documents each search returned), `turn_texts` (each model
+turn's text; the last is what RLLaVA's agentic workflow scores as the response) and `step_reward` (RLLaVA's: the
+environment's step rewards summed over the observations shown; for rllava's tools 1 per call that ran, for an
+environment class of rollout.env_config_path its own rewards).
 A result is a float or a dict of named floats with an `overall` entry (the scalar used for training).
 
 The function is untrusted code (`rllava.reward.guard`): each call has `reward.timeout` seconds; raising,
