@@ -6,10 +6,11 @@
 For each model x train engine, 3 GRPO steps through rllava's normal path (`rlvr.train(load_config([...]))`, the
 counting task's config `examples/tasks/counting/tiny_cpu.yaml` with the sizes below), each run in its own process
 on a GPU (a clean allocator, and an OOM in one run leaves the others' rows; on CPU all in this process).
-Models: random-init Qwen2.5-VL-3B and Qwen3-VL-4B built from their published config (`rllava.commands.memory.SEED_MODELS`)
-with the tiny models' offline tokenizer and processor (`rllava.model.tiny`; the special-token ids are the
-tokenizer's, the vocabulary stays the real one), saved with `save_pretrained` (under --root, reused by the second
-engine and by a rerun) and loaded by the run; bf16, sdpa, gradient checkpointing, HF rollout.
+Models: random-init Qwen2.5-VL-3B and Qwen3-VL-4B built from their published config
+(`rllava.commands.memory.planner.SEED_MODELS`) with the tiny models' offline tokenizer and processor
+(`rllava.model.tiny`; the special-token ids are the tokenizer's, the vocabulary stays the real one), saved with
+`save_pretrained` (under --root, reused by the second engine and by a rerun) and loaded by the run; bf16, sdpa,
+gradient checkpointing, HF rollout.
 Engines: `actor.strategy=single`, and `fsdp2` as one rank (rllava's own world-of-one process group, no torchrun).
 
 Sizes: 4 prompts x rollout.n 4 = 16 sequences a step, prompt <= 256 tokens (a 224 px image: 64 image tokens on
@@ -22,8 +23,8 @@ Measured, per run:
                    logprobs (old log-prob), Actor.update less its optimizer steps (update) and the train engine's
                    optimizer_step (optimizer); the peak stats are reset as each phase starts (a nested phase: the
                    outer one's peak so far is kept, and reset again after it); the max over the 3 steps. CPU: n/a.
-  planned          rllava.commands.memory.plan(cfg) for the same config, the same phase names (fsdp2: one rank, planned
-                   through FSDP2 itself; made before the run's own process group exists).
+  planned          rllava.commands.memory.planner.plan(cfg) for the same config, the same phase names (fsdp2: one
+                   rank, planned through FSDP2 itself; made before the run's own process group exists).
   tokens/s         rllava's `perf/tokens_per_s` (prompt + response tokens of a step / step seconds), mean of steps
                    after the first (the first compiles kernels), from the run's metrics.jsonl.
   MFU              6 x trainable params x update tokens (attention-masked tokens of the batch, each forwarded and
@@ -128,7 +129,7 @@ def build_model(name: str, out_dir: str, device: str) -> str:
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from rllava.commands.memory import model_config
+    from rllava.commands.memory.planner import model_config
     from rllava.model.tiny import SIZES, _model_and_processor, build_tokenizer
     from rllava.utils.fs import atomic_directory
 
@@ -282,7 +283,7 @@ def config_keys(model_path: str, root: str, engine: str, device: str, tiny: bool
 
 def planned_peaks(cfg, scenario: str, device: str) -> dict:
     """rllava.commands.memory's plan of `cfg`, phase -> peak bytes (the scenario's card cap as the GPU's size)."""
-    from rllava.commands.memory import plan
+    from rllava.commands.memory.planner import plan
 
     cap = SCENARIOS[scenario][3]
     return {row["phase"]: row["peak"] for row in plan(cfg, gpu_bytes=cap and cap * GiB, device=device)}

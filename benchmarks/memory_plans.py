@@ -4,10 +4,11 @@
 
 Each `examples/tasks/*/*.sh` (the tiny CPU ones aside) is run by bash with `python` and `torchrun` replaced by
 functions that print their arguments, so what is planned is the command line the script would launch, variables
-expanded and nothing executed; its keys go through `load_config` and `rllava.commands.memory.plan` on one of torchrun's
---nproc_per_node ranks (see that module's docstring), timed on this machine. A table row per script: model,
-GPUs, the phase at the peak, the step's peak and whether it fits `--gpu-memory`, the seconds the plan took
-(issue 34: each under a minute on this 2-core CPU) and what the plan counts another way (`rllava.commands.memory.unplanned`).
+expanded and nothing executed; its keys go through `load_config` and `rllava.commands.memory.planner.plan` on one
+of torchrun's --nproc_per_node ranks (see rllava.commands.memory's docstring), timed on this machine. A table row
+per script: model, GPUs, the phase at the peak, the step's peak and whether it fits `--gpu-memory`, the seconds the
+plan took (issue 34: each under a minute on this 2-core CPU) and what the plan counts another way
+(`rllava.commands.memory.planner.unplanned`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     sys.path.insert(0, REPO)
     from rllava.commands import memory
+    from rllava.commands.memory import planner
     from rllava.config import load_config
 
     gpu = memory.parse_size(args.gpu_memory)
@@ -59,11 +61,11 @@ def main(argv: list[str] | None = None) -> None:
             overrides, world = pipeline_args(script)
             cfg = load_config(overrides)
         start = time.time()
-        rows = memory.plan(cfg, gpu, world=world)
+        rows = planner.plan(cfg, gpu, world=world)
         top = max(rows, key=lambda r: r["peak"])
         print(f"| {os.path.relpath(script, REPO)} | {cfg.actor.model.model_path} | {world} | {top['phase']} | "
               f"{memory.show(top['peak'])} | {'yes' if top['fits'] else 'no'} | {time.time() - start:.0f} | "
-              f"{'; '.join(memory.unplanned(cfg)) or '-'} |", flush=True)
+              f"{'; '.join(planner.unplanned(cfg)) or '-'} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from rllava.commands import memory
+from rllava.commands.memory import planner
+from rllava.commands.memory.fake import fake_mode
 from rllava.config import load_config
+from rllava.errors import RllavaError
 
 TINY_CPU = "examples/tasks/counting/tiny_cpu.yaml"
 
@@ -57,14 +60,14 @@ def test_planned_peaks_match_rllavas_real_step_within_10_percent(tiny_model_dir,
     from rllava.roles.batching import MicroBatching, compute_logprobs
 
     cfg = _cfg(tiny_model_dir, *CALIBRATED[case])
-    planned = {r["phase"]: r["peak"] for r in memory.plan(cfg, device="cpu")}
+    planned = {r["phase"]: r["peak"] for r in planner.plan(cfg, device="cpu")}
     model, optimizer = _real_policy(tiny_model_dir, cfg)
-    step = memory.step_of(cfg, model.config)
+    step = planner.step_of(cfg, model.config)
     m, a = cfg.actor.model, cfg.actor
     batching = MicroBatching(a.log_prob_micro_batch_size, a.log_prob_max_token_len_per_gpu if m.dynamic_batching
                              else None, m.padding_free, m.use_shared_prefix)
-    everything = memory.plan_batch(model, step, cfg.data.train_batch_size * cfg.rollout.n)
-    micro_batch = memory.plan_batch(model, step, step.update_rows)
+    everything = planner.plan_batch(model, step, cfg.data.train_batch_size * cfg.rollout.n)
+    micro_batch = planner.plan_batch(model, step, step.update_rows)
     layout = {"padding_free": m.padding_free, "shared_prefix": m.use_shared_prefix}
 
     def update():
@@ -72,12 +75,12 @@ def test_planned_peaks_match_rllavas_real_step_within_10_percent(tiny_model_dir,
         logprobs, _ = token_logprobs(model, micro_batch, chunk_size=a.logprob_chunk_size, with_entropy=True, **layout)
         (-logprobs.sum() / micro_batch.loss_mask.sum()).backward()
 
-    real = {"old log-prob": memory.tracked(lambda: compute_logprobs(model, everything, batching, 1.0,
-                                                                    chunk_size=a.logprob_chunk_size),
-                                           model, optimizer)["peak"]}
+    real = {"old log-prob": planner.tracked(lambda: compute_logprobs(model, everything, batching, 1.0,
+                                                                     chunk_size=a.logprob_chunk_size),
+                                            model, optimizer)["peak"]}
     if step.accumulates:
         update()  # the first micro-batch, untracked: its gradients stay
-    real["update"] = memory.tracked(update, model, optimizer)["peak"]
+    real["update"] = planner.tracked(update, model, optimizer)["peak"]
     for phase, peak in real.items():
         assert planned[phase] == pytest.approx(peak, rel=0.10), phase
 
@@ -96,10 +99,10 @@ def tiny_vlm(request, tiny_model_dir, tmp_path_factory):
 def test_fake_and_real_runs_of_every_phase_agree(tiny_vlm):
     """The planner's phases run on fake and on real tensors give the same peaks (the fake mode loses nothing)."""
     cfg = _cfg(tiny_vlm, "actor.model.enable_gradient_checkpointing=true", "actor.ppo_micro_batch_size=16")
-    planned = memory.plan(cfg, device="cpu")
+    planned = planner.plan(cfg, device="cpu")
     model, optimizer = _real_policy(tiny_vlm, cfg)
-    model, step = memory.plannable(model), memory.step_of(cfg, model.config)
-    real = memory.run_phases(model, optimizer, step, memory.kv_cache_bytes(model.config, step, model.dtype))
+    model, step = planner.plannable(model), planner.step_of(cfg, model.config)
+    real = planner.run_phases(model, optimizer, step, planner.kv_cache_bytes(model.config, step, model.dtype))
     for p, r in zip(planned, real):  # Qwen3-VL: 2 % under (its vision position tables are made on real values)
         assert p["peak"] == pytest.approx(r["peak"], rel=0.03), p["phase"]
     assert planned[2]["parameters"] == real[2]["parameters"]
@@ -107,20 +110,20 @@ def test_fake_and_real_runs_of_every_phase_agree(tiny_vlm):
 
 
 def test_checkpointing_lowers_the_update_peak(tiny_model_dir):
-    peaks = [{r["phase"]: r["peak"] for r in memory.plan(_cfg(tiny_model_dir, f"actor.model."
+    peaks = [{r["phase"]: r["peak"] for r in planner.plan(_cfg(tiny_model_dir, f"actor.model."
              f"enable_gradient_checkpointing={on}"), device="cpu")}["update"] for on in ("false", "true")]
     assert peaks[1] < 0.8 * peaks[0]
 
 
 def test_kv_cache_is_counted_from_the_config(tiny_model_dir):
     cfg = _cfg(tiny_model_dir)
-    config = memory.model_config(tiny_model_dir)
-    step = memory.step_of(cfg, config)
+    config = planner.model_config(tiny_model_dir)
+    step = planner.step_of(cfg, config)
     text = config.get_text_config()
     tokens = min(cfg.rollout.micro_batch_size, cfg.data.train_batch_size) * cfg.rollout.n * (
         cfg.data.max_prompt_length + cfg.data.max_response_length)
     head_dim = text.hidden_size // text.num_attention_heads
-    assert memory.kv_cache_bytes(config, step, torch.bfloat16) == (
+    assert planner.kv_cache_bytes(config, step, torch.bfloat16) == (
         2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * tokens * 2)
     assert step.grid == (8, 8)  # data.max_pixels 12544 = 112 x 112 px: 8 x 8 patches of 14 px, 16 tokens merged
 
@@ -137,8 +140,8 @@ def test_cli_world_size_plans_fsdp2_on_that_many_ranks(tiny_model_dir, capsys):
     """--world-size 2: each rank holds half of Adam's states (the shards), the table says so."""
     args = [f"config={TINY_CPU}", f"actor.model.model_path={tiny_model_dir}"]
     memory.main([*args, "--world-size", "2"])
-    two = memory.plan(load_config(args), device="cuda", world=2)
-    one = memory.plan(load_config([*args, "actor.strategy=fsdp2"]), device="cuda", world=1)
+    two = planner.plan(load_config(args), device="cuda", world=2)
+    one = planner.plan(load_config([*args, "actor.strategy=fsdp2"]), device="cuda", world=1)
     assert two[-1]["optimizer"] == pytest.approx(one[-1]["optimizer"] / 2, rel=0.01)
     assert memory.show(max(r["peak"] for r in two)) in capsys.readouterr().out
 
@@ -165,7 +168,7 @@ def test_parse_size():
 @pytest.mark.slow  # ~25 s on this CPU
 def test_seed_model_by_name_plans_every_phase():
     """Qwen2.5-VL-3B from the seed table (no download): its bf16 parameters count 3.75 B (the published size)."""
-    rows = memory.plan(_cfg("Qwen/Qwen2.5-VL-3B-Instruct"), 24 * memory.GiB)
+    rows = planner.plan(_cfg("Qwen/Qwen2.5-VL-3B-Instruct"), 24 * memory.GiB)
     assert rows[0]["parameters"] / 2 == pytest.approx(3.75e9, rel=0.02)
     assert [r["phase"] for r in rows] == ["rollout", "old log-prob", "update", "optimizer"]
     assert all(r["fits"] == (r["peak"] <= 24 * memory.GiB) for r in rows)
@@ -178,8 +181,8 @@ def test_seed_model_by_name_plans_every_phase():
 ])
 def test_seed_models_have_their_published_sizes(name, billions):
     """Each seed's config, built without weights, has the parameter count its hub page publishes."""
-    with memory.fake_mode():
-        model, _ = memory.policy_from_config(_cfg(name))
+    with fake_mode():
+        model, _ = planner.policy_from_config(_cfg(name))
         assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, abs=0.006)
 
 
@@ -188,17 +191,17 @@ def test_a_run_that_does_not_fit_gets_changes_each_planned_again(tiny_model_dir)
     """Just under the step's peak: each single change is re-planned; checkpointing (the update's activations), a
     smaller update micro-batch, LoRA and a second GPU fit."""
     args = [f"config={TINY_CPU}", f"actor.model.model_path={tiny_model_dir}"]
-    peak = max(r["peak"] for r in memory.plan(load_config(args), device="cpu"))
-    tried = dict(memory.suggest(args, peak - 1, device="cpu"))
-    assert list(tried) == [what for what, _, _ in memory.fixes(load_config(args))]
+    peak = max(r["peak"] for r in planner.plan(load_config(args), device="cpu"))
+    tried = dict(planner.suggest(args, peak - 1, device="cpu"))
+    assert list(tried) == [what for what, _, _ in planner.fixes(load_config(args))]
     assert list(tried)[:2] == ["actor.model.enable_gradient_checkpointing=true", "actor.ppo_micro_batch_size=32"]
     for change in ("actor.model.enable_gradient_checkpointing=true", "actor.ppo_micro_batch_size=32",
                    "actor.model.use_peft=true", "--world-size 2"):
         assert tried[change] < peak, change
     assert tried["actor.log_prob_micro_batch_size=32"] == peak  # not the phase at the peak: no help
-    again = max(r["peak"] for r in memory.plan(load_config([*args, "actor.ppo_micro_batch_size=32"]), device="cpu"))
+    again = max(r["peak"] for r in planner.plan(load_config([*args, "actor.ppo_micro_batch_size=32"]), device="cpu"))
     assert tried["actor.ppo_micro_batch_size=32"] == again  # re-planned, not guessed
-    two = max(r["peak"] for r in memory.plan(load_config(args), device="cpu", world=2))
+    two = max(r["peak"] for r in planner.plan(load_config(args), device="cpu", world=2))
     assert tried["--world-size 2"] == two
 
 
@@ -208,14 +211,14 @@ def test_changes_are_tried_alone_then_together_and_printed(tiny_model_dir, capsy
     args = [f"config={TINY_CPU}", f"actor.model.model_path={tiny_model_dir}"]
 
     def fake_plan(cfg, gpu_bytes=None, device="cuda", world=1):  # every change helps a little, none enough alone
-        return [{"phase": "update", "peak": 90 if world > 1 or len(memory.fixes(cfg)) else 100}]
-    monkeypatch.setattr(memory, "plan", fake_plan)
-    changes = memory.fixes(load_config(args))
+        return [{"phase": "update", "peak": 90 if world > 1 or len(planner.fixes(cfg)) else 100}]
+    monkeypatch.setattr(planner, "plan", fake_plan)
+    changes = planner.fixes(load_config(args))
     assert "actor.strategy=fsdp2 actor.fsdp.enable_cpu_offload=true" in [w for w, _, _ in changes]  # FSDP2 here
     assert changes[-1][:2] == ("--world-size 2", []) and changes[-1][2] == 2  # then 2 GPUs
-    assert memory.suggest(args, 50)[-1] == (" ".join(w for w, _, _ in changes), 90)  # then all together
+    assert planner.suggest(args, 50)[-1] == (" ".join(w for w, _, _ in changes), 90)  # then all together
     monkeypatch.undo()
-    monkeypatch.setattr(memory, "suggest", lambda overrides, gpu, world: [("actor.ppo_micro_batch_size=32", 10)])
+    monkeypatch.setattr(planner, "suggest", lambda overrides, gpu, world: [("actor.ppo_micro_batch_size=32", 10)])
     memory.main([*args, "--gpu-memory", "1MiB", "actor.strategy=deepspeed"])
     out = capsys.readouterr().out
     assert "does NOT fit" in out and "changes, each planned again:\n  actor.ppo_micro_batch_size=32: step peak " in out
@@ -229,15 +232,15 @@ def test_a_vllm_rollout_is_its_reservation_and_sleeps_outside_it(tiny_model_dir,
     Without a GPU size there is nothing to take a fraction of: one line."""
     gpu = 24 * memory.GiB
     for offload in ("false", "true"):
-        rows = {r["phase"]: r for r in memory.plan(_cfg(tiny_model_dir, "rollout.name=vllm",
-                                                        "rollout.vllm.gpu_memory_utilization=0.4",
-                                                        f"actor.fsdp.offload_params={offload}"), gpu, device="cpu")}
+        rows = {r["phase"]: r for r in planner.plan(_cfg(tiny_model_dir, "rollout.name=vllm",
+                                                         "rollout.vllm.gpu_memory_utilization=0.4",
+                                                         f"actor.fsdp.offload_params={offload}"), gpu, device="cpu")}
         assert rows["rollout"]["kv_cache"] == int(0.4 * gpu) and rows["rollout"]["activations"] == 0
         assert rows["rollout"]["temporaries"] == 512 * 2 ** 20  # one weight-sync bucket (rollout.bucket_size)
         assert (rows["rollout"]["parameters"] == 0) == (offload == "true")
         assert all(rows[p]["kv_cache"] == 0 for p in rows if p != "rollout")
-    awake = memory.plan(_cfg(tiny_model_dir, "rollout.name=vllm", "rollout.vllm.gpu_memory_utilization=0.4",
-                             "rollout.async_mode=true"), gpu, device="cpu")  # RLLaVA's: it never sleeps
+    awake = planner.plan(_cfg(tiny_model_dir, "rollout.name=vllm", "rollout.vllm.gpu_memory_utilization=0.4",
+                              "rollout.async_mode=true"), gpu, device="cpu")  # RLLaVA's: it never sleeps
     assert all(r["kv_cache"] == int(0.4 * gpu) for r in awake)
     with pytest.raises(SystemExit):
         memory.main([f"config={TINY_CPU}", f"actor.model.model_path={tiny_model_dir}", "rollout.name=sglang"])
@@ -248,10 +251,10 @@ def test_a_vllm_rollout_is_its_reservation_and_sleeps_outside_it(tiny_model_dir,
 def test_lora_trains_adapters_only_and_its_reference_is_the_policy_itself(tiny_model_dir):
     """LoRA: gradients and Adam's states of the adapters only; a KL's reference is the same weights with the
     adapters off (rllava's Reference(lora_base=True)), so the parameters are not doubled."""
-    full = {r["phase"]: r for r in memory.plan(_cfg(tiny_model_dir), device="cpu")}
-    lora = {r["phase"]: r for r in memory.plan(_cfg(tiny_model_dir, "actor.model.use_peft=true",
-                                                    "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1"),
-                                               device="cpu")}
+    full = {r["phase"]: r for r in planner.plan(_cfg(tiny_model_dir), device="cpu")}
+    lora = {r["phase"]: r for r in planner.plan(_cfg(tiny_model_dir, "actor.model.use_peft=true",
+                                                     "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1"),
+                                                device="cpu")}
     assert "ref log-prob" in lora
     assert lora["optimizer"]["gradients"] < full["optimizer"]["gradients"] / 3  # rank 64 on a tiny model
     assert lora["update"]["optimizer"] < full["update"]["optimizer"] / 3
@@ -270,11 +273,11 @@ def test_fsdp2_on_two_ranks_plans_as_it_runs(tiny_model_dir, tmp_path):
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
     real = json.loads(out.read_text())
-    planned = memory.plan(_cfg(tiny_model_dir, *args), device="cpu", world=2)
+    planned = planner.plan(_cfg(tiny_model_dir, *args), device="cpu", world=2)
     assert [r["phase"] for r in planned] == [r["phase"] for r in real]
     for p, r in zip(planned, real):
         assert p["peak"] == pytest.approx(r["peak"], rel=0.03), p["phase"]
-    one = memory.plan(_cfg(tiny_model_dir, "actor.strategy=fsdp2", *args), device="cpu", world=1)
+    one = planner.plan(_cfg(tiny_model_dir, "actor.strategy=fsdp2", *args), device="cpu", world=1)
     assert planned[-1]["optimizer"] == pytest.approx(one[-1]["optimizer"] / 2, rel=0.01)
 
 
@@ -288,15 +291,15 @@ def _fsdp_worker(model_dir: str, out: str, *overrides: str) -> None:
     dist.init_process_group("gloo")
     cfg = _cfg(model_dir, *overrides)
     model, _ = _real_policy(model_dir, cfg)
-    step = memory.step_of(cfg, model.config, dist.get_world_size())
-    kv = memory.kv_cache_bytes(model.config, step, model.dtype)
-    model = memory.plannable(shard_model(model, torch.device("cpu")))
+    step = planner.step_of(cfg, model.config, dist.get_world_size())
+    kv = planner.kv_cache_bytes(model.config, step, model.dtype)
+    model = planner.plannable(shard_model(model, torch.device("cpu")))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
     from rllava.model.loader import load_model
 
-    ref = memory.plannable(shard_model(load_model(model_dir, dtype=torch.float32).requires_grad_(False).eval(),
-                                       torch.device("cpu")))
-    rows = memory.run_phases(model, optimizer, step, kv, ref)
+    ref = planner.plannable(shard_model(load_model(model_dir, dtype=torch.float32).requires_grad_(False).eval(),
+                                        torch.device("cpu")))
+    rows = planner.run_phases(model, optimizer, step, kv, ref)
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(rows, f)
@@ -310,15 +313,15 @@ if __name__ == "__main__":
 def test_a_kl_adds_the_frozen_reference_to_every_phase_and_a_pass_of_its_own(tiny_model_dir):
     """As rllava.train.builders.build_reference_role: a KL in the loss (non-zero coefficient) or in the reward
     builds a frozen copy of the starting weights; a frozen vision tower plans too (no gradient there)."""
-    plain = {r["phase"]: r for r in memory.plan(_cfg(tiny_model_dir), device="cpu")}
-    kl = {r["phase"]: r for r in memory.plan(_cfg(tiny_model_dir, "algorithm.use_kl_loss=true",
-                                                  "actor.kl_loss_coef=0.1"), device="cpu")}
+    plain = {r["phase"]: r for r in planner.plan(_cfg(tiny_model_dir), device="cpu")}
+    kl = {r["phase"]: r for r in planner.plan(_cfg(tiny_model_dir, "algorithm.use_kl_loss=true",
+                                                   "actor.kl_loss_coef=0.1"), device="cpu")}
     assert list(kl) == ["rollout", "old log-prob", "ref log-prob", "update", "optimizer"]
     assert all(kl[p]["parameters"] == 2 * plain[p]["parameters"] for p in plain)
-    assert "ref log-prob" not in {r["phase"] for r in memory.plan(_cfg(tiny_model_dir, "algorithm.use_kl_loss=true",
-                                                                       "actor.kl_loss_coef=0"), device="cpu")}
-    frozen = {r["phase"]: r for r in memory.plan(_cfg(tiny_model_dir, "actor.model.freeze_vision_tower=true"),
-                                                 device="cpu")}
+    assert "ref log-prob" not in {r["phase"] for r in planner.plan(_cfg(tiny_model_dir, "algorithm.use_kl_loss=true",
+                                                                        "actor.kl_loss_coef=0"), device="cpu")}
+    frozen = {r["phase"]: r for r in planner.plan(_cfg(tiny_model_dir, "actor.model.freeze_vision_tower=true"),
+                                                  device="cpu")}
     assert frozen["optimizer"]["gradients"] < plain["optimizer"]["gradients"]
 
 
@@ -326,19 +329,19 @@ def test_distillation_teachers_are_resident_in_every_phase_with_a_pass_for_a_sam
     """As rllava.train.builders.build_distillation (engine=hf): each teacher a frozen model of its own config,
     resident in every phase; a sampled-token loss (k1/k3) adds the teachers' log-prob pass, the exact KL names
     its in-update buffers as not planned; an unknown teacher path is one error naming its key."""
-    plain = {r["phase"]: r for r in memory.plan(_cfg(tiny_model_dir), device="cpu")}
+    plain = {r["phase"]: r for r in planner.plan(_cfg(tiny_model_dir), device="cpu")}
     distill = [f"algorithm.distill.teacher_path={tiny_model_dir}"]
-    k1 = {r["phase"]: r for r in memory.plan(_cfg(tiny_model_dir, *distill, "algorithm.distill.loss=k1"),
-                                             device="cpu")}
+    k1 = {r["phase"]: r for r in planner.plan(_cfg(tiny_model_dir, *distill, "algorithm.distill.loss=k1"),
+                                              device="cpu")}
     assert list(k1) == ["rollout", "old log-prob", "teacher log-prob", "update", "optimizer"]
     assert all(k1[p]["parameters"] == 2 * plain[p]["parameters"] for p in plain)
     routed = _cfg(tiny_model_dir, *distill, "algorithm.distill.route_field=kind",
                   f"algorithm.distill.teachers={{chart: {tiny_model_dir}}}")
-    full = {r["phase"]: r for r in memory.plan(routed, device="cpu")}
+    full = {r["phase"]: r for r in planner.plan(routed, device="cpu")}
     assert "teacher log-prob" not in full and full["update"]["parameters"] == 3 * plain["update"]["parameters"]
-    assert any("algorithm.distill.loss=full" in line for line in memory.unplanned(routed))
-    with pytest.raises(memory.RllavaError, match="algorithm.distill.teacher_path='/no/such'"):
-        memory.plan(_cfg(tiny_model_dir, "algorithm.distill.teacher_path=/no/such"), device="cpu")
+    assert any("algorithm.distill.loss=full" in line for line in planner.unplanned(routed))
+    with pytest.raises(RllavaError, match="algorithm.distill.teacher_path='/no/such'"):
+        planner.plan(_cfg(tiny_model_dir, "algorithm.distill.teacher_path=/no/such"), device="cpu")
 
 
 @pytest.mark.slow  # ~25 s on this CPU: a 4B model's plan
@@ -348,7 +351,7 @@ def test_rllavas_example_config_fits_a_4b_model_on_one_24gib_gpu():
     gradients and Adam wait on the host; the device holds the gathered root and layer (the whole policy for HF
     generate) and the activations. The single-device engine's update needed ~27 GiB."""
     cfg = load_config(["config=examples/config.yaml", "actor.model.model_path=Qwen/Qwen3-VL-4B-Instruct"])
-    rows = {r["phase"]: r for r in memory.plan(cfg, 24 * memory.GiB)}
+    rows = {r["phase"]: r for r in planner.plan(cfg, 24 * memory.GiB)}
     assert list(rows) == ["rollout", "old log-prob", "ref log-prob", "update", "optimizer"]
     assert all(r["fits"] for r in rows.values()), rows
     assert rows["update"]["gradients"] == rows["optimizer"]["optimizer"] == 0

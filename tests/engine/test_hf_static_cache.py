@@ -146,6 +146,6 @@ def test_the_published_qwen_vl_configs_are_served():
     path serves the real Qwen2-VL, Qwen2.5-VL and Qwen3-VL checkpoints, not only the tiny ones."""
     from types import SimpleNamespace
 
-    from rllava.commands.memory import SEED_MODELS, model_config
+    from rllava.commands.memory.planner import SEED_MODELS, model_config
 
     assert all(static_cache_ok(SimpleNamespace(config=model_config(name))) for name in SEED_MODELS)

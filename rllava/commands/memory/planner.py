@@ -1,76 +1,21 @@
-"""Will it fit? The device memory of one configured RL step, planned without weights and without a GPU:
-
-    python -m rllava.commands.memory config=examples/tasks/counting/tiny_cpu.yaml k=v ... [--gpu-memory 24GiB] [--world-size N]
-
-The policy is built from its config.json under torch's FakeTensorMode (tensors with shapes and dtypes, no
-storage), with the config's training switches (frozen parts, LoRA, gradient checkpointing), and each phase of
-one step runs on it under torch's `MemTracker`, which adds up every live tensor and keeps the peak by kind
-(parameters, gradients, optimizer state, activations, temporaries). The forward passes are rllava's own
-(`rllava.model.forward._token_logprobs` on a Batch of the planned shapes): the chunked LM head
-(actor.logprob_chunk_size), padding_free and shared_prefix run as configured.
-
-  rollout       HF engine: a prefill forward (no grad) of one generate call's prompts, and its KV cache, counted
-                from the config: 2 (K, V) x layers x kv_heads x head_dim x dtype bytes per token, for
-                rollout.micro_batch_size prompts x rollout.n samples x (max_prompt_length + max_response_length).
-                vLLM / SGLang: the engine's reservation, rollout.vllm.gpu_memory_utilization (SGLang:
-                rollout.sglang.mem_fraction_static) x --gpu-memory, beside what the trainer keeps on the device
-                (not its weights and gradients with actor.fsdp.offload_params), and one weight-sync bucket
-                (rollout.bucket_size MB: the policy reaches the engine a bucket at a time). Outside the rollout
-                the engine sleeps (vLLM sleep(level=1), SGLang release_memory_occupation): none of it is on the device.
-  old log-prob  a forward without grad of one micro-batch: actor.log_prob_micro_batch_size sequences, or with
-                actor.model.dynamic_batching as many full-length ones as actor.log_prob_max_token_len_per_gpu holds.
-  ref log-prob  with a KL (algorithm.use_kl_loss, use_kl_in_reward): the same on the frozen reference (a copy of
-                the starting weights, resident in every phase; for LoRA without ref.model_path the policy itself,
-                adapters off), ref.log_prob_micro_batch_size (or ref.log_prob_max_token_len_per_gpu) sequences.
-  teacher log-prob  algorithm.distill with a sampled-token loss (k1, k3): the same on each teacher (its own
-                config; every teacher resident in every phase, as the reference; engine=vllm|sglang not planned).
-  update        a forward + backward of one micro-batch (actor.ppo_micro_batch_size, or
-                actor.ppo_max_token_len_per_gpu tokens), beside the gradients of the mini-batch's earlier
-                micro-batches where it has several.
-  optimizer     gradient clipping and torch.optim.AdamW's step (foreach kernels, as on CUDA): 2 states per
-                trainable parameter, in the parameters' dtype; none on the device with actor.fsdp.enable_cpu_offload
-                (the step runs on the host), outside the update with actor.fsdp.offload_optimizer.
-
-FSDP2 (actor.strategy fsdp / fsdp2; auto with --world-size > 1, or on a GPU with actor.fsdp.enable_cpu_offload /
-offload_params, RLLaVA's offload switches, as rllava runs it): rllava's own `shard_model` shards the model over
-a fake process group of --world-size ranks (FSDP2's mixed precision and reshard_after_forward as configured; the
-reference sharded too) and torch's `FSDPMemTracker` tracks it; each rank plans its share of the
-batch (train_batch_size x n / N rows, mini-batches likewise). With either offload switch the shards, their
-gradients and Adam's states are on the host (CPUOffloadPolicy): tracked, but not counted on the device. For HF
-generate every unit is gathered for the whole rollout, as rllava does. DeepSpeed plans as FSDP2 (ZeRO-3's sharding).
-
-Every phase holds the weights, and the optimizer state a previous step left. Every sequence is as long as the
-config allows, every prompt holds one square image as large as data.max_pixels and max_prompt_length allow
-(Qwen-VL: one token per merged (patch x 2)^2 pixels; the image's tokens count in the prompt's length), and the
-rollout.n samples of a prompt share it; padding_free therefore saves nothing here (no sequence is short). Not
-counted: the CUDA context and the allocator's cache and fragmentation (~1-2 GiB on a real GPU), the generate
-loop's own transients, a critic, the exact KL's in-update buffers (named under the table).
-"""
+"""One configured step's device memory, phase by phase (see rllava.commands.memory), its batching and reference as
+the trainer's builders decide them, and the single changes that lower its peak, each planned again."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import dataclasses
 import functools
-import itertools
 import math
 import os
-import re
-import sys
 import types
 from dataclasses import dataclass
 
 import torch
-import torch._subclasses.fake_tensor as fake_tensor
-import torch.utils._pytree as pytree
-from torch._guards import active_fake_mode
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torch.distributed._tools.mem_tracker import MemTracker
 
+from rllava.commands.memory.fake import fake_mode, on_real_values, real_values
+from rllava.commands.memory.torch_private import (device_peak, fake_constants, fake_process_group, gathered,
+                                                  real_tensors, scale_)
 from rllava.errors import RllavaError
-
-GiB = 1024 ** 3
 
 
 def _seed(model_type: str, tie: bool, text: tuple, vision: dict) -> dict:
@@ -163,7 +108,7 @@ def model_inputs(model, step: "Step", rows: int, response: int) -> dict:
         raise RllavaError(f"an image at data.max_pixels is {n_image} tokens, data.max_prompt_length={step.prompt} "
                           "leaves no room for the text: lower data.max_pixels or raise data.max_prompt_length")
     row = [1] + [getattr(config, "image_token_id", 1)] * n_image + [1] * (length - n_image - 1)
-    with fake_tensor.unset_fake_temporarily():  # plain tensors; in a fake mode they become constants
+    with real_tensors():  # plain tensors; in a fake mode they become constants
         ids, mask = torch.tensor([row] * rows), torch.ones(rows, length, dtype=torch.long)
         mask[-1, 0] = 0  # one pad token, as in any batch of prompts of different lengths: the attention mask is
         # then built (transformers drops it only where nothing is padded, and cannot tell under a fake mode)
@@ -178,7 +123,7 @@ def model_inputs(model, step: "Step", rows: int, response: int) -> dict:
         v = config.vision_config
         inputs["pixel_values"] = torch.zeros(rows * gh * gw, v.in_channels * v.temporal_patch_size * v.patch_size ** 2,
                                              dtype=model.dtype)
-    return _constants(inputs)
+    return fake_constants(inputs)
 
 
 def plan_batch(model, step: "Step", rows: int):
@@ -191,139 +136,18 @@ def plan_batch(model, step: "Step", rows: int):
     for _ in range(-(-rows // step.n)):  # one image (the same tensors) per group
         one = model_inputs(model, step, 1, step.response)
         media.append({k: one[k] for k in ("pixel_values", "image_grid_thw") if k in one})
-    ids = _real_values(one["input_ids"])[0].tolist()
+    ids = real_values(one["input_ids"])[0].tolist()
     trajectories = [Trajectory(sample=None, group_id=i // step.n, mm_inputs=media[i // step.n],
                                segments=[Segment(ids[:step.prompt], trained=False),
                                          Segment(ids[step.prompt:], trained=True)]) for i in range(rows)]
-    with fake_tensor.unset_fake_temporarily():
+    with real_tensors():
         mask = torch.ones(rows, len(ids), dtype=torch.long)
         mask[-1, -1] = 0
         loss_mask = mask.float()
         loss_mask[:, :step.prompt] = 0
         tensors = dict(input_ids=torch.tensor([ids] * rows), attention_mask=mask, loss_mask=loss_mask,
                        group_ids=torch.arange(rows) // step.n)
-    return Batch(trajectories=trajectories, **_constants(tensors))
-
-
-def _constants(tree):
-    """Inside a fake mode: small integer tensors as fake *constants* (their values kept, so that the model's
-    index arithmetic on ids and grids runs); big tensors are fake already."""
-    mode = active_fake_mode()
-    if mode is None:
-        return tree
-    return pytree.tree_map_only(torch.Tensor, lambda t: t if isinstance(t, fake_tensor.FakeTensor) else
-                                mode.fake_tensor_converter.from_real_tensor(mode, t, make_constant=True), tree)
-
-
-def _real_values(x):
-    """`x` with each fake constant replaced by its real value (inside tuples, lists, dicts and the tensor fields
-    of a dataclass such as a Batch)."""
-    if isinstance(x, fake_tensor.FakeTensor):
-        return x if x.constant is None else x.constant
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return dataclasses.replace(x, **{f.name: _real_values(getattr(x, f.name)) for f in dataclasses.fields(x)
-                                         if f.init and torch.is_tensor(getattr(x, f.name))})
-    if isinstance(x, (tuple, list)):
-        return type(x)(_real_values(v) for v in x)
-    return {k: _real_values(v) for k, v in x.items()} if isinstance(x, dict) else x
-
-
-def _on_real_values(fn, counted: tuple[str, ...] = ()):
-    """`fn` run on the real values of its (constant) arguments, outside the fake mode: index arithmetic a fake
-    tensor cannot answer (.tolist(), nonzero) in transformers' vision helpers and get_rope_index, and rllava's
-    shared-prefix layout. Its output tensors come back as fake constants, each holding a fake tensor of its size
-    for as long as it lives (the tracker counts that: on a GPU they are on the device); `counted`: output
-    entries that need no values (the shared-prefix mask), made again as plain fake tensors."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        with fake_tensor.unset_fake_temporarily():
-            out = fn(*_real_values(args), **_real_values(kwargs))
-        redo = {k: out.pop(k) for k in counted}
-        made = [t for t in pytree.tree_leaves(out)
-                if isinstance(t, torch.Tensor) and not isinstance(t, fake_tensor.FakeTensor)]
-        out = _constants(out)
-        if active_fake_mode() is not None:
-            for t in pytree.tree_leaves(out):
-                if isinstance(t, fake_tensor.FakeTensor) and any(t.constant is m for m in made):
-                    t.rllava_storage = torch.empty(t.shape, dtype=t.dtype)
-        return {**out, **{k: torch.zeros(t.shape, dtype=t.dtype) for k, t in redo.items()}} if counted else out
-    run.rllava_original = fn
-    return run
-
-
-def _vision_helpers():
-    """(module, name) of every transformers `get_vision_*` helper bound in a loaded module."""
-    import transformers.vision_utils as vision_utils
-
-    return [(mod, name) for mod in list(sys.modules.values())
-            if getattr(mod, "__name__", "").startswith("transformers.models.") or mod is vision_utils
-            for name in list(vars(mod)) if name.startswith("get_vision_")]
-
-
-def _module_to(self, *args, **kwargs):
-    """nn.Module.to under the planner's fake mode: each parameter and buffer replaced by its converted copy (torch
-    cannot swap a fake parameter in place, as nn.Module.to does; peft moves each new adapter to its layer's
-    device and dtype)."""
-    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
-    for module in self.modules():
-        for table in (module._parameters, module._buffers):
-            for name, t in table.items():
-                new = None if t is None else t.to(device=device, dtype=dtype if t.is_floating_point() else None)
-                if new is not t:
-                    table[name] = torch.nn.Parameter(new, t.requires_grad) if table is module._parameters else new
-    return self
-
-
-def _same_shapes(a, b) -> bool:
-    """shared_prefix._same_media for planned rows (a group's rows share its image by construction; FSDP2's mixed
-    precision casts each row's pixels apart, and fake pixels have no values to compare)."""
-    return a.mm_inputs.keys() == b.mm_inputs.keys() and all(
-        a.mm_inputs[k].shape == b.mm_inputs[k].shape for k in a.mm_inputs)
-
-
-@contextlib.contextmanager
-def fake_mode():
-    """FakeTensorMode in which rllava's training forward runs on a Qwen-VL: integer tensors up to 2^24 elements
-    stay constants; transformers' `get_vision_*` helpers (a modeling module imported inside binds the wrapped
-    one) and rllava's shared-prefix layout run on real values (`_on_real_values`); all restored on exit."""
-    import rllava.model.forward as forward
-    import rllava.model.shared_prefix as shared_prefix
-
-    patches = [(mod, name, _on_real_values(getattr(mod, name))) for mod, name in _vision_helpers()
-               if getattr(mod, name).__module__ == "transformers.vision_utils"]
-    patches += [(forward, "prefix_layout", _on_real_values(forward.prefix_layout)),
-                (forward, "layout_inputs", _on_real_values(forward.layout_inputs, counted=("attention_mask",))),
-                (torch.nn.Module, "to", _module_to), (shared_prefix, "_same_media", _same_shapes),
-                (fake_tensor, "CONSTANT_NUMEL_LIMIT", 1 << 24)]
-    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
-    for mod, name, new in patches:
-        setattr(mod, name, new)
-    try:
-        with fake_tensor.FakeTensorMode(allow_non_fake_inputs=True):
-            yield
-    finally:
-        for mod, name, old in saved:
-            setattr(mod, name, old)
-        for mod, name in _vision_helpers():
-            setattr(mod, name, getattr(getattr(mod, name), "rllava_original", getattr(mod, name)))
-
-
-@contextlib.contextmanager
-def fake_world(world: int):
-    """A fake process group of `world` ranks (this process is rank 0; collectives return at once) and its CPU
-    device mesh, for FSDP2 to shard over; made outside the fake mode."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise RllavaError("the planner shards over a fake process group of its own: plan before torch.distributed "
-                          "is initialised (or in another process)")
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-    try:
-        yield init_device_mesh("cpu", (world,))
-    finally:
-        dist.destroy_process_group()
+    return Batch(trajectories=trajectories, **fake_constants(tensors))
 
 
 @dataclass
@@ -349,33 +173,38 @@ class Step:
     sync_bucket: int = 0  # vLLM / SGLang: bytes of one weight-sync bucket (rollout.bucket_size MB, whole tensors)
 
 
-def _rows(fixed: int, budget: int, length: int, dynamic: bool, cap: int) -> int:
-    """Sequences per forward: `fixed`, or with dynamic batching as many full-length rows as `budget` tokens hold
-    (rllava.roles.batching.token_budget_groups: at least one), at most `cap`."""
-    return max(1, min(budget // length if dynamic else fixed, cap))
+def _rows(batching, length: int, rows: int) -> int:
+    """Sequences in the first micro-batch the trainer's `batching` (a MicroBatching) splits `rows` sequences of
+    `length` tokens into: its size, or as many as its token budget holds (at least one)."""
+    from rllava.roles.batching import chunks, token_budget_groups
+
+    return len(chunks(rows, batching.size)[0] if batching.max_tokens is None else
+               token_budget_groups([length] * rows, batching.max_tokens, packed=batching.padding_free)[0])
 
 
 def step_of(cfg, config, world: int = 1, device: str = "cuda") -> Step:
     """`Step` of one rank from rllava's config `cfg`, the model's transformers `config`, the number of ranks and
-    the run's device (which engine `actor.strategy=auto` picks)."""
+    the run's device (which engine `actor.strategy=auto` picks). The micro-batches are the trainer's: the Actor's
+    MicroBatching of build_actor's keywords (builders._actor_batching), the reference's of builders._ref_batching."""
     from rllava.config.schema import resolve_strategy
+    from rllava.roles.batching import MicroBatching, chunks
+    from rllava.train.builders import _actor_batching, _ref_batching
 
-    a, d, fsdp, m, r = cfg.actor, cfg.data, cfg.actor.fsdp, cfg.actor.model, cfg.rollout
+    a, d, fsdp, r, b = cfg.actor, cfg.data, cfg.actor.fsdp, cfg.rollout, _actor_batching(cfg)
+    layout = (b["padding_free"], b["shared_prefix"])
     rows = max(1, d.train_batch_size * r.n // world)
-    mini = max(1, min(a.ppo_mini_batch_size * r.n // world, rows))
-    length, dyn = d.max_prompt_length + d.max_response_length, m.dynamic_batching
-    update = _rows(a.ppo_micro_batch_size, a.ppo_max_token_len_per_gpu, length, dyn, mini)
+    mini = len(chunks(rows, max(1, a.ppo_mini_batch_size * r.n // world))[0])  # build_actor's, per rank
+    length = d.max_prompt_length + d.max_response_length
+    update = _rows(MicroBatching(a.ppo_micro_batch_size, b["max_token_len"], *layout), length, mini)
     sharded = resolve_strategy(a.strategy, world, fsdp, device) != "single"
     host_opt = fsdp.enable_cpu_offload or (sharded and fsdp.offload_params)  # FSDP2: either is CPUOffloadPolicy
     return Step(prompt=d.max_prompt_length, response=d.max_response_length,
                 grid=image_grid(config, d.max_pixels, d.max_prompt_length),
                 gen_prompts=max(1, min(r.micro_batch_size, d.train_batch_size // world)), n=r.n,
-                logprob_rows=_rows(a.log_prob_micro_batch_size, a.log_prob_max_token_len_per_gpu, length, dyn, rows),
-                ref_rows=_rows(cfg.ref.log_prob_micro_batch_size, cfg.ref.log_prob_max_token_len_per_gpu, length, dyn,
-                               rows),
-                update_rows=update, accumulates=update < mini,
-                forward=dict(chunk_size=a.logprob_chunk_size, padding_free=m.padding_free,
-                             shared_prefix=m.use_shared_prefix),
+                logprob_rows=_rows(MicroBatching(a.log_prob_micro_batch_size, b["log_prob_max_token_len"], *layout),
+                                   length, rows),
+                ref_rows=_rows(_ref_batching(cfg), length, rows), update_rows=update, accumulates=update < mini,
+                forward=dict(chunk_size=b["logprob_chunk_size"], padding_free=layout[0], shared_prefix=layout[1]),
                 max_grad_norm=a.max_grad_norm,
                 optimizer_on_device=(not (fsdp.offload_optimizer or host_opt), not host_opt),
                 host_shards=sharded and host_opt, engine=r.name,
@@ -398,19 +227,9 @@ def prefill_pass(model, step: Step) -> int:
     """(a) the rollout's prefill: one generate call's prompts through the backbone, no grad (the KV cache it
     writes is counted by `kv_cache_bytes`). Under FSDP2 every unit is gathered first, for the whole rollout, as
     rllava's rollout_phase does: returns the gathered weights' bytes (the tracker files them as activations)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    groups = [g for g in (m._get_fsdp_state()._fsdp_param_group for m in model.modules() if isinstance(m, FSDPModule))
-              if g is not None]
-    for group in groups:
-        group.unshard()
-        group.wait_for_unshard()
-    gathered = sum(p.unsharded_param.numel() * p.unsharded_param.element_size() for g in groups for p in g.fsdp_params)
-    with torch.no_grad():
+    with gathered(model) as weights, torch.no_grad():
         getattr(model, model.base_model_prefix)(**model_inputs(model, step, step.gen_prompts, 0), use_cache=False)
-    for group in groups:
-        group.reshard()
-    return gathered
+    return weights
 
 
 def logprob_pass(model, step: Step, rows: int | None = None) -> None:
@@ -464,7 +283,7 @@ def optimizer_pass(model, optimizer, step: Step) -> None:
     params = [p for p in model.parameters() if p.grad is not None]
     grads = [_local(p.grad) for p in params]
     norm = torch.nn.utils.get_total_norm(grads, foreach=True)
-    torch._foreach_mul_(grads, (step.max_grad_norm / (norm + 1e-6)).clamp(max=1.0))
+    scale_(grads, (step.max_grad_norm / (norm + 1e-6)).clamp(max=1.0))
     if step.optimizer_on_device[1]:
         g, states = optimizer.param_groups[0], [optimizer.state[p] for p in params]
         adam([_local(p) for p in params], grads, *([_local(s[k]) for s in states]
@@ -480,63 +299,11 @@ COLUMNS = {"parameters": ("Parameter", "Buffer", "Sharded Param", "Unsharded Par
            "activations": ("Activation",), "temporaries": ("Temp", "Other", "All Gather", "Reduce Scatter", "Inputs")}
 
 
-class _DevicePeak:
-    """torch's memory trackers keeping only the peak of what is on the device: `host` kinds (COLUMNS' names) are
-    tracked but live in host memory in this phase. They skip the per-module peaks, which cost a pass over every
-    module at every op (minutes for a 3B model)."""
-    host: tuple[str, ...] = ()
-
-    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
-        # a frozen parameter (the reference, a frozen tower) takes no gradient hook: torch refuses one; a module
-        # mixing both leaves its parameters to its submodules' hooks
-        return super()._track_module_params_and_buffers(
-            module, install_grad_hooks=install_grad_hooks and all(p.requires_grad for p in module.parameters()))
-
-    def _on_device(self, snap: dict) -> int:
-        return snap["Total"] - sum(snap.get(k, 0) for k in self.host)
-
-    def __enter__(self):
-        super().__enter__()  # its peak so far is the Total on entry: only what is on the device counts here
-        self._peak_mem = {dev: self._on_device(snap) for dev, snap in self._peak_mem_snap.items()}
-        return self
-
-    def _update_peak_stats(self, peak_state) -> None:
-        for dev, snap in self._curr_mem_snap.items():
-            if self._peak_mem.get(dev, 0) < self._on_device(snap):
-                self._peak_mem[dev], self._peak_mem_snap[dev] = self._on_device(snap), dict(snap)
-
-
-class PeakTracker(_DevicePeak, MemTracker):
-    def _pre_fw_hook(self, module, inputs) -> None:
-        try:
-            super()._pre_fw_hook(module, inputs)
-        except NotImplementedError:  # a second forward of the root (several micro-batches): torch's per-module
-            self.reset_mod_stats()  # stats refuse it; the device-wide peak goes on
-            super()._pre_fw_hook(module, inputs)
-
-
-class FSDPPeakTracker(_DevicePeak, FSDPMemTracker):
-    def track_external(self, *modules) -> None:
-        """The shards of other FSDP2 modules (the reference; torch's FSDPMemTracker tracks its root's only)."""
-        from torch.distributed.fsdp import FSDPModule
-
-        for unit in (u for m in modules for u in m.modules() if isinstance(u, FSDPModule)):
-            if unit._get_fsdp_state()._fsdp_param_group:
-                self._instrument_fsdp_sharded_params_grads(unit._get_fsdp_state()._fsdp_param_group)
-
-
 def tracked(run, model, optimizer, *external, host: tuple[str, ...] = ()) -> dict[str, int]:
     """The peak bytes on the device of `run()` and, at that peak, the bytes of each kind (COLUMNS), measured by
     torch's MemTracker (FSDPMemTracker for an FSDP2 model); `model`, `optimizer` and `external` (modules) exist
     before `run` and are counted too, except the kinds in `host`."""
-    from torch.distributed.fsdp import FSDPModule
-
-    tracker = FSDPPeakTracker(model, optimizer) if isinstance(model, FSDPModule) else PeakTracker()
-    tracker.host = host
-    tracker.track_external(*external, *(() if isinstance(model, FSDPModule) else (model, optimizer)))
-    with tracker:
-        run()
-    snap = {k: v for dev in tracker.get_tracker_snapshot("peak").values() for k, v in dev.items()}
+    snap = device_peak(run, model, optimizer, *external, host=host)
     row = {c: sum(snap.get(k, 0) for k in kinds if k not in host) for c, kinds in COLUMNS.items()}
     return {**row, "peak": sum(row.values())}
 
@@ -599,7 +366,7 @@ def plannable(model):
 
     backbone = getattr(model, model.base_model_prefix)
     if hasattr(backbone, "get_rope_index"):
-        backbone.get_rope_index = _on_real_values(backbone.get_rope_index)
+        backbone.get_rope_index = on_real_values(backbone.get_rope_index)
     model.forward = types.MethodType(_token_logprobs, model)
     return model
 
@@ -622,6 +389,7 @@ def policy_from_config(cfg, device: str = "cuda"):
 def unplanned(cfg) -> list[str]:
     """What this config's step holds that the planner does not count, or counts another way, for the table."""
     from rllava.config.schema import resolve_strategy
+    from rllava.train.builders import needs_reference
 
     return [what for what, on in (
         ("the critic", cfg.critic is not None),
@@ -631,9 +399,9 @@ def unplanned(cfg) -> list[str]:
         ("actor.model.enable_activation_offload: checkpointed activations planned on the device",
          cfg.actor.model.enable_activation_offload),
         ("the exact KL's second model in the update (actor.kl_loss_type=full, algorithm.distill.loss=full): its "
-         "hidden states and the chunked vocabulary buffers", (cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_type ==
-         "full") or (cfg.algorithm.use_kl_in_reward and cfg.algorithm.kl_penalty == "full") or (
-             _distill_needs(cfg, "full_kl"))),
+         "hidden states and the chunked vocabulary buffers", needs_reference(cfg) and "full" in (
+             cfg.actor.kl_loss_type if cfg.algorithm.use_kl_loss else None,
+             cfg.algorithm.kl_penalty if cfg.algorithm.use_kl_in_reward else None) or _distill_needs(cfg, "full_kl")),
         ("algorithm.distill.offload: the teachers planned resident", cfg.algorithm.distill.offload),
         (f"algorithm.distill.engine={cfg.algorithm.distill.engine}: the teacher's engine and its share of the GPU",
          cfg.algorithm.distill.engine != "hf")) if on]
@@ -690,10 +458,13 @@ def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1
     if world > 1 and strategy == "single":
         raise RllavaError(f"--world-size {world} with actor.strategy=single: several ranks shard with fsdp2 "
                           "(actor.strategy=auto or fsdp2)")
+    if strategy != "single" and torch.distributed.is_initialized():  # FSDP2 shards over a fake group of its own
+        raise RllavaError("the planner shards over a fake process group of its own: plan before torch.distributed "
+                          "is initialised (or in another process)")
     if cfg.rollout.name != "hf" and gpu_bytes is None:
         raise RllavaError(f"rollout.name={cfg.rollout.name} reserves a fraction of the GPU while it samples: give "
                           "--gpu-memory")
-    with (fake_world(world) if strategy != "single" else contextlib.nullcontext()) as mesh, fake_mode():
+    with (fake_process_group(world) if strategy != "single" else contextlib.nullcontext()) as mesh, fake_mode():
         model, config = policy_from_config(cfg, device)
         step = step_of(cfg, config, world, device)
         shard = None if mesh is None else functools.partial(
@@ -759,57 +530,3 @@ def suggest(overrides: list[str], gpu_bytes: int, device: str = "cuda", world: i
     return tried
 
 
-def parse_size(text: str) -> int:
-    """'24GiB', '80GB', '24G', '512MiB' or a number of bytes -> bytes (GB and G are read as GiB, as GPUs are sold)."""
-    match = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?)(i?B)?\s*", text, re.IGNORECASE)
-    if not match:
-        raise RllavaError(f"--gpu-memory={text!r}: expected a size such as 24GiB or 80GB")
-    return int(float(match.group(1)) * 1024 ** "_KMGT".index(match.group(2).upper() or "_"))
-
-
-def show(n: int) -> str:
-    return f"{n / GiB:.2f} GiB" if n >= GiB / 10 else f"{n / 2 ** 20:.1f} MiB"
-
-
-def table(rows: list[dict], gpu_bytes: int | None) -> str:
-    """The plan as one text table: a row per phase, a column per kind of memory, the peak and whether it fits."""
-    cols = ["parameters", "gradients", "optimizer", "activations", "kv_cache", "temporaries", "peak"]
-    head = ["phase", *cols] + (["fits"] if gpu_bytes else [])
-    body = [[r["phase"], *(show(r[c]) for c in cols)] + (["yes" if r["fits"] else "NO"] if gpu_bytes else [])
-            for r in rows]
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-    lines = ["  ".join(str(x).rjust(w) for x, w in zip(line, widths)) for line in [head, *body]]
-    peak = max(r["peak"] for r in rows)
-    verdict = "" if not gpu_bytes else f" of {show(gpu_bytes)}: {'fits' if peak <= gpu_bytes else 'does NOT fit'}"
-    return "\n".join(lines + [f"step peak {show(peak)}{verdict} (tensors only: add ~1-2 GiB for the CUDA context "
-                                  "and the allocator's cache)"])
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.commands.memory", description=__doc__.split("\n\n")[0])
-    parser.add_argument("overrides", nargs="*", help="config=FILE and key=value overrides, as for training")
-    parser.add_argument("--gpu-memory", type=str, default=None, help="the GPU's memory, e.g. 24GiB or 80GB")
-    parser.add_argument("--world-size", type=int, default=1, help="GPUs the run shards over (FSDP2), as torchrun's")
-    args = parser.parse_intermixed_args(argv)
-    try:
-        from rllava.config import load_config
-
-        gpu = parse_size(args.gpu_memory) if args.gpu_memory else None
-        cfg = load_config(args.overrides)
-        if args.world_size < 1:
-            raise RllavaError(f"--world-size={args.world_size} must be at least 1")
-        for what in unplanned(cfg):
-            print(f"note: {what}")
-        rows = plan(cfg, gpu, world=args.world_size)
-        print(table(rows, gpu))
-        if gpu and max(r["peak"] for r in rows) > gpu:
-            print("changes, each planned again:")
-            for change, peak in suggest(args.overrides, gpu, world=args.world_size):
-                print(f"  {change}: step peak {show(peak)} ({'fits' if peak <= gpu else 'does NOT fit'})")
-    except RllavaError as e:
-        print(f"rllava: error: {e}", file=sys.stderr)
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,3 @@
+from rllava.commands.memory import main
+
+main()
