@@ -298,9 +298,8 @@ def logprobs_from_hidden(head, h: torch.Tensor, labels: torch.Tensor, *, tempera
         outs = [_chunk_logprobs(fn, h[s:s + step], labels[s:s + step], temperature, with_entropy, entropy_grad)
                 for s in range(0, len(h), step)]
     if not outs:  # no trained token in this micro-batch (an HPT group trained on its demonstration instead): a
-        # zero that still reaches the head and the backbone, so the backward runs, and under FSDP / ZeRO-3 its
-        # collectives run like every other rank's
-        fn = functools.partial(torch.nn.functional.linear, weight=head.weight) if plain else head
+        # zero that still reaches the head (`fn`, as the no-grad branch took it) and the backbone, so the backward
+        # runs, and under FSDP / ZeRO-3 its collectives run like every other rank's
         outs = [(fn(h).sum(-1).float() * 0,) * (2 if with_entropy else 1)]
     cols = [torch.cat(col) for col in zip(*outs)]
     return cols[0], (cols[1] if with_entropy else None)

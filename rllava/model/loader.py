@@ -7,6 +7,7 @@ modular VLM of `rllava.model.modular` too, registered with the Auto classes on i
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
@@ -161,8 +162,6 @@ def load_frozen(path: str | None, device: torch.device, *, key: str, dtype: torc
     policy when its train `engine` shards (FSDP2, ZeRO-3: `shard_frozen`), else on `device` (host memory with
     `offload`: it is brought to the device for its passes)."""
     if path is None:
-        import copy
-
         model = copy.deepcopy(copy_of)
     else:
         model = load_model(path, dtype=dtype, attn_implementation=attn_implementation,

@@ -98,12 +98,9 @@ def _name_processor_class(path: str, name: str) -> None:
             json.dump(config, f, indent=2, ensure_ascii=False)
 
 
-IMAGE_ONLY_CLASSES = {image_only_name: arch for arch, image_only_name in [
-    ("qwen2_vl", "Qwen2VLImageOnlyProcessor"), ("qwen2_5_vl", "Qwen2_5_VLImageOnlyProcessor"),
-    ("qwen3_vl", "Qwen3VLImageOnlyProcessor")]}
-
-
 STANDARD_CLASSES = {"Qwen2VLProcessor": "qwen2_vl", "Qwen2_5_VLProcessor": "qwen2_5_vl", "Qwen3VLProcessor": "qwen3_vl"}
+# the names `image_only_processor_class` gives them
+IMAGE_ONLY_CLASSES = {name.replace("Processor", "ImageOnlyProcessor"): arch for name, arch in STANDARD_CLASSES.items()}
 
 
 def _read_json(path: str) -> dict:
