@@ -228,9 +228,9 @@ def _write(path: str, value) -> None:
         f.write(str(value))
 
 
-def _signal(pid: int, sig=signal.SIGKILL) -> None:
+def _signal(pid: int) -> None:
     try:
-        os.kill(pid, sig)
+        os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
 

@@ -260,11 +260,8 @@ class PromptDataset:
             raise DataError(f"{where}: has images in data.image_key={self.cfg.image_key!r} but the model's processor "
                             f"({type(self.processor).__name__}) takes no image input: point actor.model.model_path "
                             "(and tokenizer_path) at a vision-language model")
-        videos = []
-        if self.has_videos:
-            for j, obj in enumerate(normalize_image_list(record[self.cfg.video_key])):
-                videos.append(load_video(obj, self.video_spec, base_dir=self.image_dir,
-                                         where=f"{where}, {self.cfg.video_key}[{j}]"))
+        videos = [load_video(obj, self.video_spec, base_dir=self.image_dir, where=f"{where}, {self.cfg.video_key}[{j}]")
+                  for j, obj in enumerate(normalize_image_list(record[self.cfg.video_key]))] if self.has_videos else []
         extra = {k: v for k, v in fields.items() if k not in (self.cfg.prompt_key, self.cfg.answer_key)}
         answer = record[self.cfg.answer_key]
         keys = {"image": self.cfg.image_key, "video": self.cfg.video_key}

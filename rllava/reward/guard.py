@@ -35,7 +35,6 @@ from typing import Any, Callable
 
 from rllava.errors import RllavaError
 
-
 HANG_LIMIT = 3  # calls in a row past reward.timeout: the function hangs, the run stops
 
 
