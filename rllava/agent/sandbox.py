@@ -763,11 +763,8 @@ def _kill_weak(seen: dict) -> None:
         pid = json.loads(bytes(seen["result"][:64]).split(b"\n", 1)[0]).get("pgid")  # {"pgid": N}: short
     except (ValueError, AttributeError):
         pid = None
-    if isinstance(pid, int) and pid > 1:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    if isinstance(pid, int) and pid > 1:  # kill(0) and kill(-1) would be this process's group and all it may signal
+        _signal(-pid)  # kill(2) of -pgid: the whole group
 
 
 def _result(seen: dict, hits: dict, limits: Limits, guards: dict) -> Result:
