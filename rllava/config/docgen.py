@@ -17,12 +17,8 @@ _FIELD = re.compile(r"^    (\w+): [^#]*?(?:#\s*(.*))?$")
 
 
 def _comments(cls) -> dict[str, str]:
-    out = {}
-    for line in inspect.getsource(cls).splitlines():
-        m = _FIELD.match(line)
-        if m:
-            out[m.group(1)] = (m.group(2) or "").strip()
-    return out
+    """Field name -> the comment beside its line in the class's source."""
+    return {m.group(1): (m.group(2) or "").strip() for m in map(_FIELD.match, inspect.getsource(cls).splitlines()) if m}
 
 
 def _default(f):
@@ -39,11 +35,9 @@ def _rows(cls, prefix: str):
     for f in fields(cls):
         key, tp = prefix + f.name, hints[f.name]
         sub = next((a for a in (tp, *typing.get_args(tp)) if is_dataclass(a)), None)
+        yield key, _default(f), comments.get(f.name, ""), sub is not None
         if sub is not None:
-            yield key, _default(f), comments.get(f.name, ""), True
             yield from _rows(sub, key + ".")
-        else:
-            yield key, _default(f), comments.get(f.name, ""), False
 
 
 def render() -> str:

@@ -220,9 +220,8 @@ class DistillConfig:  # rllava: on-policy distillation (rllava.algorithms.distil
         if bool(self.teachers) != bool(self.route_field):
             p.append(f"{prefix}.teachers and {prefix}.route_field go together: the field's value picks a teacher "
                      f"(e.g. {prefix}.route_field=data_source {prefix}.teachers='{{chart: /models/a}}')")
-        on = self.on
         for key in ("loss", "coef", "use_reward", "engine", "offload", "engine_kwargs"):
-            if not on and getattr(self, key) != getattr(DistillConfig(), key):
+            if not self.on and getattr(self, key) != getattr(DistillConfig(), key):
                 p.append(f"{prefix}.{key}={_show(getattr(self, key))} is read only with a teacher: set "
                          f"{prefix}.teacher_path (or {prefix}.teachers)")
         if self.engine != "hf" and self.loss == "full":
@@ -404,8 +403,7 @@ class OptimConfig:
         if self.lr > 0 and not math.isfinite(self.lr):
             p.append(f"{prefix}.lr={self.lr} must be a finite number, e.g. 1e-6")
         _available(p, f"{prefix}.strategy", self.strategy, OPTIMIZERS, OPTIMIZERS_PLANNED)
-        cosine = self.lr_scheduler_type == "cosine"
-        if not cosine and (self.min_lr_ratio is not None or self.num_cycles != 0.5):
+        if self.lr_scheduler_type != "cosine" and (self.min_lr_ratio is not None or self.num_cycles != 0.5):
             which = "min_lr_ratio" if self.min_lr_ratio is not None else "num_cycles"
             p.append(f"{prefix}.{which}={_show(getattr(self, which))} is read only by {prefix}.lr_scheduler_type=cosine "
                      f"(it is {self.lr_scheduler_type})")
