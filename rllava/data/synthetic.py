@@ -165,13 +165,13 @@ def to_grid(box: list[int], size: int) -> list[int]:
     return [round(v * 1000 / size) for v in box]
 
 
-def _counting(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Image, dict]:
-    count = 1 + i % MAX_COUNT  # balanced; `_write_splits` shuffles the order through `order`
+def _counting(rng: random.Random, i: int, size: int) -> tuple[Image.Image, dict]:
+    count = 1 + i % MAX_COUNT  # balanced; `make_dataset` shuffles the order through `order`
     return draw_counting_image(rng, count, size), {"problem": COUNTING_QUESTION, "answer": str(count),
                                                    "solution": f"<answer>{count}</answer>"}
 
 
-def _grounding(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Image, dict]:
+def _grounding(rng: random.Random, i: int, size: int) -> tuple[Image.Image, dict]:
     shapes = _grid_layout(rng, rng.randint(1, 2), size)
     colors = rng.sample(tuple(COLORS), len(shapes))  # distinct colours: "the red circle" names one shape
     k = rng.randrange(len(shapes))
@@ -182,7 +182,7 @@ def _grounding(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Ima
         "solution": "<answer>[{}, {}, {}, {}]</answer>".format(*to_grid(box, size))}
 
 
-def _ovd(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Image, dict]:
+def _ovd(rng: random.Random, i: int, size: int) -> tuple[Image.Image, dict]:
     category = KINDS[i % len(KINDS)]
     shapes = []
     while not 1 <= sum(s[0] == category for s in shapes) <= 2:
@@ -212,7 +212,7 @@ def latex(q: Fraction) -> str:
     return str(q.numerator) if q.denominator == 1 else f"\\frac{{{q.numerator}}}{{{q.denominator}}}"
 
 
-def _math(rng: random.Random, i: int, n: int, size: int) -> tuple[Image.Image, dict]:
+def _math(rng: random.Random, i: int, size: int) -> tuple[Image.Image, dict]:
     img = Image.new("RGB", (size, size), BACKGROUND)
     draw = ImageDraw.Draw(img)
     color = COLORS[rng.choice(tuple(COLORS))]
@@ -264,7 +264,7 @@ def agent_search_split(seed: int) -> set[tuple[str, int]]:
     return set(random.Random(f"agent_search-heldout-{seed}").sample(facts, len(facts) // 4))
 
 
-def _agent_search(rng: random.Random, i: int, n: int, size: int, *, split: str, seed: int):
+def _agent_search(rng: random.Random, i: int, size: int, *, split: str, seed: int):
     world, heldout = agent_search_world(seed), agent_search_split(seed)
     facts = sorted(f for f in world if (f in heldout) == (split == "val"))
     entity, day = facts[rng.randrange(len(facts))]
@@ -310,7 +310,7 @@ def degrade(image: Image.Image, op: str) -> Image.Image:
     return ImageEnhance.Brightness(image).enhance(DARKEN)
 
 
-def _agent_code(rng: random.Random, i: int, n: int, size: int, *, split: str, seed: int):
+def _agent_code(rng: random.Random, i: int, size: int, *, split: str, seed: int):
     upper, lower = rng.sample(sorted(COLORS), 2)
     bar = max(2, size // 10)
     r = round(rng.uniform(11, 14) * size / 112)
@@ -354,7 +354,7 @@ def make_dataset(task: str, out_dir: str, n_train: int = 4000, n_val: int = 200,
                 for j, i in enumerate(order):
                     rel = f"images/{split}_{j:05d}.png"
                     extra = {"split": split, "seed": seed} if task in SPLIT_AWARE else {}
-                    image, fields = TASKS[task](rng, i, n, size, **extra)
+                    image, fields = TASKS[task](rng, i, size, **extra)
                     image.save(os.path.join(tmp, rel), format="PNG")
                     f.write(json.dumps({"images": [rel], **fields}) + "\n")
         if task in EXTRA_FILES:
