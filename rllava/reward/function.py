@@ -212,10 +212,10 @@ def _as_scores(result: Any) -> dict[str, float] | str:
 
 class Fallible:
     """A reward source's failure policy (reward.strict / reward.fallback_score): a sample whose scoring failed
-    either stops the run with the line naming it, or gets the fallback score and is counted in `errors`."""
+    stops the run with a line naming the source (`name`) and sample, or scores the fallback, counted in `errors`."""
 
-    def __init__(self, strict: bool = False, fallback_score: float = 0.0):
-        self.strict, self.fallback_score = strict, float(fallback_score)
+    def __init__(self, name: str, strict: bool = False, fallback_score: float = 0.0):
+        self.name, self.strict, self.fallback_score = name, strict, float(fallback_score)
         self.errors, self.last_error = 0, None  # samples given the fallback so far, and the latest one's line
 
     def fail(self, message: str) -> dict[str, float]:
@@ -224,6 +224,13 @@ class Fallible:
         log.warning("%s: scored %g (reward.strict=false)", message, self.fallback_score)
         self.errors, self.last_error = self.errors + 1, message
         return {"overall": self.fallback_score}
+
+    def finish(self, results: list[dict[str, float] | str], trajectories: list[Trajectory], where: str | None = None):
+        """(scores [B], details): each sample's scores as they are, or its problem (a string) through `fail`, named
+        by the sample (or `where`)."""
+        details = [self.fail(f"{self.name}, {where or f'sample {t.sample.index}'}: {r}") if isinstance(r, str) else r
+                   for r, t in zip(results, trajectories)]
+        return torch.tensor([d["overall"] for d in details], dtype=torch.float32), details
 
 
 class RewardFunction(Fallible):
@@ -237,7 +244,7 @@ class RewardFunction(Fallible):
         _check_kwargs(self.fn, self.kwargs, spec, kwargs_key)
         self.fields = _sample_params(self.fn, self.kwargs, self.reward_type)  # filled per sample by name
         self.heavy = [k for k in self.fields if k in HEAVY]
-        super().__init__(strict, fallback_score)
+        super().__init__(f"reward function {spec}", strict, fallback_score)
         self.runner = make_runner(partial(self.fn, **self.kwargs), timeout, num_cpus, f"{key}={spec}")
 
     def score(self, trajectories: list[Trajectory], train: bool = False) -> tuple[torch.Tensor, list[dict[str, float]]]:
@@ -245,19 +252,16 @@ class RewardFunction(Fallible):
         training and validation alike: `train` is part of the source interface, see rllava.reward.scoring)."""
         fields = [sample_fields(t, self.heavy) for t in trajectories]
         if self.reward_type == "batch":
-            details = self._score_batch(trajectories, fields)
-        else:
-            calls = [((t.response, t.sample.ground_truth) if self.reward_type == "named" else (self._light(f),),
-                      {k: f[k] for k in self.fields if k in f}) for t, f in zip(trajectories, fields)]
-            details = [self._checked(o.error or _as_scores(o.value), t)
-                       for o, t in zip(self.runner.run(calls), trajectories)]
-        return torch.tensor([d["overall"] for d in details], dtype=torch.float32), details
+            return self._score_batch(trajectories, fields)
+        calls = [((t.response, t.sample.ground_truth) if self.reward_type == "named" else (self._light(f),),
+                  {k: f[k] for k in self.fields if k in f}) for t, f in zip(trajectories, fields)]
+        return self.finish([o.error or _as_scores(o.value) for o in self.runner.run(calls)], trajectories)
 
     @staticmethod
     def _light(fields: dict) -> dict:
         return {k: v for k, v in fields.items() if k not in HEAVY}
 
-    def _score_batch(self, trajectories: list[Trajectory], fields: list[dict]) -> list[dict[str, float]]:
+    def _score_batch(self, trajectories: list[Trajectory], fields: list[dict]):
         named = {k: [f[k] for f in fields] for k in self.heavy}  # images / videos: one entry per input
         (outcome,) = self.runner.run([(([self._light(f) for f in fields],), named)])
         results, problem = outcome.value, outcome.error
@@ -266,14 +270,8 @@ class RewardFunction(Fallible):
             problem = f"returned {type(results).__name__}{size}: expected a list of {len(trajectories)} results"
         if problem is not None:  # the whole batch failed: every sample shares the report
             first, last = trajectories[0].sample.index, trajectories[-1].sample.index
-            return [self._checked(problem, t, where=f"the batch (samples {first}..{last})") for t in trajectories]
-        return [self._checked(_as_scores(r), t) for r, t in zip(results, trajectories)]
-
-    def _checked(self, scores: dict[str, float] | str, t: Trajectory, where: str | None = None) -> dict[str, float]:
-        """Scores as they are, or a problem (a string): raised (reward.strict) or the sample given the fallback."""
-        if not isinstance(scores, str):
-            return scores
-        return self.fail(f"reward function {self.spec}, {where or f'sample {t.sample.index}'}: {scores}")
+            return self.finish([problem] * len(trajectories), trajectories, f"the batch (samples {first}..{last})")
+        return self.finish([_as_scores(r) for r in results], trajectories)
 
     def close(self) -> None:
         """Stop the worker processes (reward.num_cpus > 1)."""

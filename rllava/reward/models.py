@@ -2,9 +2,9 @@
 
 Each is a reward *source* with the Reward role's interface (`rllava.reward.function.RewardFunction` is one too):
 `score(trajectories, train=False) -> (scores [B], details)`, one dict of named floats with `overall` per sample;
-`errors` / `last_error`, the samples given reward.fallback_score (reward.strict=false); `close()`. Models load from a local HF directory
-through the actor's loading code (`rllava.model.loader`), on the run's device, in `torch_dtype` (null = float32
-on CPU, bfloat16 on GPU), frozen, and run without gradients.
+`errors` / `last_error`, the samples given reward.fallback_score (reward.strict=false); `close()`. Models load from a
+local HF directory through the actor's loading code (`rllava.model.loader`), on the run's device, in `torch_dtype`
+(null = float32 on CPU, bfloat16 on GPU), frozen, and run without gradients.
 
 - classifier (a reward model): a sequence-classification checkpoint with one label (`num_labels=1`, as
   Skywork-Reward and verl's reward models); score = its logit for the prompt + response in the model's own chat
@@ -54,15 +54,6 @@ MINILM = "all-MiniLM-L6-v2"
 
 class _Source(Fallible):
     """Shared by the three: one problem per sample either raises (reward.strict) or gives that sample the fallback."""
-
-    def __init__(self, name: str, strict: bool = False, fallback_score: float = 0.0):
-        super().__init__(strict, fallback_score)
-        self.name = name
-
-    def _finish(self, results: list[dict[str, float] | str], trajectories: list[Trajectory]):
-        details = [self.fail(f"{self.name}, sample {t.sample.index}: {r}") if isinstance(r, str) else r
-                   for r, t in zip(results, trajectories)]
-        return torch.tensor([d["overall"] for d in details], dtype=torch.float32), details
 
     def _finite(self, value: float) -> dict[str, float] | str:
         return {"overall": value} if math.isfinite(value) else f"the model's score is {value}"
@@ -120,7 +111,7 @@ class ClassifierReward(_Source):
                 enc = self.processor(texts, padding=True, add_special_tokens=False, return_tensors="pt")
             out = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits  # [b, 1]
             logits += out[:, 0].float().tolist()
-        return self._finish([self._finite(x) for x in logits], trajectories)
+        return self.finish([self._finite(x) for x in logits], trajectories)
 
 
 class JudgeReward(_Source):
@@ -174,7 +165,7 @@ class JudgeReward(_Source):
         else:
             results = [self.verdict(x) for x in texts]
         shown = [x if len(x) <= 200 else x[:197] + "..." for x in texts]
-        return self._finish([r if not isinstance(r, str) else f"{r}; the judge wrote {x!r}"
+        return self.finish([r if not isinstance(r, str) else f"{r}; the judge wrote {x!r}"
                              for r, x in zip(results, shown)], trajectories)
 
     def close(self) -> None:
@@ -205,7 +196,7 @@ class EmbeddingReward(_Source):
         refs = [self._render(self.reference, "reference", t) for t in trajectories]
         e = embed([t.response for t in trajectories] + refs)  # [2B, 384], unit vectors
         cos = (e[:len(trajectories)] * e[len(trajectories):]).sum(-1)
-        return self._finish([self._finite(float(c)) for c in cos], trajectories)
+        return self.finish([self._finite(float(c)) for c in cos], trajectories)
 
 
 def build_model_reward(entry, cfg, device: torch.device, key: str = "reward.model"):
