@@ -110,8 +110,7 @@ class DeepSpeedEngine:
     def __init__(self, device: torch.device, max_grad_norm: float, *, deepspeed_config,
                  offload_params: bool = False, offload_optimizer: bool = False):
         self.deepspeed = import_deepspeed()
-        self.device, self.max_grad_norm = device, max_grad_norm
-        self.cfg = deepspeed_config
+        self.device, self.max_grad_norm, self.cfg = device, max_grad_norm, deepspeed_config
         self.offload_params, self.offload_optimizer = offload_params, offload_optimizer
         self.model = self.optimizer = self.scheduler = self.ds = None
 

@@ -67,8 +67,7 @@ def optimizer_on_device(optimizer: torch.optim.Optimizer, device: torch.device, 
 class SingleDeviceEngine:
     def __init__(self, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None = None, *,
                  offload_params: bool = False, offload_optimizer: bool = False, cpu_optimizer: bool = False):
-        self.device = device
-        self.max_grad_norm = max_grad_norm
+        self.device, self.max_grad_norm = device, max_grad_norm
         self.skip_grad_norm = skip_grad_norm  # skip the update when the pre-clip norm exceeds it (or is not finite)
         self.offload_params, self.offload_optimizer, self.cpu_optimizer = offload_params, offload_optimizer, cpu_optimizer
         self.model = self.optimizer = self.scheduler = None
