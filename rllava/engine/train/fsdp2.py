@@ -29,7 +29,7 @@ import torch
 from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard,
                                     register_fsdp_forward_method)
 
-from rllava.engine.train.single import clipped_step, optimizer_on_device
+from rllava.engine.train.single import SingleDeviceEngine, clipped_step
 from rllava.errors import ConfigError
 from rllava.model.forward import FSDP_FORWARD_METHOD, _token_logprobs
 
@@ -113,10 +113,7 @@ class FSDP2Engine:
         return clipped_step(self.model, self.optimizer, self.scheduler, self.max_grad_norm, self.skip_grad_norm,
                             self.optimizer.step)
 
-    @contextmanager
-    def update_phase(self):
-        with optimizer_on_device(self.optimizer, self.device, self.offload_optimizer and not self.cpu_optimizer):
-            yield
+    update_phase = SingleDeviceEngine.update_phase
 
     @contextmanager
     def rollout_phase(self, shares_model: bool):

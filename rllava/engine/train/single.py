@@ -102,9 +102,9 @@ class SingleDeviceEngine:
 
     @contextmanager
     def update_phase(self):
-        """The optimizer steps of one training stage: optimizer state on the device inside (offload_optimizer)."""
-        # a CPU optimizer's state never leaves the CPU
-        with optimizer_on_device(self.optimizer, self.device, self.offload_optimizer and not self.masters):
+        """The optimizer steps of one training stage: optimizer state on the device inside (offload_optimizer); a
+        CPU optimizer's state never leaves the CPU. (The FSDP2 engine's too.)"""
+        with optimizer_on_device(self.optimizer, self.device, self.offload_optimizer and not self.cpu_optimizer):
             yield
 
     @contextmanager
