@@ -188,16 +188,16 @@ def trained_hidden(model, batch: Batch, *, padding_free: bool = False,
     shared = shared_prefix_inputs(model, batch, padding_free) if shared_prefix else None
     if shared is not None:
         inputs, layout = shared
-        inputs, zero = _media_first(backbone, inputs)
-        hidden = backbone(**inputs, use_cache=False).last_hidden_state  # [R, L, H]
-        hidden = hidden.flatten(0, 1)[layout.index.to(hidden.device)[:, :-1][target]]
-    elif not padding_free:
-        inputs, zero = _media_first(backbone, model_inputs(model, batch))
-        hidden = backbone(**inputs, use_cache=False).last_hidden_state[:, :-1][target]  # [B, T, H] -> [N, H]
     else:
-        inputs, zero = _media_first(backbone, packed_inputs(model, batch))
-        hidden = backbone(**inputs, use_cache=False).last_hidden_state[0]  # [L, H]
-        hidden = hidden[packed_index(batch.attention_mask)[:, :-1][target]]
+        inputs = packed_inputs(model, batch) if padding_free else model_inputs(model, batch)
+    inputs, zero = _media_first(backbone, inputs)
+    hidden = backbone(**inputs, use_cache=False).last_hidden_state  # [R, L, H] shared, [1, L, H] packed, [B, T, H]
+    if shared is not None:  # -> [N, H], the trained positions
+        hidden = hidden.flatten(0, 1)[layout.index.to(hidden.device)[:, :-1][target]]
+    elif padding_free:
+        hidden = hidden[0][packed_index(batch.attention_mask)[:, :-1][target]]
+    else:
+        hidden = hidden[:, :-1][target]
     return (hidden if zero is None else hidden + zero.to(hidden.dtype)), target
 
 
