@@ -60,8 +60,7 @@ def grpo(scores, group_ids, mask, *, norm_adv_by_std_in_grpo: bool = True, eps: 
     """
     mean, std, n = group_stats(scores, group_ids)
     single = n == 1
-    mean = torch.where(single, torch.zeros_like(mean), mean)
-    std = torch.where(single, torch.ones_like(std), std)
+    mean, std = torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
     adv = scores - mean
     if norm_adv_by_std_in_grpo:
         adv = adv / (std + eps)
