@@ -212,8 +212,7 @@ def luffy(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: floa
     `actor.off_policy_reshape` picks f (`p_div_p_0.1`: gamma = 0.1, LUFFY's default; see `reshape`);
     `actor.loss_remove_clip=true` drops the clip on the own tokens too (LUFFY's script, with Dr.GRPO's
     `actor.loss_agg_mode=seq-mean-token-sum-norm`). `actor.off_policy_max_clip` / `off_policy_min_clip` clamp f
-    (-1: off); `actor.all_max_clip` drops every token with p > it from the loss (RLLaVA also drops it from the
-    aggregation's token count; rllava's normaliser still counts it).
+    (-1: off); `actor.all_max_clip` drops every token with p > it from the loss (not from the normaliser's count).
     Metrics: `on_pg_loss`, `off_pg_loss`, `on_policy_prob`, `off_policy_prob` (mean p on each side),
     `pg_clipfrac` (own tokens), `ppo_kl`.
 
@@ -251,9 +250,8 @@ def srft(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float
     `compute_policy_loss_srft`), whatever its advantage: in a group where every rollout is right GRPO's
     advantages are 0, and SRFT still reinforces them. g_t = log p_t (`actor.srft_type=paper`), p_t (`exp`), r_t
     (`classic_rl`) or log p_t - log p_old (`minus_old`). The ratio of `classic_rl` is clamped to
-    [1 - eps_low, max(clip_upper_bound, 1 + eps_high)] on the pessimistic side unless `actor.loss_remove_clip`
-    (RLLaVA clamps log p to that range too, which leaves a wrong rollout's tokens without gradient; rllava does
-    not). `actor.off_policy_max_clip` / `off_policy_min_clip` / `all_max_clip` as in `luffy`.
+    [1 - eps_low, max(clip_upper_bound, 1 + eps_high)] on the pessimistic side unless `actor.loss_remove_clip`.
+    `actor.off_policy_max_clip` / `off_policy_min_clip` / `all_max_clip` as in `luffy`.
     Metrics: as `luffy`, plus `srft_on_coef` (mean w_RL of the own rollouts) and `srft_entropy` (their mean H).
 
     Reference: RLLaVA's rllava/ppo/plugins/policy_loss.py `compute_policy_loss_srft` L356-485 (TinyLoopX/RLLaVA@4753d4a;
@@ -337,8 +335,7 @@ def _ppo_on_own_tokens(name: str):
 @register_policy_loss("chord")
 def chord(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
           loss_remove_clip: bool = False, clip_ratio_c: float = 3.0):
-    return _own_ppo(inp, clip_ratio_low, clip_ratio_high, loss_remove_clip,
-                    None if loss_remove_clip else clip_ratio_c)
+    return _own_ppo(inp, clip_ratio_low, clip_ratio_high, loss_remove_clip, None if loss_remove_clip else clip_ratio_c)
 
 
 chord.__doc__ = _doc("chord", "L_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high)), capped at -A_t c "

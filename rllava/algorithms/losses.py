@@ -66,8 +66,7 @@ def _clipped_surrogate(adv: torch.Tensor, ratio: torch.Tensor, low: float, high:
 
 def _ppo_metrics(clipped: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """`pg_clipfrac` (fraction of tokens clipped) and `ppo_kl` = mean(logp_old - logp), k1 of KL(old || new)."""
-    return {"pg_clipfrac": masked_mean(clipped.float(), mask),
-            "ppo_kl": masked_mean(-log_ratio.detach(), mask)}
+    return {"pg_clipfrac": masked_mean(clipped.float(), mask), "ppo_kl": masked_mean(-log_ratio.detach(), mask)}
 
 
 def _centered_cov(adv: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -79,8 +78,7 @@ def _centered_cov(adv: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor)
 
 
 @register_policy_loss("vanilla")
-def vanilla(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-            clip_ratio_c: float = 3.0):
+def vanilla(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0):
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) with dual clip (Ye et al. 2020,
     arXiv:1912.09729).
 
