@@ -328,7 +328,7 @@ def sapo(inp: LossInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05):
                                        "ppo_kl": masked_mean(-log_ratio.detach(), inp.mask)}
 
 
-@register_policy_loss("decoupled_ppo")
+@register_policy_loss("decoupled_ppo", reads=("rollout_logprobs",))
 def decoupled_ppo(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
                   clip_ratio_c: float | None = None, behav_imp_weight_cap: float | None = None):
     """Decoupled PPO (Fu et al. 2025, "AReaL", arXiv:2505.24298, eq. 5): three policies - the behaviour policy that

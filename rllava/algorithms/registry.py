@@ -37,9 +37,14 @@ def register_adv_estimator(name: str):
     return _register(ADV_ESTIMATORS, "advantage estimator", name)
 
 
-def register_policy_loss(name: str):
-    """Register `fn(inputs: LossInputs, *, params) -> (per_token_loss [B, T], metrics)` as `name`."""
-    return _register(POLICY_LOSSES, "policy loss", name)
+def register_policy_loss(name: str, *, reads: tuple[str, ...] = ()):
+    """Register `fn(inputs: LossInputs, *, params) -> (per_token_loss [B, T], metrics)` as `name`; `reads`: the
+    LossInputs fields it reads that the Actor fills only when asked (`rollout_logprobs`: the behaviour policy's
+    log-probs, with the sampler/trainer mismatch metrics, as rollout correction has them)."""
+    def wrap(fn):
+        fn.reads = reads
+        return _register(POLICY_LOSSES, "policy loss", name)(fn)
+    return wrap
 
 
 def register_distill_loss(name: str, *, reads: tuple[str, ...]):

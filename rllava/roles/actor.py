@@ -181,7 +181,8 @@ class Actor:
         aggregation's normalisers still count them. Distillation's weights: when the RL term is corrected or the
         samples are stale (token level if rollout_is=none; a full_kl loss: sequence level only, as
         `rllava.algorithms.distill` says why). Also logs the sampler/trainer mismatch (`mismatch_*`) then."""
-        decoupled = getattr(self.algorithm, "loss_name", None) == "decoupled_ppo"
+        reads = getattr(getattr(self.algorithm, "loss_fn", None), "reads", ())
+        decoupled = "rollout_logprobs" in reads  # a loss with its own IS weight (decoupled_ppo: AReaL)
         if self.rollout_is == "none" and self.rollout_rs is None and not decoupled and not self.off_policy:
             return mask, None, None, {}
         rollout = micro.need("rollout_logprobs")

@@ -6,6 +6,7 @@ Every pipeline (RLVR, SFT, hybrids, agents) builds from these; none of them hold
 from __future__ import annotations
 
 import copy
+import importlib
 import logging
 import math
 import os
@@ -30,7 +31,6 @@ from rllava.config.schema import agent_on, resolve_strategy, run_dir
 from rllava.data.dataset import PromptDataset
 from rllava.data.sampler import EpochSampler
 from rllava.engine.inference.base import SamplingParams
-from rllava.engine.inference.hf import HFRolloutEngine
 from rllava.engine.train.base import TrainEngine
 from rllava.engine.train.single import SingleDeviceEngine
 from rllava.model.loader import build_policy, load_frozen, load_model, make_trainable, resolve_dtype
@@ -102,8 +102,8 @@ def seed_sampling(cfg: PPOConfig) -> None:
 def build_tracker(cfg: PPOConfig, outputs_dir: str) -> Tracker:
     from omegaconf import OmegaConf
 
-    return Tracker(cfg.trainer.logger if D.is_main() else None, outputs_dir, cfg.trainer.project_name, cfg.trainer.experiment_name,
-                   OmegaConf.to_container(OmegaConf.structured(cfg)))
+    return Tracker(cfg.trainer.logger if D.is_main() else None, outputs_dir, cfg.trainer.project_name,
+                   cfg.trainer.experiment_name, OmegaConf.to_container(OmegaConf.structured(cfg)))
 
 
 def validates(cfg: PPOConfig) -> bool:
@@ -249,54 +249,21 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device, env=None) -> 
                         asynchronous=cfg.rollout.async_mode, round_image_mb=a.round_image_mb)
 
 
+ROLLOUT_ENGINES = {"hf": "rllava.engine.inference.hf:HFRolloutEngine",  # rollout.name -> its class (lazily:
+                   "vllm": "rllava.engine.inference.vllm:VLLMRolloutEngine",  # vLLM and SGLang are optional
+                   "sglang": "rllava.engine.inference.sglang:SGLangRolloutEngine"}  # extras)
+
+
 def build_rollout_engine(cfg: PPOConfig, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
                          device: torch.device, model=None, **overrides):
     """rollout.name: `hf` samples with the training model; `vllm` / `sglang` hold their own copy of the policy on
-    this rank's GPU(s), synced before every rollout (imported only when chosen: optional extras). `model`: another
-    model's config (model_path, tokenizer_path, trust_remote_code) instead of actor.model; its context length
-    is its own (the policy's is data.max_prompt_length + max_response_length). `overrides`: engine keywords over
-    the rollout.vllm / rollout.sglang ones (a teacher engine's algorithm.distill.engine_kwargs)."""
-    r, m, world = cfg.rollout, model or cfg.actor.model, D.world_size()
-    if r.name == "hf":
-        if r.hf_decode == "compiled" and torch.device(device).type != "cuda":
-            raise ConfigError(f"rollout.hf_decode=compiled compiles the decode step for CUDA graphs; this run's "
-                              f"device is {device}: use rollout.hf_decode=static (no compile) or eager")
-        return HFRolloutEngine(pad_token_id=pad_token_id, stop_token_ids=stop_token_ids,
-                               banned_token_ids=banned_token_ids, micro_batch_size=r.micro_batch_size, device=device,
-                               decode=r.hf_decode)
-    common = dict(model_path=m.model_path, stop_token_ids=stop_token_ids, banned_token_ids=banned_token_ids,
-                  seed=r.seed, load_format=r.load_format, bucket_mb=r.bucket_size, trust_remote_code=m.trust_remote_code,
-                  stay_awake=r.async_mode)
-    max_len = cfg.data.max_prompt_length + cfg.data.max_response_length if model is None else None
-    if r.name == "vllm":
-        v = r.vllm
-        if world % r.tensor_parallel_size:
-            raise ConfigError(f"rollout.tensor_parallel_size={r.tensor_parallel_size} must divide the {world} "
-                              "processes: each engine spans that many consecutive ranks")
-        if v.pipeline_parallel_size != 1 or v.distributed_executor_backend not in (None, "external_launcher"):
-            raise ConfigError("rollout.vllm.pipeline_parallel_size must be 1 and rollout.vllm.distributed_executor_"
-                              "backend null or external_launcher: vLLM runs inside the training processes")
-        from rllava.engine.inference.vllm import VLLMRolloutEngine
-
-        return VLLMRolloutEngine(**common, **{
-            "tensor_parallel_size": r.tensor_parallel_size, "dtype": v.dtype,
-            "gpu_memory_utilization": v.gpu_memory_utilization, "max_model_len": v.max_model_len or max_len,
-            "max_num_batched_tokens": v.max_num_batched_tokens, "enforce_eager": v.enforce_eager,
-            "enable_chunked_prefill": v.enable_chunked_prefill, "disable_log_stats": v.disable_log_stats,
-            "skip_tokenizer_init": v.skip_tokenizer_init, "tokenizer": v.tokenizer or m.tokenizer_path or m.model_path,
-            **({"limit_mm_per_prompt": {"image": r.limit_images}} if r.limit_images else {}), **overrides})
-    sg, tp = r.sglang, max(r.tensor_parallel_size, r.sglang.tp_size)
-    if min(r.tensor_parallel_size, sg.tp_size) > 1 and r.tensor_parallel_size != sg.tp_size:
-        raise ConfigError(f"rollout.tensor_parallel_size={r.tensor_parallel_size} and rollout.sglang.tp_size="
-                          f"{sg.tp_size} name the same thing: set one")
-    if tp > 1 and world > 1:
-        raise ConfigError(f"rollout.tensor_parallel_size={tp} with sglang needs a single training process (each "
-                          f"of the {world} ranks starts its own engine on its own GPU)")
-    from rllava.engine.inference.sglang import SGLangRolloutEngine
-
-    return SGLangRolloutEngine(**common, tensor_parallel_size=tp, gpu_id=device.index or 0, **{
-        "dtype": sg.dtype, "mem_fraction_static": sg.mem_fraction_static, "skip_server_warmup": sg.skip_server_warmup,
-        "context_length": max_len, **overrides})
+    this rank's GPU(s), synced before every rollout. Each engine reads its own keys (its `from_config`). `model`:
+    another model's config (model_path, tokenizer_path, trust_remote_code) instead of actor.model. `overrides`:
+    engine keywords over the rollout.vllm / rollout.sglang ones (a teacher engine's algorithm.distill.engine_kwargs)."""
+    module, name = ROLLOUT_ENGINES[cfg.rollout.name].split(":")
+    return getattr(importlib.import_module(module), name).from_config(
+        cfg, pad_token_id=pad_token_id, stop_token_ids=stop_token_ids, banned_token_ids=banned_token_ids,
+        device=device, model=model, **overrides)
 
 
 def _num_updates(cfg: PPOConfig, num_steps: int, epochs: int, mini_batch_seqs: int, n: int) -> int:
@@ -540,5 +507,6 @@ def build_kl_controller(cfg: PPOConfig) -> KLController | None:
 
 
 __all__ = ["setup_run", "build_tracker", "build_policy", "build_datasets", "build_sampler", "build_rollout",
-           "build_actor", "build_reference_role", "build_distillation", "build_kl_controller", "build_critic", "sampling_params",
-           "greedy_sampling", "total_steps"]
+           "build_engine", "build_actor", "build_reward", "add_reward_models", "build_reference_role",
+           "build_distillation", "build_kl_controller", "build_critic", "sampling_params", "greedy_sampling",
+           "total_steps"]

@@ -164,8 +164,10 @@ def _cfg(*extra):
 
 
 def _actor(cfg, loss_name="vanilla"):
-    return Actor(None, None, types.SimpleNamespace(loss_name=loss_name), ppo_epochs=1, mini_batch_size=2,
-                 micro_batch_size=2, log_prob_micro_batch_size=2, loss_agg_mode="token-mean", max_response_length=4,
+    from rllava.algorithms.registry import POLICY_LOSSES  # the registered loss: what it reads (decoupled_ppo)
+
+    algorithm = types.SimpleNamespace(loss_name=loss_name, loss_fn=POLICY_LOSSES[loss_name])
+    return Actor(None, None, algorithm, ppo_epochs=1, mini_batch_size=2, micro_batch_size=2, log_prob_micro_batch_size=2, loss_agg_mode="token-mean", max_response_length=4,
                  temperature=1.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="kl", entropy_coeff=0.0,
                  **B._rollout_is(cfg, False))
 

@@ -96,3 +96,14 @@ def generate_context(engine: RolloutEngine, train_engine):
             yield engine
         finally:
             engine.offload()
+
+
+def engine_common(cfg, model, stop_token_ids: list[int], banned_token_ids: list[int]) -> tuple[dict, int | None]:
+    """(what a vLLM / SGLang engine reads of rollout.* and the served model's config, its context length). `model`:
+    another model's model_path / tokenizer_path / trust_remote_code (a teacher), whose context length is its own;
+    None: actor.model, data.max_prompt_length + max_response_length."""
+    r, m = cfg.rollout, model or cfg.actor.model
+    common = dict(model_path=m.model_path, stop_token_ids=stop_token_ids, banned_token_ids=banned_token_ids,
+                  seed=r.seed, load_format=r.load_format, bucket_mb=r.bucket_size,
+                  trust_remote_code=m.trust_remote_code, stay_awake=r.async_mode)
+    return common, cfg.data.max_prompt_length + cfg.data.max_response_length if model is None else None

@@ -14,6 +14,7 @@ from transformers.cache_utils import DynamicLayer, StaticLayer
 from rllava.config.schema import HF_DECODE_MODES
 from rllava.data.protocol import concat_mm
 from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams
+from rllava.errors import ConfigError
 from rllava.model.forward import modality_types
 from rllava.model.modular import CACHE_KWARG
 
@@ -53,6 +54,16 @@ class HFRolloutEngine:
     attention layers) keeps the eager path, with a warning once (`static_cache_ok`)."""
 
     shares_train_model = True
+
+    @classmethod
+    def from_config(cls, cfg, *, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
+                    device: torch.device, model=None, **overrides) -> "HFRolloutEngine":
+        """rollout.micro_batch_size and rollout.hf_decode (`model`, `overrides`: a separate engine's, unused)."""
+        if cfg.rollout.hf_decode == "compiled" and torch.device(device).type != "cuda":
+            raise ConfigError(f"rollout.hf_decode=compiled compiles the decode step for CUDA graphs; this run's "
+                              f"device is {device}: use rollout.hf_decode=static (no compile) or eager")
+        return cls(pad_token_id=pad_token_id, stop_token_ids=stop_token_ids, banned_token_ids=banned_token_ids,
+                   micro_batch_size=cfg.rollout.micro_batch_size, device=device, decode=cfg.rollout.hf_decode)
 
     def __init__(self, *, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
                  micro_batch_size: int, device: torch.device, decode: str = "eager"):

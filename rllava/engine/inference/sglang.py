@@ -46,9 +46,9 @@ from __future__ import annotations
 import torch
 
 from rllava import distributed as D
-from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams, weight_buckets
+from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams, engine_common, weight_buckets
 from rllava.engine.inference.vllm import BAN
-from rllava.errors import RllavaError
+from rllava.errors import ConfigError, RllavaError
 
 
 class SGLangRolloutEngine:
@@ -56,6 +56,24 @@ class SGLangRolloutEngine:
     dtype, mem_fraction_static, context_length, trust_remote_code, ...)."""
 
     shares_train_model = False
+
+    @classmethod
+    def from_config(cls, cfg, *, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
+                    device: torch.device, model=None, **overrides) -> "SGLangRolloutEngine":
+        """rollout.* and rollout.sglang.* (`overrides` over them: a teacher engine's algorithm.distill.engine_kwargs);
+        rollout.tensor_parallel_size and rollout.sglang.tp_size name the same thing."""
+        r, sg, world = cfg.rollout, cfg.rollout.sglang, D.world_size()
+        tp = max(r.tensor_parallel_size, sg.tp_size)
+        if min(r.tensor_parallel_size, sg.tp_size) > 1 and r.tensor_parallel_size != sg.tp_size:
+            raise ConfigError(f"rollout.tensor_parallel_size={r.tensor_parallel_size} and rollout.sglang.tp_size="
+                              f"{sg.tp_size} name the same thing: set one")
+        if tp > 1 and world > 1:
+            raise ConfigError(f"rollout.tensor_parallel_size={tp} with sglang needs a single training process (each "
+                              f"of the {world} ranks starts its own engine on its own GPU)")
+        common, max_len = engine_common(cfg, model, stop_token_ids, banned_token_ids)
+        return cls(**common, tensor_parallel_size=tp, gpu_id=device.index or 0, **{
+            "dtype": sg.dtype, "mem_fraction_static": sg.mem_fraction_static,
+            "skip_server_warmup": sg.skip_server_warmup, "context_length": max_len, **overrides})
 
     def __init__(self, *, model_path: str, stop_token_ids: list[int], banned_token_ids: list[int],
                  tensor_parallel_size: int, seed: int | None, load_format: str, bucket_mb: int,

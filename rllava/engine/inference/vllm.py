@@ -47,8 +47,9 @@ import random
 import torch
 import torch.distributed as dist
 
-from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams, weight_buckets
-from rllava.errors import RllavaError
+from rllava import distributed as D
+from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams, engine_common, weight_buckets
+from rllava.errors import ConfigError, RllavaError
 
 BAN = -100.0  # logit bias that keeps a token from being sampled (exp(-100) ~ 1e-44; OpenAI's bound)
 
@@ -63,6 +64,27 @@ class VLLMRolloutEngine:
     (dtype, gpu_memory_utilization, max_model_len, enforce_eager, ... from `rollout.vllm.*`)."""
 
     shares_train_model = False
+
+    @classmethod
+    def from_config(cls, cfg, *, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
+                    device: torch.device, model=None, **overrides) -> "VLLMRolloutEngine":
+        """rollout.* and rollout.vllm.* (`overrides` over them: a teacher engine's algorithm.distill.engine_kwargs)."""
+        r, v, world = cfg.rollout, cfg.rollout.vllm, D.world_size()
+        if world % r.tensor_parallel_size:
+            raise ConfigError(f"rollout.tensor_parallel_size={r.tensor_parallel_size} must divide the {world} "
+                              "processes: each engine spans that many consecutive ranks")
+        if v.pipeline_parallel_size != 1 or v.distributed_executor_backend not in (None, "external_launcher"):
+            raise ConfigError("rollout.vllm.pipeline_parallel_size must be 1 and rollout.vllm.distributed_executor_"
+                              "backend null or external_launcher: vLLM runs inside the training processes")
+        common, max_len = engine_common(cfg, model, stop_token_ids, banned_token_ids)
+        m = model or cfg.actor.model
+        return cls(**common, **{
+            "tensor_parallel_size": r.tensor_parallel_size, "dtype": v.dtype,
+            "gpu_memory_utilization": v.gpu_memory_utilization, "max_model_len": v.max_model_len or max_len,
+            "max_num_batched_tokens": v.max_num_batched_tokens, "enforce_eager": v.enforce_eager,
+            "enable_chunked_prefill": v.enable_chunked_prefill, "disable_log_stats": v.disable_log_stats,
+            "skip_tokenizer_init": v.skip_tokenizer_init, "tokenizer": v.tokenizer or m.tokenizer_path or m.model_path,
+            **({"limit_mm_per_prompt": {"image": r.limit_images}} if r.limit_images else {}), **overrides})
 
     def __init__(self, *, model_path: str, stop_token_ids: list[int], banned_token_ids: list[int],
                  tensor_parallel_size: int, seed: int | None, load_format: str, bucket_mb: int,
