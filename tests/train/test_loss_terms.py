@@ -27,14 +27,14 @@ RUNS = {
 SKIP = ("timing/", "perf/", "time", "step_time")
 
 
-def run(name: str, model: str, data: str, out: str) -> list[dict]:
-    """Run `name`'s keys for 2 steps on the tiny model and counting data; the metrics that are numbers of the
+def run(name: str, model: str, data: str, out: str, runs: dict = RUNS) -> list[dict]:
+    """Run `runs[name]`'s keys for 2 steps on the tiny model and counting data; the metrics that are numbers of the
     algorithm (no timings)."""
     from rllava.train.outputs import keys_for
     from rllava.train.pipeline import rlvr
 
     os.chdir(REPO)
-    keys = [k.format(model=model) for k in RUNS[name]]
+    keys = [k.format(model=model) for k in runs[name]]
     rlvr.main(["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={model}",
                f"data.train_files={data}/train.jsonl", "data.val_files=null", "data.max_samples=16",
                "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=2",
@@ -45,27 +45,37 @@ def run(name: str, model: str, data: str, out: str) -> list[dict]:
     return [{k: v for k, v in r.items() if isinstance(v, (int, float)) and not k.startswith(SKIP)} for r in rows]
 
 
-@pytest.mark.parametrize("name", list(RUNS))
-def test_the_terms_give_the_metrics_the_single_function_gave(name, tmp_path, tiny_model_dir, counting_dir):
-    want = json.load(open(GOLDEN))[name]
-    got = run(name, tiny_model_dir, counting_dir, str(tmp_path / name))
+def same_as_golden(golden: str, name: str, model: str, data: str, out: str, runs: dict = RUNS) -> None:
+    """`run` gives the metrics of `golden`'s entry `name`, to 1e-6."""
+    want = json.load(open(golden))[name]
+    got = run(name, model, data, out, runs)
     assert [sorted(r) for r in got] == [sorted(r) for r in want]
     for g, w in zip(got, want):
         for key in w:
             assert g[key] == pytest.approx(w[key], rel=1e-6, abs=1e-7), (name, key)
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["--write"]:  # the golden file, from the code as it is
+def write_golden(golden: str, root: str, runs: dict = RUNS) -> None:
+    """The golden file, from the code as it is, on the conftest's tiny model and counting set made the same way."""
     from rllava.data.synthetic import make_counting
     from rllava.model.tiny import build_tiny
 
-    root = os.path.abspath(sys.argv[2])  # the conftest's tiny model and counting set, made the same way
+    root = os.path.abspath(root)
     model = build_tiny("qwen2_vl", os.path.join(root, "qwen2_vl"), size="small")
     make_counting(os.path.join(root, "counting"), n_train=64, n_val=16, seed=0)
-    golden = {name: run(name, model, os.path.join(root, "counting"), os.path.join(root, name)) for name in RUNS}
-    os.makedirs(os.path.dirname(GOLDEN), exist_ok=True)
-    with open(GOLDEN, "w") as f:
-        json.dump(golden, f, indent=0)
+    out = {name: run(name, model, os.path.join(root, "counting"), os.path.join(root, name), runs) for name in runs}
+    os.makedirs(os.path.dirname(golden), exist_ok=True)
+    with open(golden, "w") as f:
+        json.dump(out, f, indent=0)
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_the_terms_give_the_metrics_the_single_function_gave(name, tmp_path, tiny_model_dir, counting_dir):
+    same_as_golden(GOLDEN, name, tiny_model_dir, counting_dir, str(tmp_path / name))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--write"]:
+    write_golden(GOLDEN, sys.argv[2])
 
 
 def test_a_term_registered_outside_the_package_trains_with_the_rest(tmp_path, tiny_model_dir, counting_dir, capsys):
