@@ -12,8 +12,8 @@ file of `algorithm.plugins`, with no edit to the pipeline (docs/custom_task.md):
 
     @register_scorer("my_prm")
     def my_prm(cfg, parts: Parts) -> Scorer | None:          # None: this run does not use it
-        model = load_frozen(path, cfg.actor.model, parts.device, parts.engine, key="my_prm")
-        return Scorer("token_rewards", lambda batch: ..., name="prm")
+        prm = load_frozen(path, parts.device, key="my_prm", engine=parts.engine)  # rllava.model.loader
+        return Scorer("token_rewards", lambda batch: ..., "prm")  # the field, its value, the timer
 
 A scorer sees the fields the scorers before it filled (the built-in ones come first, in the order above).
 """

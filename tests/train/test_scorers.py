@@ -32,12 +32,17 @@ def test_the_scorers_give_the_metrics_learn_gave(name, tmp_path, tiny_model_dir,
 
 PRM = '''from rllava.algorithms.kl import token_rewards_of
 from rllava.algorithms.registry import register_scorer
+from rllava.model.loader import load_frozen
 from rllava.train.scorers import Scorer
 
 
 @register_scorer("length_prm")
 def length_prm(cfg, parts):
-    """A process reward stand-in: +0.05 on the odd token ids the policy wrote, on top of what filled it before."""
+    """A process reward stand-in: +0.05 on the odd token ids the policy wrote, on top of what filled it before;
+    its frozen model loaded as docs/custom_task.md shows (here the policy's checkpoint)."""
+    prm = load_frozen(cfg.actor.model.model_path, parts.device, key="length_prm", engine=parts.engine)
+    assert not prm.training and not any(p.requires_grad for p in prm.parameters())
+
     def score(batch):
         bonus = 0.05 * (batch.input_ids % 2) * batch.loss_mask
         return token_rewards_of(batch) + bonus, {"prm/bonus_sum": bonus.sum(-1).mean().item()}
