@@ -54,6 +54,7 @@ import queue
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -254,21 +255,28 @@ SECCOMP_DENIED = SECCOMP_BOUNDS + (  # and the rest of Docker's (those this kern
     "finit_module", "delete_module", "iopl", "ioperm", "clock_settime", "clock_adjtime", "settimeofday",
     "lookup_dcookie", "sysfs", "uselib", "ustat", "mbind", "set_mempolicy", "get_mempolicy", "move_pages",
     "_sysctl", "vm86", "vm86old", "create_module", "get_kernel_syms", "query_module", "nfsservctl")
+SECCOMP_SETUP = ("mount", "unshare")  # allowed to the zygote alone: it makes each call's namespaces
+CLONE_NAMESPACES = (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000, 0x80)  # CLONE_NEW*
 
 
 @functools.cache
-def seccomp_program() -> bytes:
-    """The BPF program bwrap loads (`--seccomp FD`): SECCOMP_DENIED -> EPERM, clone3 -> ENOSYS, the rest allowed.
-    Raises where libseccomp or its Python binding is missing (the jail then fails closed)."""
+def seccomp_program(zygote: bool = False) -> bytes:
+    """The BPF program of every call (SECCOMP_DENIED and clone's namespace flags -> EPERM, clone3 -> ENOSYS, the
+    rest allowed); with `zygote`, the one bwrap loads for the zygote (`--seccomp FD`), which allows what a call's
+    namespaces are made with (unshare, mount). Raises where libseccomp or its Python binding is missing (the jail
+    then fails closed)."""
     import pyseccomp
 
     f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     for name in SECCOMP_DENIED:
         try:
-            f.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+            if not (zygote and name in SECCOMP_SETUP):
+                f.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
         except (ValueError, OSError, RuntimeError):
             if name in SECCOMP_BOUNDS:
                 raise
+    for flag in CLONE_NAMESPACES:  # a new user namespace would give back every capability
+        f.add_rule(pyseccomp.ERRNO(errno.EPERM), "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, flag, flag))
     f.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
@@ -296,7 +304,8 @@ class Jail:
     weaker: list[str]  # what is not isolated when running without what is missing
     guards: dict
     pylib: list[str]  # sys.path entries for the snippet's modules (in the jail: /pylib)
-    seccomp: bytes | None = None  # the syscall filter's BPF program (None: none, allow_weaker)
+    seccomp: bytes | None = None  # the calls' syscall filter, a BPF program (None: none, allow_weaker)
+    zygote_seccomp: bytes | None = None  # the zygote's
 
 
 def _module_dirs() -> dict[str, str]:
@@ -318,9 +327,10 @@ def _python() -> str:
     return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
-def _bwrap_argv(bwrap: str, disk_mb: int) -> list[str]:
-    """bubblewrap's options for one call (the work tmpfs's size is the call's)."""
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(NOBODY), "--gid", str(NOBODY),
+def _bwrap_argv(bwrap: str) -> list[str]:
+    """bubblewrap's options for the zygote: the read-only root every call's mount namespace starts from (each
+    call mounts its own /work and hides /proc: `sandbox_init.enter`)."""
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY),
             "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--as-pid-1", "--clearenv",
             "--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -336,8 +346,8 @@ def _bwrap_argv(bwrap: str, disk_mb: int) -> list[str]:
             argv += ["--tmpfs", site]  # the base interpreter's own packages stay out
     for src, name in _module_dirs().items():
         argv += ["--ro-bind", src, f"/pylib/{name}"]
-    argv += ["--ro-bind", INIT, "/init.py", "--dev", "/dev", "--size", str(disk_mb << 20), "--tmpfs", "/work",
-             "--chdir", "/work", "--remount-ro", "/dev", "--remount-ro", "/"]
+    argv += ["--ro-bind", INIT, "/init.py", "--proc", "/proc", "--dev", "/dev", "--dir", "/work", "--chdir", "/work",
+             "--remount-ro", "/dev", "--remount-ro", "/"]
     for k, v in ENV.items():
         argv += ["--setenv", k, v]
     return argv
@@ -357,9 +367,9 @@ def jail() -> Jail:
 
 
 def _find_jail() -> Jail:
-    missing, weaker, root, program = [], [], os.geteuid() == 0, None
+    missing, weaker, root, program, zygote = [], [], os.geteuid() == 0, None, None
     bwrap = shutil.which("bwrap")
-    argv = _bwrap_argv(bwrap, 1) if bwrap else None
+    argv = _bwrap_argv(bwrap) if bwrap else None
     if not bwrap:
         missing.append("bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf "
                        "install bubblewrap)")
@@ -370,23 +380,23 @@ def _find_jail() -> Jail:
         argv = None
     else:
         try:
-            program = seccomp_program()
+            program, zygote = seccomp_program(), seccomp_program(zygote=True)
         except Exception as e:  # noqa: BLE001 - no libseccomp, no binding, a refused rule: fail closed
             missing.append(f"the syscall filter cannot be built ({type(e).__name__}: {e}): it needs libseccomp "
                            "(Debian/Ubuntu: apt-get install libseccomp2) and pyseccomp (pip install pyseccomp)")
             weaker.append("no syscall filter: keyrings, inotify, SysV IPC, io_uring, userfaultfd, perf and bpf "
                           "are reachable")
-        fd = _seccomp_fd(program) if program else None
-        try:
-            seccomp = ["--seccomp", str(fd)] if fd is not None else []
-            probe = subprocess.run(argv[:1] + seccomp + argv[1:] + [_python(), "-I", "-S", "-c",
-                                                                     "import os; print(os.getpid(), os.getuid())"],
-                                   capture_output=True, text=True, timeout=30, pass_fds=[fd] if fd else [])
+        fds = [_seccomp_fd(zygote), _seccomp_fd(program)] if program else [_seccomp_fd(b""), _seccomp_fd(b"")]
+        try:  # a call's namespaces made in the zygote's jail, as every call makes them
+            seccomp = ["--seccomp", str(fds[0])] if program else []
+            probe = subprocess.run(argv[:1] + seccomp + argv[1:] + [_python(), "-I", "-S", "/init.py", "--probe",
+                                                                     str(fds[1])],
+                                   capture_output=True, text=True, timeout=30, pass_fds=fds)
             ok, why = probe.stdout.split() == ["1", str(NOBODY)], (probe.stderr.strip() or probe.stdout).splitlines()
         except (OSError, subprocess.TimeoutExpired) as e:
             ok, why = False, [str(e)]
         finally:
-            if fd is not None:
+            for fd in fds:
                 os.close(fd)
         if not ok:
             missing.append(f"bubblewrap cannot make the jail here ({why[-1] if why else 'no output'}): "
@@ -417,7 +427,7 @@ def _find_jail() -> Jail:
                           "pidfd_getfd, process_vm_* refused (EPERM)" if argv and program else "no filter",
               "totals": totals}
     pylib = ["/pylib"] if argv else sorted({os.path.dirname(d) for d in _module_dirs()})
-    return Jail(argv, cgroup, missing, weaker, guards, pylib, program if argv else None)
+    return Jail(argv, cgroup, missing, weaker, guards, pylib, *((program, zygote) if argv else (None, None)))
 
 
 def _version(bwrap: str) -> tuple[int, ...]:
@@ -465,16 +475,16 @@ def run_code(code: str, images: list | tuple = (), limits: Limits = Limits(), al
     head = {"limits": asdict(limits), "files": [[name, len(data)] for name, data in files], "path": j.pylib}
     request = json.dumps(head).encode() + b"\n" + b"".join(data for _, data in files)
     workdir = None if j.bwrap else tempfile.mkdtemp(prefix="rllava_sandbox_")
-    started = POOL.take(j, limits, code) if j.bwrap else None
+    started = ZYGOTE.take(j, limits) if j.bwrap else None
     try:
         started = started or _start(j, limits, workdir)
         seen = _finish(started, request, limits)
         hits = started.cgroup.events() if started.cgroup else {}
     finally:
         if j.bwrap:
-            POOL.done(j, limits)
+            ZYGOTE.done(j, limits)
         if started and started.cgroup:  # every process of the call is gone: removing it (~7 ms) can wait
-            POOL.later(started.cgroup.remove) if j.bwrap else started.cgroup.remove()
+            ZYGOTE.later(started.cgroup.remove)
         if workdir:  # rm walks any depth of tree; shutil.rmtree recurses
             subprocess.run(["rm", "-rf", "--one-file-system", "--", workdir], capture_output=True, env=ENV)
     return _result(seen, hits, limits, dict(j.guards))
@@ -482,214 +492,242 @@ def run_code(code: str, images: list | tuple = (), limits: Limits = Limits(), al
 
 @dataclass
 class _Started:
-    """A call's jail whose first process runs and waits for its request."""
+    """A call's first process, forked by the zygote and waiting for its request: our ends of its stdin, stdout,
+    stderr and report pipes, the socket its exit status comes back on, and its pidfd."""
 
-    proc: subprocess.Popen
-    result_r: int
+    pipes: dict  # "stdin", "stdout", "stderr", "result" -> fd
+    back: socket.socket
     first: int | None  # a pidfd of the call's first process: PID 1 of its namespace, whose end ends them all
     cgroup: _Cgroup | None
-    weak: bool = False  # no jail (allow_weaker): a plain child process, whose process group is killed at the end
-    preload: tuple = ()  # the modules its first process imported while it waited
+    weak: bool = False  # no jail (allow_weaker): a plain process, whose snippet's process group is killed at the end
 
 
-def _start(j: Jail, limits: Limits, workdir: str | None = None, preload: tuple = ()) -> _Started:
-    """Start a call's first process (in the jail: bwrap, PID 1 `sandbox_init.py`, importing `preload` while it
-    waits for the request) inside the call's cgroup."""
-    result_r, result_w = os.pipe()
-    status_r, status_w = os.pipe() if j.bwrap else (None, None)
-    filter_r = _seccomp_fd(j.seccomp) if j.bwrap and j.seccomp else None
-    init = [_python(), "-I", "-S"]
-    if j.bwrap:
-        argv = j.bwrap[:]
-        argv[argv.index("--size") + 1] = str(limits.disk_mb << 20)
-        seccomp = ["--seccomp", str(filter_r)] if filter_r is not None else []
-        init += ["/init.py", str(result_w), *([":".join(j.pylib), ",".join(preload)] if preload else [])]
-        argv = argv[:1] + ["--json-status-fd", str(status_w), *seccomp] + argv[1:] + init
-    else:
-        argv = init + [INIT, str(result_w)]
-    passed = [fd for fd in (result_w, status_w, filter_r) if fd is not None]
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            pass_fds=passed, env=ENV, cwd=workdir or "/", start_new_session=True)
-    for fd in passed:
-        os.close(fd)
-    first, cgroup = None, _Cgroup(*j.cgroup, limits) if j.cgroup else None
+def _start(j: Jail, limits: Limits, workdir: str | None = None) -> _Started:
+    """The zygote forks the call's first process (in the jail: in namespaces and a /work of its own), which waits
+    for the request; it joins the call's cgroup before the request, so the snippet's first fork is inside."""
+    pipes = [os.pipe() for _ in range(4)]
+    ours, theirs = socket.socketpair()
+    given = [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1], theirs.fileno()]
     try:
-        pid = _first_pid(status_r, time.monotonic() + max(limits.wall_s, 10.0)) if j.bwrap else proc.pid
+        ZYGOTE.order(j, {"disk": limits.disk_mb << 20, "cwd": workdir}, given)
     finally:
-        if status_r is not None:
-            os.close(status_r)
-    if pid is not None:
+        for fd in given[:4]:
+            os.close(fd)
+        theirs.close()
+    started = _Started(dict(zip(("stdin", "stdout", "stderr", "result"), (pipes[0][1], *(p[0] for p in pipes[1:])))),
+                       ours, None, _Cgroup(*j.cgroup, limits) if j.cgroup else None, weak=not j.bwrap)
+    if _wait_readable(ours.fileno(), max(limits.wall_s, 10.0)):
         try:
-            first = os.pidfd_open(pid)
-            if cgroup:  # before the request: the snippet's first fork is already inside
-                cgroup.add(pid)
-        except ProcessLookupError:
-            pass  # already gone, and its namespace with it
-    return _Started(proc, result_r, first, cgroup, weak=not j.bwrap, preload=preload)
+            _, fds, _, _ = socket.recv_fds(ours, 8, 1)
+            started.first = fds[0] if fds else None
+            if started.first is not None and started.cgroup:
+                started.cgroup.add(_host_pid(started.first))
+        except (OSError, ValueError):
+            pass  # the fork failed, or the call is already gone (and its namespace with it)
+    return started
+
+
+def _host_pid(pidfd: int) -> int:
+    """The pid, in our PID namespace, of the process a pidfd refers to (the zygote's fork sees another)."""
+    with open(f"/proc/self/fdinfo/{pidfd}") as f:
+        return int(next(line for line in f if line.startswith("Pid:")).split()[1])
 
 
 def _finish(started: _Started, request: bytes, limits: Limits) -> dict:
     """Send the request, collect stdout / stderr / the report until the call ends or a limit of the parent's
     (wall clock, output) is passed; return when every process of the call is gone."""
-    proc, seen = started.proc, {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray(), "output": 0,
-                                "timed_out": False, "over": False}
+    seen = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray(), "output": 0, "timed_out": False,
+            "over": False}
     deadline = time.monotonic() + limits.wall_s
     try:
-        if started.first is not None:
-            _exchange(proc, request, started.result_r, limits, deadline, seen)
+        _exchange(started.pipes, request if started.first is not None else b"", limits, deadline, seen)
     finally:
         _end(started, seen)
     return seen
 
 
 def _end(started: _Started, seen: dict | None = None) -> None:
-    proc = started.proc
-    if proc.poll() is None:
-        proc.kill()  # bwrap: its first process dies with it (PDEATHSIG), then the whole namespace
+    if started.first is not None:
+        try:  # PID 1 of the call's namespace: the kernel ends the rest with it
+            signal.pidfd_send_signal(started.first, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     if started.weak and seen is not None:
         _kill_weak(seen)
-    if seen is not None and started.first is None:  # it never started: what bubblewrap said
-        os.set_blocking(proc.stderr.fileno(), False)
-        try:
-            seen["stderr"] += proc.stderr.read(4096) or b""
-        except OSError:
-            pass
-    for f in (proc.stdin, proc.stdout, proc.stderr):
-        try:
-            f.close()
-        except OSError:
-            pass
-    os.close(started.result_r)
-    proc.wait()
+    for fd in started.pipes.values():
+        _close(fd)
+    seen = {} if seen is None else seen
+    seen["exit"] = -signal.SIGKILL
     if started.first is not None:  # readable once PID 1 has exited, after the kernel reaped the rest of the call
         _wait_readable(started.first, 10.0)
         os.close(started.first)
-    if seen is not None:
-        seen["exit"] = proc.returncode
+        if _wait_readable(started.back.fileno(), 10.0):
+            try:
+                seen["exit"] = int(started.back.recv(32) or -signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+    started.back.close()
 
 
-class _Pool:
-    """Jails started ahead of need, each used by exactly one call and then destroyed: a call takes one whose
-    first process is already up (and has imported numpy / PIL when recent snippets used them), and a new one is
-    started behind it, off the call's critical path. Kept per `Limits` (a jail's tmpfs size and cgroup are its
-    call's), as many as calls of those limits ran at once (at most `MAX` waiting, all limits together)."""
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass  # closed already
+
+
+class _Zygote:
+    """The process that forks every call (`sandbox_init.serve`): numpy and PIL imported once in it, and, in the
+    jail, inside bubblewrap (the zygote's own namespaces, its read-only root and a filter that allows it alone
+    to make namespaces); each call is a fork of it as it started, in namespaces of its own. One per process (a
+    forked trainer starts its own), started on first use, restarted when it died; it dies with us.
+
+    Calls are also forked ahead of need (`take`): a call's cgroup is joined before its request, and the kernel's
+    cgroup migration waits out an RCU grace period (~13 ms on an idle machine); a call takes a first process
+    forked behind the last one, and another is forked behind it. Kept per `Limits` (the /work tmpfs's size and
+    the cgroup are the call's), as many as calls of those limits ran at once, at most `MAX` in all."""
 
     MAX = 8
 
     def __init__(self):
-        self.lock, self.idle, self.filling = threading.Lock(), {}, set()  # (limits, jail) -> [_Started]
-        self.want, self.running = {}, {}  # (limits, jail) -> jails to keep ready (its most calls at once), calls now
-        self.share = {"numpy": 0.0, "PIL.Image": 0.0}  # recent snippets' imports (moving mean)
-        self.requests, self.thread, self.pid = None, None, os.getpid()  # the pool thread and its queue; our pid
-        self.generation = 0  # one more at each close: a jail a refill started before it is not kept
+        self.lock, self.proc, self.sock, self.jail, self.pid = threading.Lock(), None, None, None, None
+        self.threads, self.helper = {}, threading.Lock()  # lane -> (queue, thread); a lock for the rest
+        self.ahead, self.want, self.running = {}, {}, {}  # (limits, jail) -> [_Started], most at once, now
         atexit.register(self.close)
 
-    def take(self, j: Jail, limits: Limits, code: str) -> _Started | None:
-        """A started jail for `limits`, or None (the call starts its own); a new one is started behind it. Every
-        take is followed by one `done` when its call ends."""
-        with self.lock:
-            if os.getpid() != self.pid:  # a forked process: the jails and the pool thread are its parent's
-                self.idle, self.filling, self.requests, self.running, self.pid = {}, set(), None, {}, os.getpid()
-                self.thread, self.want = None, {}
-            for module, used in (("numpy", "numpy" in code), ("PIL.Image", "PIL" in code)):
-                self.share[module] = 0.8 * self.share[module] + 0.2 * used
-            key = (limits, id(j))  # a jail found again (another bwrap, no filter) starts its own
+    def take(self, j: Jail, limits: Limits) -> _Started | None:
+        """A first process forked ahead for `limits`, or None (the call forks its own); another is forked behind
+        it. Every take is followed by one `done` when its call ends."""
+        key = (limits, id(j))
+        with self.helper:
+            if self.pid != os.getpid():  # a forked trainer: the calls forked ahead are its parent's
+                self.ahead, self.running = {}, {}
             self.running[key] = self.running.get(key, 0) + 1
             self.want[key] = min(self.MAX, max(self.want.get(key, 1), self.running[key]))
-            ready = self.idle.get(key, [])
+            ready = self.ahead.get(key, [])
             started = ready.pop(0) if ready else None
-            refill = key not in self.filling
-            self.filling.add(key)
-        if refill:
-            self.later(lambda generation=self.generation: self._refill(j, limits, generation))
-        if started is not None and started.proc.poll() is not None:  # died waiting: the call starts its own
-            _discard(started)
+        self.later(lambda: self._ahead(j, limits))
+        if started is not None and _wait_readable(started.first, 0):  # it died waiting: the call forks its own
+            ZYGOTE.later(lambda: _discard(started))
             started = None
         return started
 
-    def later(self, job) -> None:
-        """Run `job()` on the pool's one thread, which lives as long as the process: bwrap dies with the thread
-        that started it (--die-with-parent is the kernel's parent-death signal, which follows the thread)."""
-        with self.lock:
-            if self.requests is None or not self.thread.is_alive():
-                self.requests = self.requests or queue.SimpleQueue()
-                self.thread = threading.Thread(target=self._serve, name="rllava-sandbox-pool", daemon=True)
-                self.thread.start()
-        self.requests.put(job)
-
-    def _serve(self) -> None:
-        while True:
-            job = self.requests.get()
-            try:
-                job()
-            except Exception as e:  # noqa: BLE001 - a jail that failed to start: its call starts its own
-                _warn_once(f"code sandbox: the jail pool's thread: {type(e).__name__}: {e}")
-
     def done(self, j: Jail, limits: Limits) -> None:
-        """A call that took (or not) a jail for `limits` ended."""
-        with self.lock:
+        with self.helper:
             self.running[(limits, id(j))] -= 1
 
-    def _refill(self, j: Jail, limits: Limits, generation: int) -> None:
-        """Start jails for `limits` until `want` wait (other limits' idle ones make room under MAX)."""
+    def _ahead(self, j: Jail, limits: Limits) -> None:
+        """Fork first processes for `limits` until `want` wait (others' make room under MAX)."""
         key = (limits, id(j))
-        try:
-            while True:
-                with self.lock:
-                    ready = self.idle.setdefault(key, [])
-                    if self.generation != generation:
+        while True:
+            with self.helper:
+                ready, evict = self.ahead.setdefault(key, []), None
+                if len(ready) >= self.want.get(key, 1) or self.jail is not j:
+                    return
+                if sum(map(len, self.ahead.values())) >= self.MAX:
+                    evict = next((v.pop() for k, v in self.ahead.items() if k != key and v), None)
+                    if evict is None:
                         return
-                    preload = tuple(m for m, share in self.share.items() if share > 0.25)
-                    stale = [s for s in ready if s.preload != preload]  # what recent snippets import changed
-                    ready[:] = [s for s in ready if s.preload == preload]
-                    done = len(ready) >= self.want.get(key, 1)
-                for started in stale:
-                    _discard(started)
-                if done:
-                    return
-                with self.lock:
-                    evict = None
-                    if sum(map(len, self.idle.values())) >= self.MAX:
-                        other = next((k for k, v in self.idle.items() if k != key and v), None)
-                        if other is None:
-                            return
-                        evict = self.idle[other].pop()
-                if evict is not None:
-                    _discard(evict)
-                started = _start(j, limits, preload=preload)
-                with self.lock:
-                    keep = self.generation == generation
-                    if keep:
-                        self.idle.setdefault(key, []).append(started)
-                if not keep:  # the pool was closed meanwhile
-                    _discard(started)
-                    return
-        finally:
-            with self.lock:
-                self.filling.discard(key)
+            if evict is not None:
+                _discard(evict)
+            started = _start(j, limits)
+            if started.first is None:
+                return _discard(started)
+            with self.helper:
+                self.ahead.setdefault(key, []).append(started)
 
-    def close(self) -> None:
-        """End the waiting jails, and let the pool thread finish what it was given (cgroups to remove)."""
+    def order(self, j: Jail, order: dict, fds: list[int]) -> None:
+        """Have the zygote for `j` fork a call on `fds` (the call's stdin, stdout, stderr, report, socket back)."""
         with self.lock:
-            idle, self.idle = [s for v in self.idle.values() for s in v], {}
-            self.generation, self.want = self.generation + 1, {}
-            pending = self.thread is not None and self.thread.is_alive() and self.pid == os.getpid()
-        for started in idle:
+            for _ in range(2):
+                try:
+                    if self.proc is None or self.proc.poll() is not None or self.jail is not j or \
+                            self.pid != os.getpid():
+                        self._restart(j)
+                    socket.send_fds(self.sock, [json.dumps(order).encode()], fds)
+                    return
+                except OSError as e:  # it died since: once more with a new one
+                    why = e
+                    if self.proc is not None:
+                        self.proc.kill()
+            _warn_once(f"code sandbox: the zygote takes no calls ({type(why).__name__}: {why})")
+
+    def _restart(self, j: Jail) -> None:
+        if self.pid == os.getpid():
+            self.close(wait=False)
+        self.pid, self.jail = os.getpid(), j
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fds = [theirs.fileno(), _seccomp_fd(j.seccomp or b"")]
+        if j.bwrap and j.zygote_seccomp:
+            fds.append(_seccomp_fd(j.zygote_seccomp))
+        init = [_python(), "-I", "-S", "/init.py" if j.bwrap else INIT, "--serve", *map(str, fds[:2]), ":".join(j.pylib)]
+        argv = (j.bwrap[:1] + (["--seccomp", str(fds[2])] if len(fds) > 2 else []) + j.bwrap[1:] if j.bwrap else []) + init
+        started = queue.SimpleQueue()
+
+        def start():
+            try:
+                started.put(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL, pass_fds=fds, env=ENV, cwd="/",
+                                             start_new_session=True))
+            except OSError as e:
+                started.put(e)
+        self.later(start, "spawn")
+        try:
+            self.proc = started.get(timeout=60)
+            if isinstance(self.proc, OSError):
+                self.proc, error = None, self.proc
+                raise error
+        finally:
+            theirs.close()
+            for fd in fds[1:]:
+                os.close(fd)
+        self.sock = ours
+
+    def later(self, job, lane: str = "work") -> None:
+        """Run `job()` on a helper thread, which lives as long as the process: "spawn" starts the zygote alone
+        (bwrap dies with the thread that started it: --die-with-parent is the kernel's parent-death signal, which
+        follows the thread), "work" the rest (forks ahead, which wait for a zygote, and cgroups to remove)."""
+        with self.helper:
+            _, thread = self.threads.get(lane, (None, None))
+            if thread is None or not thread.is_alive():  # none yet, or a forked trainer's (threads are not forked)
+                thread = threading.Thread(target=self._serve, args=(lane,), name=f"rllava-sandbox-{lane}", daemon=True)
+                self.threads[lane] = (queue.SimpleQueue(), thread)
+                thread.start()
+        self.threads[lane][0].put(job)
+
+    def _serve(self, lane: str) -> None:
+        while True:
+            job = self.threads[lane][0].get()
+            try:
+                job()
+            except Exception as e:  # noqa: BLE001 - a zygote that failed to start: its calls report it
+                _warn_once(f"code sandbox: {type(e).__name__}: {e}")
+
+    def close(self, wait: bool = True) -> None:
+        """End the zygote (calls in flight end with it), and let the helper thread finish what it was given."""
+        with self.helper:
+            ahead, self.ahead, self.want = [s for v in self.ahead.values() for s in v], {}, {}
+        for started in ahead if self.pid == os.getpid() else ():
             _discard(started)
-        if pending:
+        proc, self.proc = self.proc, None
+        if proc is not None and self.pid == os.getpid():
+            proc.kill()
+            proc.wait()
+            self.sock.close()
+        if wait and "work" in self.threads and self.pid == os.getpid():
             drained = threading.Event()
             self.later(drained.set)
             drained.wait(30)
 
 
 def _discard(started: _Started) -> None:
-    """End a jail that served no call."""
+    """End a first process that served no call."""
     _end(started)
     if started.cgroup:
         started.cgroup.remove()
 
 
-POOL = _Pool()
+ZYGOTE = _Zygote()
 
 
 def _wait_readable(fd: int, timeout: float) -> bool:
@@ -698,33 +736,15 @@ def _wait_readable(fd: int, timeout: float) -> bool:
         return bool(sel.select(timeout))
 
 
-def _first_pid(status_r: int, deadline: float) -> int | None:
-    """The host pid of the call's first process, from bubblewrap's --json-status-fd."""
-    buf = b""
-    while b"}" not in buf and time.monotonic() < deadline:
-        if not _wait_readable(status_r, max(0.0, deadline - time.monotonic())):
-            break
-        chunk = os.read(status_r, 4096)
-        if not chunk:
-            break
-        buf += chunk
-    try:
-        return int(json.loads(buf[:buf.index(b"}") + 1])["child-pid"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _exchange(proc, request: bytes, result_r: int, limits: Limits, deadline: float, seen: dict) -> None:
+def _exchange(pipes: dict, request: bytes, limits: Limits, deadline: float, seen: dict) -> None:
     """Write the request, read stdout / stderr / the report (keeping what the limits allow) until every pipe is
     closed, the wall clock is past, or the output is over `file_mb`."""
     with selectors.DefaultSelector() as sel:
         keep = {"stdout": 4 * limits.output_chars + 4, "stderr": 4 * limits.output_chars + 4,
                 "result": (1 << 16) + limits.max_images * 3 * limits.max_pixels}
-        for f, name in ((proc.stdout.fileno(), "stdout"), (proc.stderr.fileno(), "stderr"), (result_r, "result")):
+        for name, f in pipes.items():
             os.set_blocking(f, False)
-            sel.register(f, selectors.EVENT_READ, name)
-        os.set_blocking(proc.stdin.fileno(), False)
-        sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
+            sel.register(f, selectors.EVENT_WRITE if name == "stdin" else selectors.EVENT_READ, name)
         todo = memoryview(request)
         while sel.get_map():
             left = deadline - time.monotonic()
@@ -741,7 +761,7 @@ def _exchange(proc, request: bytes, result_r: int, limits: Limits, deadline: flo
                         todo = todo[:0]
                     if not todo:
                         sel.unregister(key.fd)
-                        proc.stdin.close()
+                        os.close(pipes.pop("stdin"))
                     continue
                 chunk = os.read(key.fd, 1 << 16)
                 if not chunk:

@@ -16,13 +16,17 @@ the call's rlimits too; the parent still reads the report as untrusted bytes (a 
 counted against `max_pixels`).
 """
 
+import ctypes
 import errno
+import fcntl
 import json
 import os
 import resource
 import select
 import signal
+import socket
 import stat
+import struct
 import sys
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
@@ -58,7 +62,7 @@ def _set_limits(limits: dict, jailed: bool) -> None:
         value = limits[key] << 20 if key.endswith("_mb") else limits[key]
         hard = value + 1 if name == "RLIMIT_CPU" else value  # SIGXCPU at cpu_s, SIGKILL a second later
         if name == "RLIMIT_NPROC":
-            value = hard = value + 1  # this process counts too
+            value = hard = value + 2  # this process counts too, and the zygote's fork that made the namespace
         resource.setrlimit(getattr(resource, name), (value, hard))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
@@ -200,20 +204,11 @@ def _inodes() -> int:
     return st.f_files - st.f_ffree
 
 
-def main() -> None:
-    result_fd, jailed = int(sys.argv[1]), os.getpid() == 1
-    import ctypes
-
-    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0):  # PR_SET_DUMPABLE 0, inherited by the fork
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0)")
+def call(result_fd: int) -> None:
+    """The call's first process: the request, the snippet's process, the report (the module docstring)."""
+    jailed = os.getpid() == 1
+    _check(LIBC.prctl(4, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE, 0)")  # inherited by the fork
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if len(sys.argv) > 3:  # a jail started ahead of its call: what its snippet will likely import, imported now
-        sys.path += sys.argv[2].split(":")
-        for module in sys.argv[3].split(","):
-            try:
-                __import__(module)
-            except Exception:  # noqa: BLE001 - the snippet then imports it itself (and sees the error)
-                pass
     request = json.loads(_read_until(b"\n"))
     limits, given = request["limits"], {}
     sys.path += request["path"]  # numpy and PIL
@@ -265,6 +260,130 @@ def main() -> None:
         out.write(json.dumps(head).encode() + b"\n" + b"".join(image[3] for image in images))
 
 
+# ------------------------------------------------------------------------------------------------ the zygote
+NAMESPACES = 0x20000 | 0x2000000 | 0x4000000 | 0x8000000 | 0x10000000 | 0x20000000 | 0x40000000  # CLONE_NEW*: mount,
+# cgroup, UTS, IPC, user, PID, network
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 0x4000, 0x40000
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(failed: int, what: str) -> None:
+    if failed:
+        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
+def _mount(source: str, target: str, fs: str | None, flags: int, data: str | None = None) -> None:
+    _check(LIBC.mount(source.encode(), target.encode(), fs and fs.encode(), ctypes.c_ulong(flags),
+                      data and data.encode()), f"mount {target}")
+
+
+def enter(disk_bytes: int) -> None:
+    """Make this process's namespaces the call's own (user, mount, PID, IPC, network, UTS, cgroup; its next fork
+    is PID 1 of the new PID namespace) and its file system: the zygote's read-only one (bubblewrap's) with a fresh
+    tmpfs of `disk_bytes` at /work and /proc hidden under an empty read-only tmpfs. Same uid and gid inside."""
+    uid, gid = os.getuid(), os.getgid()
+    _check(LIBC.unshare(NAMESPACES), "unshare")
+    LIBC.prctl(4, 1, 0, 0, 0)  # dumpable, for the writes below (/proc/self of a non-dumpable process is root's)
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    _check(LIBC.prctl(4, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE, 0)")
+    _mount("none", "/", None, MS_REC | MS_PRIVATE)
+    _mount("tmpfs", "/work", "tmpfs", MS_NOSUID | MS_NODEV, f"size={disk_bytes},mode=0755")
+    _mount("tmpfs", "/proc", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=1")
+    _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")  # its ptys
+    os.chdir("/work")
+    with socket.socket() as s:  # the loopback interface up, as bubblewrap's network namespace has it
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", 0x1 | 0x8 | 0x40))  # SIOCSIFFLAGS: UP LOOPBACK RUNNING
+
+
+def confine(program: bytes) -> None:
+    """Give up what `enter` gave: every capability (bounding, ambient, then the sets), no new privileges, and the
+    calls' syscall filter (`program`, a BPF program: stacked on the zygote's, so the stricter one answers)."""
+    cap = 0
+    while not LIBC.prctl(24, cap, 0, 0, 0):  # PR_CAPBSET_DROP, until EINVAL past the last capability
+        cap += 1
+    LIBC.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    _check(LIBC.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()), "capset")
+    _check(LIBC.prctl(38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if program:
+        class Program(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+        _check(LIBC.prctl(22, 2, ctypes.byref(Program(len(program) // 8, program)), 0, 0), "seccomp")
+
+
+def serve(sock_fd: int, program: bytes, jailed: bool) -> None:
+    """The zygote (`sandbox_init.py --serve SOCK_FD PROGRAM_FD PYLIB`): numpy and PIL imported once, then, for each
+    order the trainer sends on SOCK_FD (the call's stdin, stdout, stderr and report pipes and a socket back, with
+    {"disk", "cwd"}), a fork that makes the call's namespaces (`enter`; outside a jail: the work directory) and
+    forks the call's first process, which gives up its capabilities (`confine`) before it reads the request. The
+    fork sends the first process's pidfd back, waits for it and sends its exit status. Nothing of a call reaches
+    the zygote or a later call: each is a fork of the zygote as it was, in namespaces of its own."""
+    _check(LIBC.prctl(4, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE, 0)")  # no call can ptrace it or take its fds
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its forks are reaped by the kernel
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import traceback  # noqa: F401 - what a failing snippet imports, imported once here
+    for module in ("numpy", "PIL.Image"):
+        try:
+            __import__(module)
+        except Exception:  # noqa: BLE001 - the snippet then imports it itself (and sees the error)
+            pass
+    if "PIL.Image" in sys.modules:
+        sys.modules["PIL.Image"].preinit()  # the plugins of `Image.open`
+    os.closerange(3, sock_fd)  # what bubblewrap leaves open (its --seccomp pipe): no call inherits it
+    os.closerange(sock_fd + 1, 1 << 16)
+    sock = socket.socket(fileno=sock_fd)
+    while True:
+        message, fds, _, _ = socket.recv_fds(sock, 4096, 5)
+        if not message:
+            os._exit(0)  # the trainer is gone
+        try:
+            pid = os.fork() if len(fds) == 5 else -1
+        except OSError:
+            pid = -1  # the order's socket closes unanswered: the trainer reports a sandbox error
+        if pid == 0:
+            sock.close()
+            _fork_call(json.loads(message), fds, program, jailed)
+        for fd in fds:
+            os.close(fd)
+
+
+def _fork_call(order: dict, fds: list[int], program: bytes, jailed: bool) -> None:
+    """In the zygote's fork: the call's namespaces, its first process, the pidfd and the exit status back."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    status = 1
+    try:
+        back, result = socket.socket(fileno=fds[4]), fds[3]
+        for i in range(3):  # stdin, stdout, stderr: what goes wrong from here on reaches the trainer's stderr
+            os.dup2(fds[i], i)
+            os.close(fds[i])
+        enter(order["disk"]) if jailed else os.chdir(order["cwd"])
+        first = os.fork()
+        if first == 0:
+            back.close()
+            confine(program) if jailed else os.setsid()  # outside a jail: a group the trainer can kill
+            call(result)
+            os._exit(0)
+        for fd in (0, 1, 2, result):
+            os.close(fd)
+        socket.send_fds(back, [b"1"], [os.pidfd_open(first)])
+        status = os.waitstatus_to_exitcode(os.waitpid(first, 0)[1])
+        back.sendall(str(status).encode())
+    except BaseException as e:  # noqa: BLE001 - said on the call's stderr; the call ends without its report
+        os.write(2, f"sandbox: the call's jail could not be made: {type(e).__name__}: {e}\n".encode())
+    os._exit(0)
+
+
 if __name__ == "__main__":
-    main()
-    os._exit(0)  # no interpreter teardown: with numpy and PIL imported it costs tens of ms of every call
+    if sys.argv[1] == "--probe":  # what `sandbox.jail()` runs once in bubblewrap: a call's namespaces can be made
+        if os.fork() == 0:
+            enter(1 << 20)
+            if os.fork() == 0:
+                confine(os.read(int(sys.argv[2]), 1 << 16))
+                print(os.getpid(), os.getuid(), flush=True)
+                os._exit(0)
+            os._exit(os.waitstatus_to_exitcode(os.wait()[1]))
+        os._exit(os.waitstatus_to_exitcode(os.wait()[1]))
+    sys.path += sys.argv[4].split(":")
+    with os.fdopen(int(sys.argv[3]), "rb") as f:
+        serve(int(sys.argv[2]), f.read(), os.getpid() == 1)

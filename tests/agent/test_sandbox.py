@@ -51,9 +51,21 @@ def jail(request):
     return _jail_or_skip()
 
 
-def leftovers() -> list[int]:
+def children(pid: int) -> list[int]:
+    """Every descendant of `pid`."""
+    found = []
+    for task in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            found += [int(c) for c in open(task).read().split()]
+        except OSError:
+            pass
+    return found + [d for c in found for d in children(c)]
+
+
+def leftovers(within_s: float = 5.0) -> list[int]:
     """Host processes of this process's sandbox calls that outlived them: the first process's command line,
-    which its forks keep, on a process that is not inside another live call (under a bwrap that is not ours)."""
+    which its forks keep, on a process that is neither our zygote (bubblewrap's child) nor inside another
+    trainer's bwrap. Waits up to `within_s` for the kernel to reap what a call that just ended leaves."""
     def status(pid):
         try:
             text = open(f"/proc/{pid}/status").read()
@@ -61,19 +73,34 @@ def leftovers() -> list[int]:
         except (OSError, IndexError, ValueError):
             return 0, []
 
-    found = []
-    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+    def ours(pid):  # the zygote and its bwrap, started by this process
         parent, cmd = status(pid)
-        if not (b"/init.py" in cmd or any(c.endswith(b"sandbox_init.py") for c in cmd)) or \
-                os.path.basename(cmd[0]) == b"bwrap":
-            continue
-        while parent > 1 and parent != os.getpid():  # a live call of another trainer: under its bwrap
-            parent, cmd = status(parent)
-            if cmd and os.path.basename(cmd[0]) == b"bwrap":
-                break
-        else:
-            found.append(pid)
-    return found
+        return cmd and os.path.basename(cmd[0]) == b"bwrap" and parent == os.getpid()
+
+    deadline = time.monotonic() + within_s
+    while True:
+        with sandbox.ZYGOTE.helper:  # forked ahead, waiting for their calls: the first process and its parent
+            waiting = {sandbox._host_pid(s.first) for v in sandbox.ZYGOTE.ahead.values() for s in v}
+        waiting |= {status(pid)[0] for pid in waiting}
+        found = []
+        for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+            parent, cmd = status(pid)
+            if pid in waiting or not (b"/init.py" in cmd or any(c.endswith(b"sandbox_init.py") for c in cmd)) or \
+                    os.path.basename(cmd[0]) == b"bwrap" or ours(parent) or b"--serve" in cmd and parent == os.getpid():
+                continue  # not a call's, or our zygote
+            while parent > 1 and parent != os.getpid():  # a live call of another trainer: under its bwrap
+                if ours(parent):
+                    break  # a call of ours, still there
+                parent, cmd = status(parent)
+                if cmd and os.path.basename(cmd[0]) == b"bwrap" and not ours(parent):
+                    break
+            else:
+                found.append(pid)
+                continue
+            found += [pid] if ours(parent) else []
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 def _sysv_keys() -> set[str]:
@@ -139,13 +166,13 @@ def test_the_trainers_environment_and_files_are_not_there_even_through_libc():
         result = run_code("import ctypes, os\nlibc = ctypes.CDLL(None)\nlibc.getenv.restype = ctypes.c_char_p\n"
                           "print(libc.getenv(b'RLLAVA_TEST_SECRET'), os.environ.get('RLLAVA_TEST_SECRET'))\n"
                           f"print(libc.open({os.path.join(REPO, 'README.md').encode()!r}, 0))\n"
-                          "print(sorted(os.listdir('/')), os.listdir('/etc'))\n", [], FAST)
+                          "print(sorted(os.listdir('/')), os.listdir('/etc'))\nprint(os.listdir('/proc'))\n", [], FAST)
     finally:
         del os.environ["RLLAVA_TEST_SECRET"]
     assert result.ok and "hf_secret" not in result.stdout, result.text()
     lines = result.stdout.splitlines()
     assert lines[0] == "None None" and lines[1] == "-1"
-    assert "proc" not in lines[2] and "'work'" in lines[2] and lines[2].endswith("['ld.so.cache']")
+    assert "'work'" in lines[2] and lines[2].endswith("['ld.so.cache']") and lines[3] == "[]"  # /proc: empty
 
 
 def test_nothing_outside_can_be_written_or_deleted(outside):
@@ -404,7 +431,9 @@ X86_64 = [("ptrace", 101, (16, 1, 0, 0)), ("pidfd_getfd", 438, (3, 3, 0)), ("pro
           ("shmget", 29, (0, 4096, 0o1600)), ("msgget", 68, (0, 0o1600)), ("semget", 64, (0, 1, 0o1600)),
           ("io_uring_setup", 425, (8, 0)), ("io_uring_enter", 426, (0, 0, 0, 0, 0, 0)),
           ("io_uring_register", 427, (0, 0, 0, 0)), ("userfaultfd", 323, (0,)),
-          ("perf_event_open", 298, (0, 0, -1, -1, 0)), ("bpf", 321, (0, 0, 0))]
+          ("perf_event_open", 298, (0, 0, -1, -1, 0)), ("bpf", 321, (0, 0, 0)),
+          ("unshare", 272, (0x10000000,)), ("setns", 308, (0, 0)), ("clone", 56, (0x10000000 | 17, 0, 0, 0, 0))]
+# the last three: a new user namespace (all capabilities back in it), or the zygote's
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the syscall numbers are x86_64's")
@@ -434,39 +463,29 @@ def test_12_the_work_directorys_inodes_are_bounded(jail):
     assert some.ok and int(some.stdout) == 401, some.text()  # the snippet's file too
 
 
-def _pool_has_ready(limits: Limits, module: str | None = None, within_s: float = 120.0) -> bool:
-    """Whether the pool holds a started jail for `limits` (that imported `module`), waiting up to `within_s`."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        with sandbox.POOL.lock:
-            ready = [s for (lim, _), v in sandbox.POOL.idle.items() if lim == limits for s in v
-                     if module is None or module in s.preload]
-        if ready:
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def test_13_jails_started_ahead_serve_one_call_each():
-    """Issue 45's per-call cost: jails are started ahead of need (`sandbox.POOL`), numpy imported in them once
-    recent snippets used it, but each serves exactly one call and is destroyed: nothing a call leaves (a file, a
-    process, a module's state) reaches the next, and none outlives the pool."""
+def test_13_one_zygote_forks_each_call_into_namespaces_of_its_own():
+    """Issue 45's per-call cost: one zygote per trainer process (`sandbox.ZYGOTE`, numpy and PIL imported once)
+    forks every call, and each fork makes namespaces and a /work of its own before the snippet runs: nothing a
+    call leaves (a file, a process, a module's state) reaches the next, and nothing outlives the zygote."""
     mark = ("import os, sys, numpy\nprint(os.path.exists('/work/mark'), getattr(numpy, 'touched', False))\n"
             "open('/work/mark', 'w').close()\nnumpy.touched = True\n"
             "if os.fork() == 0:\n    os.setsid()\n    import time\n    time.sleep(30)\n")
-    for i in range(6):
-        assert i == 0 or _pool_has_ready(FAST), "the pool started no jail behind the last call"
+    for _ in range(6):
         result = run_code(mark, [], FAST)
         assert result.ok and result.stdout.split() == ["False", "False"], result.text()
-    assert _pool_has_ready(FAST, "numpy")  # waited for, not timed: a busy machine starts it later, not never
-    preloaded = run_code("import sys\nprint('numpy' in sys.modules)\n", [], FAST)
-    assert preloaded.stdout.strip() == "True", preloaded.text()  # the jail that served it had numpy imported
+    preloaded = run_code("import sys\nprint('numpy' in sys.modules, 'PIL.Image' in sys.modules)\n", [], FAST)
+    assert preloaded.stdout.split() == ["True", "True"], preloaded.text()  # imported in the zygote, once
     assert leftovers() == []
-    assert _pool_has_ready(FAST)  # the jail started behind the last call
-    waiting = [s.proc.pid for v in sandbox.POOL.idle.values() for s in v]
-    assert waiting and all(os.path.exists(f"/proc/{pid}") for pid in waiting)
-    sandbox.POOL.close()
-    assert not any(os.path.exists(f"/proc/{pid}") for pid in waiting)
+    with sandbox.ZYGOTE.helper:
+        ahead = [s for v in sandbox.ZYGOTE.ahead.values() for s in v]
+    zygote = [sandbox.ZYGOTE.proc.pid] + children(sandbox.ZYGOTE.proc.pid)
+    assert len(zygote) == 2 + 2 * len(ahead), zygote  # bubblewrap, the zygote, and the calls forked ahead
+    sandbox.ZYGOTE.close()
+    deadline = time.monotonic() + 30  # the kernel ends the zygote's namespace after bubblewrap: waited, not timed
+    while any(os.path.exists(f"/proc/{pid}") for pid in zygote) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in zygote)
+    assert run_code("print('again')", [], FAST).stdout == "again\n"  # a new one, on the next call
 
 
 def test_9_a_file_name_that_is_not_utf8_comes_back_as_text():
