@@ -4,19 +4,22 @@
 
 prints the jail this machine gives and the observation a model would get for that snippet (exit 0 even when the
 snippet failed), so the limits can be tried by hand. Model output is hostile input, and in GRPO a snippet that
-sabotages the other rollouts of its group raises its own advantage: every call is a jail of its own, made by
-bubblewrap (`bwrap`, Debian package `bubblewrap`):
+sabotages the other rollouts of its group raises its own advantage: every call is a jail of its own. A zygote
+(`_Zygote`: `rllava/agent/sandbox_init.py --serve`, numpy and PIL imported once) runs in bubblewrap (`bwrap`,
+Debian package `bubblewrap`: its own namespaces, a read-only root, no capability, a filter that allows it alone
+to make namespaces) and forks each call, which makes before anything of the snippet runs (`sandbox_init.enter`,
+`confine`):
 
-1. its own PID, IPC, mount, network, UTS and user namespaces (`--unshare-all --unshare-user --disable-userns`):
-   `kill(-1)` and SysV IPC reach nothing outside the call, no network interface exists, and the call's first
-   process (`rllava/agent/sandbox_init.py`) is PID 1, so every process and thread of the call ends when it ends;
+1. its own user, PID, IPC, mount, network, UTS and cgroup namespaces: `kill(-1)` and SysV IPC reach nothing
+   outside the call, only a loopback interface exists, and the call's first process is PID 1, so every process
+   and thread of the call ends when it ends;
 2. a root file system of its own, read-only: the system libraries, the Python interpreter's standard library,
-   numpy and PIL; nothing of the project, your home, /etc or /proc. It writes only `/work`, a tmpfs of
+   numpy and PIL; nothing of the project, your home or /etc, and /proc empty. It writes only `/work`, a tmpfs of
    `disk_mb` holding snippet.py and the images (`image.png`, `image_1.png`, ...), which goes with the call;
 3. uid 65534 in its user namespace, every capability dropped, no_new_privs, an empty environment, and a seccomp
    filter (`SECCOMP_DENIED`, built with libseccomp through `pyseccomp`): the syscalls that reach kernel objects
    outside the call's namespaces (keyrings, inotify instances, SysV IPC, io_uring, userfaultfd, perf, bpf,
-   ptrace / pidfd_getfd / process_vm_*) return EPERM;
+   ptrace / pidfd_getfd / process_vm_*) and new namespaces (unshare, setns, clone's flags) return EPERM;
 4. limits: per process (setrlimit: `cpu_s`, `memory_mb` address space, `file_mb`, `open_files`, no core file)
    and per call: `processes` (the call's processes and threads) and `memory_mb` in a cgroup of its own where
    one can be made (v2, or v1's memory and pids), else RLIMIT_NPROC in the call's user namespace (so the call's
