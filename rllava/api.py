@@ -1,5 +1,5 @@
-"""The Python API: the RLVR run of `python -m rllava.train.pipeline.rlvr`, from a notebook or a script, with a
-model and records built in Python.
+"""The Python API: the RLVR run of `python -m rllava.train.pipeline.rlvr`, from a notebook or a script, with a model
+and records built in Python (docs/custom_task.md, "Driving it from Python"; messages: docs/troubleshooting.md).
 
     from rllava import RLVRPipeline
 
@@ -7,31 +7,12 @@ model and records built in Python.
     outputs_dir = pipeline.run()
     RLVRPipeline.from_config({"actor.model.model_path": DIR, "data.train_files": FILE, ...}).run()
 
-`run()` is `rllava.train.pipeline.rlvr.train`: the same step, loop, checks, outputs and checkpoints as the
-command line, with the model and records handed to `build_run` (`rllava.train.loop.Given`) instead of loaded
-from `actor.model.model_path` and `data.train_files` / `data.val_files`.
-
-- config: a YAML path, a dict (nested sections or dotted keys), a `PPOConfig`, argv-style args
-  (`["config=FILE", "key=value"]`) or None (the defaults), checked as the command line's (`as_config`).
-- model: a `transformers` model, trained in place, or None (`actor.model.model_path` is loaded), or a path
-  (as `actor.model.model_path`). A model passed in wins over the config: `actor.model.model_path` becomes its
-  `name_or_path` (a warning says so when the config named another), which config.yaml, checkpoints and the
-  outputs dir's identity record and which vLLM / SGLang (synced before every rollout), the critic and, under
-  FSDP2, the KL reference start from (a warning names the last two when they load). `actor.model.*` switches
-  apply to it as to a loaded model (torch_dtype, attn_implementation, freezing, LoRA, gradient checkpointing).
-  `processor=`: its processor or tokenizer; default: loaded from `actor.model.tokenizer_path`, else
-  `model.name_or_path`.
-- train_dataloader / val_dataloader: records with a data file's fields (`data.prompt_key`, `answer_key`,
-  `image_key`: paths, bytes, base64 or PIL images), as a list or any iterable of dicts, a `datasets.Dataset`, a
-  torch DataLoader over such records (its dataset is read; batches are `data.train_batch_size` prompts) or a
-  `rllava.data.dataset.PromptDataset` (used as built). Checked as a file's records, errors naming
-  "train_dataloader record N"; relative image paths resolve against data.train_image_dir / val_image_dir, else
-  the working directory. Given records replace data.train_files / val_files (set to "", with a warning if the
-  config named files). val_dataloader is optional and used when the config validates (trainer.val_freq,
-  val_before_train).
-
-Errors are the command line's: a `RllavaError` (ConfigError, DataError, ...) whose message is one line naming
-the key, file or record.
+`run()` is `rllava.train.pipeline.rlvr.train` (the command line's step, loop, checks, outputs and checkpoints), with the
+model and records handed to `build_run` (`rllava.train.loop.Given`) instead of loaded. A model passed in wins over the
+config: `actor.model.model_path` becomes its `name_or_path`, which vLLM / SGLang, the critic and, under FSDP2, the KL
+reference start from; `processor=` defaults to one loaded from `actor.model.tokenizer_path`, else that path. The config
+is anything `as_config` takes (a YAML path, a dict, a `PPOConfig`, argv-style args, None). Records replace
+data.train_files / val_files. Errors: the command line's one-line `RllavaError`.
 """
 
 from __future__ import annotations
@@ -60,11 +41,10 @@ class RLVRPipeline:
         m = self.cfg.actor.model
         if isinstance(model, (str, os.PathLike)):
             m.model_path, model = os.fspath(model), None
-        if model is None:
-            if processor is not None:
-                raise ConfigError("RLVRPipeline: processor= goes with a model passed in; with actor.model.model_path "
-                                  "set actor.model.tokenizer_path to load another processor")
-        else:
+        if model is None and processor is not None:
+            raise ConfigError("RLVRPipeline: processor= goes with a model passed in; with actor.model.model_path "
+                              "set actor.model.tokenizer_path to load another processor")
+        if model is not None:
             if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
                 raise ConfigError(f"RLVRPipeline: model must be a transformers model (or None, or a path), got a "
                                   f"{type(model).__name__}")

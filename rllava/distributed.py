@@ -1,8 +1,6 @@
-"""The few torch.distributed facts a pipeline needs, valid with or without `torchrun`.
-
-`torchrun --nproc_per_node=N` sets RANK / WORLD_SIZE / LOCAL_RANK; `init()` then joins the process group
-(NCCL on GPUs, gloo on CPUs) and picks this rank's device. Without torchrun everything here is the
-single-process identity, so the same pipeline code runs both ways.
+"""The few torch.distributed facts a pipeline needs, valid with or without `torchrun`: `init()` joins the process
+group that torchrun's RANK / WORLD_SIZE / LOCAL_RANK describe (NCCL on GPUs, gloo on CPUs) and picks this rank's
+device; without torchrun everything here is the single-process identity, so the same pipeline code runs both ways.
 """
 
 from __future__ import annotations
@@ -15,10 +13,12 @@ import sys
 import torch
 import torch.distributed as dist
 
-_joined = False  # this process joined a process group (init); see `exit`
-# trainer.rollout_ranks (asynchronous RL): the launch's processes split into two worlds, the trainers (the first
-# ranks) and the rollout ranks (the last N); each runs as a world of its own (RANK / WORLD_SIZE rewritten, so
-# every collective, FSDP2's mesh and DCP stay within it), and `bridge()` joins all of them for weights and batches
+from rllava.errors import ConfigError
+
+_joined = False  # this process joined a process group (init); see `exit_process`
+# trainer.rollout_ranks (asynchronous RL): the launch splits into two worlds, the trainers (the first ranks) and the
+# rollout ranks (the last N), each with RANK / WORLD_SIZE rewritten so every collective, FSDP2's mesh and DCP stay
+# within it; `bridge()` joins all of them for weights and batches
 _split: dict = {}
 
 
@@ -40,8 +40,6 @@ def split_roles(rollout_ranks: int) -> str:
     if rollout_ranks <= 0 or _split:
         return _split.get("role", "train")
     if int(os.environ.get("WORLD_SIZE", "1")) <= rollout_ranks:
-        from rllava.errors import ConfigError
-
         raise ConfigError(f"trainer.rollout_ranks={rollout_ranks} of {os.environ.get('WORLD_SIZE', '1')} processes "
                           "leaves none to train: launch with torchrun --nproc_per_node=<trainers + rollout_ranks>")
     store, grank, world = next(dist.rendezvous("env://"))  # torchrun's store (its agent's, or rank 0's)
@@ -63,10 +61,9 @@ def bridge():
 
 def init(device: str = "auto") -> torch.device:
     """Join the process group when launched with several processes; return this rank's device."""
-    cuda = torch.cuda.is_available() and device in ("auto", "cuda")
     if device not in ("auto", "cuda"):
         chosen = torch.device(device)
-    elif cuda:
+    elif torch.cuda.is_available():
         # rollout ranks beyond the GPUs there are (a 1-GPU async test run) share them
         chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(chosen)
@@ -85,9 +82,8 @@ def init(device: str = "auto") -> torch.device:
 
 
 def group_of_one(device: torch.device) -> None:
-    """A process group of one, so `python -m ... actor.strategy=fsdp2` (no torchrun, no RANK/WORLD_SIZE) runs the
-    sharded engine as a world of one instead of dying in torch.distributed's env:// rendezvous. An in-memory
-    store: no port, nothing to clean up."""
+    """A process group of one (an in-memory store: no port, nothing to clean up), so `python -m ...
+    actor.strategy=fsdp2` without torchrun runs the sharded engine instead of dying in the env:// rendezvous."""
     global _joined
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
@@ -152,8 +148,7 @@ def barrier() -> None:
 
 
 def close() -> None:
-    """Leave the process group after the last collective: wait for every rank (no rank goes while another still
-    sends to it), then destroy the group."""
+    """After the last collective, wait for every rank (none leaves while another sends to it), then leave the group."""
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
@@ -163,15 +158,11 @@ def close() -> None:
 
 
 def exit_process(code: int = 0) -> None:
-    """End the process with `code`; a process that joined a group skips the interpreter's teardown.
-
-    `destroy_process_group` does not stop gloo's worker and TCP-loop threads (nor NCCL's) while anything still
-    holds the group, and DTensor's sharding caches (FSDP2) and DeepSpeed's comm module hold it until the
-    interpreter tears down. A normal exit then frees Python objects and runs C++ static destructors under those
-    live threads, and now and then (more often on a loaded machine) one of them meets freed state and the rank
-    aborts after its work is done: "terminate called without an active exception", SIGABRT, and torchrun kills
-    the others. So such a process runs its atexit handlers, flushes its streams and leaves with `os._exit`: the
-    same exit code, no teardown for the threads to race. Call `close()` first after a successful run."""
+    """End the process with `code`; a process that joined a group skips the interpreter's teardown (call `close()`
+    first after a successful run). `destroy_process_group` leaves gloo's (and NCCL's) threads running while DTensor's
+    sharding caches (FSDP2) or DeepSpeed's comm module still hold the group, and a normal exit's teardown under them
+    now and then aborts a finished rank ("terminate called without an active exception", SIGABRT; torchrun kills the
+    others). So: atexit handlers, flushed streams, then `os._exit` with the same code."""
     if not _joined:
         sys.exit(code)
     atexit._run_exitfuncs()

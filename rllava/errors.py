@@ -10,11 +10,8 @@ class ConfigError(RllavaError):
 
     def __init__(self, problems: str | list[str]):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
-        if len(self.problems) == 1:
-            message = self.problems[0]
-        else:
-            message = f"{len(self.problems)} config problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(message)
+        many = f"{len(self.problems)} config problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(self.problems[0] if len(self.problems) == 1 else many)
 
 
 def first_failure(e: BaseException) -> BaseException:

@@ -1,23 +1,15 @@
-"""Tools and environments given as classes in YAML files: RLLaVA's `rollout.tool_config_path` and
-`rollout.env_config_path`, run by the same AgentRollout as registered tools.
+"""RLLaVA's `rollout.tool_config_path` / `rollout.env_config_path`: tools and environments given as classes in YAML
+files, run by the same AgentRollout as registered tools (docs/agents.md, "RLLaVA's tool and environment files").
 
     # rollout.tool_config_path=tools.yaml            # rollout.env_config_path=env.yaml
     tools:                                           env:
       - class_name: my_tools.py:Calculator             class_name: my_env.py:MazeEnv
         config: {digits: 6}                            config: {size: 5}
 
-`class_name` is `path/to/file.py:Class` or a dotted `module.Class`; the class is built as `Class(config)`
-(tools) or `Class(config=config)` (environments), as in RLLaVA. The interfaces are RLLaVA's:
-
-    tool:  extract_tool_call(turn_text) -> call or None;  execute(call) -> (result_text, success)
-    env:   reset(sample);  extract_action(turn_text) -> action or None;
-           step(action) -> (observation, reward, done, info);  close()
-
-An environment is built once per episode and `reset` with the episode's `rllava.data.protocol.Sample`
-(`.images`, `.ground_truth`, `.extra`: the record's other fields). Its observation is a string, a PIL image, or a
-dict with "text" and/or "image" (one image or a list); images go through the processor like the prompt's. A turn
-with `rollout.agent.answer_tag` (<answer>) ends the episode, as does one without a call or action; a tool that fails
-(`success` false, or an exception) is an error observation credited `rollout.agent.invalid_call_penalty`.
+`class_name` is `path/to/file.py:Class` or a dotted `module.Class`, built and called as in RLLaVA: a tool as
+`Class(config)`, with `extract_tool_call(turn_text) -> call or None` and `execute(call) -> (result_text, success)`; an
+environment once per episode as `Class(config=config)`, with `reset(sample)` (its `rllava.data.protocol.Sample`),
+`extract_action(turn_text) -> action or None`, `step(action) -> (observation, reward, done, info)` and `close()`.
 """
 
 from __future__ import annotations
@@ -45,12 +37,10 @@ RLLAVA_CLASSES = {"VisualCropTool": ZOOM, "WebSearchTool": SEARCH, "CodeExecuteT
 
 
 def _equivalent(spec: str) -> str:
-    """What runs the job of an RLLaVA class in rllava, by its name (search, code, crop / zoom), else a tool of
-    your own."""
+    """What runs an RLLaVA class's job in rllava, by its name (search, code, crop / zoom), else a tool of your own."""
     name = spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
-    low = spec.lower()
     return RLLAVA_CLASSES.get(name) or next(
-        (v for k, v in (("search", SEARCH), ("code", CODE), ("crop", ZOOM), ("zoom", ZOOM)) if k in low),
+        (v for k, v in (("search", SEARCH), ("code", CODE), ("crop", ZOOM), ("zoom", ZOOM)) if k in spec.lower()),
         "a tool of your own registered with @register_tool (rollout.agent.plugins; docs/agents.md)")
 
 

@@ -3,13 +3,8 @@
     rollout.agent.tools=[code] rollout.agent.tool_kwargs.code.wall_s=10 (every field of sandbox.Limits)
     rollout.agent.tool_kwargs.code.allow_weaker=true  (run where the full jail cannot be made: warned, not isolated)
 
-A call is `<code>...</code>` (`rollout.agent.tool_format=tags`), a fenced ```python block (`fenced`), or `{"name":
-"code", "arguments": {"code": ...}}` (`json`). The snippet finds the last image shown as `image.png` (the ones before it
-as `image_1.png`, ... in the order shown, the last excluded), and what it prints and the images it saves come back as
-the observation. A snippet that fails (an exception, a limit) is an error observation: the turn is credited
-`rollout.agent.invalid_call_penalty`, the episode goes on. `state.memory["code"]` counts the calls and the ones that ran
-cleanly (`ran`), for rewards and metrics. The tool is built when the run starts, before the model loads: where the
-sandbox's jail cannot be made it is one error then, naming what is missing (`rllava.agent.sandbox.check`).
+What the snippet prints and the images it saves are the observation; a failure (an exception, a limit) is an error
+observation. `state.memory["code"]` counts the calls and those that ran cleanly (`ran`).
 """
 
 from __future__ import annotations
@@ -45,7 +40,7 @@ class Code:
         code = args.get("code") if isinstance(args, dict) else args
         if not isinstance(code, str) or not code.strip():
             raise ToolError("code takes a Python snippet")
-        images = state.images[-1:] + state.images[:-1]  # image.png is the last one shown
+        images = state.images[-1:] + state.images[:-1]  # image.png: the last shown; image_1.png, ...: the rest in order
         result = run_code(code, images, self.limits, self.allow_weaker)
         memory = state.memory.setdefault("code", {"calls": 0, "ran": 0})
         memory["calls"] += 1

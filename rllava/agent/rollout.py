@@ -1,19 +1,16 @@
-"""The multi-turn Rollout role: K episodes per prompt, each a conversation of model turns and observations.
+"""The multi-turn Rollout role: K episodes per prompt, each a conversation of model turns and observations
+(docs/agents.md, "What a rollout is").
 
     prompt -> turn 1 (model) -> observation 1 (tool text / images) -> turn 2 (model) -> ... -> <answer>
 
-Every round generates the next turn of every unfinished episode at once (one batched call to the rollout
-engine, HF and vLLM/SGLang alike), then the environment (`rllava.agent.tools.ToolEnv`, the classes of
-`rllava.agent.classes`, or one of your own with `reset(sample, model_sizes)`, `step(state, text) -> Observation`
-and optionally `close(state)` at the episode's end) reads each new turn. An episode ends on an
-answer, a turn without a tool call, a turn cut by its token budget, `rollout.max_turns` turns, or the context
-budget: the model turns and observations together stay within `data.max_response_length` tokens.
-
-The trajectory is `[prompt, turn 1, observation 1, turn 2, ...]`: turns are trained, observations are given
-(never in the loss). An observation is a user turn of the chat template (its text and `{"type": "image"}`
-parts), tokenised by the processor like any prompt: its images' placeholders are expanded in the token ids and
-their pixels appended to the trajectory's `mm_inputs`, so the training forward sees the same interleaved
-sequence the engine continued (and Qwen-VL's M-RoPE positions are computed over all of it).
+Each round generates the next turn of every unfinished episode in one batched engine call, then the environment reads
+each new turn: `rllava.agent.tools.ToolEnv`, the classes of `rllava.agent.classes`, or your own with
+`reset(sample, model_sizes)`, `step(state, text) -> Observation` and optionally `close(state)` at the episode's end.
+An episode ends on an answer, a call-less turn, a turn cut by its token budget, `rollout.max_turns` turns, or the
+context budget (turns and observations together within `data.max_response_length` tokens). Turns are trained;
+observations are user turns of the chat template, never in the loss, tokenised by the processor like a prompt
+(placeholders expanded, pixels appended to `mm_inputs`): the training forward sees the interleaved sequence the
+engine continued (and Qwen-VL's M-RoPE positions span all of it).
 """
 
 from __future__ import annotations
@@ -53,9 +50,7 @@ class Episode:
     state: AgentState
     turn_texts: list[str] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)  # tool-level reward of each turn's call
-    # what each turn was written after: "" (the prompt) or the digest of the observation just shown (GiGPO
-    # groups the turns of a group that saw the same one)
-    anchors: list[str] = field(default_factory=list)
+    anchors: list[str] = field(default_factory=list)  # per turn: "" or the observation digest it followed (GiGPO)
     last_observation: str = ""
     response_tokens: int = 0  # turns + observations so far (the context budget counts both)
     finish_reason: str = ""  # "" while running; then "stop" or "length"
@@ -111,27 +106,30 @@ class AgentRollout(Rollout):
         self.round_image_mb, self.round_bytes, self.lock = round_image_mb, 0, threading.Lock()
 
     def generate(self, samples: list[Sample], sampling: SamplingParams, prefixes=None) -> list[Trajectory]:
-        """`sampling.n` episodes per sample (group id i for sample i), `sampling.max_new_tokens` the most one
-        turn may write (within the context budget)."""
+        """`sampling.n` episodes per sample (group i for sample i), each turn within `sampling.max_new_tokens`."""
         if prefixes is not None:
             raise ValueError("agent rollouts do not start responses with expert prefixes")
         episodes = self._episodes(samples, sampling.n)
         if self.asynchronous:
             self._generate_async(episodes, sampling)
-            return [self._trajectory(e) for e in episodes]
-        while active := [e for e in episodes if not e.finish_reason]:
+        while active := [e for e in episodes if not e.finish_reason]:  # async: all finished already
             self._round(active, sampling)
         return [self._trajectory(e) for e in episodes]
 
     def _round(self, active: list[Episode], sampling: SamplingParams) -> None:
-        """The next turn of every episode in `active` (one batched engine call), then the environment on each."""
+        """The next turn of every episode in `active` (one batched engine call), then the environment on each in up to
+        `tool_workers` threads (a tool that waits, like the code tool's sandbox, waits alone, within its time limit)."""
         stepping = self._turns(active, sampling)
-        for e, obs in zip(stepping, self._step_all(stepping)):
+        if self.tool_workers <= 1 or len(stepping) <= 1:
+            observations = [self._step(e) for e in stepping]
+        else:
+            with ThreadPoolExecutor(min(self.tool_workers, len(stepping))) as pool:
+                observations = list(pool.map(self._step, stepping))
+        for e, obs in zip(stepping, observations):
             self._observe(e, obs)
 
     def _turns(self, active: list[Episode], sampling: SamplingParams) -> list[Episode]:
-        """The next turn of every episode in `active`, one batched engine call; returns those whose turn the
-        environment is to read."""
+        """The next turn of every episode in `active` (one batched engine call); returns those the environment reads."""
         budgets = [min(sampling.max_new_tokens, self.budget - e.response_tokens) for e in active]
         self.round_bytes = 0  # the images the observations of this round add (async: of this engine call's turns)
         requests = [GenerationRequest(e.ids, e.mm, e.raw, list(e.state.images), e.sample.videos) for e in active]
@@ -140,10 +138,9 @@ class AgentRollout(Rollout):
                 if self._add_turn(e, truncate(c, budget), last=len(e.turn_texts) == self.max_turns - 1)]
 
     def _generate_async(self, episodes: list[Episode], sampling: SamplingParams) -> None:
-        """rollout.async_mode: no rounds. Each episode's tool call runs in a thread of its own (at most
-        `tool_workers` at once) and the episode goes on as soon as its call returns: every engine call takes the
-        episodes ready by then, while the others' tools still run. Which episodes share an engine call depends
-        on the tools' timing, so sampled runs are not reproducible bit for bit (the synchronous rounds are)."""
+        """rollout.async_mode: no rounds. Each tool call runs in its own thread (at most `tool_workers` at once) and
+        its episode goes on when it returns: each engine call takes the episodes ready by then. Which episodes share
+        an engine call depends on the tools' timing, so sampled runs are not bit-reproducible (rounds are)."""
         ready, calls = list(episodes), {}
         with ThreadPoolExecutor(max(1, self.tool_workers)) as pool:
             while ready or calls:
@@ -170,9 +167,6 @@ class AgentRollout(Rollout):
     def partial_done(self, e: Episode, max_new: int) -> bool:
         return bool(e.finish_reason)
 
-    def partial_segments(self, e: Episode) -> list[Segment]:
-        return e.segments
-
     def partial_finish(self, e: Episode) -> Trajectory:
         return self._trajectory(e)
 
@@ -180,8 +174,7 @@ class AgentRollout(Rollout):
         """The episode as data (a checkpoint is loaded with weights_only): tokens, pixels, the images the tools
         showed, and the tools' state, which must be plain data (numbers, strings, lists, dicts, tensors)."""
         s = e.state
-        where = f"episode of {e.sample.where}"
-        _check_plain(s.memory, f"{where}: the tools' state (AgentState.memory)")
+        _check_plain(s.memory, f"episode of {e.sample.where}: the tools' state (AgentState.memory)")
         return {"index": e.sample.index, "ids": e.ids, "raw": e.raw, "mm": dict(e.mm),
                 "segments": [[g.token_ids, g.trained, g.logprobs, g.version] for g in e.segments],
                 "images": [torch.from_numpy(np.asarray(to_rgb(im))) for im in s.images[len(e.sample.images):]],
@@ -203,19 +196,10 @@ class AgentRollout(Rollout):
                        state, st["turn_texts"], st["turn_rewards"], st["anchors"], st["last_observation"],
                        st["response_tokens"], st["finish_reason"])
 
-    def _step_all(self, episodes: list[Episode]) -> list[Observation]:
-        """The environment on each episode's last turn: at most `tool_workers` at once (threads: a tool that
-        waits, like the code tool's sandbox, waits alone; each call keeps its own time limit)."""
-        if self.tool_workers <= 1 or len(episodes) <= 1:
-            return [self._step(e) for e in episodes]
-        with ThreadPoolExecutor(min(self.tool_workers, len(episodes))) as pool:
-            return list(pool.map(self._step, episodes))
-
     def _step(self, e: Episode) -> Observation:
-        """The environment on the episode's last turn, its observation bounded as it arrives, whatever the tool:
-        text that is not UTF-8 (a lone surrogate, which the tokenizer rejects) gets U+FFFD; images come to
-        data.min/max_pixels now, not when the round ends; and once the round's images pass
-        `rollout.agent.round_image_mb` (as RGB) the rest are dropped, with a note the model reads."""
+        """The environment on the episode's last turn, its observation bounded as it arrives: non-UTF-8 text (a lone
+        surrogate, which the tokenizer rejects) gets U+FFFD; images come to data.min/max_pixels now; once the round's
+        images pass `rollout.agent.round_image_mb` (as RGB) the rest are dropped, with a note the model reads."""
         obs = self.env.step(e.state, e.turn_texts[-1])
         text = obs.text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
         images = [resize_to_pixel_bounds(to_rgb(im), self.min_pixels, self.max_pixels) for im in obs.images]
@@ -230,10 +214,9 @@ class AgentRollout(Rollout):
         return replace(obs, text=text, images=images[:kept])
 
     def replay(self, samples: list[Sample]) -> list[Trajectory]:
-        """Multi-turn SFT: each sample's expert turns (`sample.target`, a list of turn texts; one string is one
-        turn) written as the model's turns, the tools run on them as in a rollout, so the observations and their
-        images are the ones the policy will see. Turns are trained and off-policy (teacher-forced); an episode
-        the environment ends early drops the expert's remaining turns."""
+        """Multi-turn SFT: each sample's expert turns (`sample.target`, a list of turn texts or one) written as the
+        model's, the tools run on them as in a rollout (the observations the policy will see). Turns are trained,
+        off-policy (teacher-forced); an episode the environment ends early drops the expert's remaining turns."""
         out = []
         for i, sample in enumerate(samples):
             turns = sample.target if isinstance(sample.target, (list, tuple)) else [sample.target]
@@ -279,11 +262,9 @@ class AgentRollout(Rollout):
         e.anchors.append(e.last_observation)
         if c.finish_reason == "length":  # cut mid-turn: no complete call to run
             e.finish_reason = "length"
-            return False
-        if last:  # rollout.max_turns: no turn left to read an observation in, so no tool runs
+        elif last:  # rollout.max_turns: no turn left to read an observation in, so no tool runs
             e.finish_reason = "stop"
-            return False
-        return True
+        return not e.finish_reason
 
     def _observe(self, e: Episode, obs: Observation) -> None:
         """The environment's answer to the last turn: its reward, and (unless the episode ends) what it shows."""

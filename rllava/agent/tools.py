@@ -1,24 +1,11 @@
-"""Tools an agent calls between its turns, and the environment that runs them.
+"""Tools an agent calls between its turns, and the environment that runs them (docs/agents.md, "Tools").
 
     turn text --parse--> (tool name, arguments) --tool(arguments, state)--> Observation(text, images, reward)
 
-A tool is a function or a class registered by name, like an advantage estimator:
-
-    @register_tool("zoom")
-    def zoom(args, state: AgentState) -> Observation: ...      # no options
-
-    @register_tool("search")
-    class Search:                                             # options: rollout.agent.tool_kwargs.search.*
-        def __init__(self, corpus: str, top_k: int = 3): ...
-        def __call__(self, args, state: AgentState) -> Observation: ...
-
-`rollout.agent.tools=[search, zoom]` picks them; a user file that registers its own is listed in
-`rollout.agent.plugins`. A call is written `<name>arguments</name>` (`rollout.agent.tool_format=tags`; the
-arguments are the text between the tags) or `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-(`json`; the arguments are the dict); `fenced` also takes a ```python block as a call of the `code` tool. A
-tool that rejects its arguments raises `ToolError`; any exception a tool raises becomes an error observation the
-model reads next turn (never a crash of the step), and the turn that made the call is credited
-`rollout.agent.invalid_call_penalty` (negative) as a tool-level reward.
+A tool is registered by name (`@register_tool("zoom")`): a function `fn(args, state) -> Observation`, or a class whose
+instances are one, built with `rollout.agent.tool_kwargs.<name>.*`; `rollout.agent.tools` picks them. A tool rejects
+its arguments by raising `ToolError`; any exception it raises becomes an error observation the model reads next turn
+(never a crash of the step), and the calling turn is credited `rollout.agent.invalid_call_penalty` (negative).
 """
 
 from __future__ import annotations
@@ -61,15 +48,12 @@ class AgentState:
 
     sample: Sample
     images: list = field(default_factory=list)  # every image shown so far: the sample's, then observations'
-    # (width, height) of each image as the model saw it (after the processor's resize): the frame of its boxes
-    model_sizes: list[tuple[int, int]] = field(default_factory=list)
+    model_sizes: list[tuple[int, int]] = field(default_factory=list)  # (w, h) of each image as the model saw it
     calls: list[tuple[str, Any]] = field(default_factory=list)  # (tool, arguments) of every call so far
     failed_calls: int = 0  # calls that were invalid or whose tool failed
     memory: dict = field(default_factory=dict)  # free space for a tool's own state
-    # per model turn, for a researcher reading samples.jsonl: its text, the call it made, what it was shown
-    log: list[dict] = field(default_factory=list)
-    # RLLaVA's `step_reward`: the environment's step rewards summed over the observations shown (ToolEnv.step_reward)
-    step_reward: float = 0.0
+    log: list[dict] = field(default_factory=list)  # per turn, for samples.jsonl: its text, call, what it was shown
+    step_reward: float = 0.0  # RLLaVA's: the step rewards summed over the observations shown (ToolEnv.step_reward)
 
 
 def parse_tags(text: str, names: list[str]) -> tuple[str, Any] | None:
@@ -109,10 +93,8 @@ def answer_of(text: str, tag: str = "answer") -> str | None:
 
 
 class ToolEnv:
-    """The environment of tool-using agents: `reset(sample) -> state`; `step(state, turn_text) -> Observation`.
-
-    A turn with an answer ends the episode; so does one with neither an answer nor a tool call. A call names a
-    tool of `tools` (else an error observation listing them); the tool's exceptions become error observations."""
+    """The environment of tool-using agents: `reset(sample) -> state`, `step(state, turn_text) -> Observation`.
+    An answer or a call-less turn ends the episode; an unknown tool or a tool's exception is an error observation."""
 
     def __init__(self, tools: dict[str, Callable], *, tool_format: str = "tags", answer_tag: str = "answer",
                  invalid_call_penalty: float = 0.0):
@@ -144,9 +126,8 @@ class ToolEnv:
         return obs
 
     def step_reward(self, obs: Observation) -> float:
-        """What RLLaVA's environments return for a step whose observation is shown, which its workflow sums into the
-        reward input's `step_reward` (its AgentSearchEnv, AgentCodeEnv): 1 for a call that ran, 0 for one that
-        failed. The turn's tool-level reward (credit, `Observation.reward`) is another thing."""
+        """RLLaVA's step reward of a shown observation (its AgentSearchEnv, AgentCodeEnv), summed into the reward
+        input's `step_reward`: 1 for a call that ran, 0 for one that failed; not the turn's `Observation.reward`."""
         return 0.0 if obs.error else 1.0
 
     def _error(self, state: AgentState, reason: str) -> Observation:
@@ -197,11 +178,9 @@ def _box(args) -> list[float]:
 
 @register_tool("zoom")
 def zoom(args, state: AgentState) -> Observation:
-    """Crop of the last image shown, returned as a new image (DeepEyes' "thinking with images").
-
-    The box is in pixels of the image *as the model saw it* (`state.model_sizes[-1]`, the processor's resize),
-    scaled to the stored image, clamped to it, and grown around its centre to at least MIN_SIDE pixels a side.
-    A box with x2 <= x1 or y2 <= y1, or outside the image, is an error observation."""
+    """Crop of the last image shown, as a new image (DeepEyes' "thinking with images"). The box is in pixels of the
+    image *as the model saw it* (`state.model_sizes[-1]`), scaled to the stored image, clamped to it, and grown around
+    its centre to at least MIN_SIDE pixels a side; an empty box, or one outside the image, is an error observation."""
     if not state.images:
         raise ToolError("there is no image to zoom into")
     x1, y1, x2, y2 = _box(args)
