@@ -1,43 +1,41 @@
 """Reward functions from a user file: `reward.reward_function=path/to/file.py:compute_score` (one source of the
 Scoring stage, `rllava.reward.scoring`, which also combines several: `reward.reward_functions`).
 
-Three call forms, as RLLaVA's reward manager calls them (`reward.reward_type`):
-- sequential: `fn(reward_input: dict, **reward_function_kwargs)` once per trajectory (RLLaVA's meaning):
-  the dict holds every per-sample field (below). RLLaVA's grounding/OVD/counting rewards take this form.
-- batch:      `fn(reward_inputs: list[dict], **reward_function_kwargs)` once per batch; returns one result
-  per input (RLLaVA's math reward).
-- named (rllava's own form): `fn(response, ground_truth, **reward_function_kwargs)` per trajectory; any other
-  parameter after the first two that is a per-sample field and not a configured kwarg gets that sample's
-  value: `def compute_score(response, ground_truth, prompt, images=())`. A function with two or more
-  required positional parameters is called this way under `auto` and `sequential` (it cannot take one dict).
-- auto (default): named with two or more required positional parameters; otherwise the first parameter
-  decides: annotated `dict`/`Mapping` or named `reward_input` -> sequential, anything else -> batch
-  (RLLaVA's files say which they want: `reward_input: dict[str, Any]` / `reward_inputs: list[dict[...]]`).
-The form is checked when the reward is built, so a mismatch (a batch reward with a two-argument signature, a
-sequential one annotated `list`, a configured kwarg the function does not take) stops the run at start-up.
+Call forms (`reward.reward_type`; the first two as RLLaVA's reward manager calls them):
+- sequential: `fn(reward_input: dict, **reward_function_kwargs)` once per trajectory, the dict holding every
+  per-sample field (below): RLLaVA's grounding/OVD/counting rewards.
+- batch:      `fn(reward_inputs: list[dict], **reward_function_kwargs)` once per batch, one result per input
+  (RLLaVA's math reward).
+- named (rllava's own): `fn(response, ground_truth, **reward_function_kwargs)` per trajectory; each further
+  parameter that is a per-sample field and not a configured kwarg gets that sample's value
+  (`def compute_score(response, ground_truth, prompt, images=())`). Under `auto` and `sequential`, every function
+  with two or more required positional parameters is called this way (it cannot take one dict).
+- auto (default): named as above; otherwise the first parameter decides: annotated `dict`/`Mapping` or named
+  `reward_input` -> sequential, else batch (RLLaVA's files annotate `reward_input: dict[str, Any]` /
+  `reward_inputs: list[dict[...]]`).
+A mismatch (a batch reward with a two-argument signature, a sequential one annotated `list`, a configured kwarg
+the function does not take) stops the run when the reward is built.
 
 Per-sample fields: `prompt` (the prompt text as the model saw it: the last user message, template applied,
 `<image>`/`<video>` where those sit), `response`, `response_length` (tokens), `ground_truth`, the record's other fields,
 `image_sizes` ((width, height) of each image as stored), `model_image_sizes` (as the model saw it, after its processor's
 resize: what a Qwen2.5-VL box is measured in), and two heavy ones: `images` (the sample's images, PIL, as given to the
-processor) and `videos` (each video's sampled frames, a list of PIL). The dicts of the sequential and batch forms hold
-every field but the heavy two, which are not copied (nor pickled to `reward.num_cpus` workers) for a function that never
-reads them: a dict-form function gets them by naming a parameter `images` / `videos` after its input: `fn(reward_input,
-images=())` the sample's, `fn(reward_inputs, images=None)` a list with one entry per input. For agent rollouts
-(`rollout.agent.tools`) the response is every model turn joined by newlines, plus `tool_calls` ((tool, arguments) of
-each call), `num_turns`, `returned_images` (images the tools showed: count tool use by these, not by tags in the text),
-`tool_memory` (what the tools noted, e.g. the ids of the documents each search returned), `turn_texts` (each model
-turn's text; the last is what RLLaVA's agentic workflow scores as the response) and `step_reward` (RLLaVA's: the
-environment's step rewards summed over the observations shown; for rllava's tools 1 per call that ran, for an
-environment class of rollout.env_config_path its own rewards).
+processor) and `videos` (each video's sampled frames, a list of PIL). The dicts of the dict forms hold all but the heavy
+two, which are copied (and pickled to `reward.num_cpus` workers) only for a function naming a parameter `images` /
+`videos` after its input: `fn(reward_input, images=())` the sample's, `fn(reward_inputs, images=None)` one entry per
+input. Agent rollouts (`rollout.agent.tools`): the response is every model turn joined by newlines, plus `tool_calls`
+((tool, arguments) of each call), `num_turns`, `returned_images` (images the tools showed: count tool use by these, not
+by tags in the text), `tool_memory` (what the tools noted, e.g. the ids of the documents each search returned),
+`turn_texts` (each model turn's text; the last is what RLLaVA's agentic workflow scores as the response) and
+`step_reward` (RLLaVA's: the environment's step rewards summed over the observations shown; for rllava's tools 1 per
+call that ran, for an environment class of rollout.env_config_path its own rewards).
 A result is a float or a dict of named floats with an `overall` entry (the scalar used for training).
 
-The function is untrusted code (`rllava.reward.guard`): each call has `reward.timeout` seconds; raising,
-timing out, exiting the process or returning something that is not a finite number is a failure, one line
-naming the function and the sample index. `reward.strict=true` stops the run with it; otherwise (the default)
-the line is logged as a warning, the sample scores `reward.fallback_score` and counts in `reward/errors`
-(`reward.on_error=raise|zero` is the older spelling of strict / non-strict with fallback 0). A call failing on
-every sample still stops the run (`rllava.reward.scoring`).
+The function is untrusted code (`rllava.reward.guard`): each call has `reward.timeout` seconds; raising, timing out,
+exiting the process or returning anything but finite numbers is a failure, one line naming the function and the sample
+index. `reward.strict=true` stops the run with it; otherwise (the default) the line is a warning, the sample scores
+`reward.fallback_score` and counts in `reward/errors` (`reward.on_error=raise|zero`: the older spelling of strict /
+non-strict with fallback 0). A call failing on every sample still stops the run (`rllava.reward.scoring`).
 """
 
 from __future__ import annotations
@@ -145,35 +143,27 @@ def call_form(fn: Callable, reward_type: str, spec: str, key: str = "reward.rewa
     return reward_type
 
 
-def _check_kwargs(fn: Callable, kwargs: dict, spec: str, key: str) -> None:
-    """A configured kwarg the function cannot take fails at start-up (with **kwargs it takes anything)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return
-    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
-        return
-    names = {p.name for p in params if p.kind != inspect.Parameter.POSITIONAL_ONLY}
-    unknown = sorted(set(kwargs) - names)
-    if unknown:
-        raise RewardError(f"{key}: {spec} takes no parameter {unknown[0]!r} "
-                          f"(its parameters: {', '.join(sorted(names)) or 'none'})")
-
-
 HEAVY = ("images", "videos")  # PIL: given to a function only when it names them (see the module docstring)
 
 
-def _sample_params(fn: Callable, configured: dict, form: str) -> list[str]:
+def _sample_params(fn: Callable, configured: dict, form: str, spec: str, key: str) -> list[str]:
     """Parameters filled per sample: after (response, ground_truth) any not configured (named form); after the
-    dict or list only `images` / `videos` (the other fields are in the dicts)."""
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    dict or list only `images` / `videos` (the other fields are in the dicts). A configured kwarg the function
+    cannot take fails at start-up (with **kwargs it takes anything)."""
     try:
-        params = [p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds]
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return []
+    names = {p.name for p in params if p.kind != inspect.Parameter.POSITIONAL_ONLY}
+    unknown = sorted(set(configured) - names)
+    if unknown and not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
+        raise RewardError(f"{key}: {spec} takes no parameter {unknown[0]!r} "
+                          f"(its parameters: {', '.join(sorted(names)) or 'none'})")
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    filled = [p.name for p in params if p.kind in kinds]
     if form == "named":
-        return [p for p in params[2:] if p not in configured]
-    return [p for p in params[1:] if p in HEAVY and p not in configured]
+        return [p for p in filled[2:] if p not in configured]
+    return [p for p in filled[1:] if p in HEAVY and p not in configured]
 
 
 def sample_fields(t: Trajectory, heavy=()) -> dict:
@@ -241,8 +231,7 @@ class RewardFunction(Fallible):
                  key: str = "reward.reward_function", kwargs_key: str = "reward.reward_function_kwargs"):
         self.spec, self.fn, self.kwargs = spec, load_reward_function(spec, key), dict(kwargs or {})
         self.reward_type = call_form(self.fn, reward_type, spec, key)  # 'named' | 'sequential' | 'batch'
-        _check_kwargs(self.fn, self.kwargs, spec, kwargs_key)
-        self.fields = _sample_params(self.fn, self.kwargs, self.reward_type)  # filled per sample by name
+        self.fields = _sample_params(self.fn, self.kwargs, self.reward_type, spec, kwargs_key)  # filled by name
         self.heavy = [k for k in self.fields if k in HEAVY]
         super().__init__(f"reward function {spec}", strict, fallback_score)
         self.runner = make_runner(partial(self.fn, **self.kwargs), timeout, num_cpus, f"{key}={spec}")

@@ -1,17 +1,14 @@
 """Model-based rewards: a learned reward model, an LLM/VLM judge, and embedding similarity.
 
-Each is a reward *source* with the Reward role's interface (`rllava.reward.function.RewardFunction` is one too):
-`score(trajectories, train=False) -> (scores [B], details)`, one dict of named floats with `overall` per sample;
-`errors` / `last_error`, the samples given reward.fallback_score (reward.strict=false); `close()`. Models load from a
-local HF directory through the actor's loading code (`rllava.model.loader`), on the run's device, in `torch_dtype`
-(null = float32 on CPU, bfloat16 on GPU), frozen, and run without gradients.
+Each is a reward *source* (the interface: `rllava.reward.scoring`). Models load from a local HF directory through the
+actor's loading code (`rllava.model.loader`), on the run's device, in `torch_dtype` (null = float32 on CPU, bfloat16
+on GPU), frozen, and run without gradients.
 
 - classifier (a reward model): a sequence-classification checkpoint with one label (`num_labels=1`, as
   Skywork-Reward and verl's reward models); score = its logit for the prompt + response in the model's own chat
-  template and tokenizer, `micro_batch_size` sequences per forward. A model whose processor takes images (a
-  vision-language reward model) gets the sample's images; a text-only one reads the text alone. Videos are shown
-  to neither (their text is). More than one label is a start-up error: which label, or which difference of
-  labels, is "better" is the checkpoint's convention, not something to guess.
+  template and tokenizer, `micro_batch_size` sequences per forward. A vision-language reward model (its processor
+  takes images) also gets the sample's images; videos are shown to neither (their text is). More than one label is
+  a start-up error: which label, or which difference of labels, is "better" is the checkpoint's convention.
 - judge: a causal LM or VLM given the Jinja template file `template` as its user turn (variables: `prompt`, the
   user turn's text with `<image>` markers; `response`; `ground_truth`; every other field of the record) and, for
   a VLM, the sample's images. It answers greedily, up to `max_tokens`, through the Rollout role on the engine
@@ -53,7 +50,7 @@ MINILM = "all-MiniLM-L6-v2"
 
 
 class _Source(Fallible):
-    """Shared by the three: one problem per sample either raises (reward.strict) or gives that sample the fallback."""
+    """Shared by the three."""
 
     def _finite(self, value: float) -> dict[str, float] | str:
         return {"overall": value} if math.isfinite(value) else f"the model's score is {value}"

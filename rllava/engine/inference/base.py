@@ -8,11 +8,14 @@ engine runs (HF generate shares the training model; vLLM/SGLang hold a copy).
 
 from __future__ import annotations
 
+import importlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
 import torch
+
+from rllava.errors import RllavaError
 
 
 @dataclass(frozen=True)
@@ -48,10 +51,56 @@ class RolloutEngine(Protocol):
     shares_train_model: bool
 
     def load(self, model: torch.nn.Module) -> None: ...
-
     def offload(self) -> None: ...
-
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]: ...
+
+
+def copy_greedy(grouped: list[list[Completion]], sampling: SamplingParams) -> list[list[Completion]]:
+    """Greedy samples are identical: one was drawn per request, copied `n` times instead of recomputed."""
+    return [g * sampling.n for g in grouped] if sampling.temperature == 0 else grouped
+
+
+class ColocatedEngine:
+    """What the vLLM and SGLang engines share: weights of their own, asleep (`_sleep`: GPU memory freed) outside
+    `load` .. `offload` and `score` unless `stay_awake` (RLLaVA's rollout.async_mode: memory kept between rollouts)."""
+
+    shares_train_model = False
+
+    @classmethod
+    def from_config(cls, cfg, *, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
+                    device: torch.device, model=None, **overrides):
+        """rollout.* and the engine's own keys (`_options`), `overrides` over them (a teacher's
+        algorithm.distill.engine_kwargs). `model`: a teacher's model_path / tokenizer_path / trust_remote_code, the
+        context length left to the engine; None: actor.model, data.max_prompt_length + max_response_length."""
+        r, m = cfg.rollout, model or cfg.actor.model
+        max_len = cfg.data.max_prompt_length + cfg.data.max_response_length if model is None else None
+        return cls(model_path=m.model_path, stop_token_ids=stop_token_ids, banned_token_ids=banned_token_ids,
+                   seed=r.seed, load_format=r.load_format, bucket_mb=r.bucket_size,
+                   trust_remote_code=m.trust_remote_code, stay_awake=r.async_mode,
+                   **{**cls._options(cfg, m, max_len, device), **overrides})
+
+    @staticmethod
+    def _import(module: str, name: str):
+        try:
+            return importlib.import_module(module)
+        except ImportError as e:
+            raise RllavaError(f'rollout.name={module} needs {name}, which is not installed: '
+                              f'pip install "rllava[{module}]"') from e
+
+    def offload(self) -> None:
+        if not self.stay_awake:
+            self._sleep()
+
+    def score(self, requests: list[GenerationRequest]) -> list[list[float]]:
+        """log p(x_t | x_<t) at temperature 1 of every token of each request's whole sequence, as the engine
+        processed it (placeholders expanded): entry t is token t's log-prob given tokens < t; entry 0 is 0.0.
+        For an engine holding its own weights (a teacher): awake for the call only, asleep again after it."""
+        if not self.stay_awake:
+            self._wake()
+        try:
+            return self._score(requests)
+        finally:
+            self.offload()
 
 
 def weight_buckets(model: torch.nn.Module, bucket_mb: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -96,14 +145,3 @@ def generate_context(engine: RolloutEngine, train_engine):
             yield engine
         finally:
             engine.offload()
-
-
-def engine_common(cfg, model, stop_token_ids: list[int], banned_token_ids: list[int]) -> tuple[dict, int | None]:
-    """(what a vLLM / SGLang engine reads of rollout.* and the served model's config, its context length). `model`:
-    another model's model_path / tokenizer_path / trust_remote_code (a teacher), whose context length is its own;
-    None: actor.model, data.max_prompt_length + max_response_length."""
-    r, m = cfg.rollout, model or cfg.actor.model
-    common = dict(model_path=m.model_path, stop_token_ids=stop_token_ids, banned_token_ids=banned_token_ids,
-                  seed=r.seed, load_format=r.load_format, bucket_mb=r.bucket_size,
-                  trust_remote_code=m.trust_remote_code, stay_awake=r.async_mode)
-    return common, cfg.data.max_prompt_length + cfg.data.max_response_length if model is None else None

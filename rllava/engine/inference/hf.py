@@ -13,7 +13,7 @@ from transformers.cache_utils import DynamicLayer, StaticLayer
 
 from rllava.config.schema import HF_DECODE_MODES
 from rllava.data.protocol import concat_mm
-from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams
+from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams, copy_greedy
 from rllava.errors import ConfigError
 from rllava.model.forward import modality_types
 from rllava.model.modular import CACHE_KWARG
@@ -25,18 +25,17 @@ class HFRolloutEngine:
     """Left-pads `micro_batch_size` requests at a time and samples `n` completions per request.
 
     `stop_token_ids` end a completion (the tokenizer's EOS); `banned_token_ids` (image/video placeholders) are
-    never sampled, since a placeholder inside a response would break the image-token count of the training
-    forward ("image features and image tokens do not match").
+    never sampled: one in a response would break the training forward's image-token count ("image features and
+    image tokens do not match").
 
-    The n samples of a prompt share it: the prompts (images included) are prefilled once and their KV cache is
-    copied n times for the sampling, instead of `generate`'s n full copies (`num_return_sequences`), so the vision
-    tower and the prompt's layers run once per prompt, not n times (benchmarks/vs_trl.py).
+    Each prompt (images included) is prefilled once and its KV cache copied for its n samples, instead of
+    `generate`'s n full copies (`num_return_sequences`): the vision tower and the prompt's layers run once per
+    prompt, not n times (benchmarks/vs_trl.py).
 
     Each sampled token's log-prob under the distribution it was drawn from is taken as it is sampled
     (`SampledLogProbs`), not from `generate`'s `output_scores`, which keeps every step's [rows, vocabulary] fp32
-    scores until the end: 80 GB for 256 rows of 512 tokens on a 152k vocabulary. Only the rollout keys'
-    sampling applies: `generate` gets a GenerationConfig of its own, so a checkpoint's generation_config.json
-    (Qwen-VL's repetition_penalty, top_k) never leaks in.
+    scores until the end: 80 GB for 256 rows of 512 tokens on a 152k vocabulary. `generate` gets a GenerationConfig
+    of its own, so a checkpoint's generation_config.json (Qwen-VL's repetition_penalty, top_k) never leaks in.
 
     `decode` (rollout.hf_decode) is the cache the samples are decoded with:
       eager    the prefill's DynamicCache, grown by one column per token (torch.cat each step, shapes change);
@@ -147,10 +146,7 @@ class HFRolloutEngine:
             end = len(ids) if stop is None else stop + 1
             completions.append(Completion(ids[:end], token_logps[row, :end].tolist(),
                                           "length" if stop is None else "stop"))
-        grouped = [completions[i * n:(i + 1) * n] for i in range(len(requests))]
-        if greedy and sampling.n > 1:  # greedy samples are identical: copy instead of recomputing
-            grouped = [g * sampling.n for g in grouped]
-        return grouped
+        return copy_greedy([completions[i * n:(i + 1) * n] for i in range(len(requests))], sampling)
 
     def _prefill_once(self, inputs: dict, n: int, static_len: int | None = None) -> dict:
         """Run every prompt but its last token through the model once, then copy the KV cache n times: `generate`
@@ -200,12 +196,11 @@ def static_cache_ok(model) -> bool:
 
 
 def static_copy(model, cache: DynamicCache, n: int, length: int, reuse: StaticCache | None = None) -> StaticCache:
-    """A StaticCache of `length` columns holding `cache`'s keys/values [N, heads, t, head_dim], each row
-    repeated n times (rows N * n, in repeat_interleave order: prompt i's samples are rows i*n .. i*n + n - 1), in
-    columns 0 .. t - 1; its length counters read t, so `generate` writes the next token at column t. One layer
-    is copied at a time (the repeated layer is the only temporary; each copied layer of `cache` is freed).
-    `reuse`: a filled StaticCache of the same rows, length and dtype, reset and refilled instead of a new one
-    (the same addresses: a compiled decode's CUDA graphs are not recorded again)."""
+    """A StaticCache of `length` columns holding `cache`'s keys/values [N, heads, t, head_dim] in columns
+    0 .. t - 1, each row repeated n times (repeat_interleave order: prompt i's samples are rows i*n .. i*n + n - 1);
+    its length counters read t, so `generate` writes the next token at column t. One layer is copied at a time
+    (the only temporary; each copied layer of `cache` is freed). `reuse`: a filled StaticCache of the same rows,
+    length and dtype, refilled instead of a new one (same addresses: compiled CUDA graphs are not recorded again)."""
     static = reuse if reuse is not None else StaticCache(config=model.config, max_cache_len=length)
     static.reset()
     for src, dst in zip(cache.layers, static.layers):

@@ -6,10 +6,10 @@ Written against vLLM 0.33 (V1 engine; the calls below exist since 0.10):
   this process (no engine-core subprocess; `VLLM_ENABLE_V1_MULTIPROCESSING=0`), under torchrun's ranks, as TRL's
   `vllm_mode="colocate"` and verl's SPMD rollout do. `rollout.tensor_parallel_size` consecutive ranks form one
   tensor-parallel engine: they pool their prompts, each generates them all, and each keeps its own share.
-- `load(model)`: `wake_up(tags=["weights"])`, then the policy's current weights (LoRA merged) go in by HF name
-  through `collective_rpc(fn)`, which calls `fn(worker)` in this process, and
-  `worker.model_runner.model.load_weights(weights)` maps HF names to vLLM's fused layers; then
-  `wake_up(tags=["kv_cache"])`. `offload()`: `sleep(level=1)` frees the KV cache and moves weights to the CPU.
+- `load(model)`: `wake_up(tags=["weights"])`; the policy's current weights (LoRA merged) by HF name through
+  `collective_rpc(fn)` (`fn(worker)` in this process: `worker.model_runner.model.load_weights(weights)` maps HF
+  names to vLLM's fused layers); `wake_up(tags=["kv_cache"])`. `offload()`: `sleep(level=1)` frees the KV cache
+  and moves weights to the CPU.
 - `generate`: `{"prompt_token_ids", "multi_modal_data"}` prompts (vLLM's processor expands the placeholders),
   `SamplingParams(logprobs=0)` returns the sampled token's log-prob, after temperature
   (`logprobs_mode="processed_logprobs"`), which is what the trainer computes at the same temperature.
@@ -30,13 +30,12 @@ Written against vLLM 0.33 (V1 engine; the calls below exist since 0.10):
   - `prompt_logprobs=0` is valid (non-negative or -1) and `max_tokens` must be >= 1, so one token is sampled and
     dropped (vllm/sampling_params.py `_verify_args`); prompt log-probs skip reading the prefix cache
     (`skip_reading_prefix_cache` defaults to True for them, `__post_init__`).
-  - A prompt as long as `max_model_len` is refused, since at least one token must follow it
-    (vllm/v1/engine/input_processor.py `_validate_prompt_len`): a teacher's `max_model_len` must exceed the longest
-    expanded sequence it scores.
+  - A prompt as long as `max_model_len` is refused, as one token must follow it (vllm/v1/engine/input_processor.py
+    `_validate_prompt_len`): a teacher's `max_model_len` must exceed the longest expanded sequence it scores.
   - A teacher engine is built like a rollout engine from the teacher's own checkpoint (`load_format="auto"`) and is
-    never `load`ed. `sleep(level=1)` copies the weights to host memory and drops the KV cache;
-    `wake_up()` with no tags restores both (vllm/device_allocator/sleep_mode_backend.py: level 1 offloads the
-    "weights" tag), so the teacher costs host memory, not GPU memory, between scores.
+    never `load`ed. `sleep(level=1)` copies the weights to host memory and drops the KV cache; `wake_up()` with no
+    tags restores both (vllm/device_allocator/sleep_mode_backend.py: level 1 offloads the "weights" tag), so the
+    teacher costs host memory, not GPU memory, between scores.
 """
 
 from __future__ import annotations
@@ -48,8 +47,9 @@ import torch
 import torch.distributed as dist
 
 from rllava import distributed as D
-from rllava.engine.inference.base import Completion, GenerationRequest, SamplingParams, engine_common, weight_buckets
-from rllava.errors import ConfigError, RllavaError
+from rllava.engine.inference.base import (ColocatedEngine, Completion, GenerationRequest, SamplingParams, copy_greedy,
+                                          weight_buckets)
+from rllava.errors import ConfigError
 
 BAN = -100.0  # logit bias that keeps a token from being sampled (exp(-100) ~ 1e-44; OpenAI's bound)
 
@@ -59,16 +59,13 @@ def _load_weights(worker, weights):
     worker.model_runner.model.load_weights(weights=weights)
 
 
-class VLLMRolloutEngine:
+class VLLMRolloutEngine(ColocatedEngine):
     """vLLM behind the RolloutEngine interface; `engine_kwargs` are passed to `vllm.LLM` as they are
     (dtype, gpu_memory_utilization, max_model_len, enforce_eager, ... from `rollout.vllm.*`)."""
 
-    shares_train_model = False
-
-    @classmethod
-    def from_config(cls, cfg, *, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
-                    device: torch.device, model=None, **overrides) -> "VLLMRolloutEngine":
-        """rollout.* and rollout.vllm.* (`overrides` over them: a teacher engine's algorithm.distill.engine_kwargs)."""
+    @staticmethod
+    def _options(cfg, m, max_len: int | None, device: torch.device) -> dict:
+        """rollout.tensor_parallel_size, rollout.limit_images and rollout.vllm.*."""
         r, v, world = cfg.rollout, cfg.rollout.vllm, D.world_size()
         if world % r.tensor_parallel_size:
             raise ConfigError(f"rollout.tensor_parallel_size={r.tensor_parallel_size} must divide the {world} "
@@ -76,24 +73,18 @@ class VLLMRolloutEngine:
         if v.pipeline_parallel_size != 1 or v.distributed_executor_backend not in (None, "external_launcher"):
             raise ConfigError("rollout.vllm.pipeline_parallel_size must be 1 and rollout.vllm.distributed_executor_"
                               "backend null or external_launcher: vLLM runs inside the training processes")
-        common, max_len = engine_common(cfg, model, stop_token_ids, banned_token_ids)
-        m = model or cfg.actor.model
-        return cls(**common, **{
+        return {
             "tensor_parallel_size": r.tensor_parallel_size, "dtype": v.dtype,
             "gpu_memory_utilization": v.gpu_memory_utilization, "max_model_len": v.max_model_len or max_len,
             "max_num_batched_tokens": v.max_num_batched_tokens, "enforce_eager": v.enforce_eager,
             "enable_chunked_prefill": v.enable_chunked_prefill, "disable_log_stats": v.disable_log_stats,
             "skip_tokenizer_init": v.skip_tokenizer_init, "tokenizer": v.tokenizer or m.tokenizer_path or m.model_path,
-            **({"limit_mm_per_prompt": {"image": r.limit_images}} if r.limit_images else {}), **overrides})
+            **({"limit_mm_per_prompt": {"image": r.limit_images}} if r.limit_images else {})}
 
     def __init__(self, *, model_path: str, stop_token_ids: list[int], banned_token_ids: list[int],
                  tensor_parallel_size: int, seed: int | None, load_format: str, bucket_mb: int,
                  stay_awake: bool = False, **engine_kwargs):
-        try:
-            import vllm
-        except ImportError as e:
-            raise RllavaError('rollout.name=vllm needs vLLM, which is not installed: pip install "rllava[vllm]"') from e
-        self.vllm = vllm
+        self.vllm = self._import("vllm", "vLLM")
         self.stop_token_ids, self.bucket_mb = stop_token_ids, bucket_mb
         self.logit_bias = {t: BAN for t in banned_token_ids}
         for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
@@ -109,12 +100,17 @@ class VLLMRolloutEngine:
             seed = shared[0]
         else:
             seed += int(os.environ["RANK"]) // tensor_parallel_size
-        self.llm = vllm.LLM(model=model_path, tensor_parallel_size=tensor_parallel_size, seed=seed,
-                            load_format=load_format, distributed_executor_backend="external_launcher",
-                            enable_sleep_mode=True, logprobs_mode="processed_logprobs", **engine_kwargs)
-        self.stay_awake = stay_awake  # rollout.async_mode (RLLaVA's): the engine keeps its memory between rollouts
-        if not stay_awake:
-            self.llm.sleep(level=1)
+        self.llm = self.vllm.LLM(model=model_path, tensor_parallel_size=tensor_parallel_size, seed=seed,
+                                 load_format=load_format, distributed_executor_backend="external_launcher",
+                                 enable_sleep_mode=True, logprobs_mode="processed_logprobs", **engine_kwargs)
+        self.stay_awake = stay_awake
+        self.offload()
+
+    def _sleep(self) -> None:
+        self.llm.sleep(level=1)
+
+    def _wake(self) -> None:
+        self.llm.wake_up()  # weights back from host memory, a fresh KV cache
 
     def load(self, model: torch.nn.Module) -> None:
         if not self.stay_awake:
@@ -125,32 +121,18 @@ class VLLMRolloutEngine:
             self.llm.wake_up(tags=["kv_cache"])
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the previous weights
 
-    def offload(self) -> None:
-        if not self.stay_awake:
-            self.llm.sleep(level=1)
-
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         greedy = sampling.temperature == 0
         params = self.vllm.SamplingParams(
             n=1 if greedy else sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
             top_k=sampling.top_k, max_tokens=sampling.max_new_tokens, stop_token_ids=self.stop_token_ids,
             logprobs=0, logit_bias=self.logit_bias or None)
-        grouped = [[_completion(c) for c in out.outputs] for out in self._run(requests, params)]
-        return [g * sampling.n for g in grouped] if greedy else grouped  # greedy samples are identical
+        return copy_greedy([[_completion(c) for c in out.outputs] for out in self._run(requests, params)], sampling)
 
-    def score(self, requests: list[GenerationRequest]) -> list[list[float]]:
-        """log p(x_t | x_<t) at temperature 1 of every token of each request's whole sequence, as the engine
-        processed it (placeholders expanded): entry t is token t's log-prob given tokens < t; entry 0 is 0.0.
-        For an engine holding its own weights (a teacher): awake for the call only, asleep again after it."""
+    def _score(self, requests: list[GenerationRequest]) -> list[list[float]]:
         params = self.vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0,
                                           detokenize=False)  # the one sampled token is dropped, nothing to decode
-        if not self.stay_awake:
-            self.llm.wake_up()  # weights back from host memory, a fresh KV cache
-        try:
-            outputs = self._run(requests, params)
-        finally:
-            self.offload()
-        return [_prompt_logprobs(out) for out in outputs]
+        return [_prompt_logprobs(out) for out in self._run(requests, params)]
 
     def _run(self, requests: list[GenerationRequest], params) -> list:
         """`llm.generate` on this rank's requests. The ranks of a tensor-parallel group are one engine: each runs

@@ -1,16 +1,14 @@
 """A train engine's state on disk through `torch.distributed.checkpoint` (DCP), in one format for every engine.
 
 Model and optimizer state are keyed by parameter *name* (the format of torch's `get_state_dict`), never by
-position or rank, so DCP reshards on load: a checkpoint written by 2 FSDP2 ranks resumes on 1 rank, on the
-single-device engine, or on 4 ranks.
+position or rank, so DCP reshards on load: a checkpoint of 2 FSDP2 ranks resumes on 1 rank, on one device, or on 4.
 
     save_engine(engine, path)     # every rank calls it; rank 0 also writes the metadata
     load_engine(engine, path)     # same world size or not
 
-Adam's state exists only for parameters that have had a gradient (a vision tower never sees one in a
-text-only batch). Loading therefore fills a template with state for every parameter, then drops what the
-checkpoint does not hold, so those parameters start their moments fresh, as they would have in the run
-that wrote it.
+Adam's state exists only for parameters that have had a gradient (a vision tower has none after a text-only
+batch): loading fills a template with state for every parameter, then drops what the checkpoint lacks, so those
+parameters start their moments fresh, as in the run that wrote it.
 """
 
 from __future__ import annotations
@@ -82,8 +80,7 @@ def engine_state(engine, parts=ENGINE_PARTS) -> dict:
     return {k: v for k, v in engine.state_dict().items() if k in parts and v is not None}
 
 
-def save_engine(engine, path: str, parts=ENGINE_PARTS) -> None:
-    """Every rank calls it."""
+def save_engine(engine, path: str, parts=ENGINE_PARTS) -> None:  # every rank calls it
     write_state(engine_state(engine, parts), path)
 
 
@@ -94,8 +91,8 @@ def write_state(state: dict, path: str, group=None) -> None:
 
 
 def check_model_state(state: dict, metadata, path: str) -> None:
-    """The checkpoint at `path` (its DCP metadata) holds every weight of `state` (a model state dict, full or
-    sharded), in the same shape: else one clear error instead of a KeyError or a size mismatch deep in DCP."""
+    """Check that the checkpoint at `path` (its DCP metadata) holds every weight of `state` (full or sharded) in the
+    same shape: else one clear error, not a KeyError or a size mismatch deep in DCP."""
     saved = metadata.state_dict_metadata
     missing = [k for k in state if f"model.{k}" not in saved]
     if missing:

@@ -1,6 +1,6 @@
-"""DeepSpeed ZeRO (stage 1, 2 or 3) as a train engine. Optional extra: `pip install "rllava[deepspeed]"`,
-imported only when `actor.strategy=deepspeed` (or `critic.strategy=deepspeed`). Launched with plain torchrun,
-one rank per device (NCCL on GPUs, gloo on CPUs), or with plain python as one rank.
+"""DeepSpeed ZeRO (stage 1, 2 or 3) as a train engine (`pip install "rllava[deepspeed]"`), imported only for
+`actor.strategy=deepspeed` (or `critic.strategy`). Plain torchrun, one rank per device (NCCL on GPUs, gloo on
+CPUs), or plain python as one rank.
 
     actor.strategy=deepspeed
     actor.deepspeed.zero_stage=3             (1: optimizer state sharded; 2: + gradients; 3: + parameters)
@@ -8,21 +8,19 @@ one rank per device (NCCL on GPUs, gloo on CPUs), or with plain python as one ra
     actor.deepspeed.torch_dtype=bf16         (bf16 weights, fp32 masters in the optimizer; fp32: no casting)
     actor.fsdp.offload_params / offload_optimizer   (RLLaVA's switches, read by every engine)
 
-rllava forms its own micro-batches (a variable number per optimizer step, with dynamic batching), so DeepSpeed
-runs with `managed_gradient_accumulation: false`: `backward` only accumulates, `optimizer_step` is the
-boundary (reduce, clip at max_grad_norm, step, schedule). Loss normalisers are the global counts, so one step
-equals the single-process step on the same global batch (tested at 2 ranks, stages 2 and 3).
+rllava forms its own micro-batches (a variable number per step with dynamic batching), so DeepSpeed runs with
+`managed_gradient_accumulation: false`: `backward` only accumulates, `optimizer_step` is the boundary (reduce,
+clip at max_grad_norm, step, schedule). With global counts as loss normalisers, one step equals the
+single-process step on the same global batch (tested at 2 ranks, stages 2 and 3).
 
-The training forward must run *through* the DeepSpeed engine (its hooks prepare the backward and, at stage
-3, gather each layer's parameters), so the engine wraps a module whose forward is the log-prob pass and
-installs it as the policy's forward method (`rllava.model.forward.FSDP_FORWARD_METHOD`), as FSDP2 does.
+The training forward must run *through* the DeepSpeed engine (its hooks prepare the backward and, at stage 3,
+gather each layer's parameters): it wraps a module whose forward is the log-prob pass, installed as the policy's
+forward method (`rllava.model.forward.FSDP_FORWARD_METHOD`), as FSDP2 does.
 
-Checkpoints: `state_dict()` returns the full fp32 master weights and Adam's moments keyed by parameter name
-(`deepspeed.utils.safe_get_full_*`), the format of the other engines, so a DeepSpeed checkpoint resumes on
-FSDP2 or one device and vice versa, at any world size.
-
-DeepSpeed clips at max_grad_norm and skips a step whose gradient norm is not finite; a finite
-`skip_grad_norm` threshold is not applied (DeepSpeed computes the norm inside its step).
+`state_dict()`: the full fp32 masters and Adam's moments by parameter name (`deepspeed.utils.safe_get_full_*`),
+the other engines' format, so a checkpoint resumes across DeepSpeed, FSDP2 and one device, at any world size.
+DeepSpeed clips at max_grad_norm and skips a step whose norm is not finite; `skip_grad_norm` is not applied
+(DeepSpeed computes the norm inside its step).
 """
 
 from __future__ import annotations
@@ -35,14 +33,6 @@ import torch
 from rllava.engine.train.checkpoint import init_optimizer_state
 from rllava.errors import ConfigError
 from rllava.model.forward import FSDP_FORWARD_METHOD, _token_logprobs
-
-
-def import_deepspeed():
-    try:
-        import deepspeed
-    except ImportError as e:
-        raise ConfigError(f"actor.strategy=deepspeed needs DeepSpeed: pip install \"rllava[deepspeed]\" ({e})") from e
-    return deepspeed
 
 
 def ds_config(ds, max_grad_norm: float, *, optimizer: bool = True) -> dict:
@@ -109,7 +99,11 @@ def _wrap(deepspeed, model: torch.nn.Module, config: dict, device: torch.device,
 class DeepSpeedEngine:
     def __init__(self, device: torch.device, max_grad_norm: float, *, deepspeed_config,
                  offload_params: bool = False, offload_optimizer: bool = False):
-        self.deepspeed = import_deepspeed()
+        try:
+            import deepspeed
+        except ImportError as e:
+            raise ConfigError(f'actor.strategy=deepspeed needs DeepSpeed: pip install "rllava[deepspeed]" ({e})') from e
+        self.deepspeed = deepspeed
         self.device, self.max_grad_norm, self.cfg = device, max_grad_norm, deepspeed_config
         self.offload_params, self.offload_optimizer = offload_params, offload_optimizer
         self.model = self.optimizer = self.scheduler = self.ds = None
@@ -151,8 +145,8 @@ class DeepSpeedEngine:
         self.ds.backward(loss)
 
     def optimizer_step(self) -> float:
-        """Reduce the accumulated gradients, clip, step (skipped by DeepSpeed if the norm is not finite),
-        schedule; returns the norm before clipping."""
+        """Reduce the accumulated gradients, clip, step (unless the norm is not finite), schedule; returns the
+        norm before clipping."""
         self.ds.step()
         norm = self.ds.get_global_grad_norm()
         return float(norm) if norm is not None else 0.0
@@ -206,8 +200,7 @@ class DeepSpeedEngine:
             return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
 
     def state_dict(self) -> dict:
-        """Full fp32 masters and Adam moments by parameter name (the other engines' format, see
-        `checkpoint.py`); every rank holds and must call it."""
+        """Full fp32 masters and Adam moments by parameter name (`checkpoint.py`); every rank calls and holds it."""
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
         model = self.full_state_dict()

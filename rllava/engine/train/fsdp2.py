@@ -15,9 +15,6 @@ the parameters wait on the host and only the layer running is gathered on the de
 Each decoder layer / vision block (the classes HF lists in `_no_split_modules`) is one FSDP unit, the root
 module another. Gradients are averaged over ranks by the reduce-scatter, so a rank's loss must be scaled to
 its share of the global batch (the Actor's normalisers do that: see `rllava.roles.batching.mini_batches`).
-
-Generation runs per rank with a different number of forward calls on each, which would desynchronise the
-all-gathers; `rollout_phase` therefore gathers every unit once and keeps it gathered until rollout ends.
 """
 
 from __future__ import annotations
@@ -106,8 +103,7 @@ class FSDP2Engine:
         return shard_model(model.requires_grad_(False), self.device, mp=self.mp,
                            cpu_offload=self.cpu_optimizer or cpu_offload, reshard_after_forward=True)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+    backward = SingleDeviceEngine.backward
 
     def optimizer_step(self) -> float:
         return clipped_step(self.model, self.optimizer, self.scheduler, self.max_grad_norm, self.skip_grad_norm,
@@ -117,8 +113,9 @@ class FSDP2Engine:
 
     @contextmanager
     def rollout_phase(self, shares_model: bool):
-        """HF generate (`shares_model`): every unit gathered once for the whole rollout. A separate rollout
-        engine: nothing to do (with CPU offload the shards are on the host already)."""
+        """HF generate (`shares_model`): every unit gathered once for the whole rollout (ranks run different numbers
+        of forwards, which would desynchronise per-forward all-gathers). A separate rollout engine: nothing to do
+        (with CPU offload the shards are on the host already)."""
         if shares_model:
             units = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
             for m in units:

@@ -1,14 +1,12 @@
 """One process, one device: plain PyTorch (AdamW, gradient clipping, LR schedule), with RLLaVA's three CPU
 offload switches (actor.fsdp.*, read by every engine):
 
-- `offload_params`: parameters and gradients go to the CPU while a rollout engine with its own copy of the
-  weights samples (`rollout_phase()`), and come back for the training stages.
-- `offload_optimizer`: Adam's two moments (8 bytes per parameter) live on the CPU outside the update stage
-  (`update_phase()` brings them in for the optimizer steps and sends them back).
-- `enable_cpu_offload` (ZeRO-Offload's split, like FSDP's CPU offload): the optimizer itself runs on the CPU
-  over fp32 *master* copies of the trainable parameters; the device never holds optimizer state or an fp32
-  copy, only the model and its gradients. After each step the masters are copied into the device parameters.
-  With a bf16 model this also keeps the updates in fp32.
+- `offload_params`: parameters and gradients on the CPU while a rollout engine with its own weights samples
+  (`rollout_phase()`).
+- `offload_optimizer`: Adam's two moments (8 bytes per parameter) on the CPU outside `update_phase()`.
+- `enable_cpu_offload` (ZeRO-Offload's split, like FSDP's CPU offload): the optimizer runs on the CPU over fp32
+  *master* copies of the trainable parameters, copied into the device parameters after each step; the device
+  holds only the model and its gradients (and with a bf16 model the updates stay in fp32).
 """
 
 from __future__ import annotations
@@ -36,9 +34,8 @@ def release_device_memory(device: torch.device) -> None:
 
 
 def clipped_step(model, optimizer, scheduler, max_grad_norm: float, skip_grad_norm: float | None, step) -> float:
-    """Clip `model`'s gradients by their global norm (FSDP2: over every rank's shards), call `step()` unless the
-    norm is not finite or above `skip_grad_norm`, zero the grads, advance the LR schedule; returns the norm
-    before clipping."""
+    """Clip `model`'s gradients by their global norm (FSDP2: over every rank's shards), call `step()` unless the norm is
+    not finite or above `skip_grad_norm`, zero the grads, advance the LR schedule; returns the norm before clipping."""
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm) if params else torch.tensor(0.0)
     norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2's norm is a DTensor
@@ -67,15 +64,14 @@ def optimizer_on_device(optimizer: torch.optim.Optimizer, device: torch.device, 
 class SingleDeviceEngine:
     def __init__(self, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None = None, *,
                  offload_params: bool = False, offload_optimizer: bool = False, cpu_optimizer: bool = False):
-        self.device, self.max_grad_norm = device, max_grad_norm
-        self.skip_grad_norm = skip_grad_norm  # skip the update when the pre-clip norm exceeds it (or is not finite)
+        self.device, self.max_grad_norm, self.skip_grad_norm = device, max_grad_norm, skip_grad_norm
         self.offload_params, self.offload_optimizer, self.cpu_optimizer = offload_params, offload_optimizer, cpu_optimizer
         self.model = self.optimizer = self.scheduler = None
         self.masters: dict[torch.nn.Parameter, torch.Tensor] = {}  # device param -> its CPU fp32 master
 
     def prepare(self, model, make_optimizer, make_scheduler):
-        """Move the model to the device and build the optimizer over its trainable parameters (with
-        cpu_optimizer: over CPU fp32 masters of them) and the LR schedule."""
+        """Move the model to the device; build the optimizer over its trainable parameters (cpu_optimizer: over
+        CPU fp32 masters of them) and the LR schedule."""
         self.model = model.to(self.device)
         params = [p for p in model.parameters() if p.requires_grad]
         if self.cpu_optimizer:
@@ -126,8 +122,7 @@ class SingleDeviceEngine:
         names = {p: n for n, p in self.model.named_parameters()}
         return {m: names[p] for p, m in self.masters.items()} if self.masters else names
 
-    def state_dict(self) -> dict:
-        """Model and optimizer state keyed by parameter name, as FSDP2's (see `checkpoint.py`)."""
+    def state_dict(self) -> dict:  # keyed by parameter name, as FSDP2's (see `checkpoint.py`)
         return {"model": self.model.state_dict(),
                 "optimizer": optimizer_state_by_name(self.optimizer, self._param_names()),
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
