@@ -5,26 +5,14 @@
 prints the jail this machine gives and the observation a model would get for that snippet (exit 0 even when the
 snippet failed), so the limits can be tried by hand. Model output is hostile input, and in GRPO a snippet that
 sabotages the other rollouts of its group raises its own advantage: every call is a jail of its own. A zygote
-(`_Zygote`: `rllava/agent/sandbox_init.py --serve`, numpy and PIL imported once) runs in bubblewrap (`bwrap`,
-Debian package `bubblewrap`: its own namespaces, a read-only root, no capability, a filter that allows it alone
-to make namespaces) and forks each call, which makes before anything of the snippet runs (`sandbox_init.enter`,
-`confine`):
-
-1. its own user, PID, IPC, mount, network, UTS and cgroup namespaces: `kill(-1)` and SysV IPC reach nothing
-   outside the call, only a loopback interface exists, and the call's first process is PID 1, so every process
-   and thread of the call ends when it ends;
-2. a root file system of its own, read-only: the system libraries, the Python interpreter's standard library,
-   numpy and PIL; nothing of the project, your home or /etc, and /proc empty. It writes only `/work`, a tmpfs of
-   `disk_mb` holding snippet.py and the images (`image.png`, `image_1.png`, ...), which goes with the call;
-3. uid 65534 in its user namespace, every capability dropped, no_new_privs, an empty environment, and a seccomp
-   filter (`SECCOMP_DENIED`, built with libseccomp through `pyseccomp`): the syscalls that reach kernel objects
-   outside the call's namespaces (keyrings, inotify instances, SysV IPC, io_uring, userfaultfd, perf, bpf,
-   ptrace / pidfd_getfd / process_vm_*) and new namespaces (unshare, setns, clone's flags) return EPERM;
-4. limits: per process (setrlimit: `cpu_s`, `memory_mb` address space, `file_mb`, `open_files`, no core file)
-   and per call: `processes` (the call's processes and threads) and `memory_mb` in a cgroup of its own where
-   one can be made (v2, or v1's memory and pids), else RLIMIT_NPROC in the call's user namespace (so the call's
-   memory is at most `processes` x `memory_mb`, plus its `disk_mb` of tmpfs and `files` inodes in it, ~1 KB of
-   kernel memory each); `wall_s` for the whole call and `file_mb` for its output, after which it is killed.
+(`_Zygote`: `sandbox_init.py --serve`, numpy and PIL imported once) runs in bubblewrap (`bwrap`, Debian package
+`bubblewrap`) and forks each call, which, before anything of the snippet runs (`sandbox_init.enter`, `confine`),
+makes its own user, PID, IPC, mount, network, UTS and cgroup namespaces (PID 1 is the call's first process: every
+process of the call ends with it), a read-only root with only `/work` writable (a tmpfs of `disk_mb`), uid 65534
+with no capability, and loads the seccomp filter (`SECCOMP_DENIED`, built with libseccomp through `pyseccomp`);
+limits per process (setrlimit) and per call (a cgroup where one can be made, else RLIMIT_NPROC in the call's user
+namespace), `wall_s` and `file_mb` counted here. docs/agents.md ("The code sandbox") has each guard, what it stops
+and the bounds the tests hold it to.
 
 Fail closed: where one of these cannot be set up (no bwrap, user namespaces refused, no libseccomp / pyseccomp,
 root with no writable cgroup), `check()` -- which the code tool calls when the run starts, before the model
