@@ -1,20 +1,16 @@
 """Prompt datasets: records -> `Sample` (chat messages + images + videos), and samples -> token ids.
 
-A record's prompt text (`data.prompt_key`) goes through the `data.format_prompt` Jinja template (variables: `content` =
-the prompt text, and every field of the record); `<image>` and `<video>` markers place the images and videos inside the
-text, otherwise they come first (images, then videos). Images are opened and bounded by `min_pixels`/`max_pixels`, and
-videos sampled and sized (`rllava.data.video`), only when a sample is read, so an epoch of pixels never sits in memory.
+A record's prompt (`data.prompt_key`) goes through the `data.format_prompt` Jinja template (variables: `content`, the
+prompt text, and every field of the record); `<image>` / `<video>` markers place the images and videos in the text,
+else they come first (images, then videos). Images are bounded by `min_pixels`/`max_pixels` and videos sampled and
+sized (`rllava.data.video`) only when a sample is read: an epoch of pixels never sits in memory. `data.video_key`
+holds a list of videos (or one), each a video file or a list of frames, as in RLLaVA: `{"videos": ["clip.mp4"]}`
+or `{"videos": [["f0.png", "f1.png", ...]]}`.
 
-`data.video_key` holds a list of videos (or one), each a video file or a list of frames, as in RLLaVA:
-`{"videos": ["clip.mp4"]}` or `{"videos": [["f0.png", "f1.png", ...]]}`.
-
-Bad records stop the run at start-up, before any step, with one line naming the file, the record and the key:
-a record without its prompt or answer; an image/video key that matches no field while prompts carry markers
-(or while the key was changed from its default), which would otherwise train text-only on literal "<image>"
-text; markers that do not match the record's images; and an encoded prompt whose image placeholder tokens do
-not match its images (a chat template that drops a marker), which would otherwise be a shape error inside the
-model. Prompts are never truncated (truncating through image tokens breaks the model's input): an overlong
-prompt is filtered (data.filter_overlong_prompts) or kept whole.
+Bad records stop the run at start-up with one line naming the file, the record and the key: no prompt or answer,
+an image/video key matching no field while prompts carry markers (`check_media_keys`), markers (`_content`) or
+encoded placeholder tokens (`check_placeholders`) not matching its images. Prompts are never truncated (cutting image
+tokens breaks the model's input): an overlong prompt is filtered (data.filter_overlong_prompts) or kept whole.
 """
 
 from __future__ import annotations
@@ -51,12 +47,10 @@ def load_template(path: str | None, key: str = "data.format_prompt") -> jinja2.T
 def encode_prompt(processor, sample: Sample) -> tuple[list[int], dict]:
     """Chat template + processor: prompt token ids (image/video placeholders expanded) and the pixel tensors.
 
-    Videos go to the processor's video processor as [T, H, W, C] frames already sampled and sized, with their
-    metadata (Qwen2.5-VL's second_per_grid_ts and Qwen3-VL's timestamps come from it): transformers' own where
-    torchvision is installed, rllava's PIL one (`rllava.model.video_processor`) where it is not.
-
-    A processor failure and a placeholder count that does not match the images (`check_placeholders`) are a
-    DataError naming the record."""
+    Videos go to the video processor (transformers' with torchvision, else rllava's PIL one,
+    `rllava.model.video_processor`) as [T, H, W, C] frames already sampled and sized, with their metadata
+    (Qwen2.5-VL's second_per_grid_ts and Qwen3-VL's timestamps come from it). A processor failure or a
+    placeholder count that does not match the images (`check_placeholders`) is a DataError naming the record."""
     tokenizer = get_tokenizer(processor)
     text = processor.apply_chat_template(sample.messages, add_generation_prompt=True, tokenize=False)
     if not sample.images and not sample.videos:
@@ -70,7 +64,9 @@ def encode_prompt(processor, sample: Sample) -> tuple[list[int], dict]:
         enc = processor(text=[text], images=sample.images or None, return_tensors="pt", **videos)
     except Exception as e:  # IndexError/ValueError from the processor: markers vs images, an image too small, ...
         reason = (str(e).strip().splitlines() or [""])[0]
-        raise DataError(f"{sample.where}: the processor cannot encode the prompt with its {_media(sample)} "
+        counts = [(len(sample.images), "image(s)"), (len(sample.videos), "video(s)")]
+        media = " and ".join(f"{n} {what}" for n, what in counts if n)
+        raise DataError(f"{sample.where}: the processor cannot encode the prompt with its {media} "
                         f"({type(e).__name__}: {reason})") from e
     mm = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
     ids = enc["input_ids"][0].tolist()
@@ -78,19 +74,16 @@ def encode_prompt(processor, sample: Sample) -> tuple[list[int], dict]:
     return ids, mm
 
 
-def _media(sample: Sample) -> str:
-    parts = [f"{len(sample.images)} image(s)"] if sample.images else []
-    return " and ".join(parts + ([f"{len(sample.videos)} video(s)"] if sample.videos else []))
-
-
 def check_placeholders(processor, ids: list[int], mm: dict, sample: Sample) -> None:
-    """The image (video) placeholder tokens in the encoded prompt are as many as the vision tower's features
-    for the sample's images (videos); else a DataError naming the record. A chat template that drops a
-    `{"type": "image"}` part, or a prompt cut through its image tokens, would otherwise reach the model and
-    fail there as a shape mismatch. Processors whose feature count rllava does not know are not checked."""
+    """The encoded prompt has as many image (video) placeholder tokens as the vision tower's features for the
+    sample's images (videos), else a DataError naming the record (a chat template dropping a `{"type": "image"}`
+    part, or a prompt cut through its image tokens, would fail in the model as a shape mismatch). Processors
+    whose feature count rllava does not know are not checked."""
     for kind, n in (("image", len(sample.images)), ("video", len(sample.videos))):
         expected = _expected_tokens(processor, mm, kind) if n else None
-        token_id = _placeholder_id(processor, kind)
+        token_id = getattr(processor, f"{kind}_token_id", None)
+        if token_id is None and getattr(processor, f"{kind}_token", None):
+            token_id = get_tokenizer(processor).convert_tokens_to_ids(getattr(processor, f"{kind}_token"))
         if expected is None or token_id is None:
             continue
         found = ids.count(token_id)
@@ -98,13 +91,6 @@ def check_placeholders(processor, ids: list[int], mm: dict, sample: Sample) -> N
             raise DataError(f"{sample.where}: the encoded prompt has {found} {kind} placeholder tokens but its {n} "
                             f"{kind}(s) need {expected}: the chat template (data.override_chat_template or the "
                             f"tokenizer's) must render every {{'type': '{kind}'}} part of the message")
-
-
-def _placeholder_id(processor, kind: str) -> int | None:
-    token_id = getattr(processor, f"{kind}_token_id", None)
-    if token_id is None and getattr(processor, f"{kind}_token", None):
-        token_id = get_tokenizer(processor).convert_tokens_to_ids(getattr(processor, f"{kind}_token"))
-    return token_id
 
 
 def _expected_tokens(processor, mm: dict, kind: str) -> int | None:
@@ -150,11 +136,10 @@ MARKER_SCAN = 64  # records whose prompts are scanned for <image>/<video> marker
 
 
 class PromptDataset:
-    """`data.train_files`/`val_files` as a sequence of `Sample`s, with overlong prompts filtered out.
-
-    `target_key` (SFT) names the field holding the reference response. `records`: records given in memory
-    (a list of dicts, a `datasets.Dataset`, ...: `rllava.data.records.memory_records`) instead of read from
-    `spec`, which then only names them in messages ("train_dataloader record 3: ..."); checked the same way."""
+    """`data.train_files`/`val_files` as a sequence of `Sample`s, with overlong prompts filtered out. `target_key`
+    (SFT) names the field holding the reference response. `records`: records given in memory (a list of dicts, a
+    `datasets.Dataset`, ...: `rllava.data.records.memory_records`) instead of read from `spec`, which then only
+    names them in messages ("train_dataloader record 3: ..."); checked the same way."""
 
     def __init__(self, spec: str, data_cfg, processor, *, image_dir: str | None = None,
                  target_key: str | None = None, limit_images: int = 0, records=None, key: str | None = None):

@@ -4,10 +4,8 @@ Forms: a PIL image; a path (absolute, or relative to the data's base directory);
 `{"bytes": ..., "path": ...}` (the `datasets` Image feature with decode=False, either entry may be None); a
 base64 string, bare or as a `data:image/...;base64,` URL. Every error names `where` (file, record, field).
 
-Every image comes out RGB (`to_rgb`): transparency composited on white as transformers' `convert_to_rgb` does,
-16-bit and 32-bit integer images scaled to 8 bits (PIL's own conversion clips them to white), CMYK, grayscale and
-palettes converted by PIL. Given `max_pixels`, a large JPEG is decoded at a reduced scale (`Image.draft`: 1/2 to
-1/8, never below the bound), so a 12000 x 12000 photo never sits in memory at full size; other formats decode
+Every image comes out RGB (`to_rgb`). Given `max_pixels`, a large JPEG is decoded at a reduced scale (`Image.draft`:
+1/2 to 1/8, never below the bound), so a 12000 x 12000 photo never sits in memory at full size; other formats decode
 whole, and anything PIL counts as a decompression bomb (over 2 x Image.MAX_IMAGE_PIXELS, ~179 M pixels) is a
 one-line error instead of PIL's exception.
 """
@@ -40,11 +38,9 @@ def normalize_image_list(value) -> list:
 
 
 def load_image(obj, *, base_dir: str | None, where: str, max_pixels: int | None = None) -> Image.Image:
-    """An RGB image from any of the forms in the module docstring.
-
-    `where` (e.g. "train.jsonl record 17, images[0]") goes into every error: missing file, undecodable
-    bytes or base64, truncated or corrupt image data, unsupported type, too many pixels. `max_pixels`
-    (data.max_pixels) lets a large JPEG decode at a reduced scale; the caller still resizes to the bound."""
+    """An RGB image from any of the forms in the module docstring. `where` (e.g. "train.jsonl record 17, images[0]")
+    goes into every error: missing file, undecodable bytes or base64, truncated or corrupt data, unsupported type,
+    too many pixels. `max_pixels` (data.max_pixels) lets a large JPEG decode at a reduced scale (still resized)."""
     if isinstance(obj, Image.Image):
         img = obj
     elif isinstance(obj, (bytes, bytearray, memoryview)):
@@ -86,10 +82,11 @@ def stored_size(img: Image.Image) -> tuple[int, int]:
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
-    """`img` as RGB. Transparency (an alpha band, or a palette/RGB/L image's `transparency` entry) is
-    composited on white, as transformers' `convert_to_rgb`: a plain `convert("RGB")` drops the alpha and shows
-    whatever colour the transparent pixels hold (often all black). Integer images ("I;16*", "I") and float
-    images ("F") are scaled to 8 bits from the range their values use: 0..255 kept, else 0..65535."""
+    """`img` as RGB. Transparency (an alpha band, or a palette/RGB/L image's `transparency` entry) is composited on
+    white, as transformers' `convert_to_rgb`: a plain `convert("RGB")` drops the alpha and shows whatever colour the
+    transparent pixels hold (often all black). Integer ("I;16*", "I") and float ("F") images are scaled to 8 bits
+    from the range their values use, 0..255 kept, else 0..65535 (PIL's own conversion clips them to white); CMYK,
+    grayscale and palettes are converted by PIL."""
     if img.mode == "RGB" and "transparency" not in img.info:
         return img
     if img.mode.startswith(("I", "F")):
@@ -109,10 +106,9 @@ def to_rgb(img: Image.Image) -> Image.Image:
 def resize_to_pixel_bounds(img: Image.Image, min_pixels: int | None, max_pixels: int | None) -> Image.Image:
     """Scale by one factor s (aspect ratio kept) so that min_pixels <= w * h <= max_pixels, as EasyR1's
     `process_image`: s = sqrt(max_pixels / (w * h)) above the bound, s = sqrt(min_pixels / (w * h)) below it.
-
-    Sizes are rounded down when shrinking and up when growing, so the bound holds (EasyR1 rounds both down
-    and can land a few pixels under min_pixels); each side stays >= 1 px. BICUBIC resampling; an image
-    already within bounds (or with no bounds, None/0) is returned unchanged."""
+    Sizes round down when shrinking and up when growing, so the bound holds (EasyR1 rounds both down and can land
+    a few pixels under min_pixels); each side stays >= 1 px. BICUBIC; an image within bounds (or with no bounds,
+    None/0) is returned unchanged."""
     w, h = img.size
     if max_pixels and w * h > max_pixels:
         s = math.sqrt(max_pixels / (w * h))
@@ -151,7 +147,7 @@ def _open_path(path: str, base_dir: str | None, where: str, max_pixels: int | No
 def _decode(source, max_pixels: int | None) -> Image.Image:
     """The decoded image (detached from its file), a JPEG at the smallest draft scale that keeps it above
     `max_pixels`. PIL's decompression-bomb error becomes a DataError saying the size (the caller names the file);
-    its warning (between 1 and 2 x MAX_IMAGE_PIXELS) is silenced: such an image is decoded, then bounded."""
+    its warning (1 to 2 x MAX_IMAGE_PIXELS) is silenced: such an image is decoded, then bounded."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:

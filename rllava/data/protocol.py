@@ -108,9 +108,8 @@ class Batch:
     baseline_scores: torch.Tensor | None = None  # [B] ReMax: reward of the greedy response to the same prompt
     off_policy_mask: torch.Tensor | None = None  # [B, T] 1 on trained tokens an expert wrote; None when none did
     sft_only: torch.Tensor | None = None  # [B] bool: Trajectory.sft_only rows (hybrids); None when there are none
-    # agents (None otherwise): on the tokens of model turn k, turn_index = k and turn_anchors = the id of what the
-    # turn was written after (equal ids: the same observation); turn_rewards holds each turn's tool-level reward
-    # at its last token
+    # agents (None otherwise): on model turn k's tokens, turn_index = k and turn_anchors = the id of what the turn
+    # was written after (equal ids: the same observation); turn_rewards: each turn's tool-level reward at its last token
     turn_index: torch.Tensor | None = None  # [B, T] long, -1 off the model's turns
     turn_anchors: torch.Tensor | None = None  # [B, T] long, -1 off the model's turns
     turn_rewards: torch.Tensor | None = None  # [B, T]
@@ -151,8 +150,7 @@ class Batch:
         return Batch(**moved)
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
-        """Keyword arguments for the model's forward: ids, mask and the images and videos of every row, in row
-        order (each pixel/grid tensor concatenated along dim 0 over the rows that have it)."""
+        """Keyword arguments for the model's forward: ids, mask and every row's images and videos (`concat_mm`)."""
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
                 **concat_mm([t.mm_inputs for t in self.trajectories])}
 

@@ -161,7 +161,7 @@ def json_lines(path: str):
 
 
 def _load_json(path: str) -> datasets.Dataset:
-    # Parsed here for the shape and clear errors, then typed and written as a memory-mapped table.
+    """Parsed here for the shape and clear errors, then typed and written as a memory-mapped table."""
     with open(path, encoding="utf-8") as f:
         try:
             data = json.load(f)
@@ -178,13 +178,12 @@ def _load_json(path: str) -> datasets.Dataset:
 
 
 # ---- JSON records keep their types ----
-# `datasets`/pyarrow give a column one type, so a JSON column mixing 3 and 3.5 reads back 3.0, one mixing "007"
-# and 3 reads back 7, and objects with different keys gain each other's keys as None. A column whose values
-# are all strings, all bools, all ints (int64) or all floats keeps its arrow type; any other column (lists,
-# objects, mixed types) is stored as JSON text and decoded when read (`with_encoded_columns`), so every value
-# reaches the dataset, and the reward, exactly as written. Records given in memory keep such columns pickled
-# instead (PIL images, bytes, tuples come back as given). Parquet and save_to_disk data carry a schema of their
-# own: their values come back as stored.
+# `datasets`/pyarrow give a column one type: a JSON column mixing 3 and 3.5 reads back 3.0, one mixing "007" and 3
+# reads back 7, and objects with different keys gain each other's keys as None. So a column whose values are all
+# strings, all bools, all ints (int64) or all floats keeps its arrow type, and any other (lists, objects, mixed
+# types) is stored as JSON text, decoded when read (`with_encoded_columns`): every value reaches the dataset, and
+# the reward, exactly as written. Records given in memory keep such columns pickled (PIL images, bytes, tuples come
+# back as given). Parquet and save_to_disk data carry their own schema: their values come back as stored.
 
 _NATIVE = {str: "string", bool: "bool", int: "int64", float: "float64"}
 
@@ -230,14 +229,12 @@ def _typed_dataset(path: str, records, in_memory: bool = False) -> datasets.Data
 
 
 def with_encoded_columns(ds: datasets.Dataset, columns: list[str], pickled: bool = False) -> datasets.Dataset:
-    """`ds` reading the JSON-text (or `pickled`) `columns` back as the values they encode (a format transform,
-    kept by `select`)."""
+    """`ds` reading its JSON-text (or `pickled`) `columns` back as their values (a format transform `select` keeps)."""
     if not columns:
         return ds
-    columns = list(columns)
+    decode = pickle.loads if pickled else json.loads
 
     def transform(batch: dict) -> dict:
-        decode = pickle.loads if pickled else json.loads
         return {k: ([None if v is None else decode(v) for v in vs] if k in columns else vs) for k, vs in batch.items()}
 
     ds.set_transform(transform)

@@ -3,57 +3,53 @@
     python -m rllava.data.synthetic TASK --out DIR [--train 4000] [--val 200] [--seed 0] [--size 112]
 
 Every task writes `train.jsonl`, `val.jsonl` and `images/*.png`; each record has the real set's fields plus
-`solution`, the SFT target (what the tiny recipes warm up on). Shapes (circle, square, triangle; 8 colours) sit
-on a plain light background, never touching. Each split has its own RNG stream, so the val set does not change
-with --train; same arguments -> byte-identical files. Boxes are (x1, y1, x2, y2) with x2, y2 exclusive: the
-shape's pixels are exactly columns x1..x2-1 and rows y1..y2-1.
+`solution`, the SFT target (what the tiny recipes warm up on). Shapes (circle, square, triangle; 8 colours) sit on a
+plain light background, never touching. Each split has its own RNG stream (the val set does not change with
+--train); same arguments -> byte-identical files. Boxes are (x1, y1, x2, y2), x2 and y2 exclusive: the shape's
+pixels are exactly columns x1..x2-1 and rows y1..y2-1.
 
-counting (CLEVR-count-like): 1-5 shapes, a fixed question, so the count is only in the image; counts balanced
-(each of 1-5 equally often when n is a multiple of 5). Sizes measured learnable by a 4.5 M-parameter Qwen2-VL on
-CPU (docs/cpu_learning.md): 112 px images, radius 11-16 px (scaled with --size).
+counting (CLEVR-count-like): 1-5 shapes and a fixed question (the count is only in the image), each count equally
+often when n is a multiple of 5. 112 px images, radius 11-16 px (scaled with --size): measured learnable by a
+4.5 M-parameter Qwen2-VL on CPU (docs/cpu_learning.md).
     {"images": ["images/train_00000.png"], "problem": "<image>How many shapes are in the image?",
      "answer": "3", "solution": "<answer>3</answer>"}
 
-grounding (RefCOCO-like referring expressions): 1-2 shapes of different colours, each centred in its own cell of a 2 x 2
-grid with a fixed radius (a box takes one of 12 positions: learnable by a tiny model on a CPU, see `_grid_layout`); the
-expression names one by colour and kind; `answer` is its box in pixels of the image (RefCOCO's frame), `solution` the
-same box on Qwen2-VL's / Qwen3-VL's 0-1000 grid. The image comes after the expression, so the text between the image and
-the answer is the same in every prompt (M-RoPE then places each image token at a fixed offset from the answer).
+grounding (RefCOCO-like referring expressions): 1-2 shapes of different colours on a 2 x 2 grid (`_grid_layout`);
+the expression names one by colour and kind; `answer` is its box in pixels (RefCOCO's frame), `solution` on
+Qwen2-VL's / Qwen3-VL's 0-1000 grid. The image follows the expression, so the text between image and answer is the
+same in every prompt (M-RoPE then places each image token at a fixed offset from the answer).
     {"images": [...], "problem": "Locate the red circle.<image>", "expression": "the red circle",
      "answer": [11, 67, 46, 102], "solution": "<answer>[98, 598, 411, 911]</answer>"}
 
-ovd (COCO/LVIS-style open-vocabulary detection): 1-3 shapes on the same grid, 1-2 of the asked kind, each kind in
-its own colour (CATEGORY_COLORS); `answer` is every box of that kind on the 0-1000 grid (the OVD task's frame),
-`solution` the JSON a detector writes.
+ovd (COCO/LVIS-style open-vocabulary detection): 1-3 shapes on the same grid, 1-2 of the asked kind, each kind in its
+own colour (CATEGORY_COLORS); `answer`: every box of that kind on the 0-1000 grid (the OVD task's frame), `solution`
+the JSON a detector writes.
     {"images": [...], "problem": "<image>Detect every circle.", "category": "circle",
      "answer": [[98, 598, 411, 911]], "solution": "<answer>[{\"bbox_2d\": [98, 598, 411, 911], \"score\": 0.9}]</answer>"}
 
-math (Geometry3K-like diagrams): a filled regular polygon with 3-6 sides and a question about it (its sides, the
-sum of its interior angles, one interior angle 180 (n - 2) / n, or each exterior angle as a fraction of a full
-turn, a LaTeX fraction), or two rows of 1-4 dots and an arithmetic question (the total, or how many more on top).
-Measured (issue 7): with outlined 3-8-gons of random size and rows of up to 5 small dots the tiny models stayed
-at chance for 150 SFT steps; with a fixed radius (the area tells the sides apart), bigger dots and these
-ranges held-out greedy accuracy reaches ~48 % after 200 steps.
+math (Geometry3K-like diagrams): a filled regular polygon with 3-6 sides and a question about it (its sides, the sum
+of its interior angles, one interior angle 180 (n - 2) / n, or each exterior angle as a fraction of a full turn, a
+LaTeX fraction), or two rows of 1-4 dots and an arithmetic question (the total, or how many more on top). Measured
+(issue 7): outlined 3-8-gons of random size and rows of up to 5 small dots left the tiny models at chance for 150 SFT
+steps; a fixed radius (the area tells the sides apart), bigger dots and these ranges reach ~48 % held-out greedy
+accuracy after 200 steps.
     {"images": [...], "problem": "<image>What fraction of a full turn is each exterior angle of the regular
      polygon?", "answer": "\\frac{1}{5}", "solution": "<answer>\\frac{1}{5}</answer>", "kind": "polygon"}
 
-agent_search (MAT-Search-like, for multi-turn agents with the `search` tool): one shape, a colour x kind entity;
-the question asks where it lives on a given day, an arbitrary word (PLACES) that only `corpus.jsonl` (written
-beside the splits, one document per entity and day) says. The val set asks only about facts the train set never
-does (`agent_search_split`), so a model answers them by searching and reading, not from memory. `turns` is the
-expert trajectory (multi-turn SFT replays it through the tool): a search, then the answer it found, or in a third
-of the train records (GUESS_RATE) a guessed answer without a search; `doc_id` the document that holds the answer
-and `query` the expert's search (Visual-ARFT's query reward compares the agent's to it).
+agent_search (MAT-Search-like, for multi-turn agents with the `search` tool): one shape, a colour x kind entity; the
+question asks where it lives on a given day, an arbitrary word (PLACES) that only `corpus.jsonl` (beside the splits,
+one document per entity and day) says; the val set asks only facts the train set never does (`agent_search_split`).
+`turns` is the expert trajectory (multi-turn SFT replays it through the tool): a search, then the answer it found,
+or in GUESS_RATE of the train records a guess without a search; `doc_id` the document holding the answer, `query`
+the expert's search (Visual-ARFT's query reward compares the agent's to it).
     {"images": [...], "problem": "<image>Where does the shape in the image live on day 17? Search for it, then
      answer.", "answer": "cylinder", "entity": "red triangle", "day": 17, "doc_id": "red triangle day 17",
-     "query": "red triangle day 17",
-     "solution": "<answer> cylinder</answer>", "turns": ["<search> red triangle day 17</search>",
-     "<answer> cylinder</answer>"]}
-agent_code (MAT-Coding-like, for agents with the sandboxed `code` tool): an upright image (a black bar along its
-top, one shape in the upper half, one in the lower, two colours) turned 90/180/270 degrees, flipped top to bottom,
-or darkened to a fifth (`op`); the question asks the upper shape's colour once upright. `turns` is the expert
-trajectory: a snippet that undoes `op` (AGENT_CODE_FIXES; it saves fixed.png, which comes back as an image), then
-the answer; in a third of the train records (GUESS_RATE) an answer without code.
+     "query": "red triangle day 17", "solution": "<answer> cylinder</answer>",
+     "turns": ["<search> red triangle day 17</search>", "<answer> cylinder</answer>"]}
+agent_code (MAT-Coding-like, for agents with the sandboxed `code` tool): an upright image (a black bar along its top,
+one shape in each half, two colours) turned 90/180/270 degrees, flipped top to bottom, or darkened to a fifth (`op`);
+the question asks the upper shape's colour once upright. `turns`: a snippet undoing `op` (AGENT_CODE_FIXES; it saves
+fixed.png, which comes back as an image), then the answer; in GUESS_RATE of the train records an answer without code.
     {"images": [...], "problem": "<image>The black bar marks the top. Upright, what colour is the upper shape?",
      "answer": "red", "op": "rotate90", "solution": "<answer> red</answer>",
      "turns": ["<code>from PIL import Image, ImageEnhance\\nImage.open('image.png').rotate(-90,
@@ -114,11 +110,11 @@ def _layout(rng: random.Random, count: int, size: int) -> list[tuple]:
 
 def _grid_layout(rng: random.Random, count: int, size: int, cells: int = 2) -> list[tuple]:
     """`count` shapes (kind, x, y, r) in distinct cells of a `cells` x `cells` grid, each centred in its cell with
-    radius 0.3 cell (inside it whatever the kind). A box then takes one of cells^2 x 3 kinds positions. Measured
-    (issue 7): with the centres jittered +-2 px and radii drawn from a quarter to a third of the cell, every
-    coordinate became a spread of number tokens and the 4.5 M-parameter SFT model answered one mean box per kind
-    after 400 steps; with fixed positions a tiny Qwen3-VL localises after ~150 steps (greedy IoU 0.72). A 2 x 2
-    grid matches the 2 x 2 blocks of image tokens a 112 px image makes."""
+    radius 0.3 cell (inside it whatever the kind): a box takes one of cells^2 x 3 kinds positions. Measured (issue
+    7): with centres jittered +-2 px and radii from a quarter to a third of the cell, every coordinate became a
+    spread of number tokens and the 4.5 M-parameter SFT model answered one mean box per kind after 400 steps; with
+    fixed positions a tiny Qwen3-VL localises after ~150 steps (greedy IoU 0.72). A 2 x 2 grid matches the 2 x 2
+    blocks of image tokens a 112 px image makes."""
     cell = size / cells
     return [(rng.choice(KINDS), round((k % cells + 0.5) * cell), round((k // cells + 0.5) * cell), round(0.3 * cell))
             for k in rng.sample(range(cells * cells), count)]
@@ -250,10 +246,10 @@ GUESS_RATE = 1 / 3
 
 def agent_search_world(seed: int) -> dict[tuple[str, int], str]:
     """(entity, day) -> the place the entity lives that day, for the 24 colour x kind entities ("red triangle") and
-    90 days: the facts of the agent_search corpus. 2160 facts, each asked ~2-3 times in 4000 records: too many for
-    a tiny model to memorise (with 20 days, 480 facts, GRPO rewarded recalling the train facts and the held-out
-    F1 fell), and a record's image and question do not determine its answer, so it must be read from a search
-    result. Depends on the seed only: train and val share one corpus."""
+    90 days: the agent_search corpus's facts. 2160 facts, each asked ~2-3 times in 4000 records: too many for a tiny
+    model to memorise (with 20 days, 480 facts, GRPO rewarded recalling the train facts and the held-out F1 fell);
+    a record's image and question do not determine its answer, so it must be read from a search result. Depends on
+    the seed only: train and val share one corpus."""
     rng = random.Random(f"agent_search-world-{seed}")
     return {(f"{c} {k}", d): rng.choice(PLACES) for c in COLORS for k in KINDS for d in DAYS}
 
@@ -281,12 +277,11 @@ def _agent_search(rng: random.Random, i: int, size: int, *, split: str, seed: in
 
 
 def _agent_search_corpus(out_dir: str, seed: int) -> None:
-    """corpus.jsonl: one document per fact, "On day 17 the red triangle lives in cylinder." (id "red triangle day
-    17", the expert's query)."""
+    """corpus.jsonl: one document per fact, "On day 17 the red triangle lives in cylinder." (id: the expert's query)."""
     with open(os.path.join(out_dir, "corpus.jsonl"), "w", encoding="utf-8") as f:
         for (entity, day), place in agent_search_world(seed).items():
-            f.write(json.dumps({"id": f"{entity} day {day}", "text": f"On day {day} the {entity} lives in {place}."})
-                    + "\n")
+            text = f"On day {day} the {entity} lives in {place}."
+            f.write(json.dumps({"id": f"{entity} day {day}", "text": text}) + "\n")
 
 
 # agent_code: how each degradation is undone by the expert's snippet (PIL's rotate turns counter-clockwise)
@@ -335,9 +330,9 @@ SPLIT_AWARE = {"agent_search", "agent_code"}  # generators told the split (the v
 
 def make_dataset(task: str, out_dir: str, n_train: int = 4000, n_val: int = 200, seed: int = 0,
                  size: int = 112) -> dict:
-    """Write `train.jsonl`, `val.jsonl` and `images/*.png` of `task` under `out_dir`, atomically: everything is
-    built in a temporary directory beside it and renamed into place (replacing an older `out_dir`), so an
-    interrupted run leaves nothing half-written. Returns {"train": path, "val": path, "images": path}."""
+    """Write `train.jsonl`, `val.jsonl` and `images/*.png` of `task` under `out_dir` atomically (built beside it,
+    then renamed into place, replacing an older `out_dir`): an interrupted run leaves nothing half-written.
+    Returns {"train": path, "val": path, "images": path}."""
     if task not in TASKS:
         raise DataError(f"synthetic: unknown task {task!r}; choose one of {', '.join(TASKS)}")
     if n_train < 0 or n_val < 0:
@@ -350,10 +345,10 @@ def make_dataset(task: str, out_dir: str, n_train: int = 4000, n_val: int = 200,
             rng = random.Random(f"{task}-{split}-{seed}")  # str seeds hash with SHA-512: stable across runs
             order = list(range(n))
             rng.shuffle(order)  # i % k balances classes; shuffled so consecutive records differ
+            extra = {"split": split, "seed": seed} if task in SPLIT_AWARE else {}
             with open(os.path.join(tmp, f"{split}.jsonl"), "w", encoding="utf-8") as f:
                 for j, i in enumerate(order):
                     rel = f"images/{split}_{j:05d}.png"
-                    extra = {"split": split, "seed": seed} if task in SPLIT_AWARE else {}
                     image, fields = TASKS[task](rng, i, size, **extra)
                     image.save(os.path.join(tmp, rel), format="PNG")
                     f.write(json.dumps({"images": [rel], **fields}) + "\n")

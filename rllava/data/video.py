@@ -1,19 +1,17 @@
-"""Videos in the forms a record may hold, sampled and sized for a Qwen-VL vision tower.
+"""Videos in the forms a record may hold, sampled and sized for a Qwen-VL vision tower; every error names `where`.
 
-A record's video is either a *list of frames* (each in any form `load_image` accepts: path, bytes, base64, PIL)
-or a *video file* (a path, raw bytes or a `{"bytes", "path"}` dict) decoded with PyAV. Then, as qwen-vl-utils'
-`fetch_video` (what RLLaVA and EasyR1 call):
+A record's video is a *list of frames* (each in any form `load_image` accepts: path, bytes, base64, PIL) or a *video
+file* (a path, raw bytes or a `{"bytes", "path"}` dict) decoded with PyAV. Then, as qwen-vl-utils' `fetch_video`
+(what RLLaVA and EasyR1 call):
 
-- a file is sampled at `fps` frames per second: n = total_frames / source_fps * fps frames, at most
-  `max_frames` and `total_frames`, rounded down to a multiple of `temporal_factor` (the processor's
-  temporal_patch_size, 2), at least `temporal_factor`; frame indices linspace(0, total - 1, n), rounded;
+- a file is sampled at `fps` frames per second: n = total_frames / source_fps * fps frames, at most `max_frames`
+  and `total_frames`, rounded down to a multiple of `temporal_factor` (the processor's temporal_patch_size, 2), at
+  least `temporal_factor`; frame indices linspace(0, total - 1, n), rounded;
 - a frame list is taken as already sampled at `fps`: more than `max_frames` frames are thinned the same way
-  (`max_frames` is first rounded down to a multiple of `temporal_factor`);
+  (`max_frames` first rounded down to a multiple of `temporal_factor`);
 - the frame count is padded up to a multiple of `temporal_factor` by repeating the last frame;
 - every frame is resized (BICUBIC) to h x w, both multiples of `factor` (patch_size * merge_size), with
   min_pixels <= h * w <= max_pixels, by Qwen2-VL's `smart_resize` (transformers').
-
-Every error names `where` (file, record, field).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The one place that runs a (VL)M forward for training: per-token log-probs and entropy of a Batch.
 
-Two memory switches live here, both exact (they change memory and speed, never the numbers):
-
-- `chunk_size`: only positions whose next token is trained (the loss mask) go through the LM head, and at
-  most `chunk_size` of them at a time, so neither prompt/image tokens nor the full response ever materialise
-  [N x vocab] logits; with grad each chunk is recomputed in the backward (`logprobs_from_hidden`), which also
-  accumulates the LM head's gradient in place.
-- `padding_free`: the micro-batch's rows run as one packed row [1, sum(len_i)] with no pad tokens, positions
-  restarting at 0 in each row and attention confined to each row (`packed_inputs`).
-
-and one that changes the work, exact too: `shared_prefix` runs each group's prompt once, its K responses
-attending to that one copy (`rllava.model.shared_prefix`).
+Only positions whose next token is trained go through the LM head (`trained_hidden`), and three switches change
+memory, speed or work, never the numbers: `chunk_size` (at most that many positions through the head at a time,
+`logprobs_from_hidden`), `padding_free` (the rows packed into one, `packed_inputs`) and `shared_prefix` (each
+group's prompt run once, `rllava.model.shared_prefix`).
 """
 
 from __future__ import annotations
@@ -25,10 +18,10 @@ from rllava.data.protocol import Batch, concat_mm
 from rllava.model.shared_prefix import layout_inputs, prefix_layout
 
 
-def model_inputs(model, batch: Batch) -> dict[str, torch.Tensor]:
-    """Forward kwargs for `batch`: ids, mask, pixel tensors, and for Qwen-VL the per-token modality types
-    (`mm_token_type_ids`: 0 text, 1 image, 2 video) its M-RoPE position ids are computed from."""
-    inputs = batch.model_inputs()
+def model_inputs(model, batch: Batch, inputs: dict | None = None) -> dict[str, torch.Tensor]:
+    """Forward kwargs for `batch` (or the given `inputs`): ids, mask, pixel tensors, and for Qwen-VL the per-token
+    modality types (`mm_token_type_ids`: 0 text, 1 image, 2 video) its M-RoPE position ids are computed from."""
+    inputs = batch.model_inputs() if inputs is None else inputs
     types = modality_types(model, inputs["input_ids"])
     return inputs if types is None else {**inputs, "mm_token_type_ids": types}
 
@@ -37,19 +30,12 @@ def model_inputs(model, batch: Batch) -> dict[str, torch.Tensor]:
 MROPE_KEYS = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
 
-def _media_token_ids(model) -> list[int]:
-    """The image and video placeholder ids of a VLM (none for a text-only LM)."""
-    ids = [getattr(model.config, k, None) for k in ("image_token_id", "video_token_id")]
-    return [i for i in ids if i is not None]
-
-
 def modality_types(model, ids: torch.Tensor) -> torch.Tensor | None:
     """Qwen-VL's `mm_token_type_ids` of `ids` (0 text, 1 image, 2 video); None for a model without images."""
-    image_id = getattr(model.config, "image_token_id", None)
+    image_id, video_id = (getattr(model.config, k, None) for k in ("image_token_id", "video_token_id"))
     if image_id is None:
         return None
     types = (ids == image_id).int()
-    video_id = getattr(model.config, "video_token_id", None)
     return types if video_id is None else types + 2 * (ids == video_id).int()
 
 
@@ -58,20 +44,12 @@ def _backbone_and_head(model):
     return getattr(model, model.base_model_prefix), model.get_output_embeddings()
 
 
-def packed_index(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] -> for each real token (b, t), its index in the packed row (all rows' real tokens, in order)."""
-    return attention_mask.flatten().cumsum(0).view(attention_mask.shape) - 1
-
-
 def packed_inputs(model, batch: Batch) -> dict[str, torch.Tensor]:
-    """Forward kwargs running `batch` as one row [1, L] (L = its real tokens) without padding.
-
-    There is no attention mask: the position ids restart at 0 in each row, and transformers reads a
-    position that does not follow its predecessor as the start of a new sequence (masking_utils'
-    `find_packed_sequence_indices`), giving each row its own causal block under sdpa/eager, and the varlen
-    kernel under flash_attention_2. M-RoPE models (Qwen-VL) take [4, 1, L] positions: that text row, from
-    which the mask is built, then the (t, h, w) rows, computed for each row as the padded forward would.
-    """
+    """Forward kwargs running `batch` as one row [1, L] (L = its real tokens) without padding or attention mask:
+    the position ids restart at 0 in each row, and transformers reads a position that does not follow its
+    predecessor as a new sequence (masking_utils' `find_packed_sequence_indices`): each row gets its own causal
+    block under sdpa/eager, the varlen kernel under flash_attention_2. M-RoPE models (Qwen-VL) take [4, 1, L]
+    positions: that text row, from which the mask is built, then the (t, h, w) rows the padded forward computes."""
     inputs = model_inputs(model, batch)
     mask = inputs.pop("attention_mask").bool()  # [B, T]
     positions = (mask.cumsum(-1) - 1)[mask][None]  # [1, L]: 0..len_i-1 for each row i
@@ -98,7 +76,9 @@ def _mrope_rows(backbone, inputs: dict[str, torch.Tensor], mask: torch.Tensor) -
 def shared_prefix_inputs(model, batch: Batch, packed: bool):
     """(forward kwargs, layout) running `batch` with each group's prompt once (`rllava.model.shared_prefix`), or
     None when no two of its rows share a prompt. Every token keeps its own row's position ids."""
-    layout = prefix_layout(batch, _media_token_ids(model), packed=packed)
+    media_ids = [getattr(model.config, k) for k in ("image_token_id", "video_token_id")
+                 if getattr(model.config, k, None) is not None]  # none for a text-only LM
+    layout = prefix_layout(batch, media_ids, packed=packed)
     if layout is None:
         return None
     mask = batch.attention_mask
@@ -109,9 +89,7 @@ def shared_prefix_inputs(model, batch: Batch, packed: bool):
         rope = _mrope_rows(backbone, {"input_ids": batch.input_ids, **grids,
                                       "mm_token_type_ids": modality_types(model, batch.input_ids)}, mask)
         positions = torch.cat([positions, rope])  # [4, B, T]: text row, then (t, h, w)
-    inputs = layout_inputs(batch, layout, positions, next(model.parameters()).dtype)
-    types = modality_types(model, inputs["input_ids"])
-    return (inputs if types is None else {**inputs, "mm_token_type_ids": types}), layout
+    return model_inputs(model, batch, layout_inputs(batch, layout, positions, next(model.parameters()).dtype)), layout
 
 
 # each media kind a VLM's vision tower encodes: (its feature method, its pixel key, its grid key)
@@ -153,14 +131,13 @@ def _tensors(x):
 
 
 def _media_first(backbone, inputs: dict) -> tuple[dict, torch.Tensor | None]:
-    """Under FSDP2 / DeepSpeed ZeRO-3 on several ranks every rank must run the same collectives in the same order,
-    but the vision tower's shards are gathered only where a micro-batch holds an image (or a video): a rank of
-    text-only rows would skip them (gloo: `Received data size doesn't match expected size`; NCCL: a hang). So on
-    several ranks a VLM encodes each media kind it takes before its forward, always in the same order (image,
-    then video): the rows' own media, given to the forward as `mm_encoder_outputs`, or, where the rows hold none
-    of a kind, the smallest input of that kind, whose outputs come back as 0 x their sum (added to the hidden
-    states: nothing changes but the tower's zero gradient, reduced like the rest). Returns (the forward's inputs,
-    that zero or None). One rank, or a model without images: the inputs as they are."""
+    """Under FSDP2 / DeepSpeed ZeRO-3 every rank must run the same collectives in the same order, but the vision
+    tower's shards are gathered only for a micro-batch with an image (or video): a rank of text-only rows would
+    skip them (gloo: `Received data size doesn't match expected size`; NCCL: a hang). So on several ranks a VLM
+    encodes each media kind it takes before its forward, image then video: the rows' own media (passed on as
+    `mm_encoder_outputs`), or, for a kind the rows lack, its smallest input, whose outputs come back as 0 x their
+    sum (added to the hidden states: only the tower's zero gradient changes, reduced like the rest). Returns (the
+    forward's inputs, that zero or None); one rank, or a model without images: the inputs as they are."""
     vision = getattr(backbone.config, "vision_config", None)
     if D.world_size() == 1 or vision is None or not hasattr(backbone, "get_image_features"):
         return inputs, None
@@ -194,8 +171,9 @@ def trained_hidden(model, batch: Batch, *, padding_free: bool = False,
     hidden = backbone(**inputs, use_cache=False).last_hidden_state  # [R, L, H] shared, [1, L, H] packed, [B, T, H]
     if shared is not None:  # -> [N, H], the trained positions
         hidden = hidden.flatten(0, 1)[layout.index.to(hidden.device)[:, :-1][target]]
-    elif padding_free:
-        hidden = hidden[0][packed_index(batch.attention_mask)[:, :-1][target]]
+    elif padding_free:  # each real token's index in the packed row: the count of real tokens before it
+        packed = batch.attention_mask.flatten().cumsum(0).view(batch.attention_mask.shape) - 1
+        hidden = hidden[0][packed[:, :-1][target]]
     else:
         hidden = hidden[:, :-1][target]
     return (hidden if zero is None else hidden + zero.to(hidden.dtype)), target
@@ -276,14 +254,11 @@ def logprobs_from_hidden(head, h: torch.Tensor, labels: torch.Tensor, *, tempera
                          with_entropy: bool = False, entropy_grad: bool = False,
                          chunk_size: int = LOGPROB_CHUNK) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(labels) [N] (and entropy [N] or None) under softmax(head(h) / temperature), `chunk_size` rows of
-    h at a time (<= 0: all N at once, i.e. full [N x V] logits).
-
-    Chunking alone only bounds memory without grad: autograd would keep every chunk's [n x V] log-softmax
-    for the backward (the full logits again), and add a fresh [V x H] head gradient per chunk. So with grad
-    a bias-free linear head (every Qwen / LLaMA-style LM head) runs through `_ChunkedHead`, which recomputes
-    each chunk in the backward (one extra head matmul per chunk) and accumulates the head gradient in place.
-    Any other head (e.g. one wrapped by LoRA) runs each chunk under activation checkpointing instead.
-    """
+    h at a time (<= 0: all N at once, i.e. full [N x V] logits). Chunking alone bounds memory only without grad:
+    autograd would keep every chunk's [n x V] log-softmax (the full logits again) and add a fresh [V x H] head
+    gradient per chunk. So with grad a bias-free linear head (every Qwen / LLaMA-style LM head) runs through
+    `_ChunkedHead` (one extra head matmul per chunk, the head gradient accumulated in place); any other head
+    (e.g. one wrapped by LoRA) runs each chunk under activation checkpointing."""
     step = chunk_size if chunk_size > 0 else max(len(h), 1)
     plain = type(head) is torch.nn.Linear and head.bias is None
     if torch.is_grad_enabled() and chunk_size > 0 and len(h):
@@ -353,29 +328,25 @@ class _ChunkedKL(torch.autograd.Function):
 def full_kl_from_hidden(head, h: torch.Tensor, ref_h: torch.Tensor, ref_weight: torch.Tensor, *,
                         temperature: float = 1.0, chunk_size: int = LOGPROB_CHUNK) -> torch.Tensor:
     """KL(pi || pi_ref) over the whole vocabulary at each of N positions [N] (`actor.kl_loss_type=full`,
-    `algorithm.kl_penalty=full`):
+    `algorithm.kl_penalty=full`), both at the sampling temperature:
 
-        KL_t = sum_v pi(v | x_<t) (log pi(v | x_<t) - log pi_ref(v | x_<t)),   both at the sampling temperature
+        KL_t = sum_v pi(v | x_<t) (log pi(v | x_<t) - log pi_ref(v | x_<t))
 
-    from the policy's hidden states `h` [N, H] through its `head`, and the reference's `ref_h` [N, H] at the same
-    positions through its head weight `ref_weight` [V, H]. Exact, unlike the sampled k1/k2/k3 estimates, and
-    never negative. The two [N x V] distributions are never stored: `chunk_size` rows at a time, as the
-    log-prob pass; with grad a bias-free linear head runs through `_ChunkedKL` (recomputing each chunk in the
-    backward), any other head (LoRA on the LM head) under activation checkpointing. The reference gets no grad.
+    from the policy's hidden states `h` [N, H] through its `head` and the reference's `ref_h` [N, H] through its
+    head weight `ref_weight` [V, H]. Exact, unlike the sampled k1/k2/k3 estimates, and never negative. The two
+    [N x V] distributions are never stored: `chunk_size` rows at a time as the log-prob pass, with grad through
+    `_ChunkedKL` for a bias-free linear head (recomputing each chunk in the backward), else under activation
+    checkpointing (LoRA on the LM head). The reference gets no grad.
 
-    Why hidden states: the KL needs both whole distributions at the same positions. The reference's [B, T, V]
-    cannot be stored between the reference pass and the update, and a top-k summary would not be exact; its
-    last hidden states ([N, H], H << V) plus its head are, so the reference runs on the same micro-batch,
-    without grad, right before the policy's forward: inside the update for the loss (`Actor._backward`), and
-    beside the old policy in the reference stage for the reward (`Reference.full_kl`). Cost: one reference
-    forward per micro-batch, two more head matmuls per chunk (four more in the backward). Both heads must be
-    whole in one process, so it runs on the single-device engine only (FSDP2 / DeepSpeed shard them: a
-    start-up error says so).
-
-    Heads of different lengths (a distillation teacher with the same tokenizer, its embedding padded to another
-    multiple: Qwen2.5-VL-3B's 151936 rows, 7B's 152064) are compared over their common first rows, every real
-    token; the padding rows past them are never sampled.
-    """
+    Why hidden states: the KL needs both whole distributions at the same positions; the reference's [B, T, V]
+    cannot be stored until the update and a top-k summary is not exact, but its last hidden states ([N, H],
+    H << V) plus its head are. So the reference runs on the same micro-batch, without grad, right before the
+    policy's forward: in the update for the loss (`Actor._backward`), beside the old policy in the reference
+    stage for the reward (`Reference.full_kl`). Cost: one reference forward per micro-batch, two more head
+    matmuls per chunk (four in the backward). Both heads must be whole in one process: single-device engine only
+    (FSDP2 / DeepSpeed shard them: a start-up error says so). Heads of different lengths (a distillation teacher
+    with the same tokenizer, its embedding padded to another multiple: Qwen2.5-VL-3B's 151936 rows, 7B's 152064)
+    are compared over their common first rows, every real token; the padding rows past them are never sampled."""
     step = chunk_size if chunk_size > 0 else max(len(h), 1)
     rows = min(len(ref_weight), head.weight.shape[0])
     ref_h, ref_weight = ref_h.detach(), ref_weight.detach()[:rows]
@@ -413,18 +384,14 @@ def _token_logprobs(model, batch: Batch, *, temperature: float = 1.0, with_entro
                     entropy_grad: bool = False, chunk_size: int = LOGPROB_CHUNK, padding_free: bool = False,
                     shared_prefix: bool = False, ref_hidden: list[tuple[torch.Tensor, torch.Tensor]] | None = None
                     ) -> tuple[torch.Tensor, ...]:
-    """log pi(x_t | x_<t) and the policy's entropy at t, for every t with loss_mask[t] = 1.
+    """log pi(x_t | x_<t) [B, T] and the policy's entropy at t ([B, T] or None), zero where loss_mask[t] = 0.
 
-    Returns logprobs [B, T] (and entropy [B, T] or None), zero at untrained positions. Logits are divided by
-    the sampling `temperature`, so the log-probs are those of the distribution the rollout sampled from. The
-    LM head runs over `chunk_size` trained tokens at a time (see `logprobs_from_hidden`); `padding_free`
-    packs the rows (see `packed_inputs`); `shared_prefix` runs each group's prompt once (see
-    `shared_prefix_inputs`). The entropy carries grad only if `entropy_grad` (an entropy bonus);
-    otherwise it is a detached metric. `ref_hidden`: a list of other models' (hidden states at the same trained
-    positions [N, H'], LM head weight [V, H']) (`rllava.roles.reference.Reference.hidden`: the reference, a
-    distillation teacher); one more tensor [B, T] is returned for each, the full-vocabulary KL(pi || that model)
-    at each position (`full_kl_from_hidden`).
-    """
+    Logits are divided by the sampling `temperature` (the distribution the rollout sampled from). `chunk_size`:
+    see `logprobs_from_hidden`; `padding_free`: `packed_inputs`; `shared_prefix`: `shared_prefix_inputs`. The
+    entropy carries grad only with `entropy_grad` (an entropy bonus), else it is a detached metric. `ref_hidden`:
+    other models' (hidden states at the same trained positions [N, H'], LM head weight [V, H'])
+    (`rllava.roles.reference.Reference.hidden`: the reference, a distillation teacher); for each, one more [B, T]
+    tensor is returned: the full-vocabulary KL(pi || that model) at each position (`full_kl_from_hidden`)."""
     h, target = trained_hidden(model, batch, padding_free=padding_free, shared_prefix=shared_prefix)
     _, head = _backbone_and_head(model)
     labels = batch.input_ids[:, 1:][target]  # [N]

@@ -1,8 +1,7 @@
 """Load a policy/reference model and its processor with the ordinary `transformers` Auto classes.
 
 VLMs (a config with a `vision_config`) load through `AutoModelForImageTextToText`, text-only LLMs through
-`AutoModelForCausalLM`: the same path a real Qwen checkpoint and our tiny builds take (the TinyLLaVA-style
-modular VLM of `rllava.model.modular` too, registered with the Auto classes on import).
+`AutoModelForCausalLM`: real Qwen checkpoints, our tiny builds and the modular VLM (registered on import) alike.
 """
 
 from __future__ import annotations
@@ -60,7 +59,10 @@ def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdp
         raise ModelLoadError(f"{_path_key(key)}={path!r}: the weights are truncated or corrupt ({e}): download or "
                              "save the model again") from e
     except (OSError, ValueError, ImportError) as e:
-        if not local and not os.path.isdir(path) and _offline(e):
+        text = f"{type(e).__name__} {e} {e.__cause__!r}"  # offline: the hub out of reach, not a broken model
+        offline = any(m in text for m in ("couldn't connect", "LocalEntryNotFoundError", "offline mode",
+                                          "ConnectionError", "ConnectTimeout", "Max retries exceeded"))
+        if not local and not os.path.isdir(path) and offline:
             raise ModelLoadError(f"{_path_key(key)}={path!r}: no such local directory, and the hub could not be "
                                  "reached to download it (offline, HF_HUB_OFFLINE=1 or a proxy): give the model's "
                                  "local directory, or download it where the hub is reachable") from e
@@ -69,16 +71,8 @@ def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdp
 
 
 def _path_key(key: str) -> str:
-    """The config key of a model's path: `{key}.model_path`, or `key` itself when it names one
-    (algorithm.distill.teacher_path)."""
+    """`{key}.model_path`, or `key` itself when it names a path (algorithm.distill.teacher_path)."""
     return key if key.endswith("_path") or ".teachers." in key else f"{key}.model_path"
-
-
-def _offline(e: BaseException) -> bool:
-    """Whether `from_pretrained` failed because the hub was out of reach (not a missing or broken model)."""
-    text = f"{type(e).__name__} {e} {e.__cause__!r}"
-    return any(m in text for m in ("couldn't connect", "LocalEntryNotFoundError", "offline mode", "ConnectionError",
-                                   "ConnectTimeout", "Max retries exceeded"))
 
 
 def auto_class(config):
@@ -87,9 +81,9 @@ def auto_class(config):
 
 
 def _in_part(name: str, part: str) -> bool:
-    """Whether parameter `name` belongs to `part` of a VLM. The vision tower is Qwen-VL's `visual` (its merger
-    included, as RLLaVA freezes it) or the modular VLM's `vision_tower`; the connector is the modular VLM's
-    `connector` or Qwen-VL's mergers; the LLM is everything else (decoder, embeddings, LM head)."""
+    """Whether parameter `name` belongs to `part` of a VLM: the vision tower is Qwen-VL's `visual` (its merger
+    included, as RLLaVA freezes it) or the modular VLM's `vision_tower`; the connector the modular VLM's
+    `connector` or Qwen-VL's mergers; the LLM everything else (decoder, embeddings, LM head)."""
     keys = set(name.split("."))
     vision = bool(keys & {"visual", "vision_tower"})
     connector = bool(keys & {"connector", "merger", "deepstack_merger_list"})
@@ -148,8 +142,7 @@ def make_trainable(model, model_cfg, device: torch.device, key: str = "actor.mod
 
         model = apply_lora(model, model_cfg, key=key)
     if model_cfg.enable_gradient_checkpointing:  # recompute each layer in backward; optionally keep its input on host
-        # (on a CPU the activations already live in host memory: there is nothing to offload)
-        offload = model_cfg.enable_activation_offload and device.type != "cpu"
+        offload = model_cfg.enable_activation_offload and device.type != "cpu"  # a CPU's activations are on the host
         model.activation_checkpointing_enable({"use_reentrant": False}, offload=offload)
     return model
 
@@ -157,10 +150,10 @@ def make_trainable(model, model_cfg, device: torch.device, key: str = "actor.mod
 def load_frozen(path: str | None, device: torch.device, *, key: str, dtype: torch.dtype | None = None,
                 attn_implementation: str = "sdpa", trust_remote_code: bool = False, engine=None, offload: bool = False,
                 copy_of: torch.nn.Module | None = None, **load_kwargs) -> torch.nn.Module:
-    """A model no pass trains (the reference, a distillation teacher, a reward model): loaded from `path` (`key`
-    names it in errors), or a copy of `copy_of`'s weights when `path` is None; no grad, eval mode. Sharded like the
-    policy when its train `engine` shards (FSDP2, ZeRO-3: `shard_frozen`), else on `device` (host memory with
-    `offload`: it is brought to the device for its passes)."""
+    """A model no pass trains (the reference, a distillation teacher, a reward model), without grad, in eval mode:
+    loaded from `path` (`key` names it in errors), or a copy of `copy_of` when `path` is None. Sharded like the
+    policy when its train `engine` shards (FSDP2, ZeRO-3: `shard_frozen`), else on `device` (`offload`: in host
+    memory, brought to the device for its passes)."""
     if path is None:
         model = copy.deepcopy(copy_of)
     else:
@@ -174,13 +167,13 @@ def load_frozen(path: str | None, device: torch.device, *, key: str, dtype: torc
 
 def save_model(model, processor, path: str, state_dict: dict | None = None, *, weights: bool = True,
                merge_lora: bool = True, pixels: tuple[int | None, int | None] = (None, None)) -> str:
-    """The model and its processor (chat template included) as a plain `save_pretrained` directory (loads
-    with transformers alone), written atomically: an interrupted save leaves no half-written `path`. A LoRA
-    policy is saved with its adapters merged (`merge_lora=False`: the base weights), and the adapter alone
-    under `path/adapter`. `state_dict`: the full weights when the model itself holds only shards (FSDP2:
-    `engine.full_state_dict()`). `weights=False`: config, generation config and processor only (what a
-    checkpoint keeps beside its sharded weights so that `rllava.commands.export` can rebuild the model). `pixels`: the
-    training's (data.min_pixels, data.max_pixels), kept by the saved image processor."""
+    """The model and its processor (chat template included) as a plain `save_pretrained` directory (loads with
+    transformers alone), written atomically (an interrupted save leaves no half-written `path`). A LoRA policy is
+    saved with its adapters merged (`merge_lora=False`: the base weights) and the adapter alone under `path/adapter`.
+    `state_dict`: the full weights when the model holds only shards (FSDP2: `engine.full_state_dict()`).
+    `weights=False`: config, generation config and processor only (kept beside a checkpoint's sharded weights so
+    that `rllava.commands.export` can rebuild the model). `pixels`: the training's (data.min_pixels,
+    data.max_pixels), kept by the saved image processor."""
     from rllava.model.lora import has_lora, merged_state_dict, save_adapter
     from rllava.utils.fs import atomic_directory
 

@@ -1,13 +1,11 @@
 """LoRA adapters through `peft`, injected into the HF model itself (`actor.model.use_peft=true`).
 
-`peft.inject_adapter_in_model` replaces each target linear layer with a LoRA layer (W x + s B A x, s =
-lora_alpha / r, or / sqrt(r) with rsLoRA) and freezes everything else, so the policy stays a plain
-`transformers` model: the training forward, `generate` and the roles need no wrapper. Two consequences:
-
-- The reference policy is the same model with its adapters switched off (`adapters_disabled`): KL to the
-  base works under LoRA without a second copy of the weights.
-- Saving writes a plain checkpoint with B A merged into W (`merged_state_dict`), loadable by `transformers`
-  alone, plus the adapter by itself under `adapter/` (peft's format; `actor.model.lora_weight_path` resumes it).
+`peft.inject_adapter_in_model` replaces each target linear layer with a LoRA layer (W x + s B A x, s = lora_alpha / r,
+or / sqrt(r) with rsLoRA) and freezes everything else, so the policy stays a plain `transformers` model (the training
+forward, `generate` and the roles need no wrapper). The reference policy is the same model with its adapters switched
+off (`adapters_disabled`): KL to the base needs no second copy of the weights. Saving writes a plain checkpoint with
+B A merged into W (`merged_state_dict`), loadable by `transformers` alone, plus the adapter by itself under
+`adapter/` (peft's format; `actor.model.lora_weight_path` resumes it).
 """
 
 from __future__ import annotations

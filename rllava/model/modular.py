@@ -11,14 +11,12 @@ TinyLLaVA (arXiv:2402.14289), which RLLaVA builds on, composes a VLM from three 
   tokens (CLS, registers) dropped, so an h x w image gives (h // patch) * (w // patch) patch features;
 - the **connector** (`model.connector`): `linear` (D_v -> D) or `mlp2x_gelu` (D_v -> D, GELU, D -> D).
 
-The processor (`LlavaProcessor`: the tower's image processor + the LLM's tokenizer) expands each image token
-into exactly that many copies, and the forward replaces those copies' embeddings with the image's features,
-in order. The model is an ordinary `transformers` model (`ModularVLMConfig`, model_type "rllava_modular",
-registered with AutoConfig / AutoModelForImageTextToText when this module is imported), so `save_pretrained`
-/ `from_pretrained` / `generate` work as for any HF VLM; `generate` encodes the images once, before prefill.
-
-`compose(llm, vision, connector=...)` builds one from parts, each loaded from a local HF directory or built
-from its config.
+The processor (`LlavaProcessor`: the tower's image processor + the LLM's tokenizer) expands each image token into
+exactly that many copies, whose embeddings the forward replaces with the image's features, in order. The model is an
+ordinary `transformers` model (`ModularVLMConfig`, model_type "rllava_modular", registered with AutoConfig /
+AutoModelForImageTextToText on import): `save_pretrained` / `from_pretrained` / `generate` work as for any HF VLM
+(`generate` encodes the images once, before prefill). `compose(llm, vision, connector=...)` builds one from parts,
+each loaded from a local HF directory or built from its config.
 """
 
 from __future__ import annotations
@@ -159,13 +157,6 @@ AutoModel.register(ModularVLMConfig, ModularVLMModel)
 AutoModelForImageTextToText.register(ModularVLMConfig, ModularVLMForConditionalGeneration)
 
 
-def _llm(src, dtype):
-    """A causal LM from a local HF directory (str) or built from its config."""
-    if isinstance(src, PretrainedConfig):
-        return AutoModelForCausalLM.from_config(src, dtype=dtype)
-    return AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
-
-
 def _vision_tower(src, dtype):
     """A vision model from a local HF directory (a whole CLIP/SigLIP checkpoint gives its vision half) or
     built from its config."""
@@ -185,13 +176,16 @@ def compose(llm, vision, *, connector: str = "mlp2x_gelu", tokenizer=None, image
     SigLIP / DINOv2 directory or a vision config (then pass `image_processor`, a PIL-backend one such as
     `SiglipImageProcessorPil`). `image_token` is added to the tokenizer (and the LLM's embeddings grow) when
     the vocabulary lacks it. `chat_template` (default: the tokenizer's) must render a message's
-    {"type": "image"} part as `image_token`. The connector starts from its default init: train it first.
-    """
+    {"type": "image"} part as `image_token`. The connector starts from its default init: train it first."""
     if (tokenizer is None and isinstance(llm, PretrainedConfig)) or \
             (image_processor is None and isinstance(vision, PretrainedConfig)):
         raise ValueError("compose: a part built from a config has no saved preprocessor: pass tokenizer= with an "
                          "LLM config and image_processor= with a vision config")
-    lm, tower = _llm(llm, dtype), _vision_tower(vision, dtype)
+    if isinstance(llm, PretrainedConfig):
+        lm = AutoModelForCausalLM.from_config(llm, dtype=dtype)
+    else:
+        lm = AutoModelForCausalLM.from_pretrained(llm, dtype=dtype)
+    tower = _vision_tower(vision, dtype)
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(llm)
     image_processor = image_processor or AutoImageProcessor.from_pretrained(vision, backend="pil")
     if image_token not in tokenizer.get_vocab():

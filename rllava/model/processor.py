@@ -1,20 +1,13 @@
 """Loading a VLM processor with or without torchvision.
 
-transformers 5.x builds Qwen-VL processors with a video processor that imports torchvision, and there is no CPU
-build of torchvision for our torch. So a processor may be saved as an *image-only* subclass of the model's own
-processor class (same image-token logic, no video processor); `load_processor` picks:
-
-1. a saved image-only processor -> that class (works everywhere);
-2. a standard processor (a real checkpoint) -> `AutoProcessor`; if that fails only because torchvision is
-   missing, the image-only subclass is built from the checkpoint's own image processor and tokenizer;
-3. a text-only checkpoint -> its tokenizer.
-
-On save, the image-only processor writes what the model's standard processor writes (`processor_class`
-Qwen2VLProcessor / Qwen2_5_VLProcessor / Qwen3VLProcessor in processor_config.json, preprocessor_config.json and
-tokenizer_config.json, plus a `video_processor` entry): plain `transformers` with torchvision loads the standard
-processor from it (`AutoProcessor.from_pretrained`), and rllava without torchvision loads it by case 2. The video
-processor entry is the source checkpoint's own when it had one, else built from the image processor's patch
-geometry and normalization (the video processor class's defaults for the rest).
+transformers 5.x builds Qwen-VL processors with a video processor that imports torchvision, which has no CPU build
+for our torch. So a processor may be an *image-only* subclass of the model's own processor class (same image-token
+logic; videos through rllava's PIL video processor). `load_processor` gives a saved image-only processor its class,
+a standard one (a real checkpoint) `AutoProcessor`, or the image-only subclass when that fails only for want of
+torchvision, and a text-only checkpoint its tokenizer. The image-only processor saves what the standard one writes
+(its `processor_class` in processor_config.json, preprocessor_config.json and tokenizer_config.json, plus a
+`video_processor` entry: the source checkpoint's, else built from the image processor's patch geometry and
+normalization), so `AutoProcessor.from_pretrained` with torchvision loads the standard processor from it.
 """
 
 from __future__ import annotations
@@ -24,15 +17,13 @@ import json
 import os
 from functools import cache
 
+import transformers
 from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
-
-def _base_processor_class(arch: str):
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen3VLProcessor
-
-    return {"qwen2_vl": Qwen2VLProcessor, "qwen2_5_vl": Qwen2_5_VLProcessor, "qwen3_vl": Qwen3VLProcessor}[arch]
-
-
+# each Qwen-VL model's standard processor class (the one its checkpoint names)
+STANDARD_CLASSES = {"Qwen2VLProcessor": "qwen2_vl", "Qwen2_5_VLProcessor": "qwen2_5_vl", "Qwen3VLProcessor": "qwen3_vl"}
+# the names `image_only_processor_class` gives them
+IMAGE_ONLY_CLASSES = {name.replace("Processor", "ImageOnlyProcessor"): arch for name, arch in STANDARD_CLASSES.items()}
 # transformers' video processor for each model (torchvision-backed; named in the export, never imported here).
 VIDEO_PROCESSOR_CLASSES = {"qwen2_vl": "Qwen2VLVideoProcessor", "qwen2_5_vl": "Qwen2VLVideoProcessor",
                            "qwen3_vl": "Qwen3VLVideoProcessor"}
@@ -44,8 +35,8 @@ _SHARED_WITH_VIDEO = ("patch_size", "temporal_patch_size", "merge_size", "image_
 @cache
 def image_only_processor_class(arch: str):
     """The model's processor class minus transformers' video processor (attributes: image_processor, tokenizer);
-    its `video_processor` is rllava's PIL one, so videos work too."""
-    base = _base_processor_class(arch)
+    its `video_processor` is rllava's PIL one."""
+    base = getattr(transformers, next(name for name, a in STANDARD_CLASSES.items() if a == arch))
 
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
         # The base __init__ passes (image, tokenizer, video) to ProcessorMixin, which zips them with *our*
@@ -96,11 +87,6 @@ def _name_processor_class(path: str, name: str) -> None:
         config["processor_class"] = name
         with open(path, "w") as f:
             json.dump(config, f, indent=2, ensure_ascii=False)
-
-
-STANDARD_CLASSES = {"Qwen2VLProcessor": "qwen2_vl", "Qwen2_5_VLProcessor": "qwen2_5_vl", "Qwen3VLProcessor": "qwen3_vl"}
-# the names `image_only_processor_class` gives them
-IMAGE_ONLY_CLASSES = {name.replace("Processor", "ImageOnlyProcessor"): arch for name, arch in STANDARD_CLASSES.items()}
 
 
 def _read_json(path: str) -> dict:

@@ -1,21 +1,16 @@
 """Shared-prefix forward (Prefix Grouper, arXiv 2506.05433): a group's K responses run after ONE copy of its prompt.
 
-GRPO's K rows of a group begin with the same prompt, image tokens included, and a VLM prompt is usually longer
-than its response: the padded forward computes it K times, in the vision tower and in every layer, and the
-backward again. Here each group is laid out as one sequence
+GRPO's K rows of a group begin with the same prompt, image tokens included, usually longer than the response in a
+VLM: the padded forward computes it K times (vision tower, every layer, and the backward). Here each group is laid
+out as one sequence [prompt, response_1, ..., response_K] under a 4-D attention mask letting response k attend to
+the prompt and its own earlier tokens only, every token keeping its own row's position ids (the model's own M-RoPE
+positions). Each hidden state is then the K-copies forward's (exact up to floating-point summation order), the K
+responses' gradients all flow into the one prompt, and each distinct image is encoded once.
 
-    [prompt, response_1, ..., response_K]
-
-with a 4-D attention mask under which response k attends to the prompt and to its own earlier tokens only, and
-every token keeps the position ids it has in its own row (the model's own M-RoPE positions). Each hidden state
-is then the one the K-copies forward computes (exact up to floating-point summation order), and in the
-backward the K responses' gradients all flow into the one prompt, as they do into the K copies. The images
-are passed once per group, so the vision tower encodes each distinct image once.
-
-Rows share a prompt when they are in the same group, their given first segment (the prompt) has the same
-tokens and images, and no image or video token follows it (an agent's image observations: such a row runs
-alone, as in the padded forward). Layouts: one sequence per group, padded to the longest (`packed=False`), or
-all groups in one row (`packed=True`, for `padding_free`).
+Rows share a prompt when they are in the same group, their given first segment (the prompt) has the same tokens and
+images, and no image or video token follows it (an agent's image observations: such a row runs alone, as in the
+padded forward). Layouts: one sequence per group, padded to the longest (`packed=False`), or all groups in one row
+(`packed=True`, for `padding_free`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,19 @@
-"""Tiny, randomly initialised Qwen-VL models (plus a TinyLLaVA-style modular VLM, arch `tinyllava`, text-only
-Qwen2 / Qwen3 LMs, archs `qwen2` / `qwen3`, and a Qwen2 reward model, `qwen2_rm`) built offline, for tests and
-CPU demos.
+"""Tiny, randomly initialised Qwen-VL models (plus a TinyLLaVA-style modular VLM, arch `tinyllava`, text-only Qwen2 /
+Qwen3 LMs, `qwen2` / `qwen3`, and a Qwen2 reward model, `qwen2_rm`) built offline, for tests and CPU demos.
 
     python -m rllava.model.tiny --arch qwen2_vl --out DIR [--size small|demo]
 
 writes a real Hugging Face checkpoint (config, safetensors weights, tokenizer, processor, chat template) with
-`save_pretrained`, so `actor.model.model_path=DIR` loads it through the same Auto classes as a real Qwen
-checkpoint. The tokenizer is a byte-level BPE trained here on generated text (no hub download), with Qwen's
-special tokens, so chat templates and image placeholders behave as in the real models.
+`save_pretrained`, which `actor.model.model_path=DIR` loads through the same Auto classes as a real Qwen checkpoint.
+The tokenizer is a byte-level BPE trained here on generated text (no hub download), with Qwen's special tokens, so
+chat templates and image placeholders behave as in the real models. Sizes (docs/cpu_learning.md): `demo` = 4 text
+layers, hidden 256, vision depth 4, embed 128 (~4.5 M parameters; learns the synthetic counting task on CPU);
+`small` = 2 layers, hidden 128 (~1 M; for fast tests only); `wide` = the demo's depths at 4x its widths (benchmarks).
 
-Sizes (see docs/cpu_learning.md): `demo` = 4 text layers, hidden 256, vision depth 4,
-embed 128 (~4.5 M parameters; learns the synthetic counting task on CPU); `small` = 2 layers, hidden 128
-(~1 M; for fast tests only); `wide` = the demo's depths at 4x its widths (benchmarks).
-
-The vision tower's weight matrices are drawn with std VISION_INIT_STD = 0.2 instead of the config's 0.02: at
-widths of 64-128 the 0.02 init makes every image look alike to the language model, and SFT on the counting task
-then sat at chance (20 %) for ~150 steps; with 0.2 it reaches ~55 % held-out in 40 steps (lr 1e-3, batch 32),
-the pace docs/cpu_learning.md records. (0.1: 51 % after 100 steps.)
+The vision tower's weight matrices are drawn with std VISION_INIT_STD = 0.2 instead of the config's 0.02: at widths
+of 64-128 the 0.02 init makes every image look alike to the language model, and SFT on the counting task then sat at
+chance (20 %) for ~150 steps; with 0.2 it reaches ~55 % held-out in 40 steps (lr 1e-3, batch 32), the pace
+docs/cpu_learning.md records. (0.1: 51 % after 100 steps.)
 """
 
 from __future__ import annotations
@@ -159,29 +156,24 @@ def _model_and_processor(arch: str, tok, size: dict):
     text = _text_config(tok, size)
     # M-RoPE splits the rotary half-dimension over (time, height, width); sections must sum to head_dim/2.
     half = head_dim // 2
-    t_sec = half - 2 * (3 * half // 8)
-    mrope = [t_sec, 3 * half // 8, 3 * half // 8]
+    mrope = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
+    text["rope_parameters"] = rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope}
+    patch = 16 if arch == "qwen3_vl" else 14
+    # Qwen2.5-VL's and Qwen3-VL's towers (Qwen2-VL's names its widths differently)
+    vision = dict(depth=size["v_depth"], hidden_size=size["v_embed"], intermediate_size=2 * size["v_embed"],
+                  num_heads=size["v_heads"], patch_size=patch, out_hidden_size=size["hidden"])
     if arch == "qwen3_vl":
-        patch = 16
-        text.update(head_dim=head_dim, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                        "mrope_section": mrope, "mrope_interleaved": True})
-        vision = dict(depth=size["v_depth"], hidden_size=size["v_embed"], intermediate_size=2 * size["v_embed"],
-                      num_heads=size["v_heads"], patch_size=patch, out_hidden_size=size["hidden"],
-                      num_position_embeddings=256, deepstack_visual_indexes=[size["v_depth"] // 2])
-        config, model_cls = Qwen3VLConfig(text_config=text, vision_config=vision, **ids), Qwen3VLForConditionalGeneration
+        text["head_dim"], rope["mrope_interleaved"] = head_dim, True
+        vision.update(num_position_embeddings=256, deepstack_visual_indexes=[size["v_depth"] // 2])
+        config_cls, model_cls = Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    elif arch == "qwen2_vl":
+        vision = dict(depth=size["v_depth"], embed_dim=size["v_embed"], hidden_size=size["hidden"],
+                      num_heads=size["v_heads"], patch_size=patch)
+        config_cls, model_cls = Qwen2VLConfig, Qwen2VLForConditionalGeneration
     else:
-        patch = 14
-        text.update(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope})
-        if arch == "qwen2_vl":
-            vision = dict(depth=size["v_depth"], embed_dim=size["v_embed"], hidden_size=size["hidden"],
-                          num_heads=size["v_heads"], patch_size=patch)
-            config_cls, model_cls = Qwen2VLConfig, Qwen2VLForConditionalGeneration
-        else:
-            vision = dict(depth=size["v_depth"], hidden_size=size["v_embed"], intermediate_size=2 * size["v_embed"],
-                          num_heads=size["v_heads"], patch_size=patch, out_hidden_size=size["hidden"],
-                          window_size=56, fullatt_block_indexes=[size["v_depth"] - 1])
-            config_cls, model_cls = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-        config = config_cls(text_config=text, vision_config=vision, **ids)
+        vision.update(window_size=56, fullatt_block_indexes=[size["v_depth"] - 1])
+        config_cls, model_cls = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    config = config_cls(text_config=text, vision_config=vision, **ids)
     config.tie_word_embeddings = False
     image_processor = Qwen2VLImageProcessorPil(patch_size=patch, merge_size=2, temporal_patch_size=2,
                                                min_pixels=(patch * 2) ** 2, max_pixels=(patch * 2) ** 2 * 256)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from rllava.data.protocol import Batch
-from rllava.model.forward import trained_hidden
+from rllava.model.forward import _scatter, trained_hidden
 
 
 class ValueModel(nn.Module):
@@ -28,7 +28,4 @@ class ValueModel(nn.Module):
         policy's forward does."""
         h, target = trained_hidden(self.lm, batch, padding_free=padding_free,  # [N, H] at t-1 for trained t
                                    shared_prefix=shared_prefix)
-        v = self.value_head(h).squeeze(-1).float()
-        out = v.new_zeros(batch.input_ids.shape)
-        out[:, 1:][target] = v
-        return out
+        return _scatter(self.value_head(h).squeeze(-1).float(), target)

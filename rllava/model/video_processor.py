@@ -1,19 +1,18 @@
-"""Qwen-VL video tensors without torchvision: `pixel_values_videos` and `video_grid_thw` as transformers'
-Qwen2-VL video processor computes them, made with the PIL image processor.
+"""Qwen-VL video tensors without torchvision (transformers' Qwen-VL video processors import it, and it has no CPU
+build for our torch): `pixel_values_videos` and `video_grid_thw` as transformers' Qwen2-VL video processor computes
+them, made with the PIL image processor.
 
-transformers' Qwen-VL video processors import torchvision, which has no CPU build for our torch. For frames
-already sampled and resized to multiples of patch_size * merge_size (`rllava.data.video`), what the video
-processor still does is: rescale and normalize each frame, then cut every group of `temporal_patch_size`
-frames into patches of C x temporal_patch_size x patch_size x patch_size values, ordered (t, h-block, w-block,
-h-in-block, w-in-block) as the vision tower's patch merger expects. The PIL image processor run with
-temporal_patch_size=1 does the rescale, the normalization and the spatial order of one frame; the frames of
-each temporal group are then interleaved along the patch's time axis:
+For frames already sampled and resized to multiples of patch_size * merge_size (`rllava.data.video`), the video
+processor still rescales and normalizes each frame, then cuts every group of `temporal_patch_size` (tp) frames into
+patches of C x tp x p x p values, ordered (t, h-block, w-block, h-in-block, w-in-block) as the vision tower's patch
+merger expects. The PIL image processor run with temporal_patch_size=1 does the rescale, the normalization and the
+spatial order of one frame; the frames of each temporal group are then interleaved along the patch's time axis:
 
     frame patches [T, N, C, p, p] -> [T/tp, tp, N, C, p, p] -> [T/tp, N, C, tp, p, p] -> [T/tp * N, C*tp*p*p]
 
-`image_only_processor_class` (rllava.model.processor) exposes this as its `video_processor`, so the model's
-own processor class expands `<|video_pad|>` (Qwen3-VL: per-frame timestamps) and adds `second_per_grid_ts`
-(Qwen2.5-VL) exactly as with transformers' video processor.
+`image_only_processor_class` (rllava.model.processor) exposes this as its `video_processor`, so the model's own
+processor class expands `<|video_pad|>` (Qwen3-VL: per-frame timestamps) and adds `second_per_grid_ts` (Qwen2.5-VL)
+exactly as with transformers' video processor.
 """
 
 from __future__ import annotations

@@ -1,2 +1,1 @@
-"""RLLaVA's module paths that its example reward files import (`rllava.model.modules.rm.*`), kept so those files
-run here unchanged."""
+"""RLLaVA's module paths its example reward files import (`rllava.model.modules.rm.*`), so they run here unchanged."""
