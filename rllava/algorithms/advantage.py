@@ -1,8 +1,6 @@
-"""Advantage estimators: pure functions over tensors, registered by name (`algorithm.adv_estimator`).
-
-Shapes: B sequences, T tokens. `scores` [B] is one scalar reward per sequence, `group_ids` [B] says which prompt
-each sequence answers (the K samples of one prompt share an id), `mask` [B, T] is 1 on the tokens the policy
-wrote. Every estimator returns advantages [B, T], zero where `mask` is 0.
+"""Advantage estimators: pure functions over tensors, registered by name (`algorithm.adv_estimator`). `scores` [B]:
+one reward per sequence; `group_ids` [B]: the prompt each answers (its K samples share an id); `mask` [B, T]: 1 on
+the tokens the policy wrote. Every estimator returns advantages [B, T], zero where `mask` is 0.
 """
 
 from __future__ import annotations
@@ -14,9 +12,9 @@ from rllava.algorithms.registry import register_adv_estimator
 
 
 def group_mean(x: torch.Tensor, group_ids: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Each sequence's (weighted) group mean, [B]. Summed as offsets from the group minimum, so a group of equal
-    values has exactly that value as its mean (a plain sum / n is off by an ulp for e.g. seven rewards of 0.7,
-    which GRPO's std division would blow up to advantages of +-0.06). A group of zero total weight gets its min."""
+    """Each sequence's (weighted) group mean, [B]. Summed as offsets from the group minimum, so equal values have
+    exactly that mean (sum / n is an ulp off for seven rewards of 0.7, which GRPO's std division blows up to
+    advantages of +-0.06). A group of zero total weight gets its min."""
     _, gid = torch.unique(group_ids, return_inverse=True)  # ids -> 0..G-1
     w = torch.ones_like(x) if weights is None else weights.to(x.dtype)
     zeros = x.new_zeros(int(gid.max()) + 1 if gid.numel() else 0)
@@ -49,15 +47,11 @@ def grpo(scores, group_ids, mask, *, norm_adv_by_std_in_grpo: bool = True, eps: 
 
         A_i = (r_i - mean_g(r)) / (std_g(r) + eps)      broadcast over the tokens of sequence i
 
-    std is the unbiased group standard deviation. `norm_adv_by_std_in_grpo=False` drops the division
-    (Dr.GRPO, arXiv:2503.20783). A group of identical rewards gets A = 0 (no signal). A group of size 1 has no
-    baseline: mean := 0, std := 1, so A_i = r_i (verl/RLLaVA's rule).
+    std: the unbiased group std. `norm_adv_by_std_in_grpo=False` drops the division (Dr.GRPO, arXiv:2503.20783).
+    Identical rewards give A = 0. A group of size 1 has no baseline: mean 0, std 1, A_i = r_i (verl/RLLaVA's rule).
 
     Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_grpo_outcome_advantage` L266-330.
-    Differs: nothing in the formula (unbiased std, (std + eps) with eps 1e-6, a group of one: mean 0, std 1). The
-    group mean is summed from the group minimum, so equal rewards give exactly A = 0; verl's torch.mean can be an
-    ulp off, which its std division turns into A = 0.056 for seven float32 rewards of 0.7.
-    """
+    Differs: nothing in the formula; equal rewards give exactly A = 0 (`group_mean`), verl's 0.056 for seven 0.7s."""
     mean, std, n = group_stats(scores, group_ids)
     single = n == 1
     mean, std = torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
@@ -68,8 +62,7 @@ def grpo(scores, group_ids, mask, *, norm_adv_by_std_in_grpo: bool = True, eps: 
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over the masked entries of the whole batch (unbiased std); 0 where mask is 0.
-    Under torchrun the batch is every rank's share together: the sums are taken over the ranks."""
+    """(x - mean) / std over the masked entries of the whole batch, every rank's share (unbiased); 0 off the mask."""
     m = mask.to(x.dtype)
     n, total = _sum_over_ranks(m.sum(), (x * m).sum())  # one collective for both
     n = n.clamp(min=1)
@@ -125,43 +118,36 @@ def gae(scores, group_ids, mask, *, token_rewards, values, gamma: float = 1.0, l
     Needs the critic's `values` and the token rewards (score at the last token, minus KL when in the reward).
 
     Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_gae_advantage_return` L214-262, whitened
-    by verl/utils/torch_functional.py `masked_whiten` L322-339. Differs: nothing in the formula (masked positions are
-    skipped, unbiased variance, rsqrt(var + 1e-8)); rllava's advantages are 0 on masked positions, where verl's hold
-    values that its loss masks out.
-    """
+    by verl/utils/torch_functional.py `masked_whiten` L322-339. Differs: nothing in the formula (masked positions
+    skipped, unbiased variance, rsqrt(var + 1e-8)); masked positions get 0 (verl's hold values its loss masks out)."""
     adv, _ = gae_returns(token_rewards, values, mask, gamma=gamma, lam=lam)
     return masked_whiten(adv, mask)
 
 
 @register_adv_estimator("dr_grpo")
 def dr_grpo(scores, group_ids, mask):
-    """Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783): GRPO without the
-    std division, which biases towards questions that are too easy or too hard:
+    """Dr.GRPO (Liu et al. 2025, arXiv:2503.20783): GRPO without the std division, which favours questions that
+    are too easy or too hard:
 
         A_i = r_i - mean_g(r)
 
-    The paper's other half, a constant length normaliser, is `actor.loss_agg_mode=seq-mean-token-sum-norm`.
-    A group of size 1 has no baseline: A_i = r_i.
+    Its constant length normaliser is `actor.loss_agg_mode=seq-mean-token-sum-norm`. A group of one: A_i = r_i.
 
     Reference: sail-sg/understand-r1-zero train_zero_math.py@dfca49d `compute_monte_carlo_advantages` L293-308
-    (critic_type=drgrpo; its normaliser, masked_sum / generate_max_length, L286-291). Differs: groups are taken by id,
-    of any size (the reference reshapes into equal groups of num_samples); a group of one gets A = r (reference: 0).
-    """
+    (critic_type=drgrpo; its normaliser, masked_sum / generate_max_length, L286-291). Differs: groups by id, of any
+    size (the reference: equal groups of num_samples); a group of one gets A = r (reference: 0)."""
     return (scores - group_baseline(scores, group_ids))[:, None] * mask
 
 
 @register_adv_estimator("rloo")
 def rloo(scores, group_ids, mask):
-    """RLOO, REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740): each sample's baseline is the
-    mean of the other samples of its group:
+    """RLOO, REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740): the baseline is the mean of the
+    group's other samples (none in a group of one: A_i = r_i):
 
         A_i = r_i - (sum_g r - r_i) / (n_g - 1)  =  n_g / (n_g - 1) * (r_i - mean_g(r))
 
-    A group of size 1 has no other sample: A_i = r_i.
-
     Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_rloo_outcome_advantage` L476-525.
-    Differs: nothing in the formula (a group of one: A = r in both).
-    """
+    Differs: nothing in the formula (a group of one: A = r in both)."""
     mean, _, n = group_stats(scores, group_ids)
     adv = torch.where(n > 1, (scores - mean) * n / (n - 1).clamp(min=1), scores)
     return adv[:, None] * mask
@@ -169,21 +155,18 @@ def rloo(scores, group_ids, mask):
 
 @register_adv_estimator("grpo_passk")
 def grpo_passk(scores, group_ids, mask, *, norm_adv_by_std_in_grpo: bool = True, eps: float = 1e-6):
-    """GRPO for pass@k, as verl's `grpo_passk` (which cites Tang et al. 2025, arXiv:2503.19595; the setting of
-    Chen et al. 2025, "Pass@k Training", arXiv:2508.10751). The group's reward is its best reward, and each
-    response is credited by how much that best would drop without it (leave-one-out), so only the best
-    response of a group gets a nonzero advantage:
+    """GRPO for pass@k, as verl's `grpo_passk` (citing Tang et al. 2025, arXiv:2503.19595; the setting of Chen et
+    al. 2025, arXiv:2508.10751). The group's reward is its best, and each response is credited by how much the best
+    would drop without it (leave-one-out), so only the best response gets a nonzero advantage:
 
         A_best = (r_(1) - r_(2)) / (std_g(r) + eps)     r_(1) >= r_(2): the two largest rewards of the group
         A_j    = 0                                      every other response of the group
 
-    with std_g the unbiased group std; no division if not `norm_adv_by_std_in_grpo`. A tie for the best gives
-    margin 0, so the whole group gets 0 (also with eps = 0). A group of size 1 has no runner-up: 0 (verl
-    raises instead). This is not Chen et al.'s analytical pass@k advantage, which credits every response.
+    std_g: the unbiased group std (no division if not `norm_adv_by_std_in_grpo`). A tie for the best, or a group of
+    one, gives 0 (also with eps = 0). Not Chen et al.'s analytical pass@k advantage, which credits every response.
 
     Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_grpo_passk_outcome_advantage`
-    L360-419. Differs: a group of one gets A = 0 (verl raises ValueError); otherwise nothing in the formula.
-    """
+    L360-419. Differs: a group of one gets A = 0 (verl raises ValueError); otherwise nothing in the formula."""
     _, std, _ = group_stats(scores, group_ids)
     adv = torch.zeros_like(scores)
     for g in torch.unique(group_ids):
@@ -200,86 +183,68 @@ def grpo_passk(scores, group_ids, mask, *, norm_adv_by_std_in_grpo: bool = True,
 @register_adv_estimator("reinforce_plus_plus")
 def reinforce_plus_plus(scores, group_ids, mask, *, token_rewards, gamma: float = 1.0):
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted return-to-go of the token rewards, whitened over the
-    batch (a global baseline and scale; no critic, no group):
+    batch (a global baseline and scale; no critic, no group); the return restarts after a masked position:
 
         G_t = sum_{k >= t} gamma^(k-t) r_k,     A = (G - mean G) / std G   over all response tokens
 
-    The return does not run across a masked position (it restarts after a gap, as verl's resets after EOS).
-
     Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c
-    `compute_reinforce_plus_plus_outcome_advantage` L582-618 (whitened by `masked_whiten`). Differs: nothing in the
-    formula (both restart the return at every masked position and whiten over all response tokens of the batch).
-    """
+    `compute_reinforce_plus_plus_outcome_advantage` L582-618 (whitened by `masked_whiten`). Differs: nothing."""
     return masked_whiten(discounted_returns(token_rewards, mask, gamma), mask)
 
 
 @register_adv_estimator("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline(scores, group_ids, mask):
-    """REINFORCE++-baseline (Hu 2025, arXiv:2501.03262): the group mean as baseline, then batch whitening:
+    """REINFORCE++-baseline (Hu 2025, arXiv:2501.03262): group-mean baseline (none in a group of one), then whitening:
 
         A_i = r_i - mean_g(r)  (broadcast over tokens),   A = (A - mean A) / std A   over all response tokens
 
-    A group of size 1 has no baseline (A_i = r_i before whitening), as in verl.
-
     Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c
-    `compute_reinforce_plus_plus_baseline_outcome_advantage` L422-473. Differs: nothing in the formula.
-    """
+    `compute_reinforce_plus_plus_baseline_outcome_advantage` L422-473. Differs: nothing in the formula."""
     return masked_whiten((scores - group_baseline(scores, group_ids))[:, None] * mask, mask)
 
 
 @register_adv_estimator("remax")
 def remax(scores, group_ids, mask, *, baseline_scores):
-    """ReMax (Li et al. 2023, arXiv:2310.10505): the reward of the greedy response to the same prompt is the
-    baseline (the rollout stage generates it when this estimator is selected):
+    """ReMax (Li et al. 2023, arXiv:2310.10505): the baseline is the reward of a greedy response to the prompt
+    (rolled out for this estimator):
 
         A_i = r_i - r(greedy answer to prompt of i)      broadcast over the tokens of i
 
-    verl subtracts the baseline from the undiscounted return-to-go of the token rewards; with an outcome reward
-    and no KL in the reward that is r_i at every token, so `scores` is used directly.
-
     Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_remax_outcome_advantage` L621-654.
-    Differs: every token gets the sequence's total reward minus b, verl's token t its return-to-go from t minus b;
-    equal for an outcome reward, but with algorithm.use_kl_in_reward rllava's token t also carries the KL penalties
-    of the tokens before it (shaped rewards [-0.1, -0.2, 0.7], b = 0.5: verl [-0.1, 0.0, 0.2], rllava -0.1 each).
-    """
+    Differs: every token gets the total reward minus b, verl's token t its return-to-go from t minus b: equal for an
+    outcome reward; with algorithm.use_kl_in_reward rllava's token t also carries the earlier tokens' KL penalties
+    (shaped rewards [-0.1, -0.2, 0.7], b = 0.5: verl [-0.1, 0.0, 0.2], rllava -0.1 each)."""
     return (scores - baseline_scores)[:, None] * mask
 
 
 @register_adv_estimator("opo")
 def opo(scores, group_ids, mask):
-    """OPO, on-policy RL with the optimal baseline (Hao et al. 2025, arXiv:2505.23585): the group baseline is
-    weighted by response length |o_j| (masked tokens), the variance-minimising baseline under the paper's
-    assumptions:
+    """OPO, on-policy RL with the optimal baseline (Hao et al. 2025, arXiv:2505.23585): the group baseline weighted
+    by response length |o_j| (masked tokens), variance-minimising under the paper's assumptions; none in a group
+    of one (A_i = r_i, as verl):
 
         b_g = sum_{j in g} |o_j| r_j / sum_{j in g} |o_j|,     A_i = r_i - b_g
 
-    A group of size 1 has no baseline: A_i = r_i (as in verl). All-masked rows weigh nothing.
-
     Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_opo_outcome_advantage` L528-579.
-    Differs: nothing in the formula; a group whose responses are all empty (total length 0) gets its minimum reward
-    as baseline, where verl divides 0 by 0 (NaN).
-    """
+    Differs: nothing in the formula; a group of empty responses gets its minimum reward as baseline (verl: NaN)."""
     lengths = mask.sum(-1).to(scores.dtype)
     return (scores - group_baseline(scores, group_ids, weights=lengths))[:, None] * mask
 
 
 @register_adv_estimator("gpg")
 def gpg(scores, group_ids, mask):
-    """GPG, group policy gradient (Chu et al. 2025, arXiv:2504.02546): group-mean baseline without std
-    (F_norm = 1), scaled up by the paper's gradient correction alpha = B / (B - M), M being the samples of
-    groups whose rewards are all equal (they carry no gradient):
+    """GPG, group policy gradient (Chu et al. 2025, arXiv:2504.02546): group-mean baseline without std (F_norm = 1),
+    scaled by the gradient correction alpha = B / (B - M), M the samples of groups of equal rewards (no gradient):
 
         A_i = alpha (r_i - mean_g(r)),   alpha = B / #{samples in groups with a nonzero advantage}
 
-    A group of size 1 has no baseline (A_i = alpha r_i, as in verl) and counts as carrying signal iff r_i != 0.
-    verl computes alpha = B / #{nonzero rewards} instead, a proxy that differs from the paper's count.
+    A group of one: A_i = alpha r_i (as verl), carrying signal iff r_i != 0. verl's alpha = B / #{nonzero rewards}.
 
     Reference: AMAP-ML/GPG open-r1/src/open_r1/gpg_trainer.py@e096da8 `_generate_and_score_completions` L614-626
     (A = r - mean_g; 1/alpha = groups of unequal rewards / groups) and `compute_loss` L315-316, as its train.sh runs
     them (--scale_rewards False --adjust_gd). Differs: alpha scales the advantage (the reference divides the loss, a
     KL term too; its recipes run beta = 0) and counts samples (the same ratio for equal-size groups); no resampling
-    until 1/alpha >= min_inverse_alpha; a group of one (the reference has none) is valid iff r != 0.
-    """
+    until 1/alpha >= min_inverse_alpha; a group of one (the reference has none) is valid iff r != 0."""
     _, gid = torch.unique(group_ids, return_inverse=True)
     adv = scores - group_baseline(scores, group_ids)
     signal = scores.new_zeros(int(gid.max()) + 1 if gid.numel() else 0).index_add(0, gid, (adv != 0).to(adv.dtype))
@@ -291,9 +256,9 @@ def gpg(scores, group_ids, mask):
 def gigpo(scores, group_ids, mask, *, turn_index, turn_anchors, turn_rewards, discount: float = 0.95,
           step_advantage_w: float = 1.0, norm_adv_by_std_in_grpo: bool = True,
           gigpo_mean_std_cross_steps: bool = False, eps: float = 1e-6):
-    """GiGPO, group-in-group policy optimisation for multi-turn agents (Feng et al. 2025, arXiv:2505.10978):
-    an episode-level group advantage plus a step-level one among the turns of the group that were written
-    after the same observation (the "anchor state": the prompt for every first turn).
+    """GiGPO, group-in-group policy optimisation for multi-turn agents (Feng et al. 2025, arXiv:2505.10978): an
+    episode-level group advantage plus a step-level one among the group's turns written after the same observation
+    (the "anchor state": the prompt for every first turn).
 
         A(i, k)    = A_ep(i) + w * A_step(i, k)                        on the tokens of turn k of episode i
         A_ep(i)    = GRPO's advantage of the episode score R_i (outcome + every turn's tool reward)
@@ -303,17 +268,14 @@ def gigpo(scores, group_ids, mask, *, turn_index, turn_anchors, turn_rewards, di
 
     gamma = rollout.discount, w = algorithm.step_advantage_w; `norm_adv_by_std_in_grpo=False` drops both
     divisions (the paper's mean_norm). A turn alone with its anchor has A_step = 0.
-
-    A_ep takes the mean and std of R over the episodes of the group, one value per episode (the paper's Eq. 3).
-    verl-agent's default (gigpo/core_gigpo.py episode_norm_reward, compute_mean_std_cross_steps=True, more stable
-    by its authors' note) takes them over its batch rows, one per turn: an episode of n turns counts n times, so
-    longer episodes weigh more (and a group holding a single episode of several turns gets A_ep = 0). Set
-    `algorithm.gigpo_mean_std_cross_steps=true` for that; the std is then the unbiased one over the turn rows.
+    A_ep's mean and std are over the group's episodes, one value each (the paper's Eq. 3). verl-agent's default
+    (episode_norm_reward, compute_mean_std_cross_steps=True, more stable by its authors) takes them over its rows,
+    one per turn, so longer episodes weigh more (a lone episode of several turns gets A_ep = 0): set
+    `algorithm.gigpo_mean_std_cross_steps=true` for that (the std is then the unbiased one over the turn rows).
 
     Reference: verl-agent's gigpo/core_gigpo.py@29e3e8b (langfengQ/verl-agent) L174-383: episode_norm_reward,
     the anchor-state step groups and the discounted step returns. Differs: the default episode statistics (the
-    paper's, above; verl-agent's under the option).
-    """
+    paper's, above; verl-agent's under the option)."""
     B, K = len(scores), int(turn_index.max()) + 1 if turn_index.numel() else 0
     on = turn_index >= 0
     rows = torch.arange(B)[:, None].expand_as(turn_index)[on]

@@ -1,17 +1,15 @@
-"""Rollout correction: the rollout engine (vLLM, SGLang, a stale or bf16 copy) samples from pi_rollout, which differs
-from the trainer's pi_old, so even a synchronous run is slightly off-policy. Small pure functions over [B, T]
-tensors, applied by `rllava.roles.actor.Actor` to the RL term of any policy loss (and to on-policy distillation's,
-`rllava.algorithms.distill`):
+"""Rollout correction: the rollout engine (vLLM, SGLang, a stale or bf16 copy) samples from pi_rollout, not the
+trainer's pi_old, so even a synchronous run is slightly off-policy. Pure functions over [B, T] tensors, applied by
+`rllava.roles.actor.Actor` to the RL term of any policy loss (and to `rllava.algorithms.distill`'s):
 
     rollout_importance_weights : truncated IS weights (TIS), token or sequence level -> per-token loss x weights
     rollout_rejection_mask     : rejection sampling (RS) by divergence thresholds  -> tokens/rows out of the mask
     mismatch_metrics           : KL / chi^2 / perplexity gap between pi_rollout and pi_old (diagnostics)
 
 Config: `algorithm.rollout_is` / `rollout_is_cap` (or RLLaVA's `actor.tis_imp_ratio_cap`), `algorithm.rollout_rs` /
-`rollout_rs_threshold`. With log rho_t = logp_old_t - logp_rollout_t, IS + RS together are verl's "MIS" (e.g.
-rollout_is=sequence, rollout_rs=seq_sum_k1, rollout_rs_threshold=0.5_2.0) and RS alone on seq_mean_k1 is its
-"Geo-RS" (geometric-mean ratio, 0.999_1.001). The decoupled PPO loss (AReaL) is a policy loss:
-`rllava.algorithms.losses.decoupled_ppo`.
+`rollout_rs_threshold`. IS + RS together are verl's "MIS" (e.g. rollout_is=sequence, rollout_rs=seq_sum_k1,
+rollout_rs_threshold=0.5_2.0), RS alone on seq_mean_k1 its "Geo-RS" (geometric-mean ratio, 0.999_1.001). The
+decoupled PPO loss (AReaL) is a policy loss: `rllava.algorithms.losses.decoupled_ppo`.
 """
 
 from __future__ import annotations
@@ -37,18 +35,15 @@ def rollout_importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: tor
         sequence : w_i = min(exp(sum_t (logp_old_t - logp_rollout_t)), cap)   (product over masked tokens, in
                    log space), broadcast to the sequence's tokens
 
-    Returns detached weights [B, T] (1 on masked-out tokens) to multiply any loss's per-token loss, and metrics
-    over masked tokens: `rollout_is_mean` (of the truncated weights), `rollout_is_max` (largest weight before
-    truncation, log clamped at 20), `rollout_is_truncated_frac`, `rollout_log_ratio_abs` = mean |log ratio|.
+    Returns detached weights [B, T] (1 on masked-out tokens) for any per-token loss, and metrics over masked
+    tokens: `rollout_is_mean` (truncated weights), `rollout_is_max` (before truncation, log clamped at 20),
+    `rollout_is_truncated_frac`, `rollout_log_ratio_abs` = mean |log ratio|.
 
     Reference: volcengine/verl verl/trainer/ppo/rollout_corr_helper.py@b178a3c `compute_rollout_correction_weights`
     L481-598 (metrics `compute_is_metrics` L601-713). Differs: no batch normalisation (verl's
-    rollout_is_batch_normalize, default off); weights are 1, not 0, on masked-out tokens (the loss mask drops them);
-    the token log-ratio is not clamped below (exp underflows to 0 harmlessly); `rollout_is_mean` is the mean of the
-    weights applied (verl's is taken before truncation); verl's std / ESS / per-sequence metrics are not logged. As
-    verl's `compute_rollout_correction_and_rejection_mask` (L782-808), the Actor takes them over every sampled token
-    before rejection (`rollout_rejection_mask`): a sequence weight counts the tokens rejection drops.
-    """
+    rollout_is_batch_normalize, default off); weights 1, not 0, on masked-out tokens; the token log-ratio is not
+    clamped below (exp underflows to 0 harmlessly); `rollout_is_mean` is after truncation (verl's: before); no std /
+    ESS / per-sequence metrics. As verl (L782-808), a sequence weight counts the tokens rejection then drops."""
     with torch.no_grad():
         valid = mask > 0
         log_ratio = torch.where(valid, old_logprobs - rollout_logprobs, torch.zeros_like(old_logprobs))
@@ -70,10 +65,9 @@ def rollout_importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: tor
 def parse_rs_thresholds(options: str, thresholds: str | float | None) -> dict[str, tuple[float | None, float]]:
     """`algorithm.rollout_rs` / `rollout_rs_threshold` -> {option: (lower, upper)}; ValueError (one line) if bad.
 
-    `options` is a comma-separated list of RS_OPTIONS (duplicates dropped); `thresholds` one entry for all of
-    them or one per option, comma-separated. k1 options take ratio bounds "lower_upper" (a single value is the
-    upper bound, lower = 1 / upper); k2 / k3 options a single positive upper bound (lower None).
-    Reference: verl rollout_corr_helper.py@b178a3c `_parse_rollout_rs_thresholds` L93-153."""
+    `options`: comma-separated RS_OPTIONS (duplicates dropped); `thresholds`: one for all or one per option, alike.
+    k1 takes ratio bounds "lower_upper" (one value: the upper, lower = 1 / upper); k2 / k3 one positive upper bound
+    (lower None). Reference: verl rollout_corr_helper.py@b178a3c `_parse_rollout_rs_thresholds` L93-153."""
     opts = list(dict.fromkeys(o.strip() for o in str(options).split(",") if o.strip()))
     if not opts:
         raise ValueError("must name at least one option")
@@ -115,17 +109,15 @@ def rollout_rejection_mask(old_logprobs: torch.Tensor, rollout_logprobs: torch.T
         seq_max_kN  : keep sequence i   if max_t k_t passes        (one catastrophic token vetoes its sequence)
         passes: k1 in [log lower, log upper] (ratio bounds, from "lower_upper"); k2 / k3 <= upper
 
-    Several comma-separated options must all pass. Returns the keep mask [B, T] (1 = kept; 1 outside `mask`) and
-    metrics: `rollout_rs_masked_fraction` (rejected share of masked tokens), `rollout_rs_seq_masked_fraction`
-    (share of sequences with a rejected token), and per option `rollout_rs_<option>_masked_fraction`.
+    Comma-separated options must all pass. Returns the keep mask [B, T] (1 = kept, and outside `mask`) and metrics:
+    `rollout_rs_masked_fraction` (rejected share of masked tokens), `rollout_rs_seq_masked_fraction` (of sequences
+    with a rejected token), per option `rollout_rs_<option>_masked_fraction`.
 
     Reference: volcengine/verl verl/trainer/ppo/rollout_corr_helper.py@b178a3c `compute_rollout_rejection_mask`
     L156-372 (thresholds L93-153; presets verl/trainer/config/algorithm.py L210-255, L301-320: seq_sum_k1
-    0.5_2.0, seq_mean_k1 0.999_1.001, seq_mean_k3 0.01). Differs: rejected tokens still count in the loss
-    aggregation's normalisers (the Actor counts a mini-batch's tokens before its micro-batches run, as AReaL keeps
-    its count; verl's response_mask drops them from it); the sequence fraction is over sequences with masked tokens
-    (verl: over all rows); verl's per-option mean / max / std / seq_* statistics are not logged.
-    """
+    0.5_2.0, seq_mean_k1 0.999_1.001, seq_mean_k3 0.01). Differs: rejected tokens still count in the aggregation's
+    normalisers (counted per mini-batch before its micro-batches run, as AReaL; verl's response_mask drops them);
+    the sequence fraction is over sequences with masked tokens (verl: all rows); no per-option statistics."""
     specs = parse_rs_thresholds(options, thresholds)
     with torch.no_grad():
         valid = mask > 0
@@ -166,8 +158,7 @@ def mismatch_metrics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor,
     Reference: volcengine/verl verl/trainer/ppo/rollout_corr_helper.py@b178a3c `compute_offpolicy_metrics`
     L834-940 (its `kl`, `k3_kl`, `log_ppl_diff`, `chi2_token`, `chi2_seq`, `training_ppl`, `rollout_ppl`).
     Differs: names prefixed `mismatch_`; sequence means are over sequences with masked tokens (verl: all rows);
-    verl's log-PPL min / max / abs and ppl_ratio are not logged.
-    """
+    verl's log-PPL min / max / abs and ppl_ratio are not logged."""
     with torch.no_grad():
         valid = mask > 0
         zero = torch.zeros_like(old_logprobs)

@@ -33,10 +33,6 @@ SOURCES = {
 }
 
 
-def _source(name: str) -> str:
-    return SOURCES.get(name, f"`actor.policy_loss.{name}`")
-
-
 def _formula(doc: str) -> str:
     """The raw docstring's first block indented past the function body (the formula), for a table cell."""
     lines, block = doc.splitlines(), []
@@ -57,8 +53,8 @@ def _rows(table: dict) -> list[str]:
     rows = []
     for name, fn in sorted(table.items()):
         doc = fn.__doc__ or ""
-        params = [p for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY]
-        keys = ", ".join(_source(p.name) for p in params if p.name != "eps") or "-"
+        params = [p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY]
+        keys = ", ".join(SOURCES.get(p, f"`actor.policy_loss.{p}`") for p in params if p != "eps") or "-"
         alias = f" (= `{fn.__name__}`)" if fn.__name__ != name else ""
         rows.append(f"| `{name}`{alias} | {keys} | {_formula(doc)} | {_paper(doc)} |")
     return rows

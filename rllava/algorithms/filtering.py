@@ -1,10 +1,8 @@
-"""DAPO's dynamic sampling (`algorithm.online_filtering`): train only on groups that carry a learning signal.
-
-A group whose K responses all score the same gives GRPO-style estimators zero advantage everywhere: it costs
-a full update and teaches nothing. DAPO (Yu et al. 2025, arXiv:2503.14476, "dynamic sampling") drops such
-groups and keeps sampling prompts until the batch is full. RLLaVA's keys: a group is kept when the mean of its
-`algorithm.filter_key` score lies within [filter_low, filter_high] and its scores are not all equal; at most
-`trainer.max_try_make_batch` generation rounds fill one batch.
+"""DAPO's dynamic sampling (`algorithm.online_filtering`; Yu et al. 2025, arXiv:2503.14476): train only on groups
+that carry a learning signal (a group whose K responses all score the same gets zero GRPO-style advantages), sampling
+prompts until the batch is full. RLLaVA's keys: a group is kept when the mean of its `algorithm.filter_key` score is
+within [filter_low, filter_high] and its scores are not all equal; at most `trainer.max_try_make_batch` generation
+rounds fill one batch.
 """
 
 from __future__ import annotations
@@ -29,11 +27,10 @@ def informative_groups(group_ids: list, values: list[float], *, low: float, high
 
 
 def fill_batch(draw, num_groups: int, *, filter_key: str, low: float, high: float, max_tries: int):
-    """Call `draw()` -> (trajectories, scores [N], details) until `num_groups` informative groups are collected
-    or `max_tries` rounds are spent (-1: no limit). Returns (trajectories, scores, details, metrics) for the
-    first `num_groups` kept groups (fewer if the rounds ran out; if no group at all was informative, the last
-    round unfiltered, whose advantages are zero), with group ids renumbered 0..G-1. Running out of rounds is
-    logged as a warning and counted in the metric `batch/filter_exhausted` (1 on that step), never silent."""
+    """Call `draw()` -> (trajectories, scores [N], details) until `num_groups` informative groups are collected or
+    `max_tries` rounds are spent (-1: no limit). Returns (trajectories, scores, details, metrics) of the first
+    `num_groups` kept groups (fewer if the rounds ran out; none informative: the last round unfiltered, zero
+    advantages), group ids renumbered 0..G-1. Running out is warned and counted (`batch/filter_exhausted`)."""
     kept, rounds, seen = [], 0, 0  # kept: ((round, group id), trajectory, score, details)
     # Under torchrun every rank draws until all are full: a rollout round is a collective (FSDP2 gathers the
     # weights for it), so the ranks must run the same number of rounds; a full rank's extra groups are dropped.

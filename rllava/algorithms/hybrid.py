@@ -16,10 +16,9 @@ A hybrid trains on two kinds of tokens in one batch: the policy's own (on-policy
     UFT     SFT x sft_loss_coef on the hint, RL on the     the first k of hint_chunks chunks,      loss_mode=uft
             continuation (arXiv:2505.16984)                k ~ Binomial(chunks, p(t)) (prefix_strategy=hint)
 
-The RL term is normalised over its tokens and the SFT term over its own (`rllava.roles.actor`); the step loss is
-rl_coef L_RL + sft_coef L_SFT. Keys follow RLLaVA (`actor.off_policy_reshape=p_div_p_0.1`,
-`algorithm.prefix_strategy`, `algorithm.strategy=mix_chord`, ...); every schedule and weight is logged per step
-(`hybrid/*`, `actor/sft_nll`, `actor/sft_weight`, `actor/srft_*`).
+The step loss is rl_coef L_RL + sft_coef L_SFT, each term normalised over its own tokens (`rllava.roles.actor`).
+Keys follow RLLaVA (`actor.off_policy_reshape=p_div_p_0.1`, `algorithm.strategy=mix_chord`, ...); every schedule
+and weight is logged per step (`hybrid/*`, `actor/sft_nll`, `actor/sft_weight`, `actor/srft_*`).
 """
 
 from __future__ import annotations
@@ -32,9 +31,8 @@ from rllava.algorithms.losses import LossInputs, _clipped_surrogate, _seq_mean, 
 from rllava.algorithms.registry import register_policy_loss
 from rllava.config.schema import HYBRIDS
 
-# What each hybrid loss does with the expert (off-policy) tokens: RL (shaped), SFT, or both.
-EXPERT_IN_RL = {"luffy", "srft"}
-EXPERT_IN_SFT = {"srft", "chord", "hpt", "uft"}
+EXPERT_IN_RL = {"luffy", "srft"}  # the hybrid losses that train the expert tokens with (shaped) RL,
+EXPERT_IN_SFT = {"srft", "chord", "hpt", "uft"}  # ... and with the SFT term
 HYBRID_LOSSES = HYBRIDS  # the one list of their names, the config's: it checks them before torch loads
 # The actor.* keys the hybrid losses declare (keyword-only parameters of the same names)
 HYBRID_LOSS_KEYS = ("loss_remove_clip", "off_policy_reshape", "off_policy_reshape_weight", "off_policy_reshape_pow_exp",
@@ -69,15 +67,14 @@ def phi(p: torch.Tensor) -> torch.Tensor:
 
 def reshape(ratio: torch.Tensor, logprobs: torch.Tensor, kind: str, *, weight: float = 0.1,
             pow_exp: float = 0.5) -> torch.Tensor:
-    """LUFFY's (and RLLaVA's) shaping of the expert's probability (`actor.off_policy_reshape`; LUFFY's
-    mix_core_alg.py L106-121), r = p = pi(y_t) as pi_old of the expert is taken to be 1 (the policy's own ratio:
-    `on_policy_ratio`):
+    """LUFFY's (and RLLaVA's) shaping of the expert's probability r = p = pi(y_t), pi_old of the expert taken as 1
+    (`actor.off_policy_reshape`; LUFFY's mix_core_alg.py L106-121; the policy's own ratio: `on_policy_ratio`):
 
         no_reshape     r                    logp     weight * log p          p_logp  weight * log p + r
         square_root    sqrt(r)              pow      r ** pow_exp            p_div_p_<gamma>  r / (r + gamma)
 
-    LUFFY's f(p) = p / (p + gamma), gamma = 0.1 (`p_div_p_0.1`), keeps the gradient of low-probability expert
-    tokens large (grad f = gamma / (p + gamma)^2 grad p), where plain p would vanish."""
+    LUFFY's f(p) = p / (p + gamma), gamma = 0.1 (`p_div_p_0.1`), keeps low-probability expert tokens' gradient
+    large (grad f = gamma / (p + gamma)^2 grad p), where plain p's would vanish."""
     if kind == "no_reshape":
         return ratio
     if kind == "logp":
@@ -101,9 +98,9 @@ def on_policy_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, kind: st
         no_reshape  r        logp  log r        p_logp  r + weight log r        square_root  sqrt(r)
         pow         r ** pow_exp                p_div_p_<gamma>  f(p) / f(p_old),  f(p) = p / (p + gamma)
 
-    RLLaVA shapes r the way it shapes the expert's p instead (its `_reshape_ratio`): `rllava_logp` = weight log p,
-    `rllava_p_logp` = weight log p + r, `rllava_p_div_p_<gamma>` = r / (r + gamma) (`reshape` on r). At r = 1,
-    p_div_p_0.1 gives LUFFY the gradient gamma / (p + gamma) d log p, RLLaVA's 1 / 1.1^2 x 0.1 whatever p."""
+    RLLaVA shapes r as the expert's p (`reshape` on r, its `_reshape_ratio`) under `rllava_<kind>`: e.g.
+    `rllava_p_div_p_<gamma>` = r / (r + gamma). At r = 1, p_div_p_0.1's gradient is LUFFY's gamma / (p + gamma)
+    d log p, RLLaVA's 1 / 1.1^2 x 0.1 whatever p."""
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     if kind.startswith("rllava_"):
@@ -133,18 +130,13 @@ def chunk_bounds(n_tokens: int, chunks: int) -> list[int]:
     """Token counts at the end of each of (at most) `chunks` near-equal chunks of an `n_tokens` solution:
     a hint of k chunks is its first chunk_bounds(...)[k - 1] tokens. chunk_bounds(10, 4) = [3, 6, 8, 10]."""
     chunks = max(1, min(chunks, n_tokens))
-    base, extra = divmod(n_tokens, chunks)
-    bounds, total = [], 0
-    for i in range(chunks):
-        total += base + (1 if i < extra else 0)
-        bounds.append(total)
-    return bounds
+    base, extra = divmod(n_tokens, chunks)  # the first `extra` chunks are one token longer
+    return [k * base + min(k, extra) for k in range(1, chunks + 1)]
 
 
 def srft_weights(entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """SRFT's entropy-aware weights (Fu et al. 2025, arXiv:2506.19767), from a sequence's mean token entropy H
-    (detached; one weight per sequence, as the reference computes them: RLLaVA's rllava/ppo/plugins/policy_loss.py
-    `compute_policy_loss_srft`, `H_coef = masked_mean(entropy, response_mask, dim=-1)`):
+    """SRFT's entropy-aware weights (Fu et al. 2025, arXiv:2506.19767), one per sequence from its mean token
+    entropy H (detached; RLLaVA's rllava/ppo/plugins/policy_loss.py `compute_policy_loss_srft`, `H_coef`):
 
         w_SFT = 0.5 exp(-H)   on a demonstration's NLL: an uncertain policy learns less from it
         w_RL  = 0.1 exp(+H)   on a correct rollout of the policy's own: an uncertain policy reinforces it more"""
@@ -158,8 +150,7 @@ def sequence_entropy(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def _on_policy_loss(inp: LossInputs, on: torch.Tensor, loss_remove_clip: bool, reshape_kind: str,
                     reshape_weight: float, reshape_pow_exp: float, clip_ratio_low: float, clip_ratio_high: float):
-    """-A r on the policy's tokens (r shaped by actor.on_policy_reshape: `on_policy_ratio`), PPO-clipped unless
-    loss_remove_clip; returns (per-token loss, clipped mask)."""
+    """(-A r on the policy's tokens, r from `on_policy_ratio`, PPO-clipped unless loss_remove_clip; the clip mask)."""
     adv = inp.need("advantages", "hybrid")
     ratio = on_policy_ratio(inp.logprobs, inp.need("old_logprobs", "hybrid"), reshape_kind, weight=reshape_weight,
                             pow_exp=reshape_pow_exp)
@@ -202,25 +193,21 @@ def luffy(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: floa
           on_policy_reshape: str = "no_reshape", on_policy_reshape_weight: float = 0.1,
           on_policy_reshape_pow_exp: float = 0.5, off_policy_max_clip: float = -1, off_policy_min_clip: float = -1,
           all_max_clip: float = -1):
-    """LUFFY, mixed-policy GRPO (Yan et al. 2025, arXiv:2504.14945): some samples of a group are an expert's,
-    the group's advantages are taken over all of them, and
+    """LUFFY, mixed-policy GRPO (Yan et al. 2025, arXiv:2504.14945): a group's advantages span its expert samples, and
 
         expert tokens (inp.off_policy = 1):  L_t = -A_t f(p_t),   p_t = pi(y_t | ...),  f(p) = p / (p + gamma)
         own tokens:                          L_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high))
 
-    pi_old of the expert is taken as 1 (its probabilities are unknown), so r = p and nothing is clipped there.
-    `actor.off_policy_reshape` picks f (`p_div_p_0.1`: gamma = 0.1, LUFFY's default; see `reshape`);
-    `actor.loss_remove_clip=true` drops the clip on the own tokens too (LUFFY's script, with Dr.GRPO's
-    `actor.loss_agg_mode=seq-mean-token-sum-norm`). `actor.off_policy_max_clip` / `off_policy_min_clip` clamp f
-    (-1: off); `actor.all_max_clip` drops every token with p > it from the loss (not from the normaliser's count).
-    Metrics: `on_pg_loss`, `off_pg_loss`, `on_policy_prob`, `off_policy_prob` (mean p on each side),
-    `pg_clipfrac` (own tokens), `ppo_kl`.
+    pi_old of the expert is taken as 1 (unknown), so r = p, unclipped. `actor.off_policy_reshape` picks f (`reshape`;
+    LUFFY's `p_div_p_0.1`: gamma = 0.1); `actor.loss_remove_clip=true` unclips the own tokens too (LUFFY's script,
+    with `actor.loss_agg_mode=seq-mean-token-sum-norm`). `actor.off_policy_max_clip` / `off_policy_min_clip` clamp
+    f (-1: off); `actor.all_max_clip` drops tokens with p > it from the loss (not from the normaliser's count).
+    Metrics: `on_pg_loss`, `off_pg_loss`, `on_policy_prob` / `off_policy_prob` (mean p), `pg_clipfrac`, `ppo_kl`.
 
     Reference: LUFFY's luffy/verl/verl/mix_src/mix_core_alg.py `compute_token_on_off_policy_loss` L59-155 (read at
     TheRoadQaQ/LUFFY@c4eab08, a copy of ElliottYan/LUFFY); `actor.on_policy_reshape` has LUFFY's meaning
     (`on_policy_ratio`; RLLaVA's under `rllava_<kind>`). Differs: `actor.all_max_clip` keeps the dropped tokens in
-    the normaliser's count (LUFFY and RLLaVA drop them from it too).
-    """
+    the normaliser's count (LUFFY and RLLaVA drop them from it too)."""
     off = inp.off_policy if inp.off_policy is not None else torch.zeros_like(inp.mask)
     off, on = inp.mask * off, inp.mask * (1 - off)
     on_loss, clipped = _on_policy_loss(inp, on, loss_remove_clip, on_policy_reshape, on_policy_reshape_weight,
@@ -237,28 +224,24 @@ def srft(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float
          off_policy_reshape_weight: float = 0.1, off_policy_reshape_pow_exp: float = 0.5,
          off_policy_max_clip: float = -1, off_policy_min_clip: float = -1, srft_type: str = "paper",
          clip_upper_bound: float = 1.0, all_max_clip: float = -1, success_reward_threshold: float = 1.0):
-    """SRFT's RL terms (Fu et al. 2025, arXiv:2506.19767); its SFT term 0.5 exp(-H_i) NLL on demonstration i is
-    added by the Actor (`sft_token_weights`). With H_i = rollout i's mean token entropy (detached) and
-    w_RL,i = 0.1 exp(H_i):
+    """SRFT's RL terms (Fu et al. 2025, arXiv:2506.19767); the Actor adds its SFT term 0.5 exp(-H_i) NLL on
+    demonstration i (`sft_token_weights`). H_i: row i's mean token entropy (detached), w_RL,i = 0.1 exp(H_i):
 
         expert tokens:                    L_t = -A_t f(p_t)                 (LUFFY's shaped off-policy term)
         own tokens of a correct rollout:  L_t = -w_RL,i g_t                 (reinforce, weighted by its entropy)
         own tokens of a wrong rollout:    L_t = +g_t                        (push down)
 
-    A rollout is correct when its reward reaches `algorithm.success_reward_threshold` (the reference: reward == 1,
-    `correct_answer_mask = token_level_scores.sum(-1) == 1`, RLLaVA's rllava/ppo/plugins/policy_loss.py
-    `compute_policy_loss_srft`), whatever its advantage: in a group where every rollout is right GRPO's
-    advantages are 0, and SRFT still reinforces them. g_t = log p_t (`actor.srft_type=paper`), p_t (`exp`), r_t
-    (`classic_rl`) or log p_t - log p_old (`minus_old`). The ratio of `classic_rl` is clamped to
-    [1 - eps_low, max(clip_upper_bound, 1 + eps_high)] on the pessimistic side unless `actor.loss_remove_clip`.
-    `actor.off_policy_max_clip` / `off_policy_min_clip` / `all_max_clip` as in `luffy`.
+    A rollout is correct when its reward reaches `algorithm.success_reward_threshold` (the reference's: reward == 1),
+    whatever its advantage: where a whole group is right GRPO's advantages are 0, and SRFT still reinforces it.
+    g_t = log p_t (`actor.srft_type=paper`), p_t (`exp`), r_t (`classic_rl`; clamped to [1 - eps_low,
+    max(clip_upper_bound, 1 + eps_high)] on the pessimistic side unless `actor.loss_remove_clip`) or
+    log p_t - log p_old (`minus_old`). `actor.off_policy_max_clip` / `off_policy_min_clip` / `all_max_clip`: `luffy`.
     Metrics: as `luffy`, plus `srft_on_coef` (mean w_RL of the own rollouts) and `srft_entropy` (their mean H).
 
     Reference: RLLaVA's rllava/ppo/plugins/policy_loss.py `compute_policy_loss_srft` L356-485 (TinyLoopX/RLLaVA@4753d4a;
     SRFT's own mix actor computes the same H_i, weights and reward-based correctness). Differs: the clamp above
-    (RLLaVA's clamps log p, so a wrong rollout's tokens get no gradient under `srft_type=paper` unless
-    `actor.loss_remove_clip`); the SFT coefficient `actor.sft_loss_coef` (default 1, the reference's implicit 1).
-    """
+    (RLLaVA's clamps log p: no gradient for a wrong rollout under `srft_type=paper` unless `actor.loss_remove_clip`);
+    the SFT coefficient `actor.sft_loss_coef` (default 1, the reference's implicit 1)."""
     off = inp.off_policy if inp.off_policy is not None else torch.zeros_like(inp.mask)
     off, on = inp.mask * off, inp.mask * (1 - off)
     adv = inp.need("advantages", "srft")
@@ -293,9 +276,8 @@ REFERENCES = {
              "the mini-batch (Trinity: per micro-batch, then averaged).",
     "hpt": "TsinghuaC3I/Unify-Post-Training hpt/verl/verl/mix_src/mix_trainer.py L394-407 (the switch), mix_actor.py "
            "L135-165 (SFT token-mean + PG). Differs: solved = reward >= algorithm.success_reward_threshold (HPT: "
-           "== 1); the authors' train.sh runs no clip and the token sum / the max length without dividing by the "
-           "number of sequences, while examples/algorithms/hpt.sh runs the reference's yaml defaults (clip, "
-           "token-mean).",
+           "== 1); the authors' train.sh runs no clip and the token sum / the max length (not / sequences), while "
+           "examples/algorithms/hpt.sh runs the reference's yaml defaults (clip, token-mean).",
     "uft": "liumy2010/UFT verl/workers/actor/dp_actor.py L249-284 (PPO on the continuation + sft_loss_coef x "
            "token-mean NLL of the hint). Differs: update t draws hints with p(t - 1) (UFT: p(t), t from 1).",
 }
@@ -304,13 +286,11 @@ REFERENCES = {
 def _own_ppo(inp: LossInputs, low: float, high: float, remove_clip: bool, dual_clip_c: float | None = None):
     """PPO's clipped surrogate on the policy's own tokens (no clip with actor.loss_remove_clip), for A < 0 capped
     at -A c when `dual_clip_c` is given; (per-token loss, metrics)."""
-    on = inp.mask
-    per_token, clipped = _on_policy_loss(inp, on, remove_clip, "no_reshape", 0.1, 0.5, low, high)
+    per_token, clipped = _on_policy_loss(inp, inp.mask, remove_clip, "no_reshape", 0.1, 0.5, low, high)
     if dual_clip_c is not None:
-        adv = inp.advantages
-        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip_c), per_token)
-    return per_token, {"pg_clipfrac": masked_mean(clipped.float(), on),
-                       "ppo_kl": masked_mean((inp.old_logprobs - inp.logprobs).detach(), on)}
+        per_token = torch.where(inp.advantages < 0, torch.minimum(per_token, -inp.advantages * dual_clip_c), per_token)
+    return per_token, {"pg_clipfrac": masked_mean(clipped.float(), inp.mask),
+                       "ppo_kl": masked_mean((inp.old_logprobs - inp.logprobs).detach(), inp.mask)}
 
 
 def _doc(name: str, formula: str) -> str:
@@ -319,8 +299,7 @@ def _doc(name: str, formula: str) -> str:
 
 
 def _ppo_on_own_tokens(name: str):
-    """The RL half of HPT and UFT: PPO's clipped surrogate on the policy's own tokens (`_own_ppo`); the expert
-    tokens are trained by the SFT term only (`rllava.roles.actor`)."""
+    """The RL half of HPT and UFT (`_own_ppo`); their expert tokens get the SFT term only (`rllava.roles.actor`)."""
 
     def loss(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
              loss_remove_clip: bool = False):
@@ -346,9 +325,8 @@ uft = _ppo_on_own_tokens("uft")
 
 def sft_token_weights(loss_mode: str, logprobs: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor, *,
                       enable_phi_function: bool = False) -> torch.Tensor:
-    """The per-token weight of the SFT term's -log p on expert tokens (detached), before its coefficient:
-    CHORD-phi: phi(p) (CHORD without phi and HPT, UFT: 1); SRFT: 0.5 exp(-H_i), H_i the demonstration row's mean
-    token entropy over its trained tokens `mask` (`sequence_entropy`)."""
+    """The per-token weight (detached) of the SFT term's -log p on expert tokens, before its coefficient: CHORD-phi:
+    phi(p); SRFT: 0.5 exp(-H_i), H_i the row's mean token entropy over `mask` (`sequence_entropy`); others: 1."""
     if loss_mode == "srft":
         return srft_weights(sequence_entropy(entropy, mask))[0].to(logprobs.dtype).expand_as(logprobs)
     if loss_mode == "chord" and enable_phi_function:

@@ -1,13 +1,11 @@
-"""KL to the reference as a reward penalty (`algorithm.use_kl_in_reward`), with its coefficient controllers.
-
-The other place KL can go, the actor loss (`algorithm.use_kl_loss`), is in `Actor.update`. Here the penalty
-shapes the per-token reward before the advantage stage (Ziegler et al. 2019, arXiv:1909.08593; InstructGPT):
+"""KL to the reference as a reward penalty (`algorithm.use_kl_in_reward`; in the loss, `algorithm.use_kl_loss`, it
+is `Actor.update`'s), with its coefficient controllers. The penalty shapes the per-token reward before the advantage
+stage (Ziegler et al. 2019, arXiv:1909.08593; InstructGPT):
 
     r_t = -beta * KL_t + [t is the last response token] * score          KL_t = kl_penalty(logp_old, logp_ref)
 
-(`algorithm.kl_penalty=full`: KL_t is the exact KL(pi_old || pi_ref) over the vocabulary, `Reference.full_kl`)
-
-and beta is fixed (`algorithm.kl_ctrl.type=fixed`) or adapted towards `target_kl` (`adaptive`):
+(`algorithm.kl_penalty=full`: the exact KL(pi_old || pi_ref) over the vocabulary, `Reference.full_kl`), and beta
+is fixed (`algorithm.kl_ctrl.type=fixed`) or adapted towards `target_kl` (`adaptive`):
 
     e = clip(KL / target_kl - 1, -0.2, 0.2);   beta <- beta * (1 + e * n_steps / horizon)
 """

@@ -1,9 +1,7 @@
-"""Policy losses, KL penalties and loss aggregation: small pure functions over [B, T] tensors.
-
-A policy loss takes one typed `LossInputs` and its hyperparameters (keyword-only) and returns the per-token
-loss [B, T] and a dict of scalar metrics (detached 0-d tensors: the trainer reads them once per update, so no
-micro-batch waits on the device to report them); `aggregate` reduces it (`actor.loss_agg_mode`) separately, so any loss
-works with any aggregation. Names follow RLLaVA (`actor.policy_loss.loss_mode`).
+"""Policy losses, KL penalties and loss aggregation: small pure functions over [B, T] tensors. A policy loss takes a
+`LossInputs` and its keyword-only hyperparameters and returns the per-token loss [B, T] and scalar metrics (detached
+0-d tensors, read once per update: no micro-batch waits on the device); `aggregate` reduces it separately
+(`actor.loss_agg_mode`), so any loss works with any aggregation. Names follow RLLaVA.
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ class LossInputs:
     trained_mask: torch.Tensor | None = None  # [B, T] every trained token, of the RL and of the SFT term
     sft_mask: torch.Tensor | None = None  # [B, T] a hybrid's SFT-term tokens (expert tokens), else None
     teacher_logprobs: torch.Tensor | None = None  # [B, T] on-policy distillation's teacher, at the sampled tokens
-    full_kl: dict[str, torch.Tensor] = field(default_factory=dict)  # [B, T] exact KL(pi || model) by model:
-    #   "reference" (kl_loss_type=full), "teacher" (distill.loss=full), each from the model's own LM head
+    full_kl: dict[str, torch.Tensor] = field(default_factory=dict)  # [B, T] exact KL(pi || "reference" / "teacher")
     rl_weights: torch.Tensor | None = None  # rollout correction's IS weights of the RL term (algorithm.rollout_is)
     distill_weights: torch.Tensor | None = None  # ... and of the distillation term (rllava.algorithms.distill)
 
@@ -79,20 +76,17 @@ def _centered_cov(adv: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor)
 
 @register_policy_loss("vanilla")
 def vanilla(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0):
-    """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) with dual clip (Ye et al. 2020,
-    arXiv:1912.09729).
+    """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347), dual clip (Ye et al. 2020, arXiv:1912.09729).
 
         rho = exp(logp - logp_old)
         L   = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))
         for A < 0 the loss is also capped at -A c  (dual clip, c = clip_ratio_c > 1)
 
-    Metrics: `pg_clipfrac` = fraction of tokens where the clipped branch is active (its gradient is zero),
-    `pg_clipfrac_lower` = fraction capped by the dual clip, `ppo_kl` = mean(logp_old - logp) (k1 estimate of
-    KL(old || new)).
+    Metrics: `pg_clipfrac` (tokens where the clipped branch is active: zero gradient), `pg_clipfrac_lower` (capped
+    by the dual clip), `ppo_kl` = mean(logp_old - logp) (k1 of KL(old || new)).
 
     Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_policy_loss_vanilla` L1159-1250.
-    Differs: nothing in the formula (log rho clamped to [-20, 20], the dual clip only for A < 0, c = clip_ratio_c).
-    """
+    Differs: nothing in the formula (log rho clamped to [-20, 20], the dual clip only for A < 0, c = clip_ratio_c)."""
     adv, log_ratio = _log_ratio(inp, "vanilla")
     loss_clip, clipped = _clipped_surrogate(adv, torch.exp(log_ratio), clip_ratio_low, clip_ratio_high)
     loss_cap = -adv * clip_ratio_c
@@ -105,23 +99,19 @@ def vanilla(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: fl
 
 @register_policy_loss("dapo")
 def dapo(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.28):
-    """DAPO's clip-higher (Yu et al. 2025, arXiv:2503.14476): PPO clip with decoupled bounds and no
-    dual clip,
+    """DAPO's clip-higher (Yu et al. 2025, arXiv:2503.14476): PPO clip with decoupled bounds, no dual clip,
 
         L_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - eps_low, 1 + eps_high)),   rho_t = exp(logp_t - logp_old_t)
 
-    A larger eps_high (paper: eps_low = 0.2, eps_high = 0.28, the defaults here; the config's
-    actor.clip_ratio_low / actor.clip_ratio_high override them) leaves room for low-probability tokens to grow
-    and so slows entropy collapse. DAPO's token-level loss is `actor.loss_agg_mode=token-mean`; its dynamic
-    sampling and overlong shaping live outside the loss.
+    A larger eps_high (the paper's 0.2 / 0.28 are the defaults; actor.clip_ratio_low / clip_ratio_high override
+    them) lets low-probability tokens grow, slowing entropy collapse. DAPO's token-level loss is
+    `actor.loss_agg_mode=token-mean`; its dynamic sampling and overlong shaping live outside the loss.
     Metrics: `pg_clipfrac`, `ppo_kl` as in `vanilla`.
 
     Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_policy_loss_vanilla` L1159-1250 with
-    DAPO's clip_ratio_low 0.2 / clip_ratio_high 0.28 (docs/algo/dapo.md L55-56). Differs: no dual clip (the paper's
-    objective has none); verl's vanilla always has one and its DAPO scripts set clip_ratio_c=10 (e.g.
-    verl/experimental/fully_async_policy/shell/dapo_7b_math_fsdp2_8_8.sh L99): for A < 0 and rho > 10 verl caps the
-    loss at -10 A, rllava's keeps growing as -A rho.
-    """
+    DAPO's clip_ratio_low 0.2 / clip_ratio_high 0.28 (docs/algo/dapo.md L55-56). Differs: no dual clip (as the
+    paper); verl's DAPO scripts cap the loss at -10 A for A < 0 and rho > 10 (clip_ratio_c=10, e.g.
+    verl/experimental/fully_async_policy/shell/dapo_7b_math_fsdp2_8_8.sh L99), where rllava's grows as -A rho."""
     adv, log_ratio = _log_ratio(inp, "dapo")
     loss, clipped = _clipped_surrogate(adv, torch.exp(log_ratio), clip_ratio_low, clip_ratio_high)
     return loss, _ppo_metrics(clipped, log_ratio, inp.mask)
@@ -135,17 +125,14 @@ def gspo(inp: LossInputs, *, clip_ratio_low: float = 3e-4, clip_ratio_high: floa
         s_it   = sg[s_i] * pi(y_it) / sg[pi(y_it)]          (GSPO-token form: value s_i, grad s_i * grad logp_it)
         L_it   = max(-A_it s_it, -A_it clip(s_it, 1 - eps_low, 1 + eps_high))
 
-    so every token of sequence i is weighted by the same s_i and the whole sequence is clipped or not. With a
-    sequence-level advantage this equals the paper's sequence objective; its (1/|y_i|) sum_t normalisation is
-    `actor.loss_agg_mode=seq-mean-token-mean`. eps are taken from actor.clip_ratio_low / clip_ratio_high; the
-    paper uses 3e-4 / 4e-4 (the defaults here) - PPO's 0.2 would almost never clip a length-normalised ratio.
+    so the whole sequence is weighted by s_i and clipped or not. With a sequence-level advantage this is the
+    paper's objective; its (1/|y_i|) sum_t is `actor.loss_agg_mode=seq-mean-token-mean`. eps: actor.clip_ratio_low
+    / clip_ratio_high, the paper's 3e-4 / 4e-4 by default (PPO's 0.2 would almost never clip this ratio).
     Metrics: `pg_clipfrac` (fraction of tokens in clipped sequences), `ppo_kl` (token-level k1).
 
     Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_policy_loss_gspo` L1253-1326.
-    Differs: each token's log rho is clamped to [-20, 20] before the sequence mean and log s_it is not capped (verl:
-    unclamped tokens, log s_it capped at 10); the aggregation comes from actor.loss_agg_mode (verl forces
-    seq-mean-token-mean).
-    """
+    Differs: token log rho clamped to [-20, 20] before the sequence mean, log s_it not capped (verl: the reverse, at
+    10); the aggregation is actor.loss_agg_mode's (verl forces seq-mean-token-mean)."""
     adv, log_ratio = _log_ratio(inp, "gspo")
     log_seq = _seq_mean(log_ratio, inp.mask).detach().unsqueeze(-1)
     seq_ratio = torch.exp(log_seq + inp.logprobs - inp.logprobs.detach())
@@ -156,34 +143,27 @@ def gspo(inp: LossInputs, *, clip_ratio_low: float = 3e-4, clip_ratio_high: floa
 @register_policy_loss("geo_mean")
 @register_policy_loss("gmpo")
 def geo_mean(inp: LossInputs, *, clip_ratio_low: float = 0.4, clip_ratio_high: float = 0.4):
-    """GMPO, geometric-mean policy optimisation (Zhao et al. 2025, arXiv:2507.20673): the sequence objective
-    uses the geometric mean of token ratios, each clipped in log space to [-eps_low, eps_high] on the
-    pessimistic side (sign of the advantage):
+    """GMPO, geometric-mean policy optimisation (Zhao et al. 2025, arXiv:2507.20673): the geometric mean of the
+    token ratios, each clipped in log space to [-eps_low, eps_high] on the pessimistic side (sign of A):
 
         l_t  = sgn(A) * min(sgn(A) log rho_t, sgn(A) clip(log rho_t, -eps_low, eps_high))
              = min(log rho_t, eps_high) if A >= 0,  max(log rho_t, -eps_low) if A < 0
         L_i  = -A_i exp(mean_t l_t)                 (A_i = mean advantage of sequence i over its tokens)
         per-token loss l_it = L_i / |o_i| on each of its |o_i| tokens
 
-    Paper defaults eps_low = eps_high = 0.4 (ratio range (e^-0.4, e^0.4)). Because L_i is split evenly over the
-    tokens, `actor.loss_agg_mode` decides how sequences are weighted:
+    Paper defaults eps_low = eps_high = 0.4. L_i is split evenly over its tokens, so `actor.loss_agg_mode` weighs
+    the sequences:
         seq-mean-token-sum       -> mean_i L_i                 (the paper's objective)
         token-mean               -> sum_i L_i / N_tokens       (the paper's, scaled by N_seqs / N_tokens)
         seq-mean-token-sum-norm  -> mean_i L_i / L_max         (the paper's, constant scale)
         seq-mean-token-mean      -> mean_i L_i / |o_i|         (down-weights long sequences; not the paper's)
-    Use seq-mean-token-sum, as examples/algorithms/gmpo.sh does: the paper's objective, and what the authors'
-    train_zero_math_gmpo.py (one sequence per micro-batch, gradients averaged) and verl's geo_mean (torch.mean of
-    L_i) optimise. token-mean divides it by the batch's mean length N_tokens / N_seqs, which varies per batch (the
-    KL and entropy terms are aggregated alike, so their balance with L_i does not change).
-    One sign per sequence, that of A_i (A_i = 0 counts as positive), as in the paper and the authors' code; verl's
-    geo_mean takes sign(A_t) per token, which differs only when a sequence's advantages vary over its tokens (not
-    with outcome advantages such as GRPO's).
+    Use seq-mean-token-sum (examples/algorithms/gmpo.sh): what the authors' code (one sequence per micro-batch)
+    and verl's geo_mean optimise; token-mean's N_seqs / N_tokens varies per batch (KL and entropy scale alike).
     Metrics: `pg_clipfrac` (tokens whose log-ratio clip is active, zero gradient), `ppo_kl`.
 
     Reference: the GMPO authors' callsys/GMPO@205b2bf train_zero_math_gmpo.py L675-701 (the loss; one sequence per
-    micro-batch, L620-623; their script runs --beta 0: no KL, where gmpo.sh keeps grpo.sh's). Differs: the sign per
-    sequence vs verl's per token, above.
-    """
+    micro-batch, L620-623; their script runs --beta 0: no KL, where gmpo.sh keeps grpo.sh's). Differs: nothing; verl's
+    geo_mean takes sign(A_t) per token, not A_i's (the same unless advantages vary within a sequence, unlike GRPO's)."""
     adv, log_ratio = _log_ratio(inp, "geo_mean")
     seq_adv = _seq_mean(adv, inp.mask)
     pos = (seq_adv >= 0).unsqueeze(-1)  # pessimistic side: for A > 0 cap log rho at eps_high, for A < 0 at -eps_low
@@ -196,50 +176,44 @@ def geo_mean(inp: LossInputs, *, clip_ratio_low: float = 0.4, clip_ratio_high: f
 
 @register_policy_loss("gpg")
 def gpg(inp: LossInputs):
-    """GPG, group policy gradient (Chu et al. 2025, arXiv:2504.02546): plain policy gradient, no ratio, no clip,
-    no KL:
+    """GPG, group policy gradient (Chu et al. 2025, arXiv:2504.02546): plain policy gradient, no ratio, clip or KL:
 
         L_t = -A_t logp_t
 
-    Needs no old log-probs. GPG's group-mean advantage and its valid-sample
-    correction belong to the advantage estimator, not to this loss.
+    Needs no old log-probs. GPG's group-mean advantage and valid-sample correction are the `gpg` estimator's.
 
     Reference: AMAP-ML/GPG open-r1/src/open_r1/gpg_trainer.py@e096da8 `compute_loss` L299-303 (as volcengine/verl
     verl/trainer/ppo/core_algos.py@b178a3c `compute_policy_loss_gpg` L1414-1447). Differs: nothing in the formula;
-    the reference's division of the loss by 1/alpha (L315-316) is the `gpg` estimator's alpha here.
-    """
+    the reference's division of the loss by 1/alpha (L315-316) is the `gpg` estimator's alpha here."""
     return -inp.need("advantages", "gpg") * inp.logprobs, {}
 
 
 @register_policy_loss("clip_cov")
 def clip_cov(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
              clip_cov_ratio: float = 0.0002, clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0):
-    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617): entropy
-    falls with the covariance of logp and A, so stop the gradient of a few high-covariance tokens.
+    """Clip-Cov (Cui et al. 2025, arXiv:2505.22617): entropy falls with the covariance of logp and A, so stop the
+    gradient of a few high-covariance tokens.
 
         cov_t = (A_t - mean A)(logp_t - mean logp)          (means over the masked tokens of this micro-batch)
         I     = clip_cov_ratio * N_tokens (at least 1) tokens drawn uniformly at random among the masked tokens
                 with clip_cov_lb < cov_t < clip_cov_ub that PPO's clip has not already clipped
         L_t   = PPO clip (no dual clip) for t not in I;  sg[L_t] for t in I (same value, zero gradient)
 
-    The draw uses torch's global RNG (torch.randperm on the CPU generator); seed it with torch.manual_seed.
-    Metrics: `pg_clipfrac` (PPO clip), `clip_cov_frac` (fraction of tokens in I), `ppo_kl`.
+    The draw uses torch's global CPU RNG (torch.manual_seed seeds it). Metrics: `pg_clipfrac` (PPO clip),
+    `clip_cov_frac` (fraction of tokens in I), `ppo_kl`.
 
     Reference: the authors' PRIME-RL/Entropy-Mechanism-of-RL verl/trainer/ppo/core_algos.py@8850579
     `compute_policy_loss_clip_cov` L469-518 (volcengine/verl@b178a3c L1450-1552 is the same). Differs: a token in I
-    keeps its loss value with the gradient stopped (the reference multiplies it by 0: same gradient and, for the same
-    RNG state, the same I; another reported loss); log rho is clamped to [-20, 20]; `pg_clipfrac` is PPO's clip
-    fraction (the reference's is the fraction in I, here `clip_cov_frac`).
-    """
+    keeps its loss value, gradient stopped (the reference zeroes it: same gradient and, for one RNG state, same I);
+    log rho is clamped to [-20, 20]; `pg_clipfrac` is PPO's (the reference's is the fraction in I: `clip_cov_frac`)."""
     adv, log_ratio = _log_ratio(inp, "clip_cov")
     loss, clipped = _clipped_surrogate(adv, torch.exp(log_ratio), clip_ratio_low, clip_ratio_high)
     cov = _centered_cov(adv, inp.logprobs, inp.mask)
     band = ((cov > clip_cov_lb) & (cov < clip_cov_ub) & ~clipped).flatten().nonzero().squeeze(-1)
     n_pick = min(max(int(clip_cov_ratio * int((inp.mask > 0).sum())), 1), band.numel())
     pick = band[torch.randperm(band.numel())[:n_pick].to(band.device)]
-    selected = torch.zeros(cov.numel(), dtype=torch.bool, device=cov.device)
-    selected[pick] = True
-    selected = selected.view_as(cov)
+    selected = torch.zeros(cov.shape, dtype=torch.bool, device=cov.device)
+    selected.view(-1)[pick] = True
     loss = torch.where(selected, loss.detach(), loss)
     metrics = _ppo_metrics(clipped, log_ratio, inp.mask)
     metrics["clip_cov_frac"] = masked_mean(selected.float(), inp.mask)
@@ -258,17 +232,14 @@ def kl_cov(inp: LossInputs, *, kl_cov_ratio: float = 0.0002, ppo_kl_coef: float 
 
     Reference: the authors' PRIME-RL/Entropy-Mechanism-of-RL verl/trainer/ppo/core_algos.py@8850579
     `compute_policy_loss_kl_cov` L426-467 (volcengine/verl@b178a3c L1555-1632: the same, k as a fraction). Differs:
-    ppo_kl_coef defaults to 0.1 (kl_cov.sh too), where the authors' recipes and verl use 1; kl_cov_ratio is a
-    fraction, as verl's (the authors' k_percent 0.2 for 7B / 0.02 for 32B is 0.002 / 0.0002); log rho is clamped to
-    [-20, 20].
-    """
+    ppo_kl_coef defaults to 0.1 (kl_cov.sh too; the authors and verl: 1); kl_cov_ratio is a fraction, as verl's (the
+    authors' k_percent 0.2 for 7B / 0.02 for 32B is 0.002 / 0.0002); log rho is clamped to [-20, 20]."""
     adv, log_ratio = _log_ratio(inp, "kl_cov")
     cov = _centered_cov(adv, inp.logprobs, inp.mask).flatten()
     n_valid = int((inp.mask > 0).sum())
     k = max(int(kl_cov_ratio * n_valid), 1) if n_valid else 0
-    selected = torch.zeros(cov.numel(), dtype=torch.bool, device=cov.device)
-    selected[torch.topk(cov, k).indices] = True
-    selected = selected.view_as(inp.logprobs)
+    selected = torch.zeros(inp.logprobs.shape, dtype=torch.bool, device=cov.device)
+    selected.view(-1)[torch.topk(cov, k).indices] = True
     loss = -adv * torch.exp(log_ratio) + ppo_kl_coef * log_ratio.abs() * selected
     return loss, {"kl_cov_frac": masked_mean(selected.float(), inp.mask),
                   "ppo_kl": masked_mean(-log_ratio.detach(), inp.mask),
@@ -277,20 +248,17 @@ def kl_cov(inp: LossInputs, *, kl_cov_ratio: float = 0.0002, ppo_kl_coef: float 
 
 @register_policy_loss("cispo")
 def cispo(inp: LossInputs, *, cispo_clip_ratio_low: float = 1.0, cispo_clip_ratio_high: float = 0.28):
-    """CISPO (MiniMax-M1, arXiv:2506.13585, eq. 4-5): clip the importance-sampling weight, not the update, and
-    stop its gradient, so every token keeps a gradient (PPO drops clipped ones):
+    """CISPO (MiniMax-M1, arXiv:2506.13585, eq. 4-5): clip the importance-sampling weight, not the update, and stop
+    its gradient, so every token keeps a gradient (PPO drops clipped ones):
 
         w_t = sg[clip(rho_t, 1 - eps_low_IS, 1 + eps_high_IS)],   L_t = -w_t A_t logp_t,   grad = -w_t A_t grad logp_t
 
-    The paper sets no lower bound (eps_low_IS large) and tunes only eps_high_IS: default
-    cispo_clip_ratio_low = 1.0 (bound 0, i.e. none), cispo_clip_ratio_high = 0.28 (the paper gives no value;
-    0.28 is DAPO's eps_high - tune it). Only the gradient is meaningful; the loss value is not a surrogate value.
+    The paper sets no lower bound and tunes only eps_high_IS: defaults cispo_clip_ratio_low = 1.0 (bound 0: none),
+    cispo_clip_ratio_high = 0.28 (DAPO's eps_high; the paper gives none: tune it). Only the gradient is meaningful.
     Metrics: `pg_clipfrac` (tokens whose weight is truncated; they still have gradient), `ppo_kl`.
 
     Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_policy_loss_cispo` L1721-1779.
-    Differs: nothing in the formula; its bounds are their own keys, cispo_clip_ratio_low 1.0 (no lower bound, as the
-    paper) and cispo_clip_ratio_high 0.28, where verl reuses PPO's actor.clip_ratio_low / clip_ratio_high.
-    """
+    Differs: nothing in the formula; its bounds are keys of their own (above), where verl reuses PPO's."""
     adv, log_ratio = _log_ratio(inp, "cispo")
     ratio = torch.exp(log_ratio)
     low, high = 1.0 - cispo_clip_ratio_low, 1.0 + cispo_clip_ratio_high
@@ -308,18 +276,14 @@ def sapo(inp: LossInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05):
         f(rho) = (4 / tau) sigmoid(tau (rho - 1)),   L_t = -f(rho_t) A_t
         grad   = -w_t A_t rho_t grad logp_t,   w_t = 4 sigma_t (1 - sigma_t),   sigma_t = sigmoid(tau_t (rho_t - 1))
 
-    w = 1 at rho = 1 (on-policy it is the plain policy gradient) and decays smoothly as rho leaves 1, faster for
-    a larger tau; tau_neg > tau_pos damps negative-advantage tokens more (the paper: their gradients spread over
-    many unsampled tokens and destabilise training). Defaults are the paper's / verl's (tau_pos 1.0, tau_neg 1.05).
-    The paper's objective is (1/G) sum_i (1/|y_i|) sum_t f(rho_it) A_it: `actor.loss_agg_mode=seq-mean-token-mean`,
-    which verl's SAPO loss forces whatever its config says and examples/algorithms/sapo.sh sets; rllava takes the
-    mode from the config, and the default token-mean weighs long sequences more.
-    Metrics: `sapo_weight` = mean gradient weight w (1 = on-policy), `ppo_kl`.
+    w = 1 at rho = 1 (the plain policy gradient) and decays smoothly as rho leaves 1, faster for a larger tau;
+    tau_neg > tau_pos damps negative-advantage tokens more (their gradients spread over many unsampled tokens and
+    destabilise training). Defaults: the paper's / verl's. The paper's (1/G) sum_i (1/|y_i|) sum_t f(rho_it) A_it is
+    `actor.loss_agg_mode=seq-mean-token-mean` (set by examples/algorithms/sapo.sh; token-mean weighs long sequences
+    more). Metrics: `sapo_weight` = mean gradient weight w (1 = on-policy), `ppo_kl`.
 
     Reference: verl's verl/trainer/ppo/core_algos.py@b178a3c `compute_policy_loss_sapo` L1364-1397. Differs: the
-    aggregation comes from actor.loss_agg_mode (verl forces seq-mean-token-mean; so does sapo.sh), and the KL term,
-    if on, is aggregated the same way (verl: by its own mode).
-    """
+    aggregation is actor.loss_agg_mode's, the KL term's too (verl: seq-mean-token-mean, the KL by its own mode)."""
     adv, log_ratio = _log_ratio(inp, "sapo")
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0))
@@ -331,28 +295,24 @@ def sapo(inp: LossInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05):
 @register_policy_loss("decoupled_ppo", reads=("rollout_logprobs",))
 def decoupled_ppo(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
                   clip_ratio_c: float | None = None, behav_imp_weight_cap: float | None = None):
-    """Decoupled PPO (Fu et al. 2025, "AReaL", arXiv:2505.24298, eq. 5): three policies - the behaviour policy that
-    sampled (the rollout engine's log-probs, `rollout_logprobs`), the proximal policy the update is held near (the
-    trainer's log-probs before the update, `old_logprobs`) and pi_theta:
+    """Decoupled PPO (Fu et al. 2025, "AReaL", arXiv:2505.24298, eq. 5): the behaviour policy that sampled
+    (`rollout_logprobs`), the proximal one the update is held near (the trainer's, `old_logprobs`) and pi_theta:
 
         r_t = exp(logp_t - logp_prox_t),   w_t = exp(logp_prox_t - logp_behav_t)   (no grad)
         L_t = w_t * max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high))   (dual clip -A c for A < 0 when
               clip_ratio_c is given, as `vanilla`)
         w_t > behav_imp_weight_cap  ->  w_t = 0   (the token is filtered out; it still counts in the normaliser)
 
-    PPO's clip acts on the step from pi_prox, the off-policyness of the sample is corrected by w. With
-    rollout_logprobs == old_logprobs (w = 1) it is `vanilla`. Do not combine with algorithm.rollout_is (that would
-    weight by the same ratio twice); algorithm.rollout_rs composes. behav_imp_weight_cap (actor.policy_loss.*)
-    None = no filter (AReaL's default; AReaL requires > 1). clip_ratio_c comes from the config pool (actor.
-    clip_ratio_c, 3.0), so rllava's runs use AReaL's dual clip c_clip = 3.0; called bare, there is none.
+    PPO's clip acts on the step from pi_prox, w corrects the sample's off-policyness; with w = 1 it is `vanilla`.
+    Not with algorithm.rollout_is (the same ratio twice); algorithm.rollout_rs composes. behav_imp_weight_cap
+    (actor.policy_loss.*) None: no filter (AReaL's default; it requires > 1). In a run clip_ratio_c is
+    actor.clip_ratio_c (3.0, AReaL's c_clip); called bare, there is no dual clip.
     Metrics: `pg_clipfrac`, `ppo_kl` (k1 of KL(prox || theta)), `behav_imp_weight` (mean w over kept tokens),
     `behav_approx_kl` = mean (logp_prox - logp_behav) over kept tokens, `behav_filtered_frac` (tokens over the cap).
 
     Reference: inclusionAI/AReaL areal/utils/functional/functional.py@61d1bbb `ppo_actor_loss_fn` L144-233 (the
-    last version with behav_imp_weight_cap; since 03d7115 the cap is its RejectionSamplingConfig). Differs: the
-    aggregation comes from actor.loss_agg_mode (AReaL: token sum over the original token count, = token-mean); AReaL's
-    importance_sampling_level=sequence (GSPO ratio) is `gspo`'s here, not an option of this loss.
-    """
+    last version with behav_imp_weight_cap; since 03d7115 it is RejectionSamplingConfig). Differs: the aggregation
+    is actor.loss_agg_mode's (AReaL's: token-mean); its importance_sampling_level=sequence is `gspo` here."""
     adv, log_ratio = _log_ratio(inp, "decoupled_ppo")
     behav = inp.need("rollout_logprobs", "decoupled_ppo")
     loss, clipped = _clipped_surrogate(adv, torch.exp(log_ratio), clip_ratio_low, clip_ratio_high)
@@ -378,9 +338,8 @@ def sft(inp: LossInputs):
         L_t = -log pi(y_t | y_<t, x)
 
     Reference: volcengine/verl verl/trainer/fsdp_sft_trainer.py@b178a3c `_compute_loss_and_backward` L372-467.
-    Differs: nothing per token; verl takes each micro-batch's token mean and averages the micro-batches (L465-467),
-    rllava aggregates by actor.loss_agg_mode over the mini-batch's counts.
-    """
+    Differs: nothing per token; verl averages the micro-batches' token means (L465-467), rllava aggregates by
+    actor.loss_agg_mode over the mini-batch's counts."""
     return -inp.logprobs, {}
 
 
@@ -391,8 +350,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
         k1 / kl      : d                        (unbiased, high variance, can be negative)
         abs          : |d|
         k2 / mse     : d^2 / 2
-        k3 / low_var_kl : exp(-d) - 1 + d       (unbiased, >= 0, low variance; clamped to [-10, 10] as in verl)
-    """
+        k3 / low_var_kl : exp(-d) - 1 + d       (unbiased, >= 0, low variance; clamped to [-10, 10] as in verl)"""
     d = logprobs - ref_logprobs
     if kind in ("kl", "k1"):
         return d
@@ -412,12 +370,10 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, *, max_len: int
         token-mean              : sum_{i,t} l_it / N_tokens
         seq-mean-token-sum      : sum_i (sum_t l_it) / N_seqs
         seq-mean-token-mean     : sum_i (sum_t l_it / |o_i|) / N_seqs
-        seq-mean-token-sum-norm : sum_{i,t} l_it / (N_seqs * L_max)   (Dr.GRPO's constant normaliser; L_max =
-                                  `max_len`, the generation budget data.max_response_length)
+        seq-mean-token-sum-norm : sum_{i,t} l_it / (N_seqs * L_max)   (Dr.GRPO's; L_max: data.max_response_length)
 
-    The normalisers default to this micro-batch's counts; pass the whole mini-batch's counts (`num_tokens`,
-    `num_seqs`) when accumulating gradients over micro-batches, so the result equals the unsplit loss.
-    """
+    The normalisers default to this micro-batch's counts; pass the mini-batch's (`num_tokens`, `num_seqs`) when
+    accumulating gradients over micro-batches, so the result equals the unsplit loss."""
     mask = mask.to(loss.dtype)
     seq_has_tokens = (mask.sum(-1) > 0).to(loss.dtype)
     num_tokens = mask.sum().clamp(min=1) if num_tokens is None else num_tokens
@@ -440,8 +396,8 @@ def value_loss(vpreds: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         V_clip = V_old + clip(V - V_old, -c, c)
         L_t    = 0.5 * max((V - R)^2, (V_clip - R)^2)
 
-    Returns the per-token loss [B, T] (aggregate it like a policy loss) and the fraction of masked tokens where
-    the clipped branch is the larger one (its gradient is then zero)."""
+    Returns the per-token loss [B, T] (aggregated like a policy loss) and the fraction of masked tokens where the
+    clipped branch is the larger one (zero gradient)."""
     clipped = old_values + (vpreds - old_values).clamp(-cliprange, cliprange)
     unclipped_sq, clipped_sq = (vpreds - returns).square(), (clipped - returns).square()
     return 0.5 * torch.maximum(unclipped_sq, clipped_sq), masked_mean((clipped_sq > unclipped_sq).float(), mask)

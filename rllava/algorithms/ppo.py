@@ -1,7 +1,5 @@
-"""The algorithm object: which advantage estimator and policy loss run, with which hyperparameters.
-
-`PPO` turns the config into the two calls the loop makes, `compute_advantage(batch)` (stage 3) and
-`policy_loss(inputs)` (inside stage 4). Both dispatch through the registries, so a new estimator or loss is one
+"""The algorithm object: `PPO` turns the config into the loop's two calls, `compute_advantage(batch)` (stage 3) and
+`policy_loss(inputs)` (inside stage 4), each dispatched through the registries, so a new estimator or loss is one
 registered function; a whole new algorithm may subclass PPO and override these two methods.
 """
 

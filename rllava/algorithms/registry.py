@@ -1,8 +1,6 @@
-"""Name -> function registries for advantage estimators and policy losses.
-
-An algorithm is a plain function registered under a name; the config picks it by that name
-(`algorithm.adv_estimator=grpo`, `actor.policy_loss.loss_mode=vanilla`). A user file registers its own with the
-same decorators and is loaded through `algorithm.plugins` (no package edits).
+"""Name -> function registries for advantage estimators, policy losses and the rest: the config picks a registered
+function by name (`algorithm.adv_estimator=grpo`); a user file registers its own with the same decorators and is
+loaded through `algorithm.plugins` (no package edits).
 """
 
 from __future__ import annotations
@@ -21,8 +19,10 @@ LOSS_TERMS: dict[str, Callable] = {}  # further terms of the update's loss (acto
 SCORERS: dict[str, Callable] = {}  # passes that fill a batch field before the advantage (rllava.train.scorers)
 
 
-def _register(table: dict, kind: str, name: str):
+def _register(table: dict, kind: str, name: str, reads: tuple[str, ...] | None = None):
     def decorator(fn):
+        if reads is not None:
+            fn.reads = reads  # the LossInputs fields it reads
         old = table.get(name)  # the same definition run again (a notebook cell, a re-imported file) replaces it
         if old is not None and (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
             raise ValueError(f"{kind} {name!r} is already registered by {old.__module__}")
@@ -39,36 +39,27 @@ def register_adv_estimator(name: str):
 
 def register_policy_loss(name: str, *, reads: tuple[str, ...] = ()):
     """Register `fn(inputs: LossInputs, *, params) -> (per_token_loss [B, T], metrics)` as `name`; `reads`: the
-    LossInputs fields it reads that the Actor fills only when asked (`rollout_logprobs`: the behaviour policy's
-    log-probs, with the sampler/trainer mismatch metrics, as rollout correction has them)."""
-    def wrap(fn):
-        fn.reads = reads
-        return _register(POLICY_LOSSES, "policy loss", name)(fn)
-    return wrap
+    LossInputs fields the Actor fills only on request (`rollout_logprobs`, with the mismatch metrics)."""
+    return _register(POLICY_LOSSES, "policy loss", name, reads)
 
 
 def register_distill_loss(name: str, *, reads: tuple[str, ...]):
     """Register `fn(inputs: LossInputs) -> per_token_loss [B, T]` as `name` (`algorithm.distill.loss=name`);
     `reads`: the LossInputs fields it reads, among logprobs (with grad), old_logprobs, teacher_logprobs (a teacher
     pass before the update) and full_kl (the teacher runs inside the update) (`rllava.algorithms.distill`)."""
-    def wrap(fn):
-        fn.reads = reads
-        return _register(DISTILL_LOSSES, "distillation loss", name)(fn)
-    return wrap
+    return _register(DISTILL_LOSSES, "distillation loss", name, reads)
 
 
 def register_loss_term(name: str):
     """Register `fn(inputs: LossInputs) -> (per_token_loss [B, T], metrics)` as a term of the update's loss, added
-    with its coefficient by `actor.loss_terms={name: coef}` (a file of `algorithm.plugins` registers it): the
-    Actor aggregates it over the RL term's tokens (`actor.loss_agg_mode`, as the KL term) and logs its value as
-    `actor/<name>`, its metrics as `actor/<name>/<metric>`."""
+    with its coefficient by `actor.loss_terms={name: coef}`: aggregated over the RL term's tokens as the KL term,
+    logged as `actor/<name>`, its metrics as `actor/<name>/<metric>`."""
     return _register(LOSS_TERMS, "loss term", name)
 
 
 def register_scorer(name: str):
-    """Register `fn(cfg, parts: rllava.train.scorers.Parts) -> Scorer | None` as `name`: at start-up every
-    registered builder is called in registration order (the built-in ones first; a file of `algorithm.plugins`
-    registers more) and returns the pass it adds to this run, or None when the run does not use it."""
+    """Register `fn(cfg, parts: rllava.train.scorers.Parts) -> Scorer | None` as `name`: at start-up each builder,
+    in registration order (built-ins first), returns the pass it adds to this run, or None."""
     return _register(SCORERS, "scorer", name)
 
 
@@ -92,11 +83,9 @@ def lookup(table: dict, name: str, key: str) -> Callable:
 
 
 def call_with_params(fn: Callable, args: tuple, params: dict[str, Any], key: str):
-    """Call `fn(*args, **p)` where p holds exactly the keyword-only parameters `fn` declares.
-
-    Every algorithm declares its hyperparameters, and the batch tensors it needs beyond the positional ones,
-    as keyword-only arguments; `params` is the pool the config and the batch offer (None = not available in
-    this run). A declared parameter without a default that the pool lacks is a configuration error."""
+    """Call `fn(*args, **p)`, p the keyword-only parameters `fn` declares (its hyperparameters and the batch tensors
+    it needs beyond the positional ones) from `params`, the pool the config and the batch offer (None: not in this
+    run). A declared parameter without a default that the pool lacks is a configuration error."""
     kwargs = {}
     for p in inspect.signature(fn).parameters.values():
         if p.kind is not inspect.Parameter.KEYWORD_ONLY:

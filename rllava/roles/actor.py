@@ -1,14 +1,14 @@
-"""The Actor (the policy being trained); the Reference it is held near is `rllava.roles.reference`.
-
-`Actor.update` is stage 4: ppo_epochs x mini-batches (one optimizer step each) x micro-batches (gradient
-accumulation). Aggregation normalisers are the mini-batch's token/sequence counts, so splitting a mini-batch
-into micro-batches, by a fixed row count or by a token budget (`MicroBatching`), never changes the gradient.
+"""The Actor (the policy being trained; the Reference it is held near: `rllava.roles.reference`). `Actor.update` is
+stage 4: ppo_epochs x mini-batches (one optimizer step each) x micro-batches (gradient accumulation). Aggregation
+normalisers are the mini-batch's token/sequence counts, so splitting it into micro-batches, by a fixed row count or
+by a token budget (`MicroBatching`), never changes the gradient.
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -24,9 +24,9 @@ from rllava.roles.teacher import Teachers
 
 @dataclass(frozen=True)
 class ExpertLoss:
-    """How a hybrid's loss trains the expert (off-policy) tokens (`rllava.algorithms.hybrid`): `loss_mode` decides
-    RL (shaped, inside the policy loss) and/or an SFT term; `enable_phi_function` weights CHORD's SFT tokens by
-    phi(p); `token_level_sft` normalises the SFT term over its tokens (else per sequence, then over sequences)."""
+    """How a hybrid trains the expert tokens (`rllava.algorithms.hybrid`): `loss_mode` decides RL (shaped, in the
+    policy loss) and/or an SFT term; `enable_phi_function` weights CHORD's SFT tokens by phi(p); `token_level_sft`
+    normalises the SFT term over its tokens (else per sequence, then over sequences)."""
 
     loss_mode: str
     enable_phi_function: bool = False
@@ -47,11 +47,9 @@ class Distillation:
     fn: Callable
     coef: float
     teachers: Teachers
-    key: str = "algorithm.distill.loss"
 
     def needs(self, name: str) -> bool:
-        """The loss reads `name`: teacher_logprobs (a teacher pass before the update), full_kl (the teacher runs
-        on every micro-batch of the update)."""
+        """Does the loss read `name` (teacher_logprobs: a teacher pass first; full_kl: the teacher in the update)?"""
         return name in self.fn.reads
 
     @property
@@ -62,9 +60,8 @@ class Distillation:
 @dataclass(frozen=True)
 class Term:
     """One term of the update's loss: `fn(inputs, norm)` -> (its aggregated loss, its metrics), or None where a
-    micro-batch has none of its tokens; the loss adds coef x value, times the hybrid schedule's coefficient
-    `scale` ("rl" / "sft") at each step. Its metrics are averaged over the micro-batches holding tokens of kind
-    `on` ("rl": the RL term's tokens; "sft": a hybrid's expert tokens)."""
+    micro-batch has none of its tokens; the loss adds coef x value x the hybrid schedule's coefficient `scale`
+    ("rl" / "sft"). Its metrics average over the micro-batches holding tokens of kind `on` ("rl" / "sft")."""
 
     name: str
     fn: Callable[[LossInputs, dict], tuple[torch.Tensor, dict] | None]
@@ -83,9 +80,8 @@ class Actor:
                  log_prob_max_token_len: int | None = None, logprob_chunk_size: int = LOGPROB_CHUNK,
                  expert: ExpertLoss | None = None, loss_terms: dict[str, tuple[Callable, float]] | None = None,
                  scorers: list | None = None):
-        """`max_token_len` / `log_prob_max_token_len` set: dynamic batching of the update / the no-grad pass
-        by that token budget instead of `micro_batch_size` / `log_prob_micro_batch_size` rows. `scorers`: the
-        run's passes before the update (rllava.train.scorers), of which the Actor reads two inside it."""
+        """`max_token_len` / `log_prob_max_token_len`: the update's / the no-grad pass's micro-batches by that token
+        budget, not rows. `scorers`: the run's passes before the update (rllava.train.scorers); the Actor reads two."""
         self.model, self.engine, self.algorithm = model, engine, algorithm
         self.ppo_epochs, self.mini_batch_size = ppo_epochs, mini_batch_size
         self.micro_batching = MicroBatching(micro_batch_size, max_token_len, padding_free, shared_prefix)
@@ -103,35 +99,29 @@ class Actor:
         self.loss_terms = loss_terms or {}  # actor.loss_terms: name -> (registered fn, coef)
         self.scorers = list(scorers or [])
         roles = {s.fills: s.role for s in self.scorers}
-        # the Reference, for a full-vocabulary KL loss (kl_loss_type=full): its forward runs on every micro-batch of
-        # the update (no grad), since the loss needs its whole distribution at each position, not one log-prob
+        # kl_loss_type=full runs the Reference on every micro-batch (no grad): it needs its whole distribution
         self.reference = roles.get("ref_logprobs")
         self.distill: Distillation | None = roles.get("teacher_logprobs")  # on-policy distillation's term
         self._terms: list[Term] | None = None
 
     @property
     def terms(self) -> list[Term]:
-        """The loss's terms, in the order they are summed: the policy loss, a hybrid's SFT term, the KL to the
-        reference, on-policy distillation, the registered terms of actor.loss_terms, the entropy bonus (each only
-        when configured)."""
+        """The loss's terms in summation order, each when configured: the policy loss, a hybrid's SFT term, the KL to
+        the reference, on-policy distillation, the registered terms of actor.loss_terms, the entropy bonus."""
         if self._terms is None:
             agg = dict(mode=self.loss_agg_mode, max_len=self.max_response_length)
-            self._terms = [Term("policy", lambda inp, norm: policy_term(self.algorithm, inp, agg, norm), scale="rl")]
+            terms = [Term("policy", partial(policy_term, self.algorithm, agg=agg), scale="rl")]
             if self.expert is not None:
-                self._terms.append(Term("sft", lambda inp, norm: sft_term(self.expert, inp, self.max_response_length,
-                                                                          norm), scale="sft", on="sft"))
+                terms.append(Term("sft", partial(sft_term, self.expert, agg=agg), scale="sft", on="sft"))
             if self.use_kl_loss:
-                self._terms.append(Term("kl", lambda inp, norm: kl_term(self.kl_loss_type, inp, agg, norm),
-                                        coef=self.kl_loss_coef))
+                terms.append(Term("kl", partial(kl_term, self.kl_loss_type, agg=agg), coef=self.kl_loss_coef))
             if self.distill is not None:
-                self._terms.append(Term("distill", lambda inp, norm: distill_term(self.distill, inp, agg, norm),
-                                        coef=self.distill.coef))
+                terms.append(Term("distill", partial(distill_term, self.distill, agg=agg), coef=self.distill.coef))
             for name, (fn, coef) in self.loss_terms.items():
-                self._terms.append(Term(name, lambda inp, norm, name=name, fn=fn: registered_term(
-                    name, fn, inp, agg, norm), coef=coef))
+                terms.append(Term(name, partial(registered_term, name, fn, agg=agg), coef=coef))
             if self.entropy_coeff != 0:
-                self._terms.append(Term("entropy", lambda inp, norm: entropy_term(inp, agg, norm),
-                                        coef=-self.entropy_coeff))
+                terms.append(Term("entropy", partial(entropy_term, agg=agg), coef=-self.entropy_coeff))
+            self._terms = terms
         return self._terms
 
     def needs_old_logprobs(self, batch: Batch) -> bool:
@@ -145,18 +135,15 @@ class Actor:
                                 chunk_size=self.logprob_chunk_size)
 
     def update(self, batch: Batch, *, rl_coef: float = 1.0, sft_coef: float = 1.0) -> dict[str, float]:
-        """Stage 4: optimise the policy loss (+ KL, - entropy) over the batch; returns averaged metrics.
-        A hybrid's batch (expert tokens in `off_policy_mask`, `self.expert` set) optimises
-        rl_coef * L_RL + sft_coef * L_SFT, each term normalised over its own tokens."""
+        """Stage 4: optimise the loss's terms over the batch; returns averaged metrics. A hybrid's batch (expert
+        tokens in `off_policy_mask`) optimises rl_coef L_RL + sft_coef L_SFT, each normalised over its own tokens."""
         self.model.train()
-        metrics = MeanMetrics()
-        masks = (None, None)
-        if self.expert is not None and batch.off_policy_mask is not None:
-            masks = self.expert.masks(batch.loss_mask, batch.off_policy_mask)
+        metrics, masks = MeanMetrics(), self._masks(batch)
         full = self.distill is not None and self.distill.full  # the teachers run inside the update
         with self.distill.teachers.resident() if full else nullcontext():
             for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, *masks):
-                parts = self.distill.teachers.split(batch, mini) if full else [mini]  # one teacher per micro-batch
+                # the exact KL runs one teacher's forward per micro-batch: the rows by teacher first
+                parts = list(self.distill.teachers.route(batch, mini).values()) if full else [mini]
                 for rows in [r for part in parts for r in self.micro_batching.split(batch, part)]:
                     micro = batch.select(rows)
                     rl, sft = self._masks(micro)  # which terms have tokens, read on the host: no wait on the device
@@ -165,22 +152,19 @@ class Actor:
                 metrics.add({"actor/grad_norm": self.engine.optimizer_step()})
         return metrics.means()
 
-    def _masks(self, micro: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(tokens of the RL term, tokens of a hybrid's SFT term or None), each [b, t]."""
-        if self.expert is not None and micro.off_policy_mask is not None:
-            return self.expert.masks(micro.loss_mask, micro.off_policy_mask)
-        return micro.loss_mask, None
+    def _masks(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(tokens of the RL term, tokens of a hybrid's SFT term or None), each [B, T]."""
+        if self.expert is not None and batch.off_policy_mask is not None:
+            return self.expert.masks(batch.loss_mask, batch.off_policy_mask)
+        return batch.loss_mask, None
 
     def _rollout_correction(self, micro: Batch, mask: torch.Tensor, old: torch.Tensor):
         """(RL-term mask less the rejected tokens, the RL term's IS weights or None, the distillation term's or None,
-        metrics): rollout correction (`rllava.algorithms.correction`) of the tokens the rollout engine sampled (not a
-        hybrid's expert tokens) between pi_rollout, which sampled, and pi_old, the trainer's. As verl's
-        `compute_rollout_correction_and_rejection_mask` (rollout_corr_helper.py@b178a3c L782-808), the IS weights are
-        taken over the whole response, then rejection (algorithm.rollout_rs) drops tokens / rows from the mask of
-        every term of the loss (policy, KL, entropy, distillation), as verl drops them from response_mask; the
-        aggregation's normalisers still count them. Distillation's weights: when the RL term is corrected or the
-        samples are stale (token level if rollout_is=none; a full_kl loss: sequence level only, as
-        `rllava.algorithms.distill` says why). Also logs the sampler/trainer mismatch (`mismatch_*`) then."""
+        metrics): rollout correction (`rllava.algorithms.correction`) of the sampled (not expert) tokens. As verl's
+        rollout_corr_helper.py@b178a3c `compute_rollout_correction_and_rejection_mask` L782-808, IS weights are over
+        the whole response, then rejection drops tokens / rows from every term's mask (the normalisers still count
+        them). Distillation's weights: when the RL term is corrected or samples are stale (token level if
+        rollout_is=none; full_kl: sequence level only, see `rllava.algorithms.distill`); `mismatch_*` metrics then."""
         reads = getattr(getattr(self.algorithm, "loss_fn", None), "reads", ())
         decoupled = "rollout_logprobs" in reads  # a loss with its own IS weight (decoupled_ppo: AReaL)
         if self.rollout_is == "none" and self.rollout_rs is None and not decoupled and not self.off_policy:
@@ -202,8 +186,7 @@ class Actor:
 
     def _backward(self, micro: Batch, norm: dict, rl_coef: float = 1.0, sft_coef: float = 1.0,
                   has: tuple[bool, bool] = (True, True)) -> dict[str, float | torch.Tensor]:
-        """One micro-batch's loss (the sum of the terms), backward; its metrics (`has`: whether it holds any token
-        of the RL term, of the SFT term)."""
+        """One micro-batch's loss (the terms' sum), backward; its metrics (`has`: it holds RL-term, SFT-term tokens)."""
         inputs, correction = self._loss_inputs(micro)
         loss, scales, holds = None, {"rl": rl_coef, "sft": sft_coef}, {"rl": has[0], "sft": has[1]}
         out = {f"actor/{k}": v for k, v in correction.items()} if has[0] else {}
@@ -220,8 +203,7 @@ class Actor:
         return out
 
     def _loss_inputs(self, micro: Batch) -> tuple[LossInputs, dict]:
-        """A micro-batch as the terms read it: the forward (with the exact KLs the configured terms read) and the
-        rollout correction (its metrics beside)."""
+        """A micro-batch as the terms read it (the forward, with their exact KLs); the rollout correction's metrics."""
         exact = [name for name, on in (("reference", self.use_kl_loss and self.kl_loss_type == "full"),
                                        ("teacher", self.distill is not None and self.distill.full)) if on]
         hidden = {"reference": lambda: self.reference.hidden(micro),
@@ -247,7 +229,7 @@ def _agg(agg: dict, norm: dict) -> dict:
     return dict(agg, num_tokens=norm["num_tokens"], num_seqs=norm["num_seqs"])
 
 
-def policy_term(algorithm, inp: LossInputs, agg: dict, norm: dict):
+def policy_term(algorithm, inp: LossInputs, norm: dict, agg: dict):
     """The configured policy loss (`actor.policy_loss.loss_mode`) on the RL term's tokens, times the rollout
     correction's IS weights; its metrics, the correction's, pg_loss and the entropy."""
     per_token, metrics = algorithm.policy_loss(inp)
@@ -258,26 +240,26 @@ def policy_term(algorithm, inp: LossInputs, agg: dict, norm: dict):
                      "actor/entropy": masked_mean(inp.entropy.detach(), inp.mask)}
 
 
-def sft_term(expert: ExpertLoss, inp: LossInputs, max_len: int, norm: dict):
+def sft_term(expert: ExpertLoss, inp: LossInputs, norm: dict, agg: dict):
     """A hybrid's SFT term on the expert tokens: -w_t log p_t over its own tokens (`rllava.algorithms.hybrid`)."""
     if inp.sft_mask is None:
         return None
     w = sft_token_weights(expert.loss_mode, inp.logprobs, inp.entropy, inp.trained_mask,
                           enable_phi_function=expert.enable_phi_function)
-    loss = aggregate(-w * inp.logprobs, inp.sft_mask, "token-mean" if expert.token_level_sft else
-                     "seq-mean-token-mean", max_len=max_len, num_tokens=norm["sft_tokens"], num_seqs=norm["sft_seqs"])
+    loss = aggregate(-w * inp.logprobs, inp.sft_mask, "token-mean" if expert.token_level_sft else "seq-mean-token-mean",
+                     max_len=agg["max_len"], num_tokens=norm["sft_tokens"], num_seqs=norm["sft_seqs"])
     return loss, {"actor/sft_nll": masked_mean(-inp.logprobs.detach(), inp.sft_mask),
                   "actor/sft_weight": masked_mean(w, inp.sft_mask)}
 
 
-def kl_term(kl_type: str, inp: LossInputs, agg: dict, norm: dict):
+def kl_term(kl_type: str, inp: LossInputs, norm: dict, agg: dict):
     """KL(pi || pi_ref) on the RL term's tokens (`actor.kl_loss_type`; full: over the vocabulary)."""
     kl = inp.full_kl["reference"] if kl_type == "full" else kl_penalty(
         inp.logprobs, inp.need("ref_logprobs", f"kl_loss_type={kl_type}"), kl_type)
     return aggregate(kl, inp.mask, **_agg(agg, norm)), {"actor/kl_loss": masked_mean(kl.detach(), inp.mask)}
 
 
-def distill_term(distill: Distillation, inp: LossInputs, agg: dict, norm: dict):
+def distill_term(distill: Distillation, inp: LossInputs, norm: dict, agg: dict):
     """On-policy distillation's per-token loss (`algorithm.distill.loss`) on the RL term's tokens, times its
     rollout-correction weights; the reverse KL to the teacher (exact, or k1's estimate) logged beside it."""
     w = 1.0 if inp.distill_weights is None else inp.distill_weights
@@ -286,12 +268,12 @@ def distill_term(distill: Distillation, inp: LossInputs, agg: dict, norm: dict):
     return loss, {"actor/distill_loss": loss.detach(), "distill/reverse_kl": masked_mean(kl.detach(), inp.mask)}
 
 
-def entropy_term(inp: LossInputs, agg: dict, norm: dict):
+def entropy_term(inp: LossInputs, norm: dict, agg: dict):
     """The entropy on the RL term's tokens (`actor.entropy_coeff` its bonus: the term's coefficient is minus it)."""
     return aggregate(inp.entropy, inp.mask, **_agg(agg, norm)), {}
 
 
-def registered_term(name: str, fn: Callable, inp: LossInputs, agg: dict, norm: dict):
+def registered_term(name: str, fn: Callable, inp: LossInputs, norm: dict, agg: dict):
     """A term of `actor.loss_terms` (`rllava.algorithms.registry.register_loss_term`) on the RL term's tokens."""
     per_token, metrics = fn(inp)
     loss = aggregate(per_token, inp.mask, **_agg(agg, norm))

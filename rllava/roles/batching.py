@@ -19,14 +19,11 @@ def chunks(n: int, size: int) -> list[list[int]]:
 
 
 def token_budget_groups(lengths: list[int], max_tokens: int, *, packed: bool) -> list[list[int]]:
-    """Indices of `lengths` grouped so that each group's token count stays within `max_tokens`.
-
-    A group's count is what its forward computes over: the sum of its lengths when `packed` (padding-free),
-    else rows x its longest row (`Batch.select` pads to that). Rows are taken longest first and added to
-    the current group until the next one would overflow it: sorting puts rows of similar length together,
-    which wastes less padding and, packed or not, leaves fewer partly empty groups than row order. A row
-    longer than the budget alone gets a group of its own. Each group lists its indices in ascending order.
-    """
+    """Indices of `lengths` grouped so that each group's token count, what its forward computes over, stays within
+    `max_tokens`: the sum of its lengths when `packed` (padding-free), else rows x its longest row (`Batch.select`
+    pads to that). Rows are taken longest first, added to the current group until the next would overflow it: rows
+    of similar length together waste less padding and leave fewer partly empty groups. A row over the budget gets a
+    group of its own. Each group lists its indices in ascending order."""
     groups: list[list[int]] = []
     group: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):  # stable: equal lengths keep row order
@@ -41,13 +38,10 @@ def token_budget_groups(lengths: list[int], max_tokens: int, *, packed: bool) ->
 
 @dataclass(frozen=True)
 class MicroBatching:
-    """How a batch's rows are split into micro-batches (one forward each, and in an update one backward).
-
-    Fixed: `size` rows each, in row order. Dynamic (`max_tokens` set; RLLaVA's `dynamic_batching`): as many
-    rows as fit the token budget (`token_budget_groups`), so short responses make few large micro-batches
-    and long ones many small ones; `size` is then not read. `padding_free` micro-batches run packed
-    (`rllava.model.forward.packed_inputs`), which also changes what a micro-batch's tokens count.
-    """
+    """How a batch's rows are split into micro-batches (one forward each, and in an update one backward): `size`
+    rows each, in row order, or with `max_tokens` (RLLaVA's `dynamic_batching`) as many rows as fit that token
+    budget (`token_budget_groups`). `padding_free` micro-batches run packed (`rllava.model.forward.packed_inputs`),
+    which also changes what a micro-batch's tokens count."""
 
     size: int
     max_tokens: int | None = None
@@ -71,9 +65,8 @@ class MicroBatching:
 
 
 def equal_count(groups: list[list[int]], n: int) -> list[list[int]]:
-    """`groups` split until there are `n` (the largest count over ranks): under FSDP every rank must run the
-    same number of forwards, each one a collective. The biggest group is halved first; past this rank's row count
-    the groups come out empty (a teacher's route may hold fewer rows here than on another rank)."""
+    """`groups` split, the biggest first, until there are `n` (the largest count over ranks: under FSDP each forward
+    is a collective); past this rank's rows they come out empty (a teacher's route may hold fewer rows here)."""
     groups = [list(g) for g in groups]
     while len(groups) < n:
         big = max(range(len(groups)), key=lambda i: len(groups[i]))
@@ -106,15 +99,14 @@ def compute_logprobs(model, batch: Batch, batching: MicroBatching, temperature: 
 def mini_batches(batch: Batch, epochs: int, size: int, rl_mask: torch.Tensor | None = None,
                  sft_mask: torch.Tensor | None = None):
     """(row indices, aggregation normalisers) of each mini-batch of each epoch: one optimizer step each. The
-    normalisers are the mini-batch's token / sequence counts, so its micro-batches sum to the unsplit loss.
+    normalisers are the mini-batch's token / sequence counts, so its micro-batches sum to the unsplit loss. With N
+    ranks (`size` and `batch` are then this rank's share; gradients are averaged over ranks) each divides by 1/N
+    of the *global* counts: the ranks' mean loss is the global mini-batch's, however its tokens are spread.
 
-    With N ranks (`size` and `batch` are then this rank's share) the gradients are averaged over ranks, so
-    each rank divides by 1/N of the *global* counts: the average of the ranks' losses is then the loss of
-    the global mini-batch, however its tokens are spread over the ranks.
-
-    Hybrids: the counts are `rl_mask`'s (the tokens of the RL term) instead of loss_mask's; `sft_mask` [B, T] adds its counts as `sft_tokens` / `sft_seqs` (the SFT term is normalised over its
-    own tokens), and `batch.sft_only` rows (demonstrations added beside the groups) are spread evenly over the
-    mini-batches that `size` makes of the other rows, so every optimizer step mixes both."""
+    Hybrids: the counts are `rl_mask`'s (the RL term's tokens) instead of loss_mask's; `sft_mask` adds its counts
+    as `sft_tokens` / `sft_seqs`, and `batch.sft_only` rows (demonstrations beside the groups) are spread evenly
+    over the mini-batches of the other rows, so every optimizer step mixes both."""
+    rl_mask = batch.loss_mask if rl_mask is None else rl_mask
     rows = list(range(len(batch)))
     extra = [] if batch.sft_only is None else [i for i in rows if batch.sft_only[i]]
     rows = [i for i in rows if i not in set(extra)]
@@ -123,17 +115,14 @@ def mini_batches(batch: Batch, epochs: int, size: int, rl_mask: torch.Tensor | N
         minis[k] = sorted(minis[k] + [extra[j] for j in share])
     for _ in range(epochs):
         for mini in minis:
-            masks = [(batch.loss_mask if rl_mask is None else rl_mask)[mini]] + ([] if sft_mask is None else [sft_mask[mini]])
+            masks = [rl_mask[mini]] + ([] if sft_mask is None else [sft_mask[mini]])
             counts = D.all_sum([float(c) for m in masks for c in (m.sum(), (m.sum(-1) > 0).sum())])
             norm = [torch.tensor(max(c, 1.0) / D.world_size()) for c in counts]
-            out = {"num_tokens": norm[0], "num_seqs": norm[1]}
-            if sft_mask is not None:
-                out.update(sft_tokens=norm[2], sft_seqs=norm[3])
-            yield mini, out
+            yield mini, dict(zip(("num_tokens", "num_seqs", "sft_tokens", "sft_seqs"), norm))
 
 
 class MeanMetrics:
-    """Averages named scalars over the micro-/mini-batches of one update. Tensor values stay on the device until
+    """Averages named scalars over the micro-/mini-batches of one update. Tensors stay on the device until
     `means()`: reading one (`.item()`) would make the host wait for the device after every micro-batch."""
 
     def __init__(self):

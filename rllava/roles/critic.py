@@ -1,8 +1,6 @@
-"""The Critic role (PPO with `algorithm.adv_estimator=gae`): values for GAE, and its own update.
-
-Stage 3 reads `batch.values = critic.compute_values(batch)`; stage 4 also runs `critic.update(batch)`, which
-regresses V onto the GAE returns (advantages before whitening + old values) with PPO's clipped value loss.
-For `trainer.critic_warmup` steps only the critic learns, so the actor starts from a useful baseline.
+"""The Critic role (PPO with `algorithm.adv_estimator=gae`): values for GAE (stage 3, `compute_values`), and its own
+update (stage 4), regressing V onto the GAE returns (advantages before whitening + old values) with PPO's clipped
+value loss. For `trainer.critic_warmup` steps only the critic learns, so the actor starts from a useful baseline.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The Reference: the policy that the KL terms anchor to (the loss's `algorithm.use_kl_loss`, the reward's
-`algorithm.use_kl_in_reward`). Frozen, except that `algorithm.ref_reset_freq = k` copies the policy into it
-after the update of every k-th step (RLLaVA paper, Algorithm 1 line 3, "pi_ref <- pi_theta"), so the KL then
-holds the policy near where it was k steps ago rather than near where training began.
-
-Under LoRA it is the policy itself with its adapters switched off (`lora_base`): the base weights never train,
-so no copy is needed (and none can be reset).
+"""The Reference: the policy the KL terms anchor to (`algorithm.use_kl_loss`, `algorithm.use_kl_in_reward`). Frozen,
+except that `algorithm.ref_reset_freq = k` copies the policy into it after every k-th step's update (RLLaVA paper,
+Algorithm 1 line 3, "pi_ref <- pi_theta"): the KL then holds the policy near where it was k steps ago, not at the
+start. Under LoRA it is the policy with its adapters off (`lora_base`): the base never trains, so no copy (or reset).
 """
 
 from __future__ import annotations
@@ -58,8 +55,8 @@ class Reference:
 
     @torch.no_grad()
     def hidden(self, micro: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(last hidden states [N, H] at the micro-batch's trained positions, LM head weight [V, H]): what the
-        full-vocabulary KL needs of the reference (`rllava.model.forward.full_kl_from_hidden`)."""
+        """(last hidden states [N, H] at the trained positions, LM head weight [V, H]): the reference's part of the
+        exact KL (`rllava.model.forward.full_kl_from_hidden`)."""
         was_training = self.model.training
         self.model.eval()
         try:
@@ -75,17 +72,15 @@ class Reference:
         return h, head.weight
 
     def full_kl(self, batch: Batch, policy: torch.nn.Module) -> torch.Tensor:
-        """KL(pi || pi_ref) over the vocabulary [B, T] at every trained position, without grad
-        (`algorithm.kl_penalty=full`): per micro-batch the reference's hidden states, then the policy's forward."""
+        """KL(pi || pi_ref) over the vocabulary [B, T] at every trained position, no grad (`algorithm.kl_penalty=full`):
+        per micro-batch the reference's hidden states, then the policy's forward."""
         return forward_in_chunks(policy, batch, self.batching, lambda micro: token_logprobs(
             policy, micro, temperature=self.temperature, chunk_size=self.chunk_size, ref_hidden=[self.hidden(micro)],
             **self.batching.layout)[2])
 
-    # -- resets (algorithm.ref_reset_freq) ---------------------------------------------------------------------
     def after_update(self, policy: torch.nn.Module, step: int) -> dict[str, float]:
-        """After step `step`'s update: with reset_freq = k, the policy becomes the reference when k divides the
-        step, so steps k j + 1 .. k (j + 1) use the policy as of step k j. Returns `ref/last_reset_step` (0: the
-        starting weights)."""
+        """After step `step`'s update: with reset_freq = k, the policy becomes the reference when k divides the step
+        (steps k j + 1 .. k (j + 1) use the policy of step k j). Returns `ref/last_reset_step` (0: the start)."""
         if not self.reset_freq:
             return {}
         if step % self.reset_freq == 0:
@@ -103,8 +98,8 @@ class Reference:
                 q.copy_(p)
 
     def state_dict(self) -> dict:
-        """A checkpoint's copy of the weights, which resets move (`rllava.train.checkpoint` saves it as the
-        engine `ref`): torch's model state dict (sharded under FSDP2), full tensors under ZeRO-3."""
+        """The weights resets move, for a checkpoint (engine `ref`): torch's model state dict (sharded under FSDP2),
+        full tensors under ZeRO-3."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         params = list(self.model.parameters())

@@ -1,7 +1,6 @@
-"""The Rollout role for single-turn tasks: prompts -> K trajectories each, through any rollout engine.
-
-The driver owns the conversation (chat template, images) and the engine only continues token sequences, so a
-multi-turn agent driver replaces this file's `generate` and keeps the engine.
+"""The Rollout role for single-turn tasks: prompts -> K trajectories each, through any rollout engine. The driver
+owns the conversation (chat template, images), the engine only continues token sequences, so a multi-turn agent
+driver replaces this file's `generate` and keeps the engine.
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ def continuation_request(processor, t: Trajectory) -> GenerationRequest:
 
 
 def logprob_gap_metrics(batch: Batch) -> dict[str, float]:
-    """|rollout_logprobs - old_logprobs| over trained tokens: how far the engine that sampled is from the trainer
-    scoring the same tokens (kernels, dtype, a stale weight sync). It is what `algorithm.rollout_is` corrects for.
-    Empty when either side is missing."""
+    """|rollout_logprobs - old_logprobs| over sampled tokens: how far the sampling engine is from the trainer on the
+    same tokens (kernels, dtype, a stale weight sync; what `algorithm.rollout_is` corrects). Empty if one is missing."""
     if batch.rollout_logprobs is None or batch.old_logprobs is None:
         return {}
     mask = batch.loss_mask.bool()
@@ -49,9 +47,8 @@ def logprob_gap_metrics(batch: Batch) -> dict[str, float]:
 
 
 def model_image_sizes(processor, sample: Sample, mm: dict) -> list[tuple[int, int]]:
-    """(width, height) of each image as the vision tower saw it. Qwen-VL processors resize to multiples of
-    patch x merge within their pixel bounds (`smart_resize`) and report the patch grid, so the size is
-    image_grid_thw's (h, w) x patch_size; for other processors, the image as given to the processor."""
+    """(width, height) of each image as the vision tower saw it: Qwen-VL processors resize (`smart_resize`) and
+    report the patch grid, so image_grid_thw's (h, w) x patch_size; for other processors, the image as given."""
     grid, patch = mm.get("image_grid_thw"), getattr(getattr(processor, "image_processor", None), "patch_size", None)
     if grid is None or not isinstance(patch, int):
         return [img.size for img in sample.images]
@@ -86,12 +83,10 @@ class Rollout:
 
     def generate(self, samples: list[Sample], sampling: SamplingParams,
                  prefixes: list[list[list[int] | None]] | None = None) -> list[Trajectory]:
-        """`sampling.n` trajectories per sample; the k samples of prompt i get group id i.
-
-        `prefixes[i][k]` (SFT+RL hybrids): expert tokens the k-th response to prompt i starts with, an off-policy
-        segment the policy continues within the rest of the response budget (one ending in EOS is the whole
-        response: nothing is sampled), or None for a response sampled from the prompt alone. Equal prefixes of
-        one prompt are sampled as one request."""
+        """`sampling.n` trajectories per sample; the k samples of prompt i get group id i. `prefixes[i][k]` (SFT+RL
+        hybrids): expert tokens the k-th response to prompt i starts with, an off-policy segment the policy continues
+        within the rest of the budget (one ending in EOS is the whole response), or None: sampled from the prompt
+        alone. Equal prefixes of one prompt are sampled as one request."""
         encoded = [encode_prompt(self.processor, s) for s in samples]
         prefixes = prefixes or [[None] * sampling.n for _ in samples]
         # one request per (prompt, distinct prefix still to continue); requests of equal (n, budget) go together
@@ -178,27 +173,23 @@ class Rollout:
 
 
 class PartialRollouts:
-    """rollout.partial_rollout: responses are written in rounds, `size` prompt groups being written at a time: a
-    round is at most `chunk` tokens of each response (rollout.partial_rollout_tokens), or one turn of each agent
-    episode (episodes pause between turns). A step runs rounds until `size` groups are complete (every response
-    ended: EOS or data.max_response_length; an episode: its answer, max_turns or its budget) and trains on the
-    oldest `size` of them; the groups still being written are paused and continued in the next step, under the
-    weights of then, so a long response no longer holds back a whole step (slime's and AReaL's partial
-    rollouts). Each round's tokens carry the version that wrote them (`Segment.version`), so the staleness metrics
-    and the rollout correction see mixed-version responses as they are.
+    """rollout.partial_rollout (slime's and AReaL's partial rollouts): `size` prompt groups are written at a time,
+    in rounds of at most `chunk` tokens of each response (rollout.partial_rollout_tokens) or one turn of each agent
+    episode. A step runs rounds until `size` groups are complete (every response ended: EOS or
+    data.max_response_length; an episode: its answer, max_turns or its budget) and trains on the oldest `size`;
+    the others pause and go on in the next step under its weights, so a long response no longer holds back a step.
+    Each round's tokens carry the version that wrote them (`Segment.version`), for the staleness metrics and the
+    rollout correction. The driver (`Rollout`, `AgentRollout`) supplies the `partial_*` methods over its unit of work
+    (a Trajectory, an Episode). The pool (groups, and prompts drawn but not started) is checkpointed as data: per
+    response its dataset row, tokens, log-probs and versions (an episode: its observations and tool state too).
 
-    trainer.max_staleness (k) bounds it, as AReaL's StalenessManager does (areal/infra/staleness_manager.py
-    L79-113, `get_capacity`): no trained token lags more than k updates behind the policy that trains on it. A
-    group whose oldest token is older is dropped and counted (`dropped`: async/dropped_stale), and a group starts
-    only while the pool (trained oldest first) holds fewer groups than the steps within its bound train, so none
-    starts that would be trained too late unless a younger one overtakes it (k=0: nothing pauses). Dropped, not
-    written again: a group goes over because its responses are long, so written again it is the likeliest to go
-    over again, and again; dropped, a prompt costs one try at most. Resume stays exact: the rule reads only the
-    checkpointed pool and the step.
-
-    The driver (`Rollout`, `AgentRollout`) supplies the `partial_*` methods over its unit of work (a Trajectory,
-    an Episode). The pool (the groups, and prompts drawn but not started) is checkpointed as data: per response
-    its dataset row, tokens, log-probs and versions (an episode: its observations and tool state too)."""
+    trainer.max_staleness (k) bounds it as AReaL's StalenessManager (areal/infra/staleness_manager.py L79-113,
+    `get_capacity`): no trained token lags more than k updates behind the policy training on it. A group whose
+    oldest token is older is dropped and counted (`dropped`: async/dropped_stale), and a group starts only while the
+    pool (trained oldest first) holds fewer groups than the steps within its bound train, so none starts that would
+    train too late unless a younger one overtakes it (k=0: nothing pauses). Dropped, not rewritten: a group goes
+    over because its responses are long, so rewritten it would likely go over again. Resume stays exact: the rule
+    reads only the checkpointed pool and the step."""
 
     def __init__(self, rollout: Rollout, dataset, chunk: int, max_new_tokens: int, max_staleness: float = math.inf):
         self.rollout, self.dataset, self.chunk, self.max_new_tokens = rollout, dataset, chunk, max_new_tokens
@@ -208,9 +199,8 @@ class PartialRollouts:
 
     def next_batch(self, draw: Callable[[], list[Sample]], sampling: SamplingParams, size: int,
                    version: int, policy: int | None = None) -> list[Trajectory]:
-        """`size` complete groups (group ids 0..size-1), written by rounds under this step's weights (`version`)
-        and, for groups paused in earlier steps, under theirs, for the policy after update `policy` to train on
-        (the step's - 1; default `version`: a synchronous run)."""
+        """`size` complete groups (ids 0..size-1), written in rounds under this step's weights (`version`) or, if paused
+        earlier, theirs, for the policy after update `policy` to train on (the step's - 1; default `version`: sync)."""
         r, budget, policy = self.rollout, (self.chunk, self.max_new_tokens), version if policy is None else policy
         complete = lambda g: all(r.partial_done(u, self.max_new_tokens) for u in g)  # noqa: E731
         stale = [min((s.version for u in g for s in r.partial_segments(u) if s.version is not None), default=version)

@@ -1,12 +1,9 @@
 """The Teacher of on-policy distillation (`algorithm.distill`, `rllava.algorithms.distill`): frozen models that score
-the student's own samples, one per route.
-
-Each teacher is served by the Reference role's machinery (`rllava.roles.reference.Reference`: the same micro-batching,
-log-prob pass and hidden states for the exact KL, FSDP2-sharded like the policy under torchrun) or, for the sampled
-losses, by a vLLM / SGLang engine that returns its log-probs of the sampled tokens (`EngineTeacher`). With
-`algorithm.distill.teachers` each row goes to the teacher its record's `route_field` names (verl's mixed text / VL
-teachers); rows whose value has no entry go to `teacher_path`. Only the trained tokens (the model's turns, never an
-agent's observations: loss_mask) are scored.
+the student's own samples, one per route. Each is a `rllava.roles.reference.Reference` (its micro-batching, log-prob
+pass and hidden states for the exact KL, FSDP2-sharded like the policy under torchrun) or, for the sampled losses, a
+vLLM / SGLang engine's log-probs of the sampled tokens (`EngineTeacher`). With `algorithm.distill.teachers` each row
+goes to the teacher its record's `route_field` names (verl's mixed text / VL teachers), else to `teacher_path`. Only
+the trained tokens (loss_mask: the model's turns, never an agent's observations) are scored.
 """
 
 from __future__ import annotations
@@ -27,8 +24,8 @@ DEFAULT = ""  # the route of algorithm.distill.teacher_path
 
 @dataclass
 class EngineTeacher:
-    """A vLLM / SGLang engine holding a teacher (`algorithm.distill.engine`): log q(x_t | x_<t) of each sampled token
-    through the engine's prompt log-probs (`score`), at temperature 1 (a start-up check holds the rollout there)."""
+    """A vLLM / SGLang teacher (`algorithm.distill.engine`): log q(x_t | x_<t) of each sampled token from the
+    engine's prompt log-probs (`score`), at temperature 1 (a start-up check holds the rollout there)."""
 
     engine: object
     processor: object
@@ -73,10 +70,6 @@ class Teachers:
             out.setdefault(key, []).append(i)
         return dict(sorted(out.items()))
 
-    def split(self, batch: Batch, rows: list[int]) -> list[list[int]]:
-        """`rows` grouped by teacher (the exact KL runs one teacher's forward per micro-batch)."""
-        return list(self.route(batch, rows).values())
-
     @contextmanager
     def resident(self):
         """The teachers' weights on the device inside the block (with algorithm.distill.offload: in host memory
@@ -93,11 +86,8 @@ class Teachers:
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """log q(x_t | x_<t) [B, T] at every trained position, each row from its own teacher. A teacher's pass is
-        collective (its micro-batch count's all_max, then each forward of a teacher sharded by FSDP2 / ZeRO-3, or a
-        tensor-parallel engine's gather), so every rank runs every route that any rank's rows hit, in one order: a
-        rank without rows for it scores `_stand_in()` and drops the result (ranks that went their own way would
-        hang, or on gloo crash). A rank with fewer rows than another has micro-batches repeats one
-        (`forward_in_chunks`)."""
+        collective (ranks that went their own way would hang, or on gloo crash), so every rank runs every route any
+        rank's rows hit, in one order, a rank without rows scoring `_stand_in()` (see `rllava.algorithms.distill`)."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         routes, keys = self.route(batch), sorted(self.by_route)
         hit = D.all_sum([len(routes.get(k, [])) for k in keys])  # routes no rank hit: no pass at all
@@ -109,11 +99,10 @@ class Teachers:
         return out
 
     def hidden(self, micro: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The micro-batch's teacher's (hidden states at its trained positions, LM head weight), as
-        Reference.hidden."""
+        """The micro-batch's teacher's (hidden states at its trained positions, LM head weight), as Reference.hidden."""
         routes = list(self.route(micro))
         if len(routes) != 1:
-            raise RllavaError(f"a micro-batch spans teachers {routes}: Teachers.split groups the rows first")
+            raise RllavaError(f"a micro-batch spans teachers {routes}: Teachers.route splits the rows first")
         teacher = self.by_route[routes[0]]
         if not isinstance(teacher, Reference):
             raise RllavaError("algorithm.distill.loss=full needs the teacher in the trainer "
@@ -134,8 +123,7 @@ def _sharded(model: torch.nn.Module) -> bool:
 
 
 def tokenizer_mismatch(student, teacher, student_path: str, teacher_path: str, key: str) -> str | None:
-    """Why `teacher`'s tokenizer cannot score the student's token ids, or None: both must map every token to the
-    same id (special tokens included)."""
+    """Why `teacher`'s tokenizer cannot score the student's ids (each token needs the same id in both), or None."""
     a, b = student.get_vocab(), teacher.get_vocab()
     if a == b:
         return None
