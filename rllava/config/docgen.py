@@ -22,12 +22,8 @@ def _comments(cls) -> dict[str, str]:
 
 
 def _default(f):
-    if f.default is not MISSING:
-        return f.default
-    if f.default_factory is not MISSING:
-        value = f.default_factory()
-        return "{...}" if is_dataclass(value) else value
-    return None
+    value = f.default_factory() if f.default is MISSING else f.default  # every field has a default
+    return "{...}" if is_dataclass(value) else value
 
 
 def _rows(cls, prefix: str):

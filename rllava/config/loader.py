@@ -2,11 +2,10 @@
 
     load_config(["config=examples/config.yaml", "actor.optim.lr=1e-3", "trainer.logger=[console,jsonl]"])
 
-`--config FILE` and `--config=FILE` are accepted too (RLLaVA's scripts pass them). `as_config` takes the
-Python API's forms (a dict, a YAML path, a PPOConfig) through the same checks. Each source is flattened
-to dotted keys, aliases are rewritten to their canonical keys, unknown keys are rejected with the closest
-valid key, and a type error names its key and its source. `OmegaConf.to_object` then builds the dataclasses,
-and `PPOConfig.__post_init__` validates the merged result.
+`--config FILE` and `--config=FILE` work too (RLLaVA's scripts pass them); `as_config` takes the Python API's forms
+(a dict, a YAML path, a PPOConfig) through the same checks. Each source is flattened to dotted keys, aliases are
+rewritten to their canonical keys, unknown keys are rejected with the closest valid key, and a type error names its
+key and source; `OmegaConf.to_object` then builds the dataclasses and `PPOConfig.__post_init__` validates them.
 """
 
 from __future__ import annotations
@@ -17,9 +16,7 @@ import difflib
 import functools
 import os
 import sys
-import types
 import typing
-from dataclasses import fields, is_dataclass
 from collections.abc import Mapping
 from typing import Any, Optional, Sequence
 
@@ -27,14 +24,13 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rllava.config.schema import DERIVED_KEYS, USER_KEYS, ConfigError, PPOConfig, run_dir
+from rllava.config.schema import (DERIVED_KEYS, LEAVES, SECTIONS, USER_KEYS, ConfigError, PPOConfig, _is_optional,
+                                  _strip_optional, run_dir)
 
 # Other names for canonical keys (from RLLaVA scripts and common habits). Rewritten before merging.
 ALIASES = {
-    "rollout.engine": "rollout.name",
-    "rollout.max_new_tokens": "data.max_response_length",
-    "algorithm.policy_loss_fn": "actor.policy_loss.loss_mode",
-    "trainer.total_steps": "trainer.max_steps",
+    "rollout.engine": "rollout.name", "rollout.max_new_tokens": "data.max_response_length",
+    "algorithm.policy_loss_fn": "actor.policy_loss.loss_mode", "trainer.total_steps": "trainer.max_steps",
     "trainer.total_training_steps": "trainer.max_steps",
 }
 
@@ -43,37 +39,6 @@ COMMAND_LINE = "on the command line"
 # meanings differ in details (TRL's beta is the KL loss coefficient, which also needs algorithm.use_kl_loss=true)
 OTHER_NAMES = {"learning_rate": "actor.optim.lr", "num_generations": "rollout.n", "beta": "actor.kl_loss_coef",
                "max_completion_length": "data.max_response_length", "num_train_epochs": "trainer.total_epochs"}
-
-
-def _is_optional(tp: Any) -> bool:
-    return type(None) in typing.get_args(tp)
-
-
-def _strip_optional(tp: Any) -> Any:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return args[0] if len(args) == 1 else tp
-    return tp
-
-
-def _schema(cls: type, prefix: str = "") -> tuple[dict[str, Any], dict[str, bool]]:
-    """(leaf key -> type hint, section key -> optional) for every dataclass field, recursively."""
-    leaves: dict[str, Any] = {}
-    sections: dict[str, bool] = {}
-    hints = typing.get_type_hints(cls)
-    for f in fields(cls):
-        key, tp = prefix + f.name, hints[f.name]
-        if is_dataclass(_strip_optional(tp)):
-            sections[key] = _is_optional(tp)
-            sub_leaves, sub_sections = _schema(_strip_optional(tp), key + ".")
-            leaves.update(sub_leaves)
-            sections.update(sub_sections)
-        else:
-            leaves[key] = tp
-    return leaves, sections
-
-
-LEAVES, SECTIONS = _schema(PPOConfig)
 
 
 def _type_name(tp: Any) -> str:
@@ -233,11 +198,8 @@ def _split_args(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
 
 
 def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
-    """Build a validated PPOConfig from argv-style args (default: sys.argv[1:]).
-
-    Raises ConfigError naming the key, value and source of every problem; warns about keys ignored by
-    the chosen actor.strategy.
-    """
+    """A validated PPOConfig from argv-style args (default: sys.argv[1:]). Raises ConfigError naming the key, value
+    and source of every problem; warns about keys the chosen actor.strategy ignores."""
     config_path, dotlist = _split_args(sys.argv[1:] if args is None else args)
     cfg, said = copy.deepcopy(_defaults()), set()
     if config_path is not None:
@@ -245,7 +207,7 @@ def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
         _merge(cfg, from_file, f"in {config_path}")
         if not _shipped(config_path):  # a base file of this repository's examples is not the user's choice
             said |= set(from_file)
-    from_cli = _none_strings(_empty_strings(_overrides(_command_line(dotlist), COMMAND_LINE)))
+    from_cli = _none_strings(_overrides(_command_line(dotlist), COMMAND_LINE), command_line=True)
     _merge(cfg, from_cli, COMMAND_LINE)
     token = USER_KEYS.set(said | set(from_cli))  # warnings about ignored keys: only for these
     try:
@@ -285,10 +247,9 @@ def _validated(cfg: DictConfig) -> PPOConfig:
 
 
 def as_config(config: Any = None) -> PPOConfig:
-    """The config of the Python API (`rllava.api.RLVRPipeline`), loaded and checked as `load_config` checks
-    the command line's: None (the defaults), a YAML path, argv-style args (`["config=FILE", "key=value"]`), a
-    dict (nested sections and/or dotted keys, aliases accepted), or a PPOConfig (checked again: its fields may
-    have been changed since it was built)."""
+    """The Python API's config (`rllava.api.RLVRPipeline`), checked as `load_config` checks the command line's: None
+    (the defaults), a YAML path, argv-style args (`["config=FILE", "key=value"]`), a dict (nested sections and/or
+    dotted keys, aliases accepted), or a PPOConfig (checked again: its fields may have changed since it was built)."""
     if config is None or isinstance(config, (list, tuple)):
         return load_config(list(config or []))
     if isinstance(config, (str, os.PathLike)):
@@ -309,20 +270,17 @@ def as_config(config: Any = None) -> PPOConfig:
     return _validated(cfg)
 
 
-def _empty_strings(overrides: dict[str, Any]) -> dict[str, Any]:
-    """A bare `key=` on the command line (the shell's way to write an empty value, as RLLaVA scripts do for
-    data.val_files) is the empty string for a string key; OmegaConf reads it as null."""
-    return {k: "" if v is None and LEAVES.get(k) is str else v for k, v in overrides.items()}
-
-
-def _none_strings(overrides: dict[str, Any]) -> dict[str, Any]:
+def _none_strings(overrides: dict[str, Any], command_line: bool = False) -> dict[str, Any]:
     """`rollout.seed=none` (or null/None), as RLLaVA accepts, is null for a key that takes a number or null; a
-    string key keeps the text."""
-    def is_none(k: str, v: Any) -> bool:
+    string key keeps the text. On the command line a bare `key=` (the shell's empty value, as RLLaVA scripts give
+    data.val_files), which OmegaConf reads as null, is the empty string for a string key."""
+    def value(k: str, v: Any) -> Any:
         tp = LEAVES.get(k)
-        return (isinstance(v, str) and v.lower() in ("none", "null") and tp is not None and _is_optional(tp)
-                and _strip_optional(tp) is not str)
-    return {k: None if is_none(k, v) else v for k, v in overrides.items()}
+        if command_line and v is None and tp is str:
+            return ""
+        none = isinstance(v, str) and v.lower() in ("none", "null") and tp is not None and _is_optional(tp)
+        return None if none and _strip_optional(tp) is not str else v
+    return {k: value(k, v) for k, v in overrides.items()}
 
 
 def _filled(get) -> dict[str, Any]:

@@ -1,24 +1,22 @@
-"""The config schema: these dataclasses hold every key and its only default.
+"""The config schema: these dataclasses hold every key (all ~220 of RLLaVA's, one commented line each) and its
+only default; YAML files and dotted command-line arguments only override them (see `loader.py`). Key names and
+defaults follow RLLaVA's `PPOConfig`; where rllava's default differs, the field comment says so and why.
 
-YAML files and dotted command-line arguments only override them (see `loader.py`). Key names and defaults
-follow RLLaVA's `PPOConfig`; where rllava's default differs, the field comment says so and why.
-
-Validation: each section checks its own fields in `check(prefix)`, which returns problem lines.
-`PPOConfig.__post_init__` runs every section's check plus the cross-section rules, so any `PPOConfig` that
-exists is valid, every error names its full dotted key, and all problems are reported at once.
-Sections are not validated when built alone; call `section.check("rollout")` for that.
-
-The file is long because it mirrors all ~220 of RLLaVA's keys, one commented line each.
+Validation: each section's `check(prefix)` returns its fields' problem lines (a section built alone is not
+validated: call `section.check("rollout")`). `PPOConfig.__post_init__` runs every section's check plus the
+cross-section rules, so any `PPOConfig` that exists is valid, every error names its full dotted key, and all
+problems are reported at once.
 """
 
 from __future__ import annotations
 
 import contextvars
-
 import difflib
 import math
 import os
 import re
+import types
+import typing
 import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Optional
@@ -49,11 +47,10 @@ DEVICES = ["auto", "cpu", "cuda"]
 
 def resolve_strategy(strategy: str, world: Optional[int] = None, fsdp: Any = None, device: Any = None) -> str:
     """The train engine `actor.strategy` (or `critic.strategy`) means in this process. `auto`: `fsdp2` under
-    torchrun with WORLD_SIZE > 1, and on one process too when the role's `fsdp` section keeps the weights on the
-    host (RLLaVA's enable_cpu_offload / offload_params) and `device` is CUDA: FSDP2's CPUOffloadPolicy, as in
-    RLLaVA (whose default is FSDP everywhere), is what trains a 4B model on one 24 GB GPU. Otherwise `single`: a
-    CPU has no device memory to save, and one plain process then needs no process group. `device`: the run's
-    (a torch.device, or trainer.device's cpu | cuda | auto); None or auto: CUDA when available."""
+    torchrun (WORLD_SIZE > 1), and on one process when the role's `fsdp` keeps the weights on the host (RLLaVA's
+    enable_cpu_offload / offload_params) and `device` (a torch.device or cpu | cuda | auto; None/auto: CUDA when
+    available) is CUDA: FSDP2's CPUOffloadPolicy, as in RLLaVA (FSDP everywhere), trains a 4B model on one 24 GB
+    GPU. Otherwise `single`: a CPU has no device memory to save, and one plain process needs no process group."""
     if strategy != "auto":
         return strategy
     world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
@@ -70,7 +67,6 @@ def run_dir(outputs_dir: Optional[str], project_name: str, experiment_name: str)
 
 def _on_cuda(device: Any) -> bool:
     import torch  # here: the config module itself loads without torch
-
     return torch.cuda.is_available() if device in (None, "auto") else torch.device(device).type == "cuda"
 
 
@@ -102,13 +98,6 @@ def _show(value: Any) -> str:
     if value is None or isinstance(value, bool):
         return {True: "true", False: "false", None: "null"}[value]
     return str(value)
-
-
-def _available(problems: list[str], key: str, value: str, available: list[str], planned: list[str]) -> None:
-    if value in planned:
-        problems.append(f"{key}={value} is not available yet in rllava (supported: {', '.join(available)})")
-    elif value not in available:
-        _choice(problems, key, value, available + planned)
 
 
 def _positive(problems: list[str], key: str, value: Any, *sentinels: Any) -> None:
@@ -171,8 +160,7 @@ class DataConfig:
 
     def check(self, prefix: str = "data") -> list[str]:
         p: list[str] = []
-        for name in ("max_prompt_length", "max_response_length", "train_batch_size", "video_fps",
-                     "video_max_frames"):
+        for name in ("max_prompt_length", "max_response_length", "train_batch_size", "video_fps", "video_max_frames"):
             _positive(p, f"{prefix}.{name}", getattr(self, name))
         _positive(p, f"{prefix}.val_batch_size", self.val_batch_size, -1)
         _positive(p, f"{prefix}.max_samples", self.max_samples, -1)
@@ -244,9 +232,7 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"  # KL estimator in the reward: kl|k1|abs|mse|k2|low_var_kl|k3|full (exact, over the vocabulary)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     use_kl_in_reward: bool = False  # subtract a KL penalty from the token rewards
-    # RLLaVA paper, Algorithm 1 line 3 (pi_ref <- pi_theta): steps k j + 1 .. k (j + 1) use the policy of step k j as
-    # the reference; checkpoints keep its weights. Not with LoRA (the reference is the adapter-free base).
-    ref_reset_freq: int = 0  # rllava: every k steps (after the update) the policy becomes the reference; 0 = never
+    ref_reset_freq: int = 0  # rllava: every k steps (after the update) the policy becomes the reference; 0 = never. RLLaVA paper, Algorithm 1 line 3 (pi_ref <- pi_theta): steps k j + 1 .. k (j + 1) use the policy of step k j as the reference; checkpoints keep its weights. Not with LoRA (the reference is the adapter-free base)
     online_filtering: bool = False  # DAPO: drop groups whose mean filter_key score is outside the band
     filter_key: str = "overall"  # reward score used for online filtering
     filter_low: float = 0.01  # keep groups with mean score > filter_low
@@ -274,17 +260,10 @@ class AlgorithmConfig:
     use_token_level_loss_in_sft: bool = True  # hybrids' SFT term: mean over tokens (else per sequence, then over them)
     clip_range: float = 0.2  # RLLaVA's CHORD name of the PPO clip: read from actor.clip_ratio
     plugins: list[str] = field(default_factory=list)  # rllava: user .py files that register estimators/losses
-    # rllava: truncated importance sampling for the rollout-engine vs trainer log-prob mismatch, with any loss:
-    # none | token | sequence (actor.tis_imp_ratio_cap > 0, RLLaVA's key, means token with that cap)
-    rollout_is: str = "none"
+    rollout_is: str = "none"  # rllava: truncated importance sampling of the rollout-engine vs trainer log-prob mismatch, any loss: none | token | sequence (actor.tis_imp_ratio_cap > 0, RLLaVA's key, means token with that cap)
     rollout_is_cap: float = 2.0  # truncation of the importance weight
-    # rllava (verl's rollout correction, rllava.algorithms.correction): rejection sampling, tokens or sequences whose
-    # trainer/sampler divergence is out of bounds leave the loss. Comma-separated options, all must pass: token_k1..3,
-    # seq_sum_k1..3, seq_mean_k1..3 (seq_mean_k1 = geometric-mean ratio), seq_max_k2|k3 (one bad token vetoes its row)
-    rollout_rs: Optional[str] = None  # rllava (verl): rejection sampling, e.g. seq_mean_k1 or token_k1,seq_max_k3
-    # one for all options or one per option, comma-separated: k1 ratio bounds "lower_upper" (or "upper": lower =
-    # 1/upper), k2/k3 an upper bound; verl's presets: seq_sum_k1 0.5_2.0, seq_mean_k1 0.999_1.001, seq_mean_k3 0.01
-    rollout_rs_threshold: Optional[str] = None  # per option: k1 "lower_upper" ratio bounds, k2/k3 upper; no default
+    rollout_rs: Optional[str] = None  # rllava (verl's rollout correction, rllava.algorithms.correction): rejection sampling, tokens or sequences whose trainer/sampler divergence is out of bounds leave the loss; comma-separated options, all must pass: token_k1..3, seq_sum_k1..3, seq_mean_k1..3 (seq_mean_k1 = geometric-mean ratio), seq_max_k2|k3 (one bad token vetoes its row), e.g. seq_mean_k1 or token_k1,seq_max_k3
+    rollout_rs_threshold: Optional[str] = None  # one for all options or one per option, comma-separated: k1 ratio bounds "lower_upper" (or "upper": lower = 1/upper), k2/k3 an upper bound; no default (verl's presets: seq_sum_k1 0.5_2.0, seq_mean_k1 0.999_1.001, seq_mean_k3 0.01)
     distill: DistillConfig = field(default_factory=DistillConfig)  # rllava: on-policy distillation from a teacher
 
     def check(self, prefix: str = "algorithm") -> list[str]:
@@ -339,9 +318,7 @@ class ModelConfig:
     freeze_connector: bool = False  # rllava: do not train the vision-to-LLM connector (modular VLM; Qwen-VL: merger)
     freeze_llm: bool = False  # rllava: do not train the language model (decoder, embeddings, LM head)
     padding_free: bool = False  # rllava default (RLLaVA: True): run each micro-batch packed, without pad tokens
-    # rllava: the training forward runs each group's prompt once, its K responses attending to it (exact);
-    # None = on where the attention takes a custom mask (sdpa, eager), off under flash_attention_2
-    shared_prefix: Optional[bool] = None
+    shared_prefix: Optional[bool] = None  # rllava: the training forward runs each group's prompt once, its K responses attending to it (exact); None = on where the attention takes a custom mask (sdpa, eager), off under flash_attention_2
     dynamic_batching: bool = False  # rllava default (RLLaVA: True): micro-batches by *_max_token_len_per_gpu tokens
     ulysses_size: int = 1  # sequence-parallel degree
     use_peft: bool = False  # train LoRA adapters instead of all weights
@@ -402,7 +379,11 @@ class OptimConfig:
         _positive(p, f"{prefix}.lr", self.lr)
         if self.lr > 0 and not math.isfinite(self.lr):
             p.append(f"{prefix}.lr={self.lr} must be a finite number, e.g. 1e-6")
-        _available(p, f"{prefix}.strategy", self.strategy, OPTIMIZERS, OPTIMIZERS_PLANNED)
+        if self.strategy in OPTIMIZERS_PLANNED:
+            p.append(f"{prefix}.strategy={self.strategy} is not available yet in rllava (supported: "
+                     f"{', '.join(OPTIMIZERS)})")
+        else:
+            _choice(p, f"{prefix}.strategy", self.strategy, OPTIMIZERS + OPTIMIZERS_PLANNED)
         if self.lr_scheduler_type != "cosine" and (self.min_lr_ratio is not None or self.num_cycles != 0.5):
             which = "min_lr_ratio" if self.min_lr_ratio is not None else "num_cycles"
             p.append(f"{prefix}.{which}={_show(getattr(self, which))} is read only by {prefix}.lr_scheduler_type=cosine "
@@ -486,9 +467,7 @@ class PolicyLossConfig:
     cispo_clip_ratio_high: float = 0.28  # rllava, cispo: IS weight cap 1 + this
     tau_pos: float = 1.0  # sapo: gate temperature for tokens with a positive advantage (verl's name)
     tau_neg: float = 1.05  # sapo: gate temperature for tokens with a negative advantage (verl's name)
-    # decoupled_ppo (AReaL's name): tokens whose behaviour weight pi_prox / pi_behav exceeds it are filtered out;
-    # None = no filter (AReaL's default), else > 1
-    behav_imp_weight_cap: Optional[float] = None  # decoupled_ppo: drop tokens with pi_prox/pi_behav above (> 1)
+    behav_imp_weight_cap: Optional[float] = None  # decoupled_ppo (AReaL's name): tokens whose behaviour weight pi_prox / pi_behav exceeds it are filtered out; None = no filter (AReaL's default), else > 1
 
 
 @dataclass
@@ -506,19 +485,13 @@ class CheckpointConfig:
 
 @dataclass
 class ActorConfig:
-    # fsdp2 (or deepspeed) on one plain `python -m` process runs as a world of one (docs/engines.md).
-    strategy: str = "auto"  # auto (RLLaVA: fsdp2): fsdp2 under torchrun or with fsdp CPU offload on a GPU, else single | single | fsdp2 | deepspeed
+    strategy: str = "auto"  # auto (RLLaVA: fsdp2): fsdp2 under torchrun or with fsdp CPU offload on a GPU, else single | single | fsdp2 | deepspeed; fsdp2 (or deepspeed) on one plain `python -m` process runs as a world of one (docs/engines.md)
     ppo_mini_batch_size: int = 256  # prompts per optimizer step (x rollout.n responses)
     ppo_micro_batch_size: int = 4  # sequences per forward/backward (gradient accumulation unit)
     log_prob_micro_batch_size: int = 16  # sequences per forward when computing old log-probs
-    # Token budgets replace the two micro-batch sizes with model.dynamic_batching. A micro-batch's tokens are
-    # rows x its longest row, or with model.padding_free the sum of its rows' lengths; a row over the budget
-    # runs alone. The no-grad pass keeps no activations for a backward, so it can take more.
-    ppo_max_token_len_per_gpu: int = 16384  # verl: tokens per forward/backward when model.dynamic_batching
-    log_prob_max_token_len_per_gpu: int = 32768  # verl: tokens per old-log-prob forward when model.dynamic_batching
-    # Only one chunk's [tokens x vocab] logits is alive at a time (1024 x 152k vocab: 0.6 GB in fp32): with grad
-    # each chunk is recomputed in the backward (activation checkpointing of the LM head, log-softmax, entropy).
-    logprob_chunk_size: int = 512  # rllava: trained tokens per LM-head chunk; 0 or -1 = all at once (full logits)
+    ppo_max_token_len_per_gpu: int = 16384  # verl: tokens per forward/backward when model.dynamic_batching (instead of ppo_micro_batch_size): a micro-batch's tokens are rows x its longest row, or with model.padding_free the sum of its rows' lengths; a row over the budget runs alone
+    log_prob_max_token_len_per_gpu: int = 32768  # verl: tokens per old-log-prob forward when model.dynamic_batching (instead of log_prob_micro_batch_size); it can take more: the no-grad pass keeps no activations for a backward
+    logprob_chunk_size: int = 512  # rllava: trained tokens per LM-head chunk; 0 or -1 = all at once (full logits). Only one chunk's [tokens x vocab] logits is alive at a time (1024 x 152k vocab: 0.6 GB in fp32): with grad each chunk is recomputed in the backward (activation checkpointing of the LM head, log-softmax, entropy)
     max_grad_norm: float = 1.0  # clip the gradient norm to this
     skip_grad_norm: float = 80.0  # skip the optimizer step when the pre-clip grad norm exceeds this
     clip_ratio: float = 0.2  # PPO clip epsilon (symmetric): drives clip_ratio_low/high where they are left at 0.2
@@ -542,8 +515,7 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"  # KL estimator in the loss: kl|k1|abs|mse|k2|low_var_kl|k3|full (exact, over the vocabulary)
     # SFT+RL hybrid losses (loss_mode=luffy|srft|uft|hpt|chord; rllava.algorithms.hybrid, docs/algorithms.md)
     loss_remove_clip: bool = False  # hybrids: no PPO clip on the policy's own tokens
-    # rllava default null = the loss's own, p_div_p_0.1 (RLLaVA: no_reshape)
-    off_policy_reshape: Optional[str] = None  # LUFFY/SRFT expert-token shaping f(p): no_reshape|logp|p_logp|square_root|pow|p_div_p_<gamma>
+    off_policy_reshape: Optional[str] = None  # LUFFY/SRFT expert-token shaping f(p): no_reshape|logp|p_logp|square_root|pow|p_div_p_<gamma>; rllava default null = the loss's own, p_div_p_0.1 (RLLaVA: no_reshape)
     off_policy_reshape_weight: float = 0.1  # weight of the logp / p_logp shapings
     off_policy_reshape_pow_exp: float = 0.5  # exponent of the pow shaping
     off_policy_cliprange: float = 0.2  # declared by RLLaVA, read by none of its losses: not accepted
@@ -710,9 +682,7 @@ class AgentConfig:  # rllava section: multi-turn agent rollouts (rllava.agent), 
 
 @dataclass
 class RolloutConfig:
-    # rllava default "hf" (RLLaVA: vllm): HF generate on the training model; vllm/sglang hold their own copy.
-    # Alias: rollout.engine.
-    name: str = "hf"
+    name: str = "hf"  # rollout engine (alias: rollout.engine): rllava default hf (RLLaVA: vllm), HF generate on the training model; vllm/sglang hold their own copy
     n: int = 1  # responses sampled per prompt (group size)
     temperature: float = 1.0  # sampling temperature; 0 = greedy
     top_p: float = 1.0  # nucleus sampling mass, in (0, 1]
@@ -723,28 +693,21 @@ class RolloutConfig:
     ignore_eos: bool = False  # keep generating past EOS, to max_response_length (rollout.name=hf only)
     disable_tqdm: bool = False  # hide the generation progress bar (rllava shows none: true warns)
     micro_batch_size: int = 2  # prompts per generate call
-    # rllava key: the HF engine's decode path (rllava.engine.inference.hf.HFRolloutEngine, its docstring)
-    hf_decode: str = "eager"  # rollout.name=hf's KV cache: eager (the growing DynamicCache) | static (a preallocated StaticCache: fixed decode shapes, the same tokens and log-probs) | compiled (static, and generate compiles the decode step: CUDA graphs; CUDA and actor.strategy single only); models with sliding-window or linear-attention layers stay eager; eager by default until measured on a GPU (issue 46)
+    hf_decode: str = "eager"  # rllava: rollout.name=hf's KV cache (rllava.engine.inference.hf.HFRolloutEngine's docstring): eager (the growing DynamicCache) | static (a preallocated StaticCache: fixed decode shapes, the same tokens and log-probs) | compiled (static, and generate compiles the decode step: CUDA graphs; CUDA and actor.strategy single only); models with sliding-window or linear-attention layers stay eager; eager by default until measured on a GPU (issue 46)
     val_override_config: dict[str, Any] = field(default_factory=dict)  # validation sampling: n/temperature/top_p/top_k
-    # rollout.partial_rollout (roles.rollout.PartialRollouts): responses written in rounds of at most
-    # partial_rollout_tokens tokens; once a step has its batch of complete groups, the others pause until the next
-    partial_rollout: bool = False  # resume unfinished generations next step
+    partial_rollout: bool = False  # resume unfinished generations next step (roles.rollout.PartialRollouts): responses are written in rounds of at most partial_rollout_tokens tokens; once a step has its batch of complete groups, the others pause until the next
     partial_rollout_tokens: int = 0  # rllava: tokens per response per round (0 = data.max_response_length / 4)
-    # RLLaVA's: vLLM / SGLang keep their memory between rollouts (no sleep / wake); agent episodes go on as
-    # soon as their own tool call returns (no rounds; rllava.agent.rollout)
-    async_mode: bool = False  # generate asynchronously from training
+    async_mode: bool = False  # RLLaVA's async generation: vLLM / SGLang keep their memory between rollouts (no sleep / wake); agent episodes go on as soon as their own tool call returns (no rounds; rllava.agent.rollout)
     bucket_size: int = 512  # MB per weight-sync bucket to the engine
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     load_format: str = "dummy"  # engine weight init before the first sync
-    # Multi-turn agent rollouts (rollout.agent.tools; RLLaVA's agentic pipeline)
-    agent: AgentConfig = field(default_factory=AgentConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)  # multi-turn agent rollouts (rollout.agent.tools; RLLaVA's agentic pipeline)
     max_turns: int = 10  # agent rollouts: max model turns per episode
     discount: float = 0.95  # agent rollouts: per-turn discount of GiGPO's step returns (RLLaVA 0.9, unread there)
     tool_config_path: Optional[str] = None  # agent: YAML of tool classes (RLLaVA's files; docs/agents.md)
     env_config_path: Optional[str] = None  # agent: YAML of an environment class, one per episode (RLLaVA's)
-    # RLLaVA copies the next keys from their owners in post_init; rllava reads the owners instead
-    # (see DERIVED_KEYS). They are accepted when left alone or equal to the owner's value.
+    # RLLaVA copies these from their owners (DERIVED_KEYS); rllava reads the owners: these stay unset or equal to them
     prompt_length: int = -1  # = data.max_prompt_length
     response_length: int = -1  # = data.max_response_length
     trust_remote_code: bool = True  # = actor.model.trust_remote_code
@@ -772,10 +735,8 @@ class RolloutConfig:
         return p + self._val_override_problems(prefix)
 
     def _val_override_problems(self, prefix: str) -> list[str]:
-        """Validation's sampling keys and values, checked at load: a bad one must not wait for the first
-        validation, after training steps were spent."""
-        p, own, key = [], [f.name for f in fields(self)], f"{prefix}.val_override_config"
-        good = {}
+        """Validation's sampling keys and values, checked at load: not at the first validation, after training."""
+        p, good, own, key = [], {}, [f.name for f in fields(self)], f"{prefix}.val_override_config"
         for name, value in self.val_override_config.items():
             if name not in own:
                 close = _closest(name, own)
@@ -830,8 +791,7 @@ class RewardConfig:
     fallback_score: float = 0.0  # rllava: the score of a failed sample when not strict
     on_error: Optional[str] = None  # rllava, older spelling: raise = strict=true, zero = strict=false, fallback 0
     reward_function_name: Optional[str] = None  # RLLaVA fills it from reward_function; must stay null
-    # RLLaVA/verl's reward model (rllava.reward.models, docs/reward_models.md)
-    model: ModelConfig = field(default_factory=ModelConfig)  # reward model: a one-label sequence-classification checkpoint, its logit for prompt + response a reward; reads model_path, tokenizer_path, torch_dtype, attn_implementation, trust_remote_code, override_config (other keys: an error)
+    model: ModelConfig = field(default_factory=ModelConfig)  # RLLaVA/verl's reward model (rllava.reward.models, docs/reward_models.md): a one-label sequence-classification checkpoint, its logit for prompt + response a reward; reads model_path, tokenizer_path, torch_dtype, attn_implementation, trust_remote_code, override_config (other keys: an error)
     model_weight: float = 1.0  # rllava: reward = reward_function's score + model_weight x the reward model's logit
     model_micro_batch_size: int = 16  # rllava: sequences per reward-model forward
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # rllava (verl's keys)
@@ -865,8 +825,7 @@ class RewardConfig:
             p.append(f"{prefix}.reward_function_name={self.reward_function_name} is derived in rllava; "
                      f"set {prefix}.reward_function=path/file.py:{self.reward_function_name} instead")
         m = self.model
-        changed = [f.name for f in fields(m) if getattr(m, f.name) != getattr(ModelConfig(), f.name)]
-        for name in changed:
+        for name in [f.name for f in fields(m) if getattr(m, f.name) != getattr(ModelConfig(), f.name)]:
             if name not in REWARD_MODEL_KEYS:
                 p.append(f"{prefix}.model.{name}={_show(getattr(m, name))} is not read: the reward model is run, never "
                          f"trained (it reads {', '.join(REWARD_MODEL_KEYS)}); leave it at "
@@ -952,8 +911,7 @@ class TrainerConfig:
     max_steps: Optional[int] = None  # training steps; overrides total_epochs (aliases: total_steps, ...)
     project_name: str = "rllava"  # logger project name
     experiment_name: str = "agent"  # logger run name
-    # console|jsonl|tensorboard|wandb. rllava default (RLLaVA: console, tensorboard) needs no extra package.
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console|jsonl|tensorboard|wandb; rllava default (RLLaVA: console, tensorboard) needs no extra package
     nnodes: int = 1  # not read: the launcher sets the processes (torchrun --nnodes); a change warns
     n_gpus_per_node: int = 8  # not read: the launcher sets the processes (torchrun --nproc_per_node); a change warns
     max_try_make_batch: int = 20  # online filtering: max generation rounds per batch; -1 = no limit
@@ -974,10 +932,7 @@ class TrainerConfig:
     hf_merge_lora: bool = True  # rllava: LoRA in an HF export: merged into the weights (false: base + adapter/)
     samples_freq: int = 10  # rllava: write sample generations to <outputs_dir>/samples.jsonl every N steps, the first and last step too; -1 = never
     samples_to_log: int = 4  # rllava: generations per write (prompt, images, ground truth, response, reward, parts)
-    # Asynchronous RL (rllava.train.async_rl): the last `rollout_ranks` processes of a torchrun launch generate and
-    # score while the others train; batch s is sampled by the weights of update max(0, s-1-max_staleness, the last
-    # checkpointed step before s), so max_staleness=0 is the synchronous run
-    async_training: bool = False  # overlap rollout and training (needs rollout_ranks >= 1, torchrun)
+    async_training: bool = False  # overlap rollout and training (rllava.train.async_rl; needs rollout_ranks >= 1, torchrun): the last `rollout_ranks` processes of a torchrun launch generate and score while the others train; batch s is sampled by the weights of update max(0, s-1-max_staleness, the last checkpointed step before s), so max_staleness=0 is the synchronous run
     max_staleness: int = 1  # rllava: updates the sampling policy may lag behind the trained one (async_training; partial_rollout drops older groups)
     rollout_ranks: int = 0  # rllava: processes of the launch that generate (async_training); the others train
     seed: int = 1  # rllava: model-init and sampling RNG seed
@@ -1021,16 +976,14 @@ class TrainerConfig:
 # RLLaVA's FSDP offload switches, read by every train engine (single device included).
 ENGINE_OFFLOAD_KEYS = ("fsdp.enable_cpu_offload", "fsdp.offload_params", "fsdp.offload_optimizer")
 
-# Accepted for RLLaVA compatibility but not built yet: (key, is_turned_on, the value to set instead).
-# Delete a line when its feature lands.
+# Accepted for RLLaVA compatibility, not built yet (delete a line when it lands): (key, is_turned_on, value to set)
 NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
     ("actor.model.ulysses_size", lambda v: v > 1, "1"),
 ]
 
-# RLLaVA's dataset classes with an expert response (its examples/algorithms/sft-rl/custom_datasets.py), read by
-# class name with their meaning (their file is not run): RLHFDatasetWithTarget's expert text is the record's
-# `target_key` field (a list: its first item; a {"content": ...}: the content); RLHFDatasetWithTargetClevr's is
-# that field + "\n" + the answer. Their keyword arguments and RLLaVA's defaults:
+# RLLaVA's expert-response dataset classes (its examples/algorithms/sft-rl/custom_datasets.py), read by name (their
+# file is not run): RLHFDatasetWithTarget's expert text is the record's `target_key` field (a list: its first item;
+# a {"content": ...}: the content), RLHFDatasetWithTargetClevr's is that field + "\n" + the answer. Kwargs, defaults:
 RLLAVA_TARGET_DATASETS = ("RLHFDatasetWithTarget", "RLHFDatasetWithTargetClevr")
 RLLAVA_TARGET_KWARGS = {"target_key": None, "max_target_length": 8192, "sample_target_ratio": 1.0,
                         "target_list_key": None, "target_probs_key": None, "max_num_targets": 5,
@@ -1056,8 +1009,7 @@ def rllava_target_dataset(spec: str | None) -> str | None:
 
 
 def agent_on(c) -> bool:
-    """Multi-turn agent rollouts (rllava.agent.rollout.AgentRollout) instead of single-turn ones: registered
-    tools, or RLLaVA's tool / environment class files."""
+    """Multi-turn agent rollouts (rllava.agent.rollout.AgentRollout): registered tools, or RLLaVA's tool/env files."""
     return bool(c.rollout.agent.tools or c.rollout.tool_config_path or c.rollout.env_config_path)
 
 
@@ -1091,8 +1043,7 @@ def _is_reshape(kind: str) -> bool:
         except ValueError:
             return False
     return kind in RESHAPES[:-1]
-# SFT+RL hybrid keys and when they are read: (keys, is read in this config, who reads them). A key changed from
-# its default in a run that does not read it is an error.
+# SFT+RL hybrid keys: (keys, is read in this config, who reads them); changed in a run that does not read it: an error
 HYBRID_READERS: list[tuple[list[str], Callable[[Any], bool], str]] = [
     (["actor.loss_remove_clip", "data.expert_template"], _loss_in(*HYBRIDS),
      "SFT+RL hybrids (actor.policy_loss.loss_mode=luffy|srft|uft|hpt|chord)"),
@@ -1128,23 +1079,18 @@ UNREAD_RLLAVA_KEYS = ["actor.off_policy_cliprange", "actor.off_policy_normalize"
 
 # RLLaVA keys whose value rllava reads from another key: a change is an error naming that key.
 REDIRECTED_KEYS = {
-    "rollout.vllm.model": "actor.model.model_path",
-    "rollout.vllm.seed": "rollout.seed",
-    "rollout.vllm.load_format": "rollout.load_format",
-    "rollout.vllm.chat_template": "data.override_chat_template",
-    "algorithm.hint_min_ratio": "algorithm.min_prefix_ratio",
-    "algorithm.hint_max_ratio": "algorithm.max_prefix_ratio",
+    "rollout.vllm.model": "actor.model.model_path", "rollout.vllm.seed": "rollout.seed",
+    "rollout.vllm.load_format": "rollout.load_format", "rollout.vllm.chat_template": "data.override_chat_template",
+    "algorithm.hint_min_ratio": "algorithm.min_prefix_ratio", "algorithm.hint_max_ratio": "algorithm.max_prefix_ratio",
     "algorithm.clip_range": "actor.clip_ratio",
 }
 
-# Tuning keys with nothing to tune in rllava: accepted, and a change is a one-line warning saying why.
-# (key, is_changed, why)
+# Tuning keys with nothing to tune in rllava: accepted; a change warns, saying why. (key, is_changed, why)
 NO_EFFECT_KEYS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("actor.use_torch_compile", lambda v: v, "rllava runs eager PyTorch (no torch.compile)"),
-    ("actor.fsdp.forward_prefetch", lambda v: v, "rllava's FSDP2 engine keeps FSDP2's own prefetching"),
-    ("actor.fsdp.use_orig_params", lambda v: v, "an FSDP1 switch: FSDP2 always trains the original parameters"),
-    ("critic.fsdp.forward_prefetch", lambda v: v, "rllava's FSDP2 engine keeps FSDP2's own prefetching"),
-    ("critic.fsdp.use_orig_params", lambda v: v, "an FSDP1 switch: FSDP2 always trains the original parameters"),
+    *[(f"{role}.fsdp.{key}", lambda v: v, why) for role in ("actor", "critic") for key, why in (
+        ("forward_prefetch", "rllava's FSDP2 engine keeps FSDP2's own prefetching"),
+        ("use_orig_params", "an FSDP1 switch: FSDP2 always trains the original parameters"))],
     ("actor.model.tie_word_embeddings", lambda v: v,
      "the checkpoint's config decides tying (RLLaVA read it only to pick meta-device init)"),
     ("data.num_workers", lambda v: v > 0, "batches are encoded in the training process"),
@@ -1161,12 +1107,9 @@ ENGINE_ONLY_KEYS = {"vllm": ["rollout.vllm.", "rollout.load_format", "rollout.bu
 
 # RLLaVA copies these values into rollout.* in post_init; rllava keeps one owner per value.
 DERIVED_KEYS = {
-    "rollout.prompt_length": "data.max_prompt_length",
-    "rollout.response_length": "data.max_response_length",
-    "rollout.trust_remote_code": "actor.model.trust_remote_code",
-    "rollout.adv_estimator": "algorithm.adv_estimator",
-    "rollout.min_pixels": "data.min_pixels",
-    "rollout.max_pixels": "data.max_pixels",
+    "rollout.prompt_length": "data.max_prompt_length", "rollout.response_length": "data.max_response_length",
+    "rollout.trust_remote_code": "actor.model.trust_remote_code", "rollout.adv_estimator": "algorithm.adv_estimator",
+    "rollout.min_pixels": "data.min_pixels", "rollout.max_pixels": "data.max_pixels",
     "rollout.video_fps": "data.video_fps",
 }
 
@@ -1182,15 +1125,6 @@ def _default_of(dotted: str) -> Any:
     section, _, leaf = dotted.rpartition(".")
     obj = get_key(_DEFAULTS, section) if section else _DEFAULTS
     return getattr(type(obj)(), leaf)
-
-
-def LEAF_KEYS(prefix: str, cls: type) -> list[str]:
-    """Every leaf key of a section class, dotted under `prefix`."""
-    out = []
-    for f in fields(cls):
-        value = getattr(cls(), f.name)
-        out += LEAF_KEYS(f"{prefix}.{f.name}", type(value)) if is_dataclass(value) else [f"{prefix}.{f.name}"]
-    return out
 
 
 @dataclass
@@ -1237,15 +1171,13 @@ class PPOConfig:
                      "leave algorithm.rollout_is=none and actor.tis_imp_ratio_cap=-1 (algorithm.rollout_rs composes)")
         if p:
             raise ConfigError(p)
-        for role in ("actor", "critic"):  # warnings: only about keys the user set (USER_KEYS)
-            section = getattr(self, role)
-            ignored = [k for k in (section.ignored_keys(role) if section is not None else [])
-                       if _said(k) and k not in {key for key, _, _ in NO_EFFECT_KEYS}]  # warned below, with why
-            if ignored:
-                warnings.warn(f"{', '.join(ignored)} ignored: {role}.strategy={section.strategy}", stacklevel=2)
-        ignored = [k for k in self._rollout_ignored_keys() if _said(k)]
-        if ignored:
-            warnings.warn(f"{', '.join(ignored)} ignored: rollout.name={self.rollout.name}", stacklevel=2)
+        ignored = {f"{role}.strategy={section.strategy}": section.ignored_keys(role)
+                   for role, section in (("actor", self.actor), ("critic", self.critic)) if section is not None}
+        ignored[f"rollout.name={self.rollout.name}"] = self._rollout_ignored_keys()
+        for chosen, keys in ignored.items():  # warnings: only about keys the user set (USER_KEYS)
+            keys = [k for k in keys if _said(k) and k not in {key for key, _, _ in NO_EFFECT_KEYS}]  # warned below
+            if keys:
+                warnings.warn(f"{', '.join(keys)} ignored: {chosen}", stacklevel=2)
         for key, is_on, why in NO_EFFECT_KEYS:
             if (self.critic is not None or not key.startswith("critic.")) and is_on(get_key(self, key)) and _said(key):
                 warnings.warn(f"{key}={_show(get_key(self, key))} has no effect: {why}", stacklevel=2)
@@ -1256,8 +1188,7 @@ class PPOConfig:
                 if get_key(self, key) not in (_default_of(key), get_key(self, owner))]
 
     def _reference_problems(self) -> list[str]:
-        """The reference policy's keys: a reset needs a reference that is a model of its own; the full-vocabulary
-        KL pairs the two LM heads, which only the single-device engine holds whole."""
+        """A reset needs a reference model of its own; the full-vocabulary KL needs both LM heads whole (single)."""
         a, p = self.algorithm, []
         kl_loss = a.use_kl_loss and self.actor.kl_loss_coef > 0
         if a.ref_reset_freq > 0 and not (kl_loss or a.use_kl_in_reward):
@@ -1278,8 +1209,7 @@ class PPOConfig:
         return p
 
     def _distill_problems(self) -> list[str]:
-        """algorithm.distill with the rest of the run: the exact KL pairs two whole LM heads (single-device engine);
-        an engine's teacher scores single-turn sequences at temperature 1; hybrids bring their own expert term."""
+        """algorithm.distill with the run's engine (exact KL: whole LM heads), temperature, agents and hybrids."""
         d, p = self.algorithm.distill, []
         if not d.on:
             return p
@@ -1302,8 +1232,7 @@ class PPOConfig:
         return p
 
     def _async_problems(self) -> list[str]:
-        """trainer.async_training (rllava.train.async_rl): RL without a hybrid's expert side (which the trainers
-        and the rollout ranks would both have to hold)."""
+        """Async and partial rollouts: no hybrid's expert side (the trainers and rollout ranks would both hold it)."""
         mode, r, p = self.actor.policy_loss.loss_mode, self.rollout, []
         if self.trainer.async_training and mode in HYBRIDS:
             p.append(f"trainer.async_training=true with actor.policy_loss.loss_mode={mode}: the SFT+RL hybrids run "
@@ -1348,23 +1277,18 @@ class PPOConfig:
         return []
 
     def _hybrid_problems(self) -> list[str]:
-        """SFT+RL hybrid keys: each is read only with the loss / strategy it belongs to (HYBRID_READERS), and
-        each hybrid loss needs its source of expert tokens."""
-        a, mode = self.algorithm, self.actor.policy_loss.loss_mode
-        p = []
+        """SFT+RL hybrid keys, read only by their loss / strategy (HYBRID_READERS); each hybrid needs expert tokens."""
+        a, mode, p = self.algorithm, self.actor.policy_loss.loss_mode, []
         if a.strategy == "mix_chord" and mode != "chord":
             p.append(f"algorithm.strategy=mix_chord is CHORD: it contradicts actor.policy_loss.loss_mode={mode} "
                      "(set loss_mode=chord or leave it at vanilla)")
-        for key in UNREAD_RLLAVA_KEYS:
-            if get_key(self, key) != _default_of(key):
-                p.append(f"{key}={_show(get_key(self, key))} is declared by RLLaVA but read by none of its losses "
-                         f"(nor by rllava's); leave it at {_show(_default_of(key))}")
+        p += self._leave(self._changed(UNREAD_RLLAVA_KEYS),
+                         "is declared by RLLaVA but read by none of its losses (nor by rllava's)")
         for keys, reads, who in HYBRID_READERS:
-            for key in keys:
-                if get_key(self, key) != _default_of(key) and not reads(self):
-                    p.append(f"{key}={_show(get_key(self, key))} is read only by {who} (this run: actor.policy_loss."
-                             f"loss_mode={mode}, algorithm.prefix_strategy={a.prefix_strategy}, "
-                             f"algorithm.unify_strategy={a.unify_strategy}); leave it at {_show(_default_of(key))}")
+            if not reads(self):
+                p += self._leave(self._changed(keys), f"is read only by {who} (this run: actor.policy_loss.loss_mode="
+                                 f"{mode}, algorithm.prefix_strategy={a.prefix_strategy}, algorithm.unify_strategy="
+                                 f"{a.unify_strategy})")
         for key in ("actor.off_policy_reshape", "actor.on_policy_reshape"):
             value = get_key(self, key)
             own = key == "actor.on_policy_reshape" and isinstance(value, str) and value.startswith("rllava_")
@@ -1431,25 +1355,30 @@ class PPOConfig:
         if not agent_on(self):
             if self.algorithm.adv_estimator == "gigpo":
                 return ["algorithm.adv_estimator=gigpo credits the turns of agent rollouts: set rollout.agent.tools"]
-            return [f"{key}={_show(get_key(self, key))} is read only by agent rollouts (set rollout.agent.tools, "
-                    f"e.g. [search, zoom]); leave it at {_show(_default_of(key))}"
-                    for key in AGENT_KEYS if get_key(self, key) not in (_default_of(key), NO_CREDIT.get(key))]
-        p = [f"{key}={_show(get_key(self, key))} is read only by GiGPO's per-turn credit (algorithm.adv_estimator="
-             f"gigpo); leave it at {_show(_default_of(key))}" for key in NO_CREDIT
-             if self.algorithm.adv_estimator != "gigpo" and get_key(self, key) not in (_default_of(key), NO_CREDIT[key])]
+            return self._leave([k for k in AGENT_KEYS if get_key(self, k) not in (_default_of(k), NO_CREDIT.get(k))],
+                               "is read only by agent rollouts (set rollout.agent.tools, e.g. [search, zoom])")
+        credit = [] if self.algorithm.adv_estimator == "gigpo" else [
+            k for k in NO_CREDIT if get_key(self, k) not in (_default_of(k), NO_CREDIT[k])]
+        p = self._leave(credit, "is read only by GiGPO's per-turn credit (algorithm.adv_estimator=gigpo)")
         given = [k for k in ("rollout.agent.tools", "rollout.tool_config_path", "rollout.env_config_path")
                  if get_key(self, k)]
         if len(given) > 1:
             p.append(f"{given[0]} and {given[1]} both pick the agent's tools: set one")
         elif not self.rollout.agent.tools:  # class files: the tools parse their own calls and take their own config
-            p += [f"{key}={_show(get_key(self, key))} is read only by registered tools (rollout.agent.tools), not by "
-                  f"{given[0]}'s classes; leave it at {_show(_default_of(key))}"
-                  for key in ("rollout.agent.tool_kwargs", "rollout.agent.tool_format")
-                  if get_key(self, key) != _default_of(key)]
+            p += self._leave(self._changed(["rollout.agent.tool_kwargs", "rollout.agent.tool_format"]),
+                             f"is read only by registered tools (rollout.agent.tools), not by {given[0]}'s classes")
         if self.algorithm.prefix_strategy != "none":
             p.append(f"algorithm.prefix_strategy={self.algorithm.prefix_strategy} (expert prefixes of LUFFY, SRFT, "
                      "UFT) is for single-turn responses, not agent rollouts (rollout.agent.tools)")
         return p
+
+    def _changed(self, keys) -> list[str]:
+        """The keys whose values differ from their defaults."""
+        return [key for key in keys if get_key(self, key) != _default_of(key)]
+
+    def _leave(self, keys, why: str) -> list[str]:
+        """`key=value <why>; leave it at <default>` for each key."""
+        return [f"{key}={_show(get_key(self, key))} {why}; leave it at {_show(_default_of(key))}" for key in keys]
 
     def _redirected_problems(self) -> list[str]:
         return [f"{key}={_show(get_key(self, key))} is not read in rllava; set {instead} instead"
@@ -1459,8 +1388,8 @@ class PPOConfig:
         """Rollout keys changed from their defaults although the chosen engine does not read them."""
         read = ENGINE_ONLY_KEYS.get(self.rollout.name, [])
         others = {k for name, keys in ENGINE_ONLY_KEYS.items() if name != self.rollout.name for k in keys} - set(read)
-        out = [key for key in LEAF_KEYS("rollout", RolloutConfig)
-               if any(key == o or (o.endswith(".") and key.startswith(o)) for o in others)
+        out = [key for key in LEAVES if key.startswith("rollout.")
+               and any(key == o or (o.endswith(".") and key.startswith(o)) for o in others)
                and get_key(self, key) != _default_of(key) and key not in REDIRECTED_KEYS]
         if self.rollout.name == "hf" and self.rollout.tensor_parallel_size != 1:
             out.append("rollout.tensor_parallel_size")
@@ -1485,3 +1414,31 @@ def _said(key: str) -> bool:
 
 _DEFAULTS: Any = None
 _DEFAULTS = PPOConfig()
+
+
+def _is_optional(tp: Any) -> bool:
+    return type(None) in typing.get_args(tp)
+
+
+def _strip_optional(tp: Any) -> Any:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else tp
+    return tp
+
+
+def _walk(cls: type, prefix: str, leaves: dict[str, Any], sections: dict[str, bool]) -> None:
+    """Fill `leaves` (leaf key -> type hint) and `sections` (section key -> optional) for every field, recursively."""
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        key, tp = prefix + f.name, hints[f.name]
+        if is_dataclass(_strip_optional(tp)):
+            sections[key] = _is_optional(tp)
+            _walk(_strip_optional(tp), key + ".", leaves, sections)
+        else:
+            leaves[key] = tp
+
+
+LEAVES: dict[str, Any] = {}
+SECTIONS: dict[str, bool] = {}
+_walk(PPOConfig, "", LEAVES, SECTIONS)
