@@ -307,11 +307,11 @@ def test_rollout_importance_weights_token_and_sequence():
 
 
 def test_docs_algorithms_md_is_generated_from_the_registries():
-    """docs/algorithms.md cannot drift: regenerate with `python -m rllava.algorithms.docgen > docs/algorithms.md`."""
+    """docs/algorithms.md cannot drift: regenerate with `python -m rllava.commands.docs`."""
     import os
 
-    from rllava.algorithms.docgen import render
+    from rllava.commands.docs import render_algorithms as render
 
     path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "algorithms.md")
     with open(path) as f:
-        assert f.read() == render(), "stale: run python -m rllava.algorithms.docgen > docs/algorithms.md"
+        assert f.read() == render(), "stale: run python -m rllava.commands.docs"

@@ -648,12 +648,12 @@ def test_a_runs_config_yaml_writes_the_values_that_ran(tmp_path):
 
 
 def test_docs_config_md_is_generated_from_the_schema():
-    """docs/config.md cannot drift: regenerate with `python -m rllava.config.docgen > docs/config.md`."""
-    from rllava.config.docgen import render
+    """docs/config.md cannot drift: regenerate with `python -m rllava.commands.docs`."""
+    from rllava.commands.docs import render_config as render
 
     path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "config.md")
     with open(path) as f:
-        assert f.read() == render(), "docs/config.md is stale: run python -m rllava.config.docgen > docs/config.md"
+        assert f.read() == render(), "docs/config.md is stale: run python -m rllava.commands.docs"
 
 
 def test_critic_from_the_command_line():
