@@ -651,8 +651,9 @@ class _Zygote:
         fds = [theirs.fileno(), _seccomp_fd(j.seccomp or b"")]
         if j.bwrap and j.zygote_seccomp:
             fds.append(_seccomp_fd(j.zygote_seccomp))
-        init = [_python(), "-I", "-S", "/init.py" if j.bwrap else INIT, "--serve", *map(str, fds[:2]), ":".join(j.pylib)]
-        argv = (j.bwrap[:1] + (["--seccomp", str(fds[2])] if len(fds) > 2 else []) + j.bwrap[1:] if j.bwrap else []) + init
+        argv = [_python(), "-I", "-S", "/init.py" if j.bwrap else INIT, "--serve", *map(str, fds[:2]), ":".join(j.pylib)]
+        if j.bwrap:
+            argv = j.bwrap[:1] + (["--seccomp", str(fds[2])] if len(fds) > 2 else []) + j.bwrap[1:] + argv
         started = queue.SimpleQueue()
 
         def start():

@@ -1,19 +1,15 @@
-"""The first process of one sandbox call (see rllava/agent/sandbox.py): `python -I -S sandbox_init.py RESULT_FD`.
-
-In the jail it is PID 1 of the call's PID namespace: the kernel ends every other process of the call when it exits, and
-drops the signals the snippet sends it. It reads the request on stdin (a JSON line: limits, file names and sizes; then
-the files' bytes), writes snippet.py and the images into the work directory, and forks the snippet's process, which sets
-its limits and runs the snippet with stdin on /dev/null. The snippet never holds RESULT_FD. When the snippet's process
-ends, this one kills what the snippet left (every process of the namespace; outside a jail its process group), reads the
-images the snippet saved (through the directory's fd, O_NOFOLLOW, regular files only, at most `file_mb` each), decodes
-them here, under the call's limits (only `FORMATS`, at most `max_pixels`, refusing files whose decoders cost more than
-their pixels: `_costly`), and writes the result on RESULT_FD: a JSON line ({"status", "limit", "cpu_s", "images":
-[[name, width, height], ...], "notes"}) and the images' RGB pixels, after a first line {"pgid"} written when the snippet
-starts: the trainer never runs a decoder on the snippet's bytes. Imports nothing of rllava; PIL only when there are
-images to take back. The snippet runs as the same uid: this process makes itself not dumpable before the fork (the
-kernel then refuses the snippet ptrace, pidfd_getfd and process_vm_* on it, so it cannot take RESULT_FD) and runs under
-the call's rlimits too; the parent still reads the report as untrusted bytes (a length cap before parsing, pixels
-counted against `max_pixels`).
+"""What runs in the code sandbox (see rllava/agent/sandbox.py): the zygote (`serve`), which forks every call into
+namespaces of its own (`enter`, `confine`), and each call's first process (`call`), PID 1 of the call's PID
+namespace: the kernel ends every other process of the call when it exits. PID 1 reads the request on stdin (a JSON
+line: limits, file names and sizes; then the files' bytes), writes snippet.py and the images into /work, and forks
+the snippet's process, which sets its limits and runs the snippet with stdin on /dev/null and never holds the report
+fd. When it ends, PID 1 kills what it left, reads the images it saved (through the directory's fd, O_NOFOLLOW,
+regular files only, at most `file_mb` each), decodes them under the call's limits (only `FORMATS`, at most
+`max_pixels`, refusing files whose decoders cost more than their pixels: `_costly`), and writes the report: a JSON
+line ({"status", "limit", "cpu_s", "images": [[name, width, height], ...], "notes"}) and the RGB pixels, after a
+first line {"pgid"}: the trainer never runs a decoder on the snippet's bytes. PID 1 is not dumpable (the kernel
+refuses the snippet ptrace, pidfd_getfd and process_vm_* on it) and runs under the call's rlimits; the parent still
+reads the report as untrusted bytes. Imports nothing of rllava.
 """
 
 import ctypes
