@@ -375,8 +375,8 @@ def _find_jail() -> Jail:
         except Exception as e:  # noqa: BLE001 - no libseccomp, no binding, a refused rule: fail closed
             missing.append(f"the syscall filter cannot be built ({type(e).__name__}: {e}): it needs libseccomp "
                            "(Debian/Ubuntu: apt-get install libseccomp2) and pyseccomp (pip install pyseccomp)")
-            weaker.append("no syscall filter: keyrings, inotify, SysV IPC, io_uring, userfaultfd, perf and bpf "
-                          "are reachable")
+            weaker.append("no syscall filter: keyrings, inotify, SysV IPC, io_uring, userfaultfd, perf, bpf and "
+                          "new namespaces are reachable")
         fds = [_seccomp_fd(zygote), _seccomp_fd(program)] if program else [_seccomp_fd(b""), _seccomp_fd(b"")]
         try:  # a call's namespaces made in the zygote's jail, as every call makes them
             seccomp = ["--seccomp", str(fds[0])] if program else []
@@ -651,7 +651,8 @@ class _Zygote:
         fds = [theirs.fileno(), _seccomp_fd(j.seccomp or b"")]
         if j.bwrap and j.zygote_seccomp:
             fds.append(_seccomp_fd(j.zygote_seccomp))
-        argv = [_python(), "-I", "-S", "/init.py" if j.bwrap else INIT, "--serve", *map(str, fds[:2]), ":".join(j.pylib)]
+        init = "/init.py" if j.bwrap else INIT
+        argv = [_python(), "-I", "-S", init, "--serve", *map(str, fds[:2]), ":".join(j.pylib)]
         if j.bwrap:
             argv = j.bwrap[:1] + (["--seccomp", str(fds[2])] if len(fds) > 2 else []) + j.bwrap[1:] + argv
         started = queue.SimpleQueue()
