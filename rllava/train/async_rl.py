@@ -10,24 +10,21 @@ is fixed, so a run is reproducible and resumable: batch s is sampled by the weig
 
     v(s) = max(0, s - 1 - k, c(s))      c(s) = the last checkpointed step before s (trainer.save_freq)
 
-k = 0 is the synchronous run step for step (tests/train/test_async.py); k = 1 overlaps the rollout of s + 1 with
-the update of s (verl's one-step-off-policy trainer); a larger k lets a slow update be hidden behind several
-rollouts. The trainer's log-probs of the sampled tokens (`old_logprobs`) are the proximal policy; the sampler's
-(`rollout_logprobs`) the behaviour policy: rollout correction (`algorithm.rollout_is` / `rollout_rs`) or the
-decoupled PPO loss (`actor.policy_loss.loss_mode=decoupled_ppo`) correct for the gap. Every sampled segment
-carries the version that wrote it (`Segment.version`); each step logs the staleness of its tokens.
+k = 0 is the synchronous run step for step (tests/train/test_async.py); k = 1 overlaps the rollout of s + 1 with the
+update of s (verl's one-step-off-policy trainer); a larger k hides a slow update behind several rollouts. The
+trainer's log-probs of the sampled tokens (`old_logprobs`) are the proximal policy, the sampler's (`rollout_logprobs`)
+the behaviour policy: rollout correction (`algorithm.rollout_is` / `rollout_rs`) or the decoupled PPO loss correct
+for the gap. Each step logs its tokens' staleness (`Segment.version`: the version that wrote a segment).
 
 Checkpoints: at a checkpointed step c no batch is in flight (batch c + 1 waits for version c: one rollout is not
-overlapped per save), so nothing in flight is saved or regenerated: the checkpoint holds the rollout ranks'
-sampler and RNG states after batch c (`rng/rollout_rank_R.pt`), and a resumed run samples what the uninterrupted
-one sampled.
+overlapped per save), so the checkpoint holds the rollout ranks' sampler and RNG states after batch c
+(`rng/rollout_rank_R.pt`), and a resumed run samples what the uninterrupted one sampled.
 
-Messages, over `D.bridge()` (a gloo group of every process of the launch; host memory):
-    trainer 0 -> each rollout rank   the weights of each version some batch needs (gathered, LoRA merged)
-    rollout rank 0 -> each trainer   its share of batch s (`regroup`), the version that sampled it, the rollout's
-                                     timings; to trainer 0, before a checkpoint, also the rollout ranks' sampler,
-                                     RNG states and paused responses
-Sends do not wait for their receiver; a receiver waits. Ctrl-C or a failing rank: torchrun stops every process.
+Messages over `D.bridge()` (a gloo group of every process of the launch; host memory): trainer 0 sends each rollout
+rank the weights of each version some batch needs (gathered, LoRA merged); rollout rank 0 sends each trainer its
+share of batch s (`regroup`), the version that sampled it and the rollout's timings, and trainer 0, before a
+checkpoint, the rollout ranks' sampler, RNG states and paused responses. Sends do not wait for their receiver; a
+receiver waits. Ctrl-C or a failing rank: torchrun stops every process.
 """
 
 from __future__ import annotations
@@ -35,16 +32,19 @@ from __future__ import annotations
 import os
 import pickle
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from rllava import distributed as D
+from rllava.algorithms.ppo import build_algorithm
 from rllava.engine.inference.base import weight_buckets
 from rllava.errors import RllavaError
 from rllava.train import checkpoint as C
+from rllava.train.loop import build_run, train_loop
 from rllava.train.tracker import Timer
 
 
@@ -75,8 +75,7 @@ def staleness_metrics(trajectories, step: int) -> dict[str, float]:
 
 
 def regroup(parts: list, shares: int) -> list:
-    """The rollout ranks' Rollouts (prompt groups numbered from 0 in each) as `shares` equal runs of whole groups,
-    renumbered from 0 in each: one per trainer, in rank order."""
+    """The rollout ranks' Rollouts as `shares` equal runs of whole prompt groups, renumbered from 0: one per trainer."""
     groups: dict[tuple[int, int], list] = {}  # (rank, its group id) -> that group's rows, in order
     for p, part in enumerate(parts):
         for j, t in enumerate(part.trajectories):
@@ -129,10 +128,7 @@ BATCH, WEIGHTS = 0, 1  # tag = 2 x step (a batch) or 2 x version + 1 (weights)
 # ---- the trainers' side ----
 
 def train(run, learn) -> str:
-    """`train_loop` with each step's Rollouts received from the rollout ranks instead of made here; after each
-    update the weights go out when a later batch is to be sampled by them."""
-    from rllava.train.loop import train_loop
-
+    """`train_loop` on Rollouts received from the rollout ranks; each update's weights go out if a batch needs them."""
     cfg = run.cfg
     k, save_freq = cfg.trainer.max_staleness, cfg.trainer.save_freq
     group, _, trainers = D.bridge()
@@ -173,48 +169,30 @@ def train(run, learn) -> str:
 
 # ---- the rollout ranks' side ----
 
-class _Copy:
-    """`generate_context`'s train engine on a rollout rank: the received weights, nothing to gather or offload."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-
-    @contextmanager
-    def rollout_phase(self, shares_train_model: bool):
-        yield
-
-
 def serve(cfg, make_produce) -> str:
-    """A rollout rank's run: stages 1-2 of every batch, sampled by the weights the schedule names, sent to the
-    trainers; returns outputs_dir."""
-    from rllava.algorithms.ppo import build_algorithm
-    from rllava.train.loop import build_run
-
+    """A rollout rank's run: stages 1-2 of each batch, by the weights the schedule names, sent to the trainers."""
     run = build_run(cfg, role="rollout")  # (SFT+RL hybrids are refused at start-up: the config's _async_problems)
     try:
         baseline = build_algorithm(cfg.algorithm, cfg.actor).needs("baseline_scores")
-        produce = make_produce(run, None, baseline, _Copy(run.model),
+        # `generate_context`'s train engine here: the received weights, nothing to gather or offload
+        received = SimpleNamespace(model=run.model, rollout_phase=lambda shares_train_model: nullcontext())
+        produce = make_produce(run, None, baseline, received,
                                lambda s: version_for(s, cfg.trainer.max_staleness, cfg.trainer.save_freq))
-        resume_from = C.find_resume(cfg, run.outputs_dir)
-        if resume_from:
-            run.step = _resume(run, resume_from)
+        path = C.find_resume(cfg, run.outputs_dir)
+        if path:  # the sampler, this rank's RNG states and paused responses after the checkpointed step's batch
+            state = C.read_state(path)
+            run.sampler.load_state_dict(state["sampler"])
+            rng = os.path.join(path, "rng", f"rollout_rank_{D.rank()}.pt")
+            if os.path.isfile(rng):  # saved without "extra" in actor.checkpoint.save_contents: the trainers warn
+                C.set_rng_state(C.load_rng_file(rng))
+            partial = os.path.join(path, "rng", f"rollout_partial_rank_{D.rank()}.pt")
+            if run.partial is not None and os.path.isfile(partial):
+                run.partial.load_state_dict(C.load_rng_file(partial))
+            run.step = int(state["global_step"])
         _serve(run, produce)
     finally:
         run.reward.close()
     return run.outputs_dir
-
-
-def _resume(run, path: str) -> int:
-    """The sampler, this rank's RNG states and paused responses after the checkpointed step's batch."""
-    state = C.read_state(path)
-    run.sampler.load_state_dict(state["sampler"])
-    rng = os.path.join(path, "rng", f"rollout_rank_{D.rank()}.pt")
-    if os.path.isfile(rng):  # saved without "extra" in actor.checkpoint.save_contents: the trainers' side warns
-        C.set_rng_state(C.load_rng_file(rng))
-    partial = os.path.join(path, "rng", f"rollout_partial_rank_{D.rank()}.pt")
-    if run.partial is not None and os.path.isfile(partial):
-        run.partial.load_state_dict(C.load_rng_file(partial))
-    return int(state["global_step"])
 
 
 def _serve(run, produce) -> None:
@@ -230,7 +208,10 @@ def _serve(run, produce) -> None:
             held = next(versions)
             weights = _recv(group, 0, 2 * held + WEIGHTS)
             if held == version:
-                _load(run.model, weights)
+                missing, unexpected = run.model.load_state_dict(weights, strict=False)
+                if missing or unexpected:
+                    raise RllavaError(f"the trainers' weights do not fit the rollout ranks' copy of actor.model: "
+                                      f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
             del weights
         timer = Timer()
         r = produce(run.next_samples(), timer)
@@ -246,10 +227,3 @@ def _serve(run, produce) -> None:
                     msg.update(sampler=run.sampler.state_dict(), rng=states)
                 _send(group, msg, dst, 2 * s + BATCH, pending)
     _settle(pending)
-
-
-def _load(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if missing or unexpected:
-        raise RllavaError(f"the trainers' weights do not fit the rollout ranks' copy of actor.model: missing "
-                          f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")

@@ -1,7 +1,5 @@
-"""Plain functions from config sections to the objects a pipeline runs: device, model, engines, roles, data.
-
-Every pipeline (RLVR, SFT, hybrids, agents) builds from these; none of them holds a loop.
-"""
+"""Plain functions from config sections to the objects every pipeline (RLVR, SFT, hybrids, agents) runs: device,
+model, engines, roles, data. None of them holds a loop."""
 
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ import random
 import numpy as np
 import torch
 import transformers
+from omegaconf import OmegaConf
 
 from rllava import distributed as D
 from rllava.agent import code as _code  # noqa: F401  (registers the code tool)
@@ -44,7 +43,6 @@ from rllava.roles.critic import Critic
 from rllava.roles.reference import Reference, weight_shapes
 from rllava.roles.rollout import Rollout
 from rllava.roles.teacher import DEFAULT, EngineTeacher, Teachers, layout_mismatch, tokenizer_mismatch
-from rllava.train.scorers import Parts, build_scorers
 from rllava.train.tracker import Tracker
 
 log = logging.getLogger(__name__)
@@ -53,8 +51,7 @@ VISION_PLACEHOLDERS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|
 
 
 def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
-    """Seed every RNG and pick the device. Nothing is written here: outputs_dir is checked by
-    `rllava.train.outputs.check_outputs` and gets its config.yaml only when the first step is about to run."""
+    """Seed every RNG and pick the device; nothing is written (outputs_dir gets its files from the first step on)."""
     rollout_side = D.split_roles(cfg.trainer.rollout_ranks if cfg.trainer.async_training else 0) == "rollout"
     world = int(os.environ.get("WORLD_SIZE", "1"))  # of this role's own world (trainers, or rollout ranks)
     if world > 1 and not rollout_side:
@@ -76,9 +73,7 @@ DISTRIBUTED_STRATEGIES = ("fsdp", "fsdp2", "deepspeed")
 
 
 def run_outputs_dir(cfg: PPOConfig) -> str:
-    """The run's folder (`rllava.config.schema.run_dir`: RLLaVA's layout)."""
-    t = cfg.trainer
-    return run_dir(t.outputs_dir, t.project_name, t.experiment_name)
+    return run_dir(cfg.trainer.outputs_dir, cfg.trainer.project_name, cfg.trainer.experiment_name)
 
 
 def check_world_size(cfg: PPOConfig, world: int) -> None:
@@ -100,23 +95,17 @@ def seed_sampling(cfg: PPOConfig) -> None:
 
 
 def build_tracker(cfg: PPOConfig, outputs_dir: str) -> Tracker:
-    from omegaconf import OmegaConf
-
     return Tracker(cfg.trainer.logger if D.is_main() else None, outputs_dir, cfg.trainer.project_name,
                    cfg.trainer.experiment_name, OmegaConf.to_container(OmegaConf.structured(cfg)))
 
 
 def validates(cfg: PPOConfig) -> bool:
-    """Whether the run ever validates: trainer.val_freq > 0, val_before_train or val_only."""
-    t = cfg.trainer
-    return t.val_freq > 0 or t.val_before_train or t.val_only
+    return cfg.trainer.val_freq > 0 or cfg.trainer.val_before_train or cfg.trainer.val_only
 
 
 def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None, given=(None, None)):
-    """(train, val or None). `data.override_chat_template` replaces the processor's chat template first. The
-    validation set is loaded only when the run validates (a base config's hub val set must not need a network
-    for a run that never uses it). `given`: (train, val) records from the Python API, each None (read
-    data.train_files / val_files), a PromptDataset (used as built) or records in memory (checked as a file's)."""
+    """(train, val or None); val only when the run validates (no network for an unused hub val set). `given`: (train,
+    val) from the Python API, each None (data.*_files), a PromptDataset (as built) or records (checked as a file's)."""
     if cfg.data.override_chat_template:
         processor.chat_template = cfg.data.override_chat_template
     limit = cfg.rollout.limit_images  # the reference responses are read from the training records only
@@ -135,12 +124,7 @@ def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None, giv
     return train, val
 
 
-def build_sampler(cfg: PPOConfig, train: PromptDataset) -> EpochSampler:
-    return EpochSampler(len(train), cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
-
-
 def total_steps(cfg: PPOConfig, sampler: EpochSampler) -> int:
-    """trainer.max_steps if set, else trainer.total_epochs passes over the training set."""
     return cfg.trainer.max_steps if cfg.trainer.max_steps else cfg.trainer.total_epochs * len(sampler)
 
 
@@ -163,9 +147,8 @@ def greedy_sampling(cfg: PPOConfig) -> SamplingParams:
 
 
 def engine_for(cfg: PPOConfig, processor, device: torch.device, model=None, ignore_eos: bool = False):
-    """The rollout engine (`rollout.name`) for the model of `processor`: its EOS ends a response (unless
-    `ignore_eos`: every response runs to the budget), vision placeholders are never sampled. `model`: the
-    model config of a model other than the policy (a judge, `rllava.reward.models`)."""
+    """The rollout engine for the model of `processor`: its EOS ends a response (unless `ignore_eos`), vision
+    placeholders are never sampled. `model`: another model's config than the policy's (a judge)."""
     tok = get_tokenizer(processor)
     vocab = tok.get_vocab()
     banned = [vocab[t] for t in VISION_PLACEHOLDERS if t in vocab]
@@ -174,9 +157,8 @@ def engine_for(cfg: PPOConfig, processor, device: torch.device, model=None, igno
 
 
 def build_reward(cfg: PPOConfig) -> Scoring:
-    """The Reward role from `reward.*`: each reward function (reward.reward_function, or every entry of
-    reward.reward_functions with its weight) as a source of the Scoring stage, its call form checked now (one
-    line at start-up, not at the first reward call), run under reward.timeout / strict / num_cpus."""
+    """The Reward role: each reward function (reward.reward_function, or each of reward.reward_functions with its
+    weight) a Scoring source, its call form checked at start-up, run under reward.timeout / strict / num_cpus."""
     r, ob, rp = cfg.reward, cfg.reward.overlong_buffer, cfg.reward.repetition_penalty
     strict, fallback = r.error_policy()
     sources = []
@@ -197,9 +179,8 @@ def build_reward(cfg: PPOConfig) -> Scoring:
 
 
 def add_reward_models(reward: Scoring, cfg: PPOConfig, device: torch.device) -> Scoring:
-    """The model-based sources (rllava.reward.models), in config order: reward.reward_functions' model entries,
-    then the reward model of reward.model.model_path (weight reward.model_weight). With more than one source, or
-    a reward model, each is logged under its name (`reward/reward_model_mean`)."""
+    """The model sources (rllava.reward.models): reward.reward_functions' model entries, then reward.model.model_path
+    (weight reward.model_weight). With several sources or a reward model, each logs under its name."""
     entries = [s for s in cfg.reward.sources() if "entry" in s]
     try:  # loading them leaves the RNG as it was: a run draws the same LoRA init and samples with or without them
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -215,9 +196,8 @@ def add_reward_models(reward: Scoring, cfg: PPOConfig, device: torch.device) -> 
 
 
 def build_agent_env(cfg: PPOConfig):
-    """The environment of a multi-turn agent (its tools, or RLLaVA's tool / environment classes), or None. Built
-    when the run starts, before the model loads: a tool that cannot work here (the code sandbox's jail, a
-    search corpus) fails in a second."""
+    """A multi-turn agent's environment (its tools, or RLLaVA's tool / environment classes), or None. Built before
+    the model loads: a tool that cannot work here (the code sandbox's jail, a search corpus) fails in a second."""
     if not agent_on(cfg):
         return None
     a = cfg.rollout.agent
@@ -256,26 +236,25 @@ ROLLOUT_ENGINES = {"hf": "rllava.engine.inference.hf:HFRolloutEngine",  # rollou
 
 def build_rollout_engine(cfg: PPOConfig, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
                          device: torch.device, model=None, **overrides):
-    """rollout.name: `hf` samples with the training model; `vllm` / `sglang` hold their own copy of the policy on
-    this rank's GPU(s), synced before every rollout. Each engine reads its own keys (its `from_config`). `model`:
-    another model's config (model_path, tokenizer_path, trust_remote_code) instead of actor.model. `overrides`:
-    engine keywords over the rollout.vllm / rollout.sglang ones (a teacher engine's algorithm.distill.engine_kwargs)."""
+    """rollout.name's engine, reading its own keys: `hf` samples with the training model, `vllm` / `sglang` hold a copy
+    synced before each rollout. `model`: another config than actor.model; `overrides`: over rollout.vllm / sglang's."""
     module, name = ROLLOUT_ENGINES[cfg.rollout.name].split(":")
     return getattr(importlib.import_module(module), name).from_config(
         cfg, pad_token_id=pad_token_id, stop_token_ids=stop_token_ids, banned_token_ids=banned_token_ids,
         device=device, model=model, **overrides)
 
 
-def _num_updates(cfg: PPOConfig, num_steps: int, epochs: int, mini_batch_seqs: int, n: int) -> int:
-    """Optimizer steps in the run: steps x epochs x mini-batches per step (the LR schedule's length)."""
-    return num_steps * epochs * math.ceil(cfg.data.train_batch_size * n / mini_batch_seqs)
+def _schedule(cfg: PPOConfig, num_steps: int, role, n: int) -> tuple[int, int]:
+    """(this rank's sequences per mini-batch, steps x epochs x mini-batches per step: the LR schedule's length) of
+    `role` (actor or critic config) with `n` sequences per prompt; RLLaVA counts prompts per mini-batch, all ranks."""
+    mini = role.ppo_mini_batch_size * n // D.world_size()
+    return mini, num_steps * role.ppo_epochs * math.ceil(cfg.data.train_batch_size * n / mini)
 
 
 def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None, *, updates: int,
             key: str, strategy: str, fsdp, deepspeed) -> TrainEngine:
-    """The train engine for `strategy` around `model`, with AdamW over the trainable parameters and the LR
-    schedule (`o` = an optim config); `fsdp` (a FSDPConfig) carries the sharding and CPU-offload switches,
-    `deepspeed` (a DeepSpeedConfig) the ZeRO ones."""
+    """The train engine for `strategy` around `model`, with AdamW over the trainable parameters and the LR schedule
+    of optim config `o`; `fsdp` carries the sharding and CPU-offload switches, `deepspeed` the ZeRO ones."""
     if o.strategy != "adamw":  # the config check allows only what is built here
         raise ConfigError(f"{key}.strategy={o.strategy!r} is not supported (supported: adamw)")
     strategy = resolve_strategy(strategy, fsdp=fsdp, device=device)
@@ -303,9 +282,8 @@ def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm
 
 
 def lr_scheduler(o, optimizer, updates: int):
-    """The LR schedule of an optim config over `updates` optimizer steps: warmup (lr_warmup_steps, else
-    lr_warmup_ratio of the run; with every schedule, constant included), then lr_scheduler_type; cosine reads
-    num_cycles and min_lr_ratio (its floor)."""
+    """Optim config `o`'s LR schedule over `updates` steps: warmup (lr_warmup_steps, else lr_warmup_ratio of the run;
+    with every schedule), then lr_scheduler_type; cosine reads num_cycles and min_lr_ratio (its floor)."""
     warmup = o.lr_warmup_steps if o.lr_warmup_steps is not None else int(o.lr_warmup_ratio * updates)
     name, extra = o.lr_scheduler_type, {}
     if name == "constant" and warmup > 0:  # transformers' "constant" ignores warmup; RLLaVA/verl warm up (constant)
@@ -318,53 +296,41 @@ def lr_scheduler(o, optimizer, updates: int):
                                       scheduler_specific_kwargs=extra or None)
 
 
-def _mini_batch(cfg: PPOConfig, sft: bool) -> tuple[int, int]:
-    """(sequences per prompt, this rank's sequences per mini-batch): RLLaVA counts prompts, over all ranks."""
-    n = 1 if sft else cfg.rollout.n
-    return n, cfg.actor.ppo_mini_batch_size * n // D.world_size()
-
-
 def build_engine(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, sft: bool = False) -> TrainEngine:
     """The policy's train engine (actor.strategy) with its optimizer and LR schedule over the run's updates."""
-    n, mini = _mini_batch(cfg, sft)
-    return _engine(model, cfg.actor.optim, device, cfg.actor.max_grad_norm, cfg.actor.skip_grad_norm,
-                   updates=_num_updates(cfg, num_steps, cfg.actor.ppo_epochs, mini, n), key="actor.optim",
-                   strategy=cfg.actor.strategy, fsdp=cfg.actor.fsdp, deepspeed=cfg.actor.deepspeed)
+    _, updates = _schedule(cfg, num_steps, cfg.actor, 1 if sft else cfg.rollout.n)
+    return _engine(model, cfg.actor.optim, device, cfg.actor.max_grad_norm, cfg.actor.skip_grad_norm, updates=updates,
+                   key="actor.optim", strategy=cfg.actor.strategy, fsdp=cfg.actor.fsdp, deepspeed=cfg.actor.deepspeed)
 
 
 def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, sft: bool = False,
                 processor=None, engine: TrainEngine | None = None) -> Actor:
-    """The Actor role around `model` (its train engine: `engine`, else `build_engine`'s); in RL, the run's
-    scorers (rllava.train.scorers: reference, teachers, critic, KL in the reward, plugins' ones), which frozen
-    copies shard like the engine and the Actor reads two of inside its update (the reference's, the teachers').
+    """The Actor around `model` (its engine: `engine`, else `build_engine`'s) with, in RL, the run's scorers (their
+    frozen copies shard like the engine); `sft=True`: one reference response per prompt, the `sft` loss (NLL), T=1."""
+    from rllava.train.scorers import Parts, build_scorers  # which imports this module
 
-    `sft=True`: one reference response per prompt, the `sft` loss (NLL) at temperature 1."""
+    a = cfg.actor
     engine = engine or build_engine(cfg, model, device, num_steps, sft=sft)
-    _, mini = _mini_batch(cfg, sft)
+    mini, _ = _schedule(cfg, num_steps, a, 1 if sft else cfg.rollout.n)
     model = engine.model
     load_plugins(cfg.algorithm.plugins)
-    algorithm = build_algorithm(cfg.algorithm, cfg.actor, loss_mode="sft" if sft else None,
-                                discount=cfg.rollout.discount)
+    algorithm = build_algorithm(cfg.algorithm, a, loss_mode="sft" if sft else None, discount=cfg.rollout.discount)
     scorers = [] if sft else build_scorers(cfg, Parts(cfg=cfg, policy=model, engine=engine, processor=processor,
                                                       device=device, steps=num_steps, algorithm=algorithm))
-    return Actor(model, engine, algorithm, ppo_epochs=cfg.actor.ppo_epochs, scorers=scorers,
-                 mini_batch_size=mini, micro_batch_size=cfg.actor.ppo_micro_batch_size,
-                 log_prob_micro_batch_size=cfg.actor.log_prob_micro_batch_size,
-                 loss_agg_mode=cfg.actor.loss_agg_mode, max_response_length=cfg.data.max_response_length,
-                 temperature=1.0 if sft else cfg.rollout.temperature,
-                 use_kl_loss=not sft and cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0,
-                 kl_loss_coef=cfg.actor.kl_loss_coef, kl_loss_type=cfg.actor.kl_loss_type,
-                 entropy_coeff=cfg.actor.entropy_coeff, **_rollout_is(cfg, sft), **_actor_batching(cfg),
+    return Actor(model, engine, algorithm, ppo_epochs=a.ppo_epochs, scorers=scorers, mini_batch_size=mini,
+                 micro_batch_size=a.ppo_micro_batch_size, log_prob_micro_batch_size=a.log_prob_micro_batch_size,
+                 loss_agg_mode=a.loss_agg_mode, max_response_length=cfg.data.max_response_length,
+                 temperature=1.0 if sft else cfg.rollout.temperature, kl_loss_coef=a.kl_loss_coef,
+                 use_kl_loss=not sft and cfg.algorithm.use_kl_loss and a.kl_loss_coef > 0, kl_loss_type=a.kl_loss_type,
+                 entropy_coeff=a.entropy_coeff, **_rollout_is(cfg, sft), **_actor_batching(cfg),
                  expert=None if sft or algorithm.loss_name not in HYBRID_LOSSES else ExpertLoss(
-                     algorithm.loss_name, cfg.algorithm.enable_phi_function,
-                     cfg.algorithm.use_token_level_loss_in_sft),
+                     algorithm.loss_name, cfg.algorithm.enable_phi_function, cfg.algorithm.use_token_level_loss_in_sft),
                  loss_terms={} if sft else {name: (lookup(LOSS_TERMS, name, "actor.loss_terms"), float(coef))
-                                            for name, coef in cfg.actor.loss_terms.items()})
+                                            for name, coef in a.loss_terms.items()})
 
 
 def _actor_batching(cfg: PPOConfig) -> dict:
-    """actor.model.padding_free / shared_prefix / dynamic_batching (with the actor's token budgets) and the
-    LM-head chunk."""
+    """actor.model.padding_free / shared_prefix / dynamic_batching (the actor's token budgets), the LM-head chunk."""
     m, a = cfg.actor.model, cfg.actor
     return {"padding_free": m.padding_free, "shared_prefix": m.use_shared_prefix,
             "logprob_chunk_size": a.logprob_chunk_size,
@@ -385,17 +351,15 @@ def _rollout_is(cfg: PPOConfig, sft: bool) -> dict:
 
 
 def needs_reference(cfg: PPOConfig) -> bool:
-    """A KL uses the frozen reference: in the loss (algorithm.use_kl_loss, non-zero actor.kl_loss_coef) or in the
-    reward (algorithm.use_kl_in_reward)."""
+    """A KL uses the frozen reference: in the loss (use_kl_loss, non-zero kl_loss_coef) or in the reward."""
     return bool(cfg.algorithm.use_kl_loss and cfg.actor.kl_loss_coef > 0) or cfg.algorithm.use_kl_in_reward
 
 
 def _ref_batching(cfg: PPOConfig) -> MicroBatching:
     """The frozen models' no-grad passes (the reference, distillation teachers): ref.* sizes, the actor's layout."""
     m = cfg.actor.model
-    return MicroBatching(cfg.ref.log_prob_micro_batch_size,
-                         cfg.ref.log_prob_max_token_len_per_gpu if m.dynamic_batching else None, m.padding_free,
-                         m.use_shared_prefix)
+    return MicroBatching(cfg.ref.log_prob_micro_batch_size, cfg.ref.log_prob_max_token_len_per_gpu
+                         if m.dynamic_batching else None, m.padding_free, m.use_shared_prefix)
 
 
 def _frozen_like(m: ModelConfig, device: torch.device) -> dict:
@@ -405,11 +369,9 @@ def _frozen_like(m: ModelConfig, device: torch.device) -> dict:
 
 
 def build_reference_role(cfg: PPOConfig, policy, device: torch.device, engine=None) -> Reference | None:
-    """Built only when a KL uses it (`needs_reference`)."""
     if not needs_reference(cfg):
         return None
-    m = cfg.actor.model
-    batching = _ref_batching(cfg)
+    m, batching = cfg.actor.model, _ref_batching(cfg)
     kw = dict(temperature=cfg.rollout.temperature, chunk_size=cfg.actor.logprob_chunk_size,
               reset_freq=cfg.algorithm.ref_reset_freq)
     if m.use_peft and not cfg.ref.model_path:
@@ -432,21 +394,17 @@ def distill_routes(cfg: PPOConfig) -> dict[str, tuple[str, str]]:
 
 
 def distill_loss(cfg: PPOConfig):
-    """The registered loss algorithm.distill.loss names (plugins loaded first)."""
     load_plugins(cfg.algorithm.plugins)
     return lookup(DISTILL_LOSSES, cfg.algorithm.distill.loss, "algorithm.distill.loss")
 
 
 def build_distillation(cfg: PPOConfig, processor, policy, device: torch.device, engine=None) -> Distillation | None:
-    """algorithm.distill: each teacher (checked against the student's tokenizer and image layout at start-up)
-    loaded as a frozen model served like the reference, or held by a vLLM / SGLang engine; and the registered
-    loss. None without a teacher."""
+    """algorithm.distill's registered loss and teachers (checked against the student's tokenizer and image layout),
+    each a frozen model served like the reference or a vLLM / SGLang engine; None without a teacher."""
     d, m = cfg.algorithm.distill, cfg.actor.model
     if not d.on:
         return None
-    fn = distill_loss(cfg)
-    batching = _ref_batching(cfg)
-    teachers = {}
+    fn, batching, teachers = distill_loss(cfg), _ref_batching(cfg), {}
     for route, (key, path) in distill_routes(cfg).items():
         if not os.path.isdir(path):
             raise ConfigError(f"{key}={path!r}: no such model directory")
@@ -484,29 +442,19 @@ def build_critic(cfg: PPOConfig, device: torch.device, num_steps: int, algorithm
                     attn_implementation=c.model.attn_implementation, trust_remote_code=c.model.trust_remote_code,
                     override_config=c.model.override_config, key="critic.model")
     lm = make_trainable(lm, c.model, device, key="critic.model")  # the value head (built next) trains fully
-    mini = c.ppo_mini_batch_size * cfg.rollout.n // D.world_size()
-    engine = _engine(ValueModel(lm), c.optim, device, c.max_grad_norm, None, key="critic.optim",
-                     updates=_num_updates(cfg, num_steps, c.ppo_epochs, mini, cfg.rollout.n),
+    mini, updates = _schedule(cfg, num_steps, c, cfg.rollout.n)
+    engine = _engine(ValueModel(lm), c.optim, device, c.max_grad_norm, None, updates=updates, key="critic.optim",
                      strategy=c.strategy, fsdp=c.fsdp, deepspeed=c.deepspeed)
     return Critic(engine.model, engine, ppo_epochs=c.ppo_epochs, mini_batch_size=mini,
                   micro_batch_size=c.ppo_micro_batch_size, values_micro_batch_size=c.log_prob_micro_batch_size,
                   cliprange_value=c.cliprange_value, loss_avg_mode=c.loss_avg_mode, gamma=cfg.algorithm.gamma,
-                  lam=cfg.algorithm.lam, padding_free=c.model.padding_free,
-                  shared_prefix=c.model.use_shared_prefix,
+                  lam=cfg.algorithm.lam, padding_free=c.model.padding_free, shared_prefix=c.model.use_shared_prefix,
                   max_token_len=c.ppo_max_token_len_per_gpu if c.model.dynamic_batching else None,
                   values_max_token_len=c.forward_max_token_len_per_gpu if c.model.dynamic_batching else None)
 
 
 def build_kl_controller(cfg: PPOConfig) -> KLController | None:
-    """The KL-in-reward coefficient controller (algorithm.kl_ctrl), if algorithm.use_kl_in_reward."""
     if not cfg.algorithm.use_kl_in_reward:
         return None
     k = cfg.algorithm.kl_ctrl
-    return KLController(k.type, k.kl_coef, estimator=cfg.algorithm.kl_penalty, target_kl=k.target_kl,
-                        horizon=k.horizon)
-
-
-__all__ = ["setup_run", "build_tracker", "build_policy", "build_datasets", "build_sampler", "build_rollout",
-           "build_engine", "build_actor", "build_reward", "add_reward_models", "build_reference_role",
-           "build_distillation", "build_kl_controller", "build_critic", "sampling_params", "greedy_sampling",
-           "total_steps"]
+    return KLController(k.type, k.kl_coef, estimator=cfg.algorithm.kl_penalty, target_kl=k.target_kl, horizon=k.horizon)

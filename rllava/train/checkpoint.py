@@ -11,16 +11,14 @@
             config.yaml            the run's resolved config (`python -m rllava.commands.export` reads it)
         latest_checkpointed_iteration.txt   the newest step (verl's tracker file)
 
-- Exact: the sampler's epoch and position (each epoch is reshuffled with data.seed + epoch), optimizer, LR
-  schedule, KL coefficient and every RNG state (the HF rollout samples with torch's global RNG) come back, so
-  N steps, stop, resume, M steps gives bitwise the weights of N + M steps straight.
-- Crash-safe: a checkpoint is written under `global_step_N.tmp` and renamed when whole, so a directory named
-  `global_step_N` is always complete; `resume=auto` takes the highest N. The next save deletes leftovers.
-- Asynchronous (actor.checkpoint.async_save): the engines' state is staged to host memory and written by one
-  background thread, which also renames and prunes; the next save and the end of the run wait for it.
-- Any world size: the engines' state is keyed by parameter name and resharded by DCP on load. Sampler and
-  trainer state are global; only the per-rank RNG states need the same world size (else sampling goes on
-  from fresh seeds, with a warning).
+- Exact: the sampler's position (epoch e shuffled with data.seed + e), optimizer, LR schedule, KL coefficient and
+  every RNG state come back: N steps, stop, resume, M steps gives bitwise the weights of N + M steps straight.
+- Crash-safe: written under `global_step_N.tmp` (every rank) and renamed by rank 0 when whole, so `global_step_N`
+  is always complete; `resume=auto` takes the highest N. The next save deletes leftovers.
+- Asynchronous (actor.checkpoint.async_save): the engines' state is staged to host memory, then written, renamed
+  and pruned by one background thread; the next save and the end of the run wait for it.
+- Any world size: the engines' state is keyed by parameter name and resharded by DCP on load; only the per-rank
+  RNG states need the same world size (else sampling goes on from fresh seeds, with a warning).
 
 What is saved follows RLLaVA/verl's `actor.checkpoint.save_contents` (model, optimizer, extra = LR schedule +
 RNG states, hf_model = a `save_pretrained` copy); `trainer.save_model_only=true` means `[model]`.
@@ -86,11 +84,8 @@ def find_resume(cfg, outputs_dir: str) -> str | None:
     if t.load_checkpoint_path:
         return resolve_checkpoint(t.load_checkpoint_path, "trainer.load_checkpoint_path")
     found = list_checkpoints(checkpoint_root(cfg, outputs_dir))
-    if t.overwrite:  # starting over: those checkpoints are deleted before the first step (rllava.train.outputs)
-        return None
-    if t.resume == "auto" and t.find_last_checkpoint and found:
-        return found[-1][1]
-    return None  # old checkpoints there stop the run in rllava.train.outputs.check_outputs (unless overwrite)
+    # trainer.overwrite deletes them before the first step; else, not resumed, they stop the run (train.outputs)
+    return found[-1][1] if t.resume == "auto" and t.find_last_checkpoint and found and not t.overwrite else None
 
 
 def read_state(path: str) -> dict:
@@ -110,10 +105,6 @@ def read_state(path: str) -> dict:
     return state
 
 
-def save_contents(cfg) -> list[str]:
-    return ["model"] if cfg.trainer.save_model_only else list(cfg.actor.checkpoint.save_contents)
-
-
 def engine_parts(contents: list[str]) -> tuple[str, ...]:
     """RLLaVA's content names -> the parts of an engine's state (`extra` carries the LR schedule)."""
     return tuple(p for p, c in (("model", "model"), ("optimizer", "optimizer"), ("scheduler", "extra"))
@@ -121,8 +112,7 @@ def engine_parts(contents: list[str]) -> tuple[str, ...]:
 
 
 def rng_state() -> dict:
-    """Every RNG's state as tensors and plain numbers only, so loading it needs no unpickling of objects
-    (`torch.load(weights_only=True)`): a checkpoint is data, never code."""
+    """Every RNG's state as tensors and numbers only: `torch.load(weights_only=True)` reads it (data, never code)."""
     version, keys, gauss = random.getstate()
     name, np_keys, pos, has_gauss, cached = np.random.get_state()
     state = {"python": {"version": version, "keys": torch.tensor(keys, dtype=torch.int64), "gauss": gauss},
@@ -154,15 +144,11 @@ def load_rng_file(path: str) -> dict:
 
 
 def save_checkpoint(run, step: int) -> str:
-    """Write `global_step_{step}` (every rank takes part), then drop checkpoints beyond trainer.save_limit.
-
-    Every rank writes into `global_step_N.tmp`, which rank 0 renames when all is written: killed midway, the
-    `.tmp` stays behind and the checkpoints before it are whole. With actor.checkpoint.async_save the engines'
-    state is copied to host memory here and written (then renamed, recorded, pruned) by one background thread
-    while training goes on; the next save, and the end of the run, wait for it (`wait_for_save`)."""
+    """Write `global_step_{step}` (every rank takes part; see the module docstring), then prune to save_limit."""
     wait_for_save()  # one save in flight at most: pruning never races a newer save
     cfg, root = run.cfg, checkpoint_root(run.cfg, run.outputs_dir)
-    contents, path = save_contents(cfg), os.path.join(root, f"global_step_{step}")
+    contents = ["model"] if cfg.trainer.save_model_only else list(cfg.actor.checkpoint.save_contents)
+    path = os.path.join(root, f"global_step_{step}")
     background, tmp = cfg.actor.checkpoint.async_save, f"{path}.tmp"
     engines, states = run.held()
     if D.is_main():
@@ -247,12 +233,8 @@ def wait_for_save() -> None:
         try:
             _pending.pop().result()
         except BaseException as e:  # noqa: BLE001  DCP's CheckpointException is a BaseException
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
-            cause = first_failure(e)
-            raise RllavaError(f"the background checkpoint save failed ({type(cause).__name__}: "
-                              f"{str(cause).splitlines()[0][:200] if str(cause) else ''}); the checkpoints "
-                              "before it are whole: the same command resumes from the newest") from e
+            raise RllavaError(f"the background checkpoint save failed ({_cause(e)}); the checkpoints before it are "
+                              "whole: the same command resumes from the newest") from e
 
 
 def prune(root: str, limit: int) -> None:
@@ -266,8 +248,7 @@ def prune(root: str, limit: int) -> None:
 
 
 def load_checkpoint(run, path: str) -> int:
-    """Restore `run` (engines, sampler, KL controller, RNG states) from the checkpoint at `path`; returns its
-    step. What is loaded follows actor.checkpoint.load_contents."""
+    """Restore `run` from the checkpoint at `path` as actor.checkpoint.load_contents says; returns its step."""
     state, wanted = read_state(path), list(run.cfg.actor.checkpoint.load_contents)
     engines, states = run.held()
     for name, engine in engines.items():
@@ -301,9 +282,13 @@ def _load_engine_or_explain(engine, path: str, parts) -> list[str]:
     except RllavaError:
         raise
     except BaseException as e:  # noqa: BLE001  DCP wraps a rank's failure in CheckpointException (a BaseException)
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
-        cause = first_failure(e)
-        raise RllavaError(f"{path}: the checkpoint cannot be read ({type(cause).__name__}: "
-                          f"{str(cause).splitlines()[0][:200] if str(cause) else ''}): a corrupt checkpoint; "
-                          f"delete {os.path.dirname(path)} to resume from an earlier one") from e
+        raise RllavaError(f"{path}: the checkpoint cannot be read ({_cause(e)}): a corrupt checkpoint; delete "
+                          f"{os.path.dirname(path)} to resume from an earlier one") from e
+
+
+def _cause(e: BaseException) -> str:
+    """`Type: first line` of the failure `e` wraps (DCP wraps each rank's); Ctrl-C and exits are raised on."""
+    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        raise e
+    cause = first_failure(e)
+    return f"{type(cause).__name__}: {str(cause).splitlines()[0][:200] if str(cause) else ''}"

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import sys
@@ -23,10 +24,9 @@ from rllava.config import load_config  # no torch: `check_config` runs before th
 from rllava.errors import RllavaError, first_failure
 
 # OSErrors that are the machine's state, not a bug: reported as one line naming the path.
-ENVIRONMENT_ERRNOS = {errno.ENOSPC: "free some space there or point trainer.outputs_dir elsewhere",
-                      errno.EDQUOT: "free some space there or point trainer.outputs_dir elsewhere",
-                      errno.EACCES: "check the permissions or point trainer.outputs_dir elsewhere",
-                      errno.EPERM: "check the permissions or point trainer.outputs_dir elsewhere",
+_FULL = "free some space there or point trainer.outputs_dir elsewhere"
+_DENIED = "check the permissions or point trainer.outputs_dir elsewhere"
+ENVIRONMENT_ERRNOS = {errno.ENOSPC: _FULL, errno.EDQUOT: _FULL, errno.EACCES: _DENIED, errno.EPERM: _DENIED,
                       errno.EROFS: "point trainer.outputs_dir at a writable file system",
                       errno.ENOTDIR: "a path component is a file, not a directory"}
 
@@ -51,13 +51,11 @@ def _next_time(cfg) -> str:
     from rllava.train import builders as B
     from rllava.train import checkpoint as C
 
-    outputs_dir = B.run_outputs_dir(cfg)
-    saved = C.list_checkpoints(C.checkpoint_root(cfg, outputs_dir))
-    if saved and cfg.trainer.resume == "none":
-        return f"trainer.resume=auto continues it from {saved[-1][1]} (step {saved[-1][0]})"
-    if saved:
-        return f"the same command resumes from {saved[-1][1]} (step {saved[-1][0]})"
-    return "no checkpoint was saved: the same command starts this run again"
+    saved = C.list_checkpoints(C.checkpoint_root(cfg, B.run_outputs_dir(cfg)))
+    if not saved:
+        return "no checkpoint was saved: the same command starts this run again"
+    how = "trainer.resume=auto continues it" if cfg.trainer.resume == "none" else "the same command resumes"
+    return f"{how} from {saved[-1][1]} (step {saved[-1][0]})"
 
 
 _library_format = warnings.formatwarning
@@ -83,10 +81,8 @@ def quiet_libraries() -> None:
 
 
 def command_line(argv: list[str]) -> None:
-    """What `python -m rllava.train.pipeline.<name>` does before the pipeline's module imports torch and transformers
-    (~10 s of CPU, a minute on a busy machine): the config's one-line error at once (`check_config`), torch's CPU
-    threads (`cpu_threads`), and rllava's logged warnings as one `rllava: warning:` line each; warnings and progress
-    bars from rank 0 only, as every rank has the same config and data to warn about."""
+    """What `python -m rllava.train.pipeline.<name>` does before its module imports torch (~10 s of CPU): the config's
+    error at once, torch's CPU threads, rllava's logged warnings as `rllava: warning:` lines, from rank 0 only."""
     check_config(argv)
     cpu_threads()
     log = logging.getLogger("rllava")
@@ -98,30 +94,22 @@ def command_line(argv: list[str]) -> None:
         os.environ["TQDM_DISABLE"] = "1"  # and no progress bars (loading weights, ...)
 
 
-def _elastic_error_record(line: str) -> None:
-    """Under torchrun, the root cause its failure summary prints (torch.distributed.elastic's error file, the
-    documented hand-over): the one line, at the end of what the user sees, instead of a link to the docs."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if path:
-        import json
-
-        with open(path, "w") as f:
-            json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
-                                                                 "timestamp": str(int(time.time()))}}}, f)
-
-
 RANK0_GRACE_S = 10
 
 
 def _say_error(line: str, main: bool) -> None:
-    """Rank 0 prints the line; under torchrun every rank hands it to torchrun's summary, the others after giving
-    rank 0 RANK0_GRACE_S to fail first: usually every rank meets the same error (the same config, files, model), and
-    torchrun then ends them, so its summary names one failure instead of one per rank."""
-    if main or not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+    """Rank 0 prints the line. Under torchrun every rank writes it to torch.distributed.elastic's error file, so the
+    failure summary ends with it, not a link to the docs; the others wait RANK0_GRACE_S first: every rank usually
+    meets the same error and torchrun ends them once rank 0 fails, so the summary names one failure, not one each."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if main or not path:
         print(line, file=sys.stderr, flush=True)
     else:
         time.sleep(RANK0_GRACE_S)
-    _elastic_error_record(line)
+    if path:
+        with open(path, "w") as f:
+            json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                                 "timestamp": str(int(time.time()))}}}, f)
 
 
 def _is_main() -> bool:
@@ -130,8 +118,7 @@ def _is_main() -> bool:
 
 
 def check_config(argv: list[str]) -> None:
-    """Exit 2 with the config's one-line error, if it has one (`command_line`, before torch is imported). The run
-    loads the config again, and says its warnings then."""
+    """Exit 2 with the config's one-line error, if any, before torch is imported (the run's own load warns)."""
     if os.environ.get("RLLAVA_DEBUG") == "1":  # the run's own load prints the traceback
         return
     try:
@@ -144,10 +131,9 @@ def check_config(argv: list[str]) -> None:
 
 
 def cpu_threads(seconds: float = 0.2, stat: str = "/proc/stat") -> None:
-    """torch runs a thread per core, and where other processes keep cores busy its threads wait for each other at
-    every op: 2-4x slower steps measured on 2 cores with one busy (docs/rllava_scripts.md, "CPU threads"). So,
-    unless OMP_NUM_THREADS is set (torchrun sets 1 for several processes): as many threads as cores were idle over
-    `seconds`, shared by this node's processes; torch's own choice when all were idle. Call before torch loads."""
+    """Call before torch loads. torch runs a thread per core; where other processes keep cores busy they wait for each
+    other at every op (2-4x slower steps on 2 cores, one busy: docs/rllava_scripts.md, "CPU threads"). Unless
+    OMP_NUM_THREADS is set: as many threads as cores were idle over `seconds`, shared by this node's processes."""
     if "OMP_NUM_THREADS" in os.environ or not os.path.exists(stat):
         return
     cpus = {f"cpu{i}" for i in os.sched_getaffinity(0)}
@@ -169,9 +155,8 @@ def cpu_threads(seconds: float = 0.2, stat: str = "/proc/stat") -> None:
 
 
 def run_cli(train: Callable, argv: list[str] | None = None) -> None:
-    """`train(cfg) -> outputs_dir`. A user error prints one line and exits with status 2, never a traceback
-    (unless RLLAVA_DEBUG=1); Ctrl-C exits 130. From the command line (`argv` None) the process ends through
-    `D.exit_process`, so a torchrun worker never races its communication threads at exit; rank 0 alone speaks."""
+    """`train(cfg) -> outputs_dir`; a user error exits 2 with one line (a traceback only with RLLAVA_DEBUG=1), Ctrl-C
+    130; rank 0 alone speaks. From the command line (`argv` None) `D.exit_process` ends it: no thread races the exit."""
     from rllava import distributed as D
 
     start, code, cfg, main = time.time(), 0, None, _is_main()

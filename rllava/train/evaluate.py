@@ -1,13 +1,11 @@
-"""Validation: roll out the held-out prompts, score them, and average. Shared by every pipeline.
+"""Validation: roll out the held-out prompts, score them, and average. Shared by every pipeline, as is what a run
+logs of a generation (`generation_row`: a line of samples.jsonl / val_generations.jsonl) and of a reward:
 
-Also what a run logs of a reward and of a generation, the same in training and validation:
-
-- `headline(details)`: a reward's headline, by one rule. A reward that returns an `accuracy` part is logged as
-  that accuracy (`reward/accuracy_mean`, `val/accuracy`; a sample without the part, e.g. one scored 0 after an
-  error, counts 0). A reward without one is logged as an accuracy where every score of the batch is 0 or 1 (a
-  pass/fail reward), else as a score (`reward/score`, `val/score`): a float reward is not an accuracy. Scores
-  are what the function returned, before the overlong penalty and tool rewards the trainer adds to `overall`.
-- `generation_row(trajectory, reward, parts, dataset)`: one line of samples.jsonl / val_generations.jsonl.
+`headline(details)`, by one rule in training and validation: a reward that returns an `accuracy` part is logged as
+that accuracy (`reward/accuracy_mean`, `val/accuracy`; a sample without the part, e.g. scored 0 after an error,
+counts 0); one without it, as an accuracy where every score of the batch is 0 or 1 (pass/fail), else as a score
+(`reward/score`, `val/score`): a float reward is not an accuracy. Scores are what the function returned, before
+the overlong penalty and tool rewards the trainer adds to `overall`.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ from rllava.data.protocol import Trajectory
 from rllava.engine.inference.base import SamplingParams, generate_context
 from rllava.reward.scoring import Scoring
 from rllava.roles.rollout import Rollout
+from rllava.train.builders import greedy_sampling, sampling_params
 
 ADDED = ("overlong_penalty", "repetition_penalty", "tool_reward")  # parts the Scoring stage adds to the sum
 
@@ -45,17 +44,14 @@ def headline(details: list[dict[str, float]]) -> tuple[str, list[float]]:
 
 
 def generation_row(t: Trajectory, reward: float | None, parts: dict[str, float] | None, dataset: PromptDataset) -> dict:
-    """A generation as a researcher reads it: the record's index, prompt text, image files, ground truth,
-    response, reward and the reward's named parts (None without a reward, as in SFT); an agent's `turns` (each
-    turn's text, the call it made, the observation's text, whether it was an error, its tool reward and the
-    indices of the images it showed among the episode's, the record's first); a hybrid's `expert` ("prefix":
-    the response starts with the expert's tokens; "demonstration": a row for the SFT term only)."""
+    """A generation as a researcher reads it: record index, prompt, image files, ground truth, response, reward and its
+    parts (None without a reward: SFT); an agent's `turns` (text, call, observation, error, tool reward, the indices
+    of the images shown); a hybrid's `expert` ("prefix": starts with expert tokens; "demonstration": SFT only)."""
     images = normalize_image_list(dataset.records[t.sample.index][dataset.cfg.image_key]) if dataset.has_images else []
     images = [os.path.join(dataset.image_dir or "", x) if isinstance(x, str) else f"<{type(x).__name__}>"
               for x in images]
-    row = {"index": t.sample.index, "prompt": t.sample.prompt, "images": images,
-           "ground_truth": t.sample.ground_truth, "response": t.response,
-           "reward": reward, "reward_parts": parts or None}
+    row = {"index": t.sample.index, "prompt": t.sample.prompt, "images": images, "ground_truth": t.sample.ground_truth,
+           "response": t.response, "reward": reward, "reward_parts": parts or None}
     if t.agent is not None and getattr(t.agent, "log", None):
         row["turns"] = t.agent.log
     if t.expert:
@@ -63,12 +59,10 @@ def generation_row(t: Trajectory, reward: float | None, parts: dict[str, float] 
     return row
 
 
-
-
 def evaluate(train_engine, rollout: Rollout, reward: Scoring, dataset: PromptDataset, sampling: SamplingParams,
              batch_size: int, prefix: str = "val") -> tuple[dict[str, float], list[dict]]:
-    """Metrics `{prefix}/reward_mean`, `{prefix}/accuracy` or `{prefix}/score` (`headline`), every part
-    the reward returns, ... over every sample x sampling.n completions; and the generations (`generation_row`)."""
+    """Metrics `{prefix}/reward_mean`, `{prefix}/accuracy` or `{prefix}/score` (`headline`), every part the reward
+    returns, ... over every sample x sampling.n completions; and the generations (`generation_row`)."""
     mine = list(range(D.rank(), len(dataset), D.world_size()))  # under torchrun each rank scores a share
     size = len(mine) if batch_size <= 0 else max(batch_size // D.world_size(), 1)
     details, lengths, generations = [], [], []
@@ -86,8 +80,7 @@ def evaluate(train_engine, rollout: Rollout, reward: Scoring, dataset: PromptDat
     details, lengths, generations = D.gather(details), D.gather(lengths), D.gather(generations)
     name, values = headline(details)
     metrics = {f"{prefix}/reward_mean": float(np.mean([d["overall"] for d in details])),
-               f"{prefix}/{name}": float(np.mean(values)),
-               f"{prefix}/response_length": float(np.mean(lengths))}
+               f"{prefix}/{name}": float(np.mean(values)), f"{prefix}/response_length": float(np.mean(lengths))}
     if sampling.n > 1:  # pass@n: a prompt counts if any of its n samples is fully right (accuracy or score 1)
         solved = {}
         for g, v in zip(generations, values):
@@ -98,15 +91,10 @@ def evaluate(train_engine, rollout: Rollout, reward: Scoring, dataset: PromptDat
     return metrics, generations
 
 
-def validate(cfg, train_engine, rollout: Rollout, reward: Scoring, dataset: PromptDataset | None, step: int,
+def validate(cfg, train_engine, rollout: Rollout, reward: Scoring, dataset: PromptDataset, step: int,
              outputs_dir: str) -> dict[str, float]:
     """Held-out metrics at `step`: sampled as `rollout.val_override_config` says (`val/...`), greedy too if
-    `trainer.val_greedy` (`val_greedy/...`); the first `trainer.val_generations_to_log` generations go to
-    `outputs_dir/val_generations.jsonl`."""
-    from rllava.train.builders import greedy_sampling, sampling_params
-
-    if dataset is None:
-        return {}
+    `trainer.val_greedy` (`val_greedy/...`); the first val_generations_to_log generations to val_generations.jsonl."""
     metrics, generations = evaluate(train_engine, rollout, reward, dataset, sampling_params(cfg, validation=True),
                                     cfg.data.val_batch_size)
     if cfg.trainer.val_generations_to_log > 0 and D.is_main():

@@ -4,18 +4,15 @@ One object, built from the config when `actor.policy_loss.loss_mode` is a hybrid
 (`rllava.algorithms.hybrid`), gives the RLVR step (`rllava.train.pipeline.rlvr`) three things:
 
     prefixes(samples, step)   before the rollout: the expert tokens some responses start with
-        algorithm.prefix_strategy=random   LUFFY, SRFT: `n_prefix` of a prompt's K responses start with the first
-                                           U(min_prefix_ratio, max_prefix_ratio) of the expert response (1.0: it
-                                           is the whole response, nothing is sampled)
-        algorithm.prefix_strategy=hint     UFT: the first k of `hint_chunks` chunks of the expert solution,
-                                           k ~ Binomial(hint_chunks, p(t)), p(t) cosine from max_prefix_ratio to
-                                           min_prefix_ratio over `hint_steps` steps, no hint after
+      - algorithm.prefix_strategy=random (LUFFY, SRFT): `n_prefix` of a prompt's K responses start with the first
+        U(min_prefix_ratio, max_prefix_ratio) of the expert response (1.0: all of it, nothing is sampled)
+      - algorithm.prefix_strategy=hint (UFT): the first k ~ Binomial(hint_chunks, p(t)) of `hint_chunks` chunks of the
+        expert solution, p(t) cosine from max_prefix_ratio to min_prefix_ratio over `hint_steps` steps, no hint after
     demonstrations(...)       after the reward: demonstration rows added beside the groups (`Trajectory.sft_only`)
-        algorithm.unify_strategy=switch    HPT: a prompt solved <= `switch_gate` times trains on its demonstration
-                                           instead (its K rollouts stay in the batch, out of the loss)
-        algorithm.unify_strategy=soft      every prompt also trains on its demonstration
-        loss_mode=chord                    CHORD: `expert_data_ratio` of the step's rows are demonstrations drawn
-                                           from data.expert_files (else the training records)
+      - algorithm.unify_strategy=switch (HPT): a prompt solved <= `switch_gate` times trains on its demonstration
+        instead (its K rollouts stay in the batch, out of the loss); =soft: every prompt trains on its demonstration too
+      - loss_mode=chord (CHORD): `expert_data_ratio` of the step's rows are demonstrations drawn from
+        data.expert_files (else the training records)
     coefficients(step)        (rl_coef, sft_coef) of Actor.update: CHORD (1 - mu(t), mu(t)); else (1, sft_loss_coef)
 
 The expert response of a record is its `data.target_key` field, else `data.expert_template` rendered over its
@@ -34,16 +31,13 @@ import torch
 from rllava import distributed as D
 from rllava.algorithms.hybrid import HYBRID_LOSSES, chunk_bounds, hint_probability, mu_schedule
 from rllava.config.schema import rllava_target_dataset
+from rllava.data.dataset import PromptDataset
 from rllava.data.protocol import Sample, Trajectory
 from rllava.data.sampler import EpochSampler
 from rllava.data.records import DataError
 from rllava.errors import ConfigError
 from rllava.model.processor import get_tokenizer
 from rllava.train.pipeline.sft import reference_trajectory
-
-
-def is_hybrid(cfg) -> bool:
-    return cfg.actor.policy_loss.loss_mode in HYBRID_LOSSES
 
 
 def expert_rows_per_step(cfg) -> int:
@@ -82,7 +76,6 @@ class Hybrid:
             self.expert_sampler = EpochSampler(len(expert_set), rows, shuffle=cfg.data.shuffle, seed=cfg.data.seed + 1)
         self.step_metrics: dict[str, float] = {}
 
-    # -- the expert response of a record ---------------------------------------------------------------------
     def expert_text(self, sample: Sample) -> str:
         target = sample.target[0] if isinstance(sample.target, list) and sample.target else sample.target
         target = target.get("content") if isinstance(target, dict) else target  # a chat message
@@ -101,19 +94,14 @@ class Hybrid:
         return replace(t, group_id=group_id, sft_only=True)
 
     def expert_ids(self, sample: Sample) -> list[int]:
-        return reference_trajectory(self.processor, replace(sample, target=self.expert_text(sample)),
-                                    self.max_len).segments[-1].token_ids
+        return self.demonstration(sample, sample.index).segments[-1].token_ids
 
-    def _rng(self, step: int) -> np.random.Generator:
-        return np.random.default_rng([self.cfg.trainer.seed, step, D.rank()])
-
-    # -- before the rollout ----------------------------------------------------------------------------------
     def prefixes(self, samples: list[Sample], step: int) -> list[list[list[int] | None]] | None:
         """Per prompt, per response: the expert tokens it starts with (an off-policy segment) or None."""
         a, n = self.a, self.cfg.rollout.n
         if a.prefix_strategy == "none":
             return None
-        rng = self._rng(step)
+        rng = np.random.default_rng([self.cfg.trainer.seed, step, D.rank()])
         k = n if a.n_prefix < 0 else min(a.n_prefix, n)
         p_hint = hint_probability(step - 1, steps=a.hint_steps, start=a.max_prefix_ratio, end=a.min_prefix_ratio)
         out, lengths, chunks = [], [], []
@@ -138,12 +126,10 @@ class Hybrid:
                                       "hybrid/hint_chunks_mean": float(np.mean(chunks)) if chunks else 0.0})
         return out
 
-    # -- after the reward ------------------------------------------------------------------------------------
     def demonstrations(self, trajectories: list[Trajectory], scores: torch.Tensor,
                        details: list[dict]) -> tuple[list[Trajectory], torch.Tensor, list[dict], list[int]]:
-        """Adds the demonstration rows (HPT, CHORD); returns (trajectories, scores, details, rows whose loss is
-        dropped: the rollouts of an HPT group switched to SFT). Demonstration rows get score 0 and a group of
-        their own; they count in no reward metric and carry no advantage."""
+        """Adds the demonstration rows (HPT, CHORD: score 0, a group of their own, in no reward metric, no advantage);
+        returns (trajectories, scores, details, rows whose loss is dropped: an HPT group's rollouts switched to SFT)."""
         a, demos, dropped = self.a, [], []
         next_group = max(t.group_id for t in trajectories) + 1
         if a.unify_strategy != "none":
@@ -160,8 +146,8 @@ class Hybrid:
                     switched += 1
             self.step_metrics = {"hybrid/sft_groups": switched / len(groups) if a.unify_strategy == "switch"
                                  else 1.0, "hybrid/rl_groups": 1.0 - switched / len(groups)}
-        elif self.mode == "chord":
-            samples = self.next_expert_samples()
+        elif self.mode == "chord":  # this rank's share of the next demonstration rows
+            samples = [self.expert_set[j] for j in D.shard(self.expert_sampler.next_batch(), "expert rows")]
             demos = [self.demonstration(s, next_group + j) for j, s in enumerate(samples)]
             self.step_metrics = {"hybrid/expert_rows": float(len(demos))}
         if not demos:
@@ -169,11 +155,6 @@ class Hybrid:
         return (trajectories + demos, torch.cat([scores, torch.zeros(len(demos), dtype=scores.dtype)]),
                 details + [{} for _ in demos], dropped)
 
-    def next_expert_samples(self) -> list[Sample]:
-        """This rank's share of the next CHORD demonstration rows."""
-        return [self.expert_set[j] for j in D.shard(self.expert_sampler.next_batch(), "expert rows")]
-
-    # -- the update ------------------------------------------------------------------------------------------
     def coefficients(self, step: int) -> tuple[float, float]:
         """(rl_coef, sft_coef): CHORD's (1 - mu(t), mu(t)); the others (1, actor.sft_loss_coef)."""
         if self.mode == "chord":
@@ -202,14 +183,12 @@ class Hybrid:
 
 def build_hybrid(cfg, run) -> Hybrid | None:
     """The run's Hybrid (None unless loss_mode is a hybrid loss), held by the run (`Run.held`: checkpointed)."""
-    if not is_hybrid(cfg):
+    if cfg.actor.policy_loss.loss_mode not in HYBRID_LOSSES:
         return None
     expert_set = None
     if cfg.actor.policy_loss.loss_mode == "chord":
         expert_set = run.train_set
         if cfg.data.expert_files:
-            from rllava.data.dataset import PromptDataset
-
             expert_set = PromptDataset(cfg.data.expert_files, cfg.data, run.processor,
                                        image_dir=cfg.data.train_image_dir, target_key=cfg.data.target_key,
                                        limit_images=cfg.rollout.limit_images, key="data.expert_files")
@@ -220,6 +199,5 @@ def build_hybrid(cfg, run) -> Hybrid | None:
         if len(expert_set) < rows:
             raise ConfigError(f"CHORD draws {rows} demonstration rows per step but the expert data has "
                               f"{len(expert_set)} records: lower data.expert_batch_size / algorithm.expert_data_ratio")
-    hybrid = Hybrid(cfg, run.processor, expert_set)
-    run.hybrid = hybrid
-    return hybrid
+    run.hybrid = Hybrid(cfg, run.processor, expert_set)
+    return run.hybrid

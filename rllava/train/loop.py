@@ -1,7 +1,5 @@
-"""The loop every pipeline shares: draw prompts, run the pipeline's step, then time, log, validate and save.
-
-A pipeline (RLVR, SFT, and later the hybrids and agents) supplies one function,
-`step(samples, timer) -> (metrics, batch)`; everything that wraps a step lives here, once:
+"""The loop every pipeline (RLVR, SFT, hybrids, agents) shares: the pipeline supplies `step(samples, timer) ->
+(metrics, batch)`; everything that wraps a step (draw, time, log, validate, save) lives here, once:
 
     resume from a checkpoint (trainer.resume) -> start = its step, else 0
     validate at step 0 (trainer.val_before_train; not when resuming)
@@ -68,16 +66,12 @@ class Run:
     resume_from: str | None = None  # the checkpoint train_loop starts from (trainer.resume)
     fresh: bool = False  # the old run's files in outputs_dir are deleted first (outputs.check_outputs)
     step: int = 0  # the step running now (1-based); the checkpoint's step after a resume
-    # rollout.partial_rollout: the paused responses (roles.rollout.PartialRollouts), saved per rank
-    partial: object = None
-    # an asynchronous run: the rollout ranks' RNG states and paused responses after the last batch
-    rollout_rng: list | None = None
+    partial: object = None  # rollout.partial_rollout: the paused responses (PartialRollouts), saved per rank
+    rollout_rng: list | None = None  # async: the rollout ranks' RNG states and paused responses after the last batch
 
     def held(self) -> tuple[dict, dict]:
-        """What a checkpoint holds besides the sampler, RNG states and paused responses, named as in its files:
-        (train engines and weights that move, saved with torch.distributed.checkpoint; objects whose
-        state_dict() goes in state.json). The actor's engine, what each scorer holds (the critic's engine, a
-        reference that resets, the KL controller), a hybrid's expert sampler."""
+        """What a checkpoint holds besides sampler, RNG states and paused responses, by file name: (engines and moving
+        weights, saved with DCP; objects whose state_dict() goes in state.json), from actor, scorers, hybrid."""
         engines, states = ({"actor": self.actor.engine} if self.actor else {}), {}
         for s in self.scorers:
             engines.update(s.engines)
@@ -87,15 +81,13 @@ class Run:
         return engines, states
 
     def next_samples(self) -> list[Sample]:
-        """This rank's share of the next data.train_batch_size prompts (the resumable sampler, the same on every
-        rank, reshuffles each epoch)."""
+        """This rank's share of the next prompts (a resumable sampler, the same on every rank; reshuffled per epoch)."""
         return [self.train_set[j] for j in D.shard(self.sampler.next_batch(), "prompts")]
 
 
 @dataclass
 class Given:
-    """What the Python API (`rllava.api.RLVRPipeline`) hands `build_run` instead of the config's model_path and
-    data files: the policy and its processor, the train and val records (each None = built from the config)."""
+    """What `rllava.api.RLVRPipeline` hands `build_run`: policy, processor, train and val records (None: config's)."""
 
     model: torch.nn.Module | None = None
     processor: object = None
@@ -104,10 +96,8 @@ class Given:
 
 
 def build_run(cfg, *, role: str = "rl", given: Given | None = None) -> Run:
-    """Policy, data, sampler, Actor (with RL's scorers); the Rollout and Reward roles when the pipeline samples
-    (RL) or can validate (a val set and a reward function). `role`: "rl", "sft", or "rollout" (an asynchronous
-    run's rollout rank: the policy frozen, no Actor; it samples for the trainers). Reads outputs_dir but writes
-    nothing there (see `train_loop`)."""
+    """Policy, data, sampler, Actor (with RL's scorers), and the Rollout and Reward roles when the run samples or
+    validates. `role`: "rl", "sft" or "rollout" (an async run's rollout rank: frozen policy, no Actor); no writes."""
     given, sft, serving = given or Given(), role == "sft", role == "rollout"
     outputs_dir = B.run_outputs_dir(cfg)
     # the trainers check outputs_dir and find the checkpoint; a rollout rank reads its own (async_rl.serve)
@@ -127,7 +117,7 @@ def build_run(cfg, *, role: str = "rl", given: Given | None = None) -> Run:
     expert = sft or cfg.actor.policy_loss.loss_mode in HYBRID_LOSSES  # SFT and hybrids read the expert response
     train_set, val_set = B.build_datasets(cfg, processor, target_key=cfg.data.target_key if expert else None,
                                           given=(given.train, given.val))
-    sampler = B.build_sampler(cfg, train_set)
+    sampler = EpochSampler(len(train_set), cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
     steps = B.total_steps(cfg, sampler)
     engine = None if serving else B.build_engine(cfg, model, device, steps, sft=sft)  # before a rollout engine
     if sft and val_set is None and reward is not None:  # nothing to validate on
@@ -144,9 +134,7 @@ def build_run(cfg, *, role: str = "rl", given: Given | None = None) -> Run:
 
 
 def sample_rows(batch: Batch, dataset: PromptDataset, k: int) -> list[dict]:
-    """`k` generations of a batch, from as many prompts as possible, the policy's own before a hybrid's expert
-    rows (`evaluate.generation_row`: prompt, image files, ground truth, response, reward and its parts; None in
-    SFT)."""
+    """`k` generations of a batch (`evaluate.generation_row`) from as many prompts as possible, expert rows last."""
     rank, seen = [], {}  # rank[j]: (row j is a hybrid's expert row, it is the nth such row of its group)
     for t, g in zip(batch.trajectories, batch.group_ids.tolist()):
         expert = t.expert is not None
@@ -163,9 +151,8 @@ NON_FINITE_SAMPLING = "probability tensor contains either `inf`, `nan` or elemen
 
 
 def check_finite(metrics: dict[str, float], step: int, cfg) -> None:
-    """A non-finite loss or gradient norm stops the run at the step it appears, before anything of that step
-    is saved (the engines skip an optimizer step whose gradient norm is not finite, so the weights stay as the
-    previous step left them). DeepSpeed with fp16 overflows gradients routinely: its norms are not checked."""
+    """A non-finite loss or gradient norm stops the run before anything of its step is saved (the engines skip such an
+    optimizer step: the weights stay). DeepSpeed with fp16 overflows gradients routinely: its norms go unchecked."""
     fp16_scaling = cfg.actor.strategy == "deepspeed" and cfg.actor.deepspeed.torch_dtype == "fp16"
     bad = [f"{k}={v}" for k, v in metrics.items() if (k.endswith("loss") or (k.endswith("grad_norm")
            and not fp16_scaling)) and isinstance(v, float) and not math.isfinite(v)]
@@ -175,9 +162,8 @@ def check_finite(metrics: dict[str, float], step: int, cfg) -> None:
 
 
 def train_loop(run: Run, step: StepFn, name: str, draw: Callable[[], list[Sample]] | None = None) -> str:
-    """Run `step` up to run.steps (from the checkpoint's step when resuming) with logging, validation,
-    checkpoints and the final save; returns outputs_dir. `final/` is written only when every step ran.
-    `draw`: each step's prompts (default `run.next_samples`; an asynchronous run's rollout ranks draw their own)."""
+    """Run `step` up to run.steps (from the checkpoint's when resuming), logging, validating, saving; `final/` only when
+    every step ran. `draw`: each step's prompts (default `run.next_samples`). Returns outputs_dir."""
     try:
         return _train_loop(run, step, name, draw or run.next_samples)
     finally:

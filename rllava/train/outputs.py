@@ -2,13 +2,12 @@
 
 A run writes its folder, <trainer.outputs_dir>/<project_name>/<experiment_name> as in RLLaVA (config.yaml,
 metrics.jsonl, samples.jsonl, val_generations.jsonl, tensorboard/, wandb/, final/) and its checkpoint root
-(`trainer.save_checkpoint_path`, default <that folder>/checkpoints). A new run whose folder already holds a
-run's outputs either
+(`trainer.save_checkpoint_path`, default <that folder>/checkpoints). A new run whose folder holds a run's outputs
 
-- continues that run: it resumes from one of the checkpoints (`trainer.resume=auto` finds them) and names
-  the same model, data, reward and algorithm (`IDENTITY` below; other keys, e.g. max_steps, may change), or
-- starts that run again, saying so in one line, when it is the same run stopped (Ctrl-C, a kill) before its
-  first checkpoint and before final/: the same command always finishes a run, or
+- continues that run: it resumes from a checkpoint (`trainer.resume=auto` finds them) and names the same model,
+  data, reward and algorithm (`IDENTITY` below; other keys, e.g. max_steps, may change), or
+- starts it again, saying so in one line, when it is the same run stopped (Ctrl-C, a kill) before its first
+  checkpoint and before final/: the same command always finishes a run, or
 - starts over with `trainer.overwrite=true`: the old run's files are deleted first, or
 - stops with one line before writing anything.
 
@@ -40,8 +39,7 @@ STALE_PREFIXES = (".final.tmp-",)  # what a kill during the final save leaves (r
 
 
 def keys_for(run_dir: str) -> list[str]:
-    """The keys that make a run write exactly `run_dir` (RLLaVA's layout: <outputs_dir>/<project>/<experiment>),
-    for tools that place runs themselves (rllava.commands.proof, benchmarks/)."""
+    """The keys that make a run write exactly `run_dir`, for tools placing runs (rllava.commands.proof, benchmarks/)."""
     run_dir = os.path.abspath(run_dir)
     project = os.path.dirname(run_dir)
     return [f"trainer.outputs_dir={os.path.dirname(project)}", f"trainer.project_name={os.path.basename(project)}",
@@ -77,63 +75,51 @@ def _flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def identity_changes(old_yaml: str, new_yaml: str) -> list[str]:
-    """`key: old -> new` for each IDENTITY key that differs between two resolved configs."""
-    old, new = _flat(yaml.safe_load(old_yaml)), _flat(yaml.safe_load(new_yaml))
+def identity_changes(previous: str, cfg) -> list[str]:
+    """`key: old -> new` for each IDENTITY key that differs between the config.yaml at `previous` and `cfg`."""
+    with open(previous) as f:
+        old, new = _flat(yaml.safe_load(f.read())), _flat(yaml.safe_load(config_to_yaml(cfg)))
     old.setdefault("reward.reward_functions", [])  # a config.yaml written before that key existed
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in IDENTITY if old.get(k) != new.get(k)]
 
 
 def check_outputs(cfg, outputs_dir: str, resume_from: str | None) -> bool:
-    """Before anything is built: is this run allowed to write `outputs_dir` (see the module docstring)? True
-    when the old run's files are to be deleted before it writes (`claim`): trainer.overwrite, or the same run
-    started again."""
+    """Before anything is built: may this run write `outputs_dir` (module docstring)? True when `claim` is to delete
+    the old run's files first: trainer.overwrite, or the same run started again."""
     t = cfg.trainer
     held = held_outputs(cfg, outputs_dir)
     root = os.path.abspath(C.checkpoint_root(cfg, outputs_dir))
     if t.overwrite and resume_from and os.path.abspath(resume_from).startswith(root + os.sep):
         raise RllavaError(f"trainer.overwrite=true would delete {resume_from}, the checkpoint this run resumes "
                           "from: drop one of the two")
-    again = bool(held) and not t.overwrite and resume_from is None and _stopped_before_a_checkpoint(cfg, outputs_dir)
+    previous, saved = os.path.join(outputs_dir, "config.yaml"), C.list_checkpoints(root)
+    # the same run (its config.yaml names the same IDENTITY) stopped before its first checkpoint and final/:
+    # starting it again loses nothing
+    again = (bool(held) and not t.overwrite and resume_from is None and os.path.isfile(previous) and not saved
+             and not os.path.exists(os.path.join(outputs_dir, "final")) and not identity_changes(previous, cfg))
     if again and D.is_main():
         print(f"{outputs_dir} holds this run, stopped before its first checkpoint: starting it again", flush=True)
     if held and not t.overwrite and not again:
         if resume_from is None:
-            hint = (" (its checkpoints: trainer.resume=auto continues it)"
-                    if C.list_checkpoints(C.checkpoint_root(cfg, outputs_dir)) else "")
+            hint = " (its checkpoints: trainer.resume=auto continues it)" if saved else ""
             raise RllavaError(f"{outputs_dir} already holds another run's outputs ({', '.join(held)}){hint}: "
                               "choose another trainer.experiment_name (or outputs_dir), or set "
                               "trainer.overwrite=true to delete them and start over")
-        previous = os.path.join(outputs_dir, "config.yaml")
         previous = previous if os.path.isfile(previous) else os.path.join(resume_from, "config.yaml")
-        if os.path.isfile(previous):
-            with open(previous) as f:
-                changes = identity_changes(f.read(), config_to_yaml(cfg))
-            if changes:
-                raise RllavaError(f"{outputs_dir} holds a run this config does not continue ({'; '.join(changes)}): "
-                                  "choose another trainer.experiment_name (or outputs_dir), or set "
-                                  "trainer.overwrite=true to delete that run and start over")
+        changes = identity_changes(previous, cfg) if os.path.isfile(previous) else []
+        if changes:
+            raise RllavaError(f"{outputs_dir} holds a run this config does not continue ({'; '.join(changes)}): "
+                              "choose another trainer.experiment_name (or outputs_dir), or set "
+                              "trainer.overwrite=true to delete that run and start over")
     check_writable(outputs_dir)
     if root != os.path.abspath(os.path.join(outputs_dir, "checkpoints")) and t.save_freq > 0:
         check_writable(root, "trainer.save_checkpoint_path")
     return t.overwrite or again
 
 
-def _stopped_before_a_checkpoint(cfg, outputs_dir: str) -> bool:
-    """The run in `outputs_dir` is this config's (its config.yaml names the same IDENTITY), has no checkpoint,
-    and did not finish (no final/): starting it again loses nothing."""
-    previous = os.path.join(outputs_dir, "config.yaml")
-    if os.path.exists(os.path.join(outputs_dir, "final")) or not os.path.isfile(previous) or \
-            C.list_checkpoints(C.checkpoint_root(cfg, outputs_dir)):
-        return False
-    with open(previous) as f:
-        return not identity_changes(f.read(), config_to_yaml(cfg))
-
-
 def claim(cfg, outputs_dir: str, resuming: bool, fresh: bool) -> None:
-    """Right before the first step: delete the old run's files (`fresh`: what `check_outputs` said, i.e.
-    trainer.overwrite or the same run started again; never when resuming), the leftovers of a killed final save, and write this run's config.yaml. Rank 0 writes; every
-    rank waits."""
+    """Right before the first step, rank 0 deletes the old run's files (if `fresh` and not `resuming`) and a killed
+    final save's leftovers, then writes this run's config.yaml; every rank waits."""
     if D.is_main():
         if fresh and not resuming:
             for name in RUN_FILES:

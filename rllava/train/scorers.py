@@ -29,12 +29,12 @@ from rllava.algorithms.registry import SCORERS, register_scorer
 from rllava.data.protocol import Batch
 from rllava.errors import ConfigError
 from rllava.roles.rollout import logprob_gap_metrics
+from rllava.train import builders as B  # builders imports this module only inside build_actor: no cycle
 
 
 @dataclass(kw_only=True)
 class Parts:
-    """What a scorer's builder may use: the config, the policy (its train engine: frozen copies shard like it),
-    its processor, the device, the run's steps, the algorithm, and the scorers built before it by field."""
+    """What a scorer's builder may use (frozen copies shard like `engine`); `built`: the earlier scorers, by field."""
 
     cfg: object
     policy: torch.nn.Module
@@ -97,9 +97,7 @@ def old_logprobs(actor) -> Scorer:
 # ---- the built-in scorers, in the order learn runs them -------------------------------------------------------
 @register_scorer("reference")
 def reference(cfg, parts: Parts) -> Scorer | None:
-    from rllava.train.builders import build_reference_role
-
-    ref = build_reference_role(cfg, parts.policy, parts.device, parts.engine)
+    ref = B.build_reference_role(cfg, parts.policy, parts.device, parts.engine)
     if ref is None:
         return None
     resets = {"ref": ref} if ref.reset_freq else {}  # resets move the reference: exact resume needs its weights
@@ -111,9 +109,7 @@ def reference(cfg, parts: Parts) -> Scorer | None:
 def teachers(cfg, parts: Parts) -> Scorer | None:
     """On-policy distillation (algorithm.distill): the teachers score the samples before the update (a sampled
     loss) or inside it (loss=full: the Actor runs them); the Actor adds the dense term either way."""
-    from rllava.train.builders import build_distillation
-
-    distill = build_distillation(cfg, parts.processor, parts.policy, parts.device, parts.engine)
+    distill = B.build_distillation(cfg, parts.processor, parts.policy, parts.device, parts.engine)
     if distill is None:
         return None
     before = distill.needs("teacher_logprobs")
@@ -123,9 +119,7 @@ def teachers(cfg, parts: Parts) -> Scorer | None:
 
 @register_scorer("critic")
 def critic(cfg, parts: Parts) -> Scorer | None:
-    from rllava.train.builders import build_critic
-
-    c = build_critic(cfg, parts.device, parts.steps, parts.algorithm)
+    c = B.build_critic(cfg, parts.device, parts.steps, parts.algorithm)
     if c is None:
         return None
     return Scorer("values", c.compute_values, "values", role=c, engines={"critic": c.engine},
@@ -136,9 +130,7 @@ def critic(cfg, parts: Parts) -> Scorer | None:
 def kl_in_reward(cfg, parts: Parts) -> Scorer | None:
     """r_t - beta * KL(pi_old || pi_ref)_t, beta from algorithm.kl_ctrl (fixed or adaptive); the exact KL over the
     vocabulary with algorithm.kl_penalty=full (the reference's hidden states, then the policy's forward)."""
-    from rllava.train.builders import build_kl_controller
-
-    ctrl, ref = build_kl_controller(cfg), parts.built.get("ref_logprobs")
+    ctrl, ref = B.build_kl_controller(cfg), parts.built.get("ref_logprobs")
     if ctrl is None:
         return None
 

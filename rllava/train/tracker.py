@@ -1,10 +1,9 @@
 """Metric sinks selected by `trainer.logger`: console, jsonl (`outputs_dir/metrics.jsonl`), tensorboard, wandb;
 plus `outputs_dir/samples.jsonl`, a few training generations every trainer.samples_freq steps.
 
-Each metrics.jsonl row also carries `time/elapsed_s`: wall-clock seconds the run has spent since its tracker
-started (model loaded, checkpoint restored), summed over resumes: a resumed run goes on from the value logged at
-its checkpoint's step, so the time a stopped run spent past its last checkpoint (redone after the resume) and the
-restart itself are not counted. `python -m rllava.commands.compare` plots curves against it."""
+Each metrics.jsonl row also carries `time/elapsed_s`: wall-clock seconds since the tracker started (model loaded,
+checkpoint restored), summed over resumes from the value logged at the checkpoint's step, so steps redone after a
+resume and the restart itself are not counted. `python -m rllava.commands.compare` plots curves against it."""
 
 from __future__ import annotations
 
@@ -50,13 +49,15 @@ class Tracker:
                              purge_step=purge_step)
 
     def rewind(self, step: int) -> None:
-        """A run resumed from the checkpoint of `step`: drop what the stopped run logged after it (from the
-        jsonl files, and tensorboard's purge_step hides it there), so every step appears once."""
+        """Resumed from `step`'s checkpoint: drop what was logged after it (tensorboard: purge_step), each step once."""
         if not self.enabled:
             return
         self.jsonl.close()
-        for name in STEP_FILES:
-            truncate_jsonl(os.path.join(self.outputs_dir, name), step)
+        for path in [os.path.join(self.outputs_dir, name) for name in STEP_FILES]:
+            if os.path.isfile(path):  # keep the rows whose "step" is <= `step`, rewritten atomically
+                with open(path) as f:
+                    kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+                write_text_atomic(path, "".join(kept))
         with open(os.path.join(self.outputs_dir, "metrics.jsonl")) as f:
             times = [r["time/elapsed_s"] for r in map(json.loads, filter(str.strip, f)) if "time/elapsed_s" in r]
         self.started, self.elapsed_before = time.monotonic(), times[-1] if times else 0.0
@@ -84,8 +85,7 @@ class Tracker:
             print(f"[step {step}] " + " | ".join(part for part in (shown, stages) if part), flush=True)
 
     def log_samples(self, rows: list[dict], step: int) -> None:
-        """Generations to read beside the curves: one json line each in outputs_dir/samples.jsonl (a ground
-        truth that is not JSON, e.g. from a Python data set, is written as its str)."""
+        """One json line per generation in outputs_dir/samples.jsonl (a ground truth that is not JSON: its str)."""
         if not self.enabled:
             return
         with open(os.path.join(self.outputs_dir, "samples.jsonl"), "a") as f:
@@ -114,15 +114,6 @@ def start_wandb(project: str, experiment: str, config: dict, outputs_dir: str):
     logged_in = os.environ.get("WANDB_API_KEY") or (os.path.isfile(netrc) and "api.wandb.ai" in open(netrc).read())
     mode = os.environ.get("WANDB_MODE") or ("online" if logged_in else "offline")
     return wandb.init(project=project, name=experiment, config=config, dir=outputs_dir, mode=mode)
-
-
-def truncate_jsonl(path: str, step: int) -> None:
-    """Keep the rows of `path` whose "step" is <= `step` (rewritten atomically; no file: nothing to do)."""
-    if not os.path.isfile(path):
-        return
-    with open(path) as f:
-        kept = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
-    write_text_atomic(path, "".join(kept))
 
 
 class Timer:

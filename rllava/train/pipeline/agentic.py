@@ -3,9 +3,9 @@
     python -m rllava.train.pipeline.agentic config=... rollout.agent.tools=[search,zoom] k=v
     python -m rllava.train.pipeline.agentic config=... rollout.env_config_path=env.yaml k=v   # RLLaVA's files
 
-The same loop and step as `rllava.train.pipeline.rlvr` (which runs agents too when `rollout.agent.tools` is
-set); this module only insists that tools or an environment are configured, so an agentic script never
-silently trains a single turn. The driver is `rllava.agent.rollout.AgentRollout`; tools and their keys are in docs/agents.md.
+The loop and step of `rllava.train.pipeline.rlvr` (which runs agents too), insisting that tools or an environment
+are configured: an agentic script never silently trains a single turn. The driver is
+`rllava.agent.rollout.AgentRollout`; tools and their keys are in docs/agents.md.
 """
 
 from rllava.config import ConfigError

@@ -52,8 +52,7 @@ class Rollouts:
 
 
 def batch_metrics(batch: Batch) -> dict[str, float]:
-    """What a researcher watches besides the loss: reward, its accuracy or score (`evaluate.headline`) and
-    parts, lengths, and how many groups carry signal."""
+    """What a researcher watches besides the loss: reward (`evaluate.headline`, parts), lengths, groups with signal."""
     rows = [i for i, t in enumerate(batch.trajectories) if not t.sft_only]  # a hybrid's demonstrations: no reward
     scores, trajs = batch.need("scores")[rows], [batch.trajectories[i] for i in rows]
     details = [batch.reward_details[i] for i in rows]
@@ -75,9 +74,8 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
 
 def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine,
                  version: Callable[[int], int] = lambda step: step - 1) -> Callable[[list[Sample], Timer], Rollouts]:
-    """Stages 1-2 of the step as one function of the prompts, for this process (`train`) or a rollout rank of an
-    asynchronous run (`async_rl.serve`): `run` gives the Rollout and Reward roles, the step and more prompts;
-    `train_engine` the weights to sample with (`generate_context`), those of update `version(step)`."""
+    """Stages 1-2 as a function of the prompts, here (`train`) or on an async run's rollout rank (`async_rl.serve`):
+    `run` gives the roles, step and more prompts; `train_engine` the weights (those of update `version(step)`)."""
     cfg, rollout, reward, a = run.cfg, run.rollout, run.reward, run.cfg.algorithm
     sampling, greedy = B.sampling_params(cfg), B.greedy_sampling(cfg)
     tagged = cfg.trainer.async_training or cfg.rollout.partial_rollout  # tokens carry the version that wrote them
@@ -127,8 +125,7 @@ def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine,
 
 
 def train(cfg, given: Given | None = None) -> str:
-    """Run RLVR as configured; returns the outputs directory. `given`: a model and records built in Python
-    instead of the config's (rllava.api.RLVRPipeline)."""
+    """Run RLVR as configured; returns outputs_dir. `given`: a model and records built in Python (rllava.api)."""
     if cfg.trainer.async_training and given is not None and any(vars(given).values()):
         raise ConfigError("trainer.async_training=true: the rollout ranks load actor.model and the data from the "
                           "config, so a model or records given in Python cannot reach them; give their paths in the "
