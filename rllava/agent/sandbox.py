@@ -509,12 +509,13 @@ def _start(j: Jail, limits: Limits, workdir: str | None = None) -> _Started:
                        ours, None, _Cgroup(*j.cgroup, limits) if j.cgroup else None, weak=not j.bwrap)
     if _wait_readable(ours.fileno(), max(limits.wall_s, 10.0)):
         try:
-            _, fds, _, _ = socket.recv_fds(ours, 8, 1)
-            started.first = fds[0] if fds else None
-            if started.first is not None and started.cgroup:
+            started.first = socket.recv_fds(ours, 8, 1)[1][0]
+            if started.cgroup:
                 started.cgroup.add(_host_pid(started.first))
-        except (OSError, ValueError):
-            pass  # the fork failed, or the call is already gone (and its namespace with it)
+        except (OSError, ValueError, IndexError, StopIteration):  # the fork failed, the call is gone, or it is
+            if started.first is not None:  # outside its cgroup: it never gets its request
+                _end(started)
+                started.first = None
     return started
 
 

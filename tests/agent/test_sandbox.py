@@ -345,10 +345,13 @@ def test_5_what_the_snippet_writes_is_not_trusted(jail, caplog):
 
 def test_6_memory_processes_and_disk_are_bounded_per_call(jail):
     limits = Limits(**{**FAST.__dict__, "memory_mb": 1024, "processes": 4, "wall_s": 8.0})
-    hog = ("import os, time\nr, w = os.pipe()\nfor i in range(4):\n    try:\n        pid = os.fork()\n"
+    # held: forks that allocated their 700 MB and are still alive 3 s on (the OOM killer may end one that had
+    # finished, after which another finishes: they never held it together)
+    hog = ("import os, time\nr, w = os.pipe()\npids = []\nfor i in range(4):\n    try:\n        pid = os.fork()\n"
            "    except OSError:\n        break\n    if pid == 0:\n        b = b'\\1' * (700 << 20)\n"
-           "        os.write(w, b'x')\n        time.sleep(5)\n        os._exit(0)\n"
-           "os.close(w)\ntime.sleep(3)\nos.set_blocking(r, False)\nprint('held', len(os.read(r, 16)))\n")
+           "        os.write(w, bytes([i]))\n        time.sleep(5)\n        os._exit(0)\n    pids.append(pid)\n"
+           "os.close(w)\ntime.sleep(3)\nos.set_blocking(r, False)\ndone = os.read(r, 16)\n"
+           "print('held', sum(os.waitpid(pids[i], os.WNOHANG) == (0, 0) for i in done))\n")
     result = run_code(hog, [], limits)
     held = int(result.stdout.split()[1]) if result.stdout.startswith("held") else 0
     bound = limits.memory_mb if jail.cgroup else limits.processes * limits.memory_mb  # documented in sandbox.py
