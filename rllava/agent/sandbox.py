@@ -585,6 +585,7 @@ class _Zygote:
         self.lock, self.proc, self.sock, self.jail, self.pid = threading.Lock(), None, None, None, None
         self.threads, self.helper = {}, threading.Lock()  # lane -> (queue, thread); a lock for the rest
         self.ahead, self.want, self.running = {}, {}, {}  # (limits, jail) -> [_Started], most at once, now
+        self.counted_in = os.getpid()  # the process `ahead` and `running` belong to
         atexit.register(self.close)
 
     def take(self, j: Jail, limits: Limits) -> _Started | None:
@@ -592,15 +593,15 @@ class _Zygote:
         it. Every take is followed by one `done` when its call ends."""
         key = (limits, id(j))
         with self.helper:
-            if self.pid != os.getpid():  # a forked trainer: the calls forked ahead are its parent's
-                self.ahead, self.running = {}, {}
+            if self.counted_in != os.getpid():  # a forked trainer: the calls forked ahead are its parent's
+                self.ahead, self.running, self.counted_in = {}, {}, os.getpid()
             self.running[key] = self.running.get(key, 0) + 1
             self.want[key] = min(self.MAX, max(self.want.get(key, 1), self.running[key]))
             ready = self.ahead.get(key, [])
             started = ready.pop(0) if ready else None
         self.later(lambda: self._ahead(j, limits))
         if started is not None and _wait_readable(started.first, 0):  # it died waiting: the call forks its own
-            ZYGOTE.later(lambda: _discard(started))
+            self.later(lambda: _discard(started))
             started = None
         return started
 
@@ -640,8 +641,7 @@ class _Zygote:
                     return
                 except OSError as e:  # it died since: once more with a new one
                     why = e
-                    if self.proc is not None:
-                        self.proc.kill()
+                    self.close(wait=False)
             _warn_once(f"code sandbox: the zygote takes no calls ({type(why).__name__}: {why})")
 
     def _restart(self, j: Jail) -> None:
@@ -701,7 +701,7 @@ class _Zygote:
         """End the zygote (calls in flight end with it), and let the helper thread finish what it was given."""
         with self.helper:
             ahead, self.ahead, self.want = [s for v in self.ahead.values() for s in v], {}, {}
-        for started in ahead if self.pid == os.getpid() else ():
+        for started in ahead if self.counted_in == os.getpid() else ():
             _discard(started)
         proc, self.proc = self.proc, None
         if proc is not None and self.pid == os.getpid():
