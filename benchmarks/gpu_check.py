@@ -54,8 +54,8 @@ Issue 46's two scenarios (`--scenario`, one run each, the engine chosen by the c
              tokens/s/GPU is verl's `perf/throughput`: every prompt + response token of a step / step seconds / GPUs
              (rllava's `perf/tokens_per_s`, one GPU), of the steps after the first; the rollout's share is
              `timing/rollout / timing/step`.
-             The A/B for the next GPU (issue 46: the rollout was 48 % of the step, token-by-token decode), the HF
-             engine's decode path, rllava alone, one model directory for both (--root):
+             The A/B of the HF engine's decode path (issue 46; on an H200 2026-11-28 compiled was no faster, so
+             eager stays the default), rllava alone, one model directory for both (--root):
                  python benchmarks/gpu_check.py --scenario research --no-trl --root /tmp/gc --out eager.md
                  python benchmarks/gpu_check.py --scenario research --no-trl --root /tmp/gc --out compiled.md \
                      --keys rollout.hf_decode=compiled      # (and =static: the cache alone, no compile)

@@ -38,8 +38,8 @@
 #     python3 benchmarks/gpu_check.py --scenario research --steps 2 --run-timeout 285 --root /tmp/g2 \
 #         --out $OUT/research.md                                            # rllava ~190 s, then TRL's side
 #
-# Next GPU: TRL's side did not finish its first step in 150 s (give it --run-timeout 300, or run it first); the
-# rllava24 rows past the reference's pass are unmeasured (docs/performance.md, "Issue 46's scenarios").
+# 2026-11-28 (H200): benchmarks/gpu_issue46.sh ran the three in one call (docs/performance.md, "second pass").
+# Next GPU: rllava24's step time alone, and TRL's side with two steps alone (see there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}

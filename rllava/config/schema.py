@@ -693,7 +693,7 @@ class RolloutConfig:
     ignore_eos: bool = False  # keep generating past EOS, to max_response_length (rollout.name=hf only)
     disable_tqdm: bool = False  # hide the generation progress bar (rllava shows none: true warns)
     micro_batch_size: int = 2  # prompts per generate call
-    hf_decode: str = "eager"  # rllava: rollout.name=hf's KV cache (rllava.engine.inference.hf.HFRolloutEngine's docstring): eager (the growing DynamicCache) | static (a preallocated StaticCache: fixed decode shapes, the same tokens and log-probs) | compiled (static, and generate compiles the decode step: CUDA graphs; CUDA and actor.strategy single only); models with sliding-window or linear-attention layers stay eager; eager by default until measured on a GPU (issue 46)
+    hf_decode: str = "eager"  # rllava: rollout.name=hf's KV cache (rllava.engine.inference.hf.HFRolloutEngine's docstring): eager (the growing DynamicCache) | static (a preallocated StaticCache: fixed decode shapes, the same tokens and log-probs) | compiled (static, and generate compiles the decode step: CUDA graphs; CUDA and actor.strategy single only); models with sliding-window or linear-attention layers stay eager; eager by default: compiled was no faster on an H200 (docs/performance.md)
     val_override_config: dict[str, Any] = field(default_factory=dict)  # validation sampling: n/temperature/top_p/top_k
     partial_rollout: bool = False  # resume unfinished generations next step (roles.rollout.PartialRollouts): responses are written in rounds of at most partial_rollout_tokens tokens; once a step has its batch of complete groups, the others pause until the next
     partial_rollout_tokens: int = 0  # rllava: tokens per response per round (0 = data.max_response_length / 4)
