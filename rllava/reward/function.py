@@ -240,19 +240,13 @@ class RewardFunction(Fallible):
         """Returns scores [B] (the `overall` entries) and the per-trajectory dicts of named scores (a rule scores
         training and validation alike: `train` is part of the source interface, see rllava.reward.scoring)."""
         fields = [sample_fields(t, self.heavy) for t in trajectories]
-        if self.reward_type == "batch":
-            return self._score_batch(trajectories, fields)
-        calls = [((t.response, t.sample.ground_truth) if self.reward_type == "named" else (self._light(f),),
-                  {k: f[k] for k in self.fields if k in f}) for t, f in zip(trajectories, fields)]
-        return self.finish([o.error or _as_scores(o.value) for o in self.runner.run(calls)], trajectories)
-
-    @staticmethod
-    def _light(fields: dict) -> dict:
-        return {k: v for k, v in fields.items() if k not in HEAVY}
-
-    def _score_batch(self, trajectories: list[Trajectory], fields: list[dict]):
+        light = [{k: v for k, v in f.items() if k not in HEAVY} for f in fields]  # the dict forms' input
+        if self.reward_type != "batch":
+            calls = [((t.response, t.sample.ground_truth) if self.reward_type == "named" else (d,),
+                      {k: f[k] for k in self.fields if k in f}) for t, f, d in zip(trajectories, fields, light)]
+            return self.finish([o.error or _as_scores(o.value) for o in self.runner.run(calls)], trajectories)
         named = {k: [f[k] for f in fields] for k in self.heavy}  # images / videos: one entry per input
-        (outcome,) = self.runner.run([(([self._light(f) for f in fields],), named)])
+        (outcome,) = self.runner.run([((light,), named)])
         results, problem = outcome.value, outcome.error
         if problem is None and (not isinstance(results, (list, tuple)) or len(results) != len(trajectories)):
             size = f" of {len(results)}" if hasattr(results, "__len__") else ""

@@ -26,7 +26,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -226,10 +226,8 @@ class WorkerPool:
 
     def close(self) -> None:
         for w in self.workers:
-            try:
+            with suppress(OSError, ValueError):
                 w.conn.send(None)
-            except (OSError, ValueError):
-                pass
             w.proc.join(timeout=1)
             if w.proc.is_alive():
                 w.kill()

@@ -157,10 +157,8 @@ class JudgeReward(_Source):
             texts = [j.response for j in self.rollout.generate(samples, self.sampling)]
         finally:
             engine.offload()
-        if self.runner is not None:
-            results = [o.error or _as_scores(o.value) for o in self.runner.run([((x,), {}) for x in texts])]
-        else:
-            results = [self.verdict(x) for x in texts]
+        results = ([o.error or _as_scores(o.value) for o in self.runner.run([((x,), {}) for x in texts])]
+                   if self.runner is not None else [self.verdict(x) for x in texts])
         shown = [x if len(x) <= 200 else x[:197] + "..." for x in texts]
         return self.finish([r if not isinstance(r, str) else f"{r}; the judge wrote {x!r}"
                              for r, x in zip(results, shown)], trajectories)
@@ -214,8 +212,7 @@ def build_model_reward(entry, cfg, device: torch.device, key: str = "reward.mode
     if unknown:
         raise RewardError(f"{key}.{unknown[0]} is not read by {kind} rewards (their keys: "
                           f"{', '.join(sorted(ENTRY_KEYS[kind] - {'type'}))})")
-    strict, fallback = cfg.reward.error_policy()
-    policy = dict(strict=strict, fallback_score=fallback)
+    policy = dict(zip(("strict", "fallback_score"), cfg.reward.error_policy()))
     if kind == "embedding":
         if e.get("model") not in (None, MINILM):
             raise RewardError(f"{key}.model={e['model']}: the embedding reward runs {MINILM} (leave model unset)")

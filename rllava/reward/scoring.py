@@ -75,15 +75,14 @@ class Scoring:
                 else:
                     d.update(p)
         for i, (d, t) in enumerate(zip(details, trajectories)):
-            if t.turn_rewards:  # agents: each turn's tool-level reward adds to the episode's
-                d["tool_reward"] = float(sum(t.turn_rewards))
-                total[i] += d["tool_reward"]
+            extra = {"tool_reward": float(sum(t.turn_rewards))} if t.turn_rewards else {}  # agents: their tools'
             if train and self.overlong is not None:
-                d["overlong_penalty"] = overlong_penalty(t.num_response_tokens, *self.overlong)
-                total[i] += d["overlong_penalty"]
+                extra["overlong_penalty"] = overlong_penalty(t.num_response_tokens, *self.overlong)
             if train and self.repetition is not None:
-                d["repetition_penalty"] = repetition_penalty(response_token_ids(t), *self.repetition)
-                total[i] += d["repetition_penalty"]
+                extra["repetition_penalty"] = repetition_penalty(response_token_ids(t), *self.repetition)
+            for k, v in extra.items():  # each added once, in this order
+                d[k] = v
+                total[i] += v
         total, _, _ = self._finite(total, "the weighted sum of the rewards", trajectories, float32=True)
         for d, s in zip(details, total.tolist()):
             d["overall"] = s
