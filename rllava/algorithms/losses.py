@@ -61,9 +61,10 @@ def _clipped_surrogate(adv: torch.Tensor, ratio: torch.Tensor, low: float, high:
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
-def _ppo_metrics(clipped: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """`pg_clipfrac` (fraction of tokens clipped) and `ppo_kl` = mean(logp_old - logp), k1 of KL(old || new)."""
-    return {"pg_clipfrac": masked_mean(clipped.float(), mask), "ppo_kl": masked_mean(-log_ratio.detach(), mask)}
+def _ppo_metrics(clipped: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, **extra) -> dict:
+    """`pg_clipfrac` (fraction of tokens clipped), `ppo_kl` = mean(logp_old - logp), k1 of KL(old || new); `extra`."""
+    return {"pg_clipfrac": masked_mean(clipped.float(), mask), "ppo_kl": masked_mean(-log_ratio.detach(), mask),
+            **extra}
 
 
 def _centered_cov(adv: torch.Tensor, logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -91,10 +92,8 @@ def vanilla(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: fl
     loss_clip, clipped = _clipped_surrogate(adv, torch.exp(log_ratio), clip_ratio_low, clip_ratio_high)
     loss_cap = -adv * clip_ratio_c
     capped = (loss_clip > loss_cap) & (adv < 0)
-    loss = torch.where(capped, loss_cap, loss_clip)
-    metrics = _ppo_metrics(clipped, log_ratio, inp.mask)
-    metrics["pg_clipfrac_lower"] = masked_mean(capped.float(), inp.mask)
-    return loss, metrics
+    return torch.where(capped, loss_cap, loss_clip), _ppo_metrics(
+        clipped, log_ratio, inp.mask, pg_clipfrac_lower=masked_mean(capped.float(), inp.mask))
 
 
 @register_policy_loss("dapo")
@@ -214,10 +213,8 @@ def clip_cov(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: f
     pick = band[torch.randperm(band.numel())[:n_pick].to(band.device)]
     selected = torch.zeros(cov.shape, dtype=torch.bool, device=cov.device)
     selected.view(-1)[pick] = True
-    loss = torch.where(selected, loss.detach(), loss)
-    metrics = _ppo_metrics(clipped, log_ratio, inp.mask)
-    metrics["clip_cov_frac"] = masked_mean(selected.float(), inp.mask)
-    return loss, metrics
+    return torch.where(selected, loss.detach(), loss), _ppo_metrics(
+        clipped, log_ratio, inp.mask, clip_cov_frac=masked_mean(selected.float(), inp.mask))
 
 
 @register_policy_loss("kl_cov")
@@ -325,10 +322,9 @@ def decoupled_ppo(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_hi
             weight, dtype=torch.bool)
         weight = torch.where(kept, weight, torch.zeros_like(weight))
     kept_mask = inp.mask * kept
-    metrics = _ppo_metrics(clipped, log_ratio, inp.mask)
-    metrics.update(behav_imp_weight=masked_mean(weight, kept_mask), behav_approx_kl=masked_mean(behav_kl, kept_mask),
-                   behav_filtered_frac=masked_mean((~kept).float(), inp.mask))
-    return loss * weight, metrics
+    return loss * weight, _ppo_metrics(
+        clipped, log_ratio, inp.mask, behav_imp_weight=masked_mean(weight, kept_mask),
+        behav_approx_kl=masked_mean(behav_kl, kept_mask), behav_filtered_frac=masked_mean((~kept).float(), inp.mask))
 
 
 @register_policy_loss("sft")

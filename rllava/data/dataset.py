@@ -174,17 +174,12 @@ class PromptDataset:
                         len(lengths), data_cfg.max_prompt_length,
                         f" (the longest has {lengths[-1]})" if lengths else "", many_images)
         if not self.indices:
-            raise DataError(self._all_filtered(lengths, many_images))
-
-    def _all_filtered(self, lengths: list[int], many_images: int) -> str:
-        parts = []
-        if lengths:
-            parts.append(f"{len(lengths)} are longer than data.max_prompt_length={self.cfg.max_prompt_length} tokens "
-                         f"(image tokens included; shortest {lengths[0]}, longest {lengths[-1]}): raise "
-                         f"data.max_prompt_length (to {lengths[-1]} to keep them all)")
-        if many_images:
-            parts.append(f"{many_images} have more than rollout.limit_images={self.limit_images} images")
-        return f"{self.spec}: all {len(self.records)} prompts were filtered: " + "; ".join(parts)
+            parts = [f"{len(lengths)} are longer than data.max_prompt_length={data_cfg.max_prompt_length} tokens "
+                     f"(image tokens included; shortest {lengths[0]}, longest {lengths[-1]}): raise "
+                     f"data.max_prompt_length (to {lengths[-1]} to keep them all)"] if lengths else []
+            if many_images:
+                parts.append(f"{many_images} have more than rollout.limit_images={limit_images} images")
+            raise DataError(f"{spec}: all {len(self.records)} prompts were filtered: " + "; ".join(parts))
 
     def __len__(self) -> int:
         return len(self.indices)
