@@ -127,17 +127,13 @@ PATH_KEYS = {f"{m}.{k}" for m in ("actor.model", "critic.model", "reward.model")
     "trainer.resume", "algorithm.plugins", "rollout.agent.plugins"}
 
 
-def _home(overrides: dict[str, Any]) -> dict[str, Any]:
-    """`~/runs/x` in a path key is under the home directory (not a folder named `~` here)."""
-    def expand(v):
-        return os.path.expanduser(v) if isinstance(v, str) and v.startswith("~") else v
-    return {k: ([expand(x) for x in v] if isinstance(v, list) else expand(v)) if k in PATH_KEYS else v
-            for k, v in overrides.items()}
-
-
 def _merge(base: DictConfig, overrides: dict[str, Any], source: str) -> None:
-    """Merge in place; on failure, merge one key at a time so every type error names its key."""
-    overrides = _home(overrides)
+    """Merge in place; on failure, merge one key at a time so every type error names its key. `~/runs/x` in a path
+    key is under the home directory (not a folder named `~` here)."""
+    def home(v):
+        return os.path.expanduser(v) if isinstance(v, str) and v.startswith("~") else v
+    overrides = {k: ([home(x) for x in v] if isinstance(v, list) else home(v)) if k in PATH_KEYS else v
+                 for k, v in overrides.items()}
     try:
         base.merge_with(_nest(overrides))
         return
@@ -152,6 +148,9 @@ def _merge(base: DictConfig, overrides: dict[str, Any], source: str) -> None:
             hint = f"; write a list, e.g. {key}=[a,b]" if typing.get_origin(_strip_optional(tp)) is list else ""
             problems.append(f"config key '{key}' expects {_type_name(tp)}, got {value!r} ({source}){hint}")
     raise ConfigError(problems or f"cannot merge config ({source}): {str(first_error).splitlines()[0]}")
+
+
+EXAMPLES = os.path.realpath(os.path.abspath(os.path.join(__file__, "..", "..", "..", "examples")))
 
 
 @functools.cache
@@ -173,9 +172,10 @@ def _load_yaml(path: str) -> DictConfig:
     return raw
 
 
-def _split_args(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
-    """(config file or None, dotlist) from argv-style arguments."""
-    config_path, dotlist, rest = None, [], list(args)
+def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
+    """A validated PPOConfig from argv-style args (default: sys.argv[1:]). Raises ConfigError naming the key, value
+    and source of every problem; warns about keys the chosen actor.strategy ignores."""
+    config_path, dotlist, rest = None, [], list(sys.argv[1:] if args is None else args)
     while rest:
         arg = rest.pop(0)
         if arg == "--config":
@@ -194,39 +194,18 @@ def _split_args(args: Sequence[str]) -> tuple[Optional[str], list[str]]:
             raise ConfigError(f"two config files given ('{config_path}' and '{path}'); pass one, "
                               f"and override single keys as key=value")
         config_path = path
-    return config_path, dotlist
-
-
-def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
-    """A validated PPOConfig from argv-style args (default: sys.argv[1:]). Raises ConfigError naming the key, value
-    and source of every problem; warns about keys the chosen actor.strategy ignores."""
-    config_path, dotlist = _split_args(sys.argv[1:] if args is None else args)
     cfg, said = copy.deepcopy(_defaults()), set()
     if config_path is not None:
-        from_file = _unfilled(_none_strings(_overrides(_load_yaml(config_path), f"in {config_path}")))
+        flat = _none_strings(_overrides(_load_yaml(config_path), f"in {config_path}"))
+        # a run's config.yaml read back: a value `_filled` wrote is dropped while it is still what its keys give, so
+        # `config=<run>/config.yaml` with another model, prompt length or experiment name moves it along
+        filled = _filled(lambda key: flat[key] if key in flat else OmegaConf.select(_defaults(), key))
+        from_file = {k: v for k, v in flat.items() if k not in filled or v != filled[k]}
         _merge(cfg, from_file, f"in {config_path}")
-        if not _shipped(config_path):  # a base file of this repository's examples is not the user's choice
-            said |= set(from_file)
-    from_cli = _none_strings(_overrides(_command_line(dotlist), COMMAND_LINE), command_line=True)
-    _merge(cfg, from_cli, COMMAND_LINE)
-    token = USER_KEYS.set(said | set(from_cli))  # warnings about ignored keys: only for these
-    try:
-        return _validated(cfg)
-    finally:
-        USER_KEYS.reset(token)
-
-
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
-
-
-def _shipped(path: str) -> bool:
-    """A config file of this repository's examples/ (RLLaVA's base config, a task's recipe)."""
-    return os.path.realpath(path).startswith(os.path.realpath(EXAMPLES) + os.sep)
-
-
-def _command_line(dotlist: list[str]) -> DictConfig:
-    """The overrides, each value read as YAML (numbers, lists, null) or, where it is not YAML (a Jinja template
-    such as `data.expert_template='{{ thinking }} {{ answer }}'`), as the text itself."""
+        if not os.path.realpath(config_path).startswith(EXAMPLES + os.sep):  # a file of this repository's examples/
+            said |= set(from_file)  # (RLLaVA's base config, a task's recipe) is not the user's choice
+    # each value read as YAML (numbers, lists, null) or, where it is not YAML (a Jinja template such as
+    # `data.expert_template='{{ thinking }} {{ answer }}'`), as the text itself
     cli = OmegaConf.create()
     for item in dotlist:
         try:
@@ -236,7 +215,13 @@ def _command_line(dotlist: list[str]) -> DictConfig:
             OmegaConf.update(cli, key, value, force_add=True)
         except OmegaConfBaseException as e:
             raise ConfigError(f"cannot parse the command-line override '{item}': {' '.join(str(e).split())}") from None
-    return cli
+    from_cli = _none_strings(_overrides(cli, COMMAND_LINE), command_line=True)
+    _merge(cfg, from_cli, COMMAND_LINE)
+    token = USER_KEYS.set(said | set(from_cli))  # warnings about ignored keys: only for these
+    try:
+        return _validated(cfg)
+    finally:
+        USER_KEYS.reset(token)
 
 
 def _validated(cfg: DictConfig) -> PPOConfig:
@@ -290,13 +275,6 @@ def _filled(get) -> dict[str, Any]:
     return {**{key: get(owner) for key, owner in DERIVED_KEYS.items()},
             "actor.model.tokenizer_path": get("actor.model.model_path"),
             "trainer.save_checkpoint_path": os.path.abspath(os.path.join(run, "checkpoints"))}
-
-
-def _unfilled(flat: dict[str, Any]) -> dict[str, Any]:
-    """A run's config.yaml read back: a value `_filled` wrote is dropped while it is still what its keys give, so
-    `config=<run>/config.yaml` with another model, prompt length or experiment name moves it along."""
-    filled = _filled(lambda key: flat[key] if key in flat else OmegaConf.select(_defaults(), key))
-    return {k: v for k, v in flat.items() if k not in filled or v != filled[k]}
 
 
 def config_to_yaml(cfg: PPOConfig, ran: bool = False) -> str:

@@ -1,11 +1,10 @@
 """The config schema: these dataclasses hold every key (all ~220 of RLLaVA's, one commented line each) and its
-only default; YAML files and dotted command-line arguments only override them (see `loader.py`). Key names and
-defaults follow RLLaVA's `PPOConfig`; where rllava's default differs, the field comment says so and why.
+only default, which YAML files and dotted command-line arguments override (`loader.py`). Names and defaults follow
+RLLaVA's `PPOConfig`; where rllava's default differs, the field comment says so and why.
 
-Validation: each section's `check(prefix)` returns its fields' problem lines (a section built alone is not
-validated: call `section.check("rollout")`). `PPOConfig.__post_init__` runs every section's check plus the
-cross-section rules, so any `PPOConfig` that exists is valid, every error names its full dotted key, and all
-problems are reported at once.
+Validation: `PPOConfig.__post_init__` runs each section's `check(prefix)` (a section built alone is not validated:
+call `section.check("rollout")`) and the cross-section rules, so any `PPOConfig` that exists is valid; every error
+names its full dotted key, and all problems are reported at once.
 """
 
 from __future__ import annotations
@@ -54,8 +53,11 @@ def resolve_strategy(strategy: str, world: Optional[int] = None, fsdp: Any = Non
     if strategy != "auto":
         return strategy
     world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
-    host = fsdp is not None and (fsdp.enable_cpu_offload or fsdp.offload_params)
-    return "fsdp2" if world > 1 or (host and _on_cuda(device)) else "single"
+    if world > 1 or fsdp is None or not (fsdp.enable_cpu_offload or fsdp.offload_params):
+        return "fsdp2" if world > 1 else "single"
+    import torch  # here: the config module itself loads without torch
+    cuda = torch.cuda.is_available() if device in (None, "auto") else torch.device(device).type == "cuda"
+    return "fsdp2" if cuda else "single"
 
 
 def run_dir(outputs_dir: Optional[str], project_name: str, experiment_name: str) -> str:
@@ -65,30 +67,19 @@ def run_dir(outputs_dir: Optional[str], project_name: str, experiment_name: str)
     return os.path.join(outputs_dir or "outputs", project_name, experiment_name)
 
 
-def _on_cuda(device: Any) -> bool:
-    import torch  # here: the config module itself loads without torch
-    return torch.cuda.is_available() if device in (None, "auto") else torch.device(device).type == "cuda"
-
-
 def _closest(value: Any, choices) -> Optional[str]:
     close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
     return close[0] if close else None
 
 
-def _choice(problems: list[str], key: str, value: Any, choices: list, hint: str = "") -> None:
-    """value in choices; otherwise the problem names the closest choice, or `hint` when given."""
-    if value not in choices:
-        close = _closest(value, choices)
-        hint = f"; {hint}" if hint else f"; did you mean {key}={close}?" if close else ""
-        problems.append(f"{key}={value} is not one of: {', '.join(map(str, choices))}{hint}")
-
-
-def _each_choice(problems: list[str], key: str, items: list, choices: list) -> None:
-    for item in items:
+def _choice(problems: list[str], key: str, value: Any, choices: list, hint: str = "", each: bool = False) -> None:
+    """value (`each`: every item of the list value) in choices; else the problem names the closest, or `hint`."""
+    for item in value if each else [value]:
         if item not in choices:
             close = _closest(item, choices)
-            hint = f"; did you mean {close}?" if close else ""
-            problems.append(f"{key} contains {item}, which is not one of: {', '.join(map(str, choices))}{hint}")
+            why = f"; {hint}" if hint else f"; did you mean {'' if each else key + '='}{close}?" if close else ""
+            what = f"{key} contains {item}, which" if each else f"{key}={item}"
+            problems.append(f"{what} is not one of: {', '.join(map(str, choices))}{why}")
 
 
 def _show(value: Any) -> str:
@@ -479,7 +470,7 @@ class CheckpointConfig:
     def check(self, prefix: str) -> list[str]:
         p: list[str] = []
         for name in ("save_contents", "load_contents"):
-            _each_choice(p, f"{prefix}.{name}", getattr(self, name), CHECKPOINT_CONTENTS)
+            _choice(p, f"{prefix}.{name}", getattr(self, name), CHECKPOINT_CONTENTS, each=True)
         return p
 
 
@@ -732,11 +723,8 @@ class RolloutConfig:
         _nonnegative(p, f"{prefix}.limit_images", self.limit_images, "0 = no limit")
         if self.ignore_eos and self.name != "hf":
             p.append(f"{prefix}.ignore_eos=true is implemented for {prefix}.name=hf only (it is {self.name})")
-        return p + self._val_override_problems(prefix)
-
-    def _val_override_problems(self, prefix: str) -> list[str]:
-        """Validation's sampling keys and values, checked at load: not at the first validation, after training."""
-        p, good, own, key = [], {}, [f.name for f in fields(self)], f"{prefix}.val_override_config"
+        # validation's sampling keys and values, checked at load: not at the first validation, after training
+        good, own, key = {}, [f.name for f in fields(self)], f"{prefix}.val_override_config"
         for name, value in self.val_override_config.items():
             if name not in own:
                 close = _closest(name, own)
@@ -948,7 +936,7 @@ class TrainerConfig:
             if not name or os.path.isabs(name) or ".." in name.split("/") or name in (".", "./"):
                 p.append(f"{prefix}.{key}={name!r} names the run's folder under trainer.outputs_dir: give a "
                          "relative name without '..'")
-        _each_choice(p, f"{prefix}.logger", self.logger, LOGGERS)
+        _choice(p, f"{prefix}.logger", self.logger, LOGGERS, each=True)
         if len(set(self.logger)) != len(self.logger):
             p.append(f"{prefix}.logger={self.logger} lists a logger twice")
         _choice(p, f"{prefix}.device", self.device, DEVICES, hint=f"for a GPU set {prefix}.device=cuda")
@@ -1162,8 +1150,15 @@ class PPOConfig:
         if self.actor.ppo_mini_batch_size > 0 and self.data.train_batch_size % self.actor.ppo_mini_batch_size:
             p.append(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")
-        p += (self._derived_problems() + self._not_built_problems() + self._redirected_problems()
-              + self._hybrid_problems() + self._agent_problems() + self._reference_problems() + self._async_problems()
+        p += [f"{key}={_show(get_key(self, key))} is read from {owner}={_show(get_key(self, owner))} in rllava; "
+              f"set {owner} instead" for key, owner in DERIVED_KEYS.items()
+              if get_key(self, key) not in (_default_of(key), get_key(self, owner))]
+        p += self._dataset_class_problems() + [
+            f"{key}={_show(get_key(self, key))} is not available yet in rllava; set {key}={off}"
+            for key, is_on, off in NOT_BUILT_YET if is_on(get_key(self, key))]
+        p += [f"{key}={_show(get_key(self, key))} is not read in rllava; set {instead} instead"
+              for key, instead in REDIRECTED_KEYS.items() if get_key(self, key) != _default_of(key)]
+        p += (self._hybrid_problems() + self._agent_problems() + self._reference_problems() + self._async_problems()
               + self._distill_problems() + self._decode_problems())
         if self.actor.policy_loss.loss_mode == "decoupled_ppo" and (
                 self.algorithm.rollout_is != "none" or self.actor.tis_imp_ratio_cap > 0):
@@ -1173,7 +1168,15 @@ class PPOConfig:
             raise ConfigError(p)
         ignored = {f"{role}.strategy={section.strategy}": section.ignored_keys(role)
                    for role, section in (("actor", self.actor), ("critic", self.critic)) if section is not None}
-        ignored[f"rollout.name={self.rollout.name}"] = self._rollout_ignored_keys()
+        # rollout keys changed from their defaults although the chosen engine does not read them
+        others = {k for name, keys in ENGINE_ONLY_KEYS.items() if name != self.rollout.name for k in keys}
+        others -= set(ENGINE_ONLY_KEYS.get(self.rollout.name, []))
+        ignored[f"rollout.name={self.rollout.name}"] = [
+            key for key in LEAVES if key.startswith("rollout.")
+            and any(key == o or (o.endswith(".") and key.startswith(o)) for o in others)
+            and get_key(self, key) != _default_of(key) and key not in REDIRECTED_KEYS] + (
+            ["rollout.tensor_parallel_size"] if self.rollout.name == "hf" and self.rollout.tensor_parallel_size != 1
+            else [])
         for chosen, keys in ignored.items():  # warnings: only about keys the user set (USER_KEYS)
             keys = [k for k in keys if _said(k) and k not in {key for key, _, _ in NO_EFFECT_KEYS}]  # warned below
             if keys:
@@ -1181,11 +1184,6 @@ class PPOConfig:
         for key, is_on, why in NO_EFFECT_KEYS:
             if (self.critic is not None or not key.startswith("critic.")) and is_on(get_key(self, key)) and _said(key):
                 warnings.warn(f"{key}={_show(get_key(self, key))} has no effect: {why}", stacklevel=2)
-
-    def _derived_problems(self) -> list[str]:
-        return [f"{key}={_show(get_key(self, key))} is read from {owner}={_show(get_key(self, owner))} in rllava; "
-                f"set {owner} instead" for key, owner in DERIVED_KEYS.items()
-                if get_key(self, key) not in (_default_of(key), get_key(self, owner))]
 
     def _reference_problems(self) -> list[str]:
         """A reset needs a reference model of its own; the full-vocabulary KL needs both LM heads whole (single)."""
@@ -1379,26 +1377,6 @@ class PPOConfig:
     def _leave(self, keys, why: str) -> list[str]:
         """`key=value <why>; leave it at <default>` for each key."""
         return [f"{key}={_show(get_key(self, key))} {why}; leave it at {_show(_default_of(key))}" for key in keys]
-
-    def _redirected_problems(self) -> list[str]:
-        return [f"{key}={_show(get_key(self, key))} is not read in rllava; set {instead} instead"
-                for key, instead in REDIRECTED_KEYS.items() if get_key(self, key) != _default_of(key)]
-
-    def _rollout_ignored_keys(self) -> list[str]:
-        """Rollout keys changed from their defaults although the chosen engine does not read them."""
-        read = ENGINE_ONLY_KEYS.get(self.rollout.name, [])
-        others = {k for name, keys in ENGINE_ONLY_KEYS.items() if name != self.rollout.name for k in keys} - set(read)
-        out = [key for key in LEAVES if key.startswith("rollout.")
-               and any(key == o or (o.endswith(".") and key.startswith(o)) for o in others)
-               and get_key(self, key) != _default_of(key) and key not in REDIRECTED_KEYS]
-        if self.rollout.name == "hf" and self.rollout.tensor_parallel_size != 1:
-            out.append("rollout.tensor_parallel_size")
-        return out
-
-    def _not_built_problems(self) -> list[str]:
-        return self._dataset_class_problems() + [
-            f"{key}={_show(get_key(self, key))} is not available yet in rllava; set {key}={off}"
-            for key, is_on, off in NOT_BUILT_YET if is_on(get_key(self, key))]
 
 
 # The keys the user set (the command line, a config file not shipped in examples/), while `load_config` validates:
