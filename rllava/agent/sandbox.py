@@ -51,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from itertools import count
 
@@ -221,10 +222,8 @@ def _write(path: str, value) -> None:
 
 
 def _signal(pid: int) -> None:
-    try:
+    with suppress(OSError):
         os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 # ------------------------------------------------------------------------------------------ the syscall filter
@@ -396,7 +395,12 @@ def _find_jail() -> Jail:
                            " > 0; in a container: --security-opt seccomp=unconfined --security-opt "
                            "apparmor=unconfined, or --privileged)")
             argv = None
-    cgroup = _probe_cgroup()
+    try:
+        cgroup = _cgroup_bases()
+        if cgroup:
+            _Cgroup(*cgroup, Limits()).remove()  # one can be made and limited
+    except (OSError, ValueError, IndexError, KeyError):
+        cgroup = None
     if argv is None:
         weaker.append(f"files, network and processes of this user (uid {os.geteuid()}) are reachable: a plain child "
                       "process in a temporary directory, limited per process" + ("" if cgroup else
@@ -428,16 +432,6 @@ def _version(bwrap: str) -> tuple[int, ...]:
         return tuple(int(x) for x in out[-1].split(".")[:2])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return (0,)
-
-
-def _probe_cgroup() -> tuple[int, dict[str, str]] | None:
-    try:
-        found = _cgroup_bases()
-        if found:
-            _Cgroup(*found, Limits()).remove()  # one can be made and limited
-        return found
-    except (OSError, ValueError, IndexError, KeyError):
-        return None
 
 
 def check(allow_weaker: bool = False) -> Jail:
@@ -526,13 +520,47 @@ def _host_pid(pidfd: int) -> int:
 
 
 def _finish(started: _Started, request: bytes, limits: Limits) -> dict:
-    """Send the request, collect stdout / stderr / the report until the call ends or a limit of the parent's
-    (wall clock, output) is passed; return when every process of the call is gone."""
+    """Write the request, read stdout / stderr / the report (keeping what the limits allow) until every pipe is
+    closed, the wall clock is past, or the output is over `file_mb`; return when every process of the call is gone."""
     seen = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray(), "output": 0, "timed_out": False,
             "over": False}
-    deadline = time.monotonic() + limits.wall_s
+    deadline, pipes = time.monotonic() + limits.wall_s, started.pipes
+    keep = {"stdout": 4 * limits.output_chars + 4, "stderr": 4 * limits.output_chars + 4,
+            "result": (1 << 16) + limits.max_images * 3 * limits.max_pixels}
+    todo = memoryview(request if started.first is not None else b"")
     try:
-        _exchange(started.pipes, request if started.first is not None else b"", limits, deadline, seen)
+        with selectors.DefaultSelector() as sel:
+            for name, f in pipes.items():
+                os.set_blocking(f, False)
+                sel.register(f, selectors.EVENT_WRITE if name == "stdin" else selectors.EVENT_READ, name)
+            while sel.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    seen["timed_out"] = True
+                    return seen
+                for key, _ in sel.select(left):
+                    if key.data == "stdin":
+                        try:
+                            todo = todo[os.write(key.fd, todo):]
+                        except BlockingIOError:
+                            continue
+                        except BrokenPipeError:  # the first process is gone: nothing more to send
+                            todo = todo[:0]
+                        if not todo:
+                            sel.unregister(key.fd)
+                            os.close(pipes.pop("stdin"))
+                        continue
+                    chunk = os.read(key.fd, 1 << 16)
+                    if not chunk:
+                        sel.unregister(key.fd)
+                        continue
+                    buf = seen[key.data]
+                    buf += chunk[:max(0, keep[key.data] - len(buf))]
+                    if key.data != "result":
+                        seen["output"] += len(chunk)
+                        if seen["output"] > limits.file_mb << 20:
+                            seen["over"] = True
+                            return seen
     finally:
         _end(started, seen)
     return seen
@@ -540,32 +568,29 @@ def _finish(started: _Started, request: bytes, limits: Limits) -> dict:
 
 def _end(started: _Started, seen: dict | None = None) -> None:
     if started.first is not None:
-        try:  # PID 1 of the call's namespace: the kernel ends the rest with it
+        with suppress(ProcessLookupError):  # PID 1 of the call's namespace: the kernel ends the rest with it
             signal.pidfd_send_signal(started.first, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     if started.weak and seen is not None:
-        _kill_weak(seen)
+        # without a jail: the snippet's process group, as the first process reported it (a process that left the
+        # group is not found: one of the things allow_weaker gives up)
+        try:
+            pid = json.loads(bytes(seen["result"][:64]).split(b"\n", 1)[0]).get("pgid")  # {"pgid": N}: short
+        except (ValueError, AttributeError):
+            pid = None
+        if isinstance(pid, int) and pid > 1:  # kill(0), kill(-1): this process's group, all it may signal
+            _signal(-pid)  # kill(2) of -pgid: the whole group
     for fd in started.pipes.values():
-        _close(fd)
+        with suppress(OSError):  # closed already
+            os.close(fd)
     seen = {} if seen is None else seen
     seen["exit"] = -signal.SIGKILL
     if started.first is not None:  # readable once PID 1 has exited, after the kernel reaped the rest of the call
         _wait_readable(started.first, 10.0)
         os.close(started.first)
         if _wait_readable(started.back.fileno(), 10.0):
-            try:
+            with suppress(OSError, ValueError):
                 seen["exit"] = int(started.back.recv(32) or -signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
     started.back.close()
-
-
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass  # closed already
 
 
 class _Zygote:
@@ -728,57 +753,6 @@ def _wait_readable(fd: int, timeout: float) -> bool:
     with selectors.DefaultSelector() as sel:
         sel.register(fd, selectors.EVENT_READ)
         return bool(sel.select(timeout))
-
-
-def _exchange(pipes: dict, request: bytes, limits: Limits, deadline: float, seen: dict) -> None:
-    """Write the request, read stdout / stderr / the report (keeping what the limits allow) until every pipe is
-    closed, the wall clock is past, or the output is over `file_mb`."""
-    with selectors.DefaultSelector() as sel:
-        keep = {"stdout": 4 * limits.output_chars + 4, "stderr": 4 * limits.output_chars + 4,
-                "result": (1 << 16) + limits.max_images * 3 * limits.max_pixels}
-        for name, f in pipes.items():
-            os.set_blocking(f, False)
-            sel.register(f, selectors.EVENT_WRITE if name == "stdin" else selectors.EVENT_READ, name)
-        todo = memoryview(request)
-        while sel.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                seen["timed_out"] = True
-                return
-            for key, _ in sel.select(left):
-                if key.data == "stdin":
-                    try:
-                        todo = todo[os.write(key.fd, todo):]
-                    except BlockingIOError:
-                        continue
-                    except BrokenPipeError:  # the first process is gone: nothing more to send
-                        todo = todo[:0]
-                    if not todo:
-                        sel.unregister(key.fd)
-                        os.close(pipes.pop("stdin"))
-                    continue
-                chunk = os.read(key.fd, 1 << 16)
-                if not chunk:
-                    sel.unregister(key.fd)
-                    continue
-                buf = seen[key.data]
-                buf += chunk[:max(0, keep[key.data] - len(buf))]
-                if key.data != "result":
-                    seen["output"] += len(chunk)
-                    if seen["output"] > limits.file_mb << 20:
-                        seen["over"] = True
-                        return
-
-
-def _kill_weak(seen: dict) -> None:
-    """Without a jail: the snippet's process group, as the first process reported it (a process that left the
-    group is not found: one of the things allow_weaker gives up)."""
-    try:
-        pid = json.loads(bytes(seen["result"][:64]).split(b"\n", 1)[0]).get("pgid")  # {"pgid": N}: short
-    except (ValueError, AttributeError):
-        pid = None
-    if isinstance(pid, int) and pid > 1:  # kill(0) and kill(-1) would be this process's group and all it may signal
-        _signal(-pid)  # kill(2) of -pgid: the whole group
 
 
 def _result(seen: dict, hits: dict, limits: Limits, guards: dict) -> Result:

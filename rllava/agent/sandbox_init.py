@@ -24,6 +24,7 @@ import socket
 import stat
 import struct
 import sys
+from contextlib import suppress
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 # magic -> PIL's plugin: the formats decoded, by decoders whose cost is linear in pixels (no RLE BMP: `_costly`)
@@ -82,13 +83,11 @@ def _snippet(label_fd: int, limits: dict, jailed: bool) -> None:
         if not isinstance(e.code, (int, type(None))):
             print(e.code, file=sys.stderr)
     except BaseException as e:
-        try:
+        with suppress(BaseException):
             os.write(label_fd, limit_of(e).encode() + b"\n")
             import traceback
 
             traceback.print_exception(type(e), e, e.__traceback__.tb_next)  # from the snippet's frame on
-        except BaseException:
-            pass
     finally:
         try:
             sys.stdout.flush()
@@ -235,20 +234,16 @@ def call(result_fd: int) -> None:
                 label = FILES_LIMIT
                 os.kill(-1, signal.SIGKILL)
             select.select([exited], [], [], 0.005)  # at once when the snippet ends, else the next count
-    try:  # from PID 1: every other process of this namespace; outside a jail, the snippet's group
+    with suppress(OSError):  # (none left) from PID 1: every other process of the namespace; else the snippet's group
         os.kill(-1, signal.SIGKILL) if jailed else os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass  # none left
     while jailed:
         try:
             os.wait()
         except ChildProcessError:
             break
     os.set_blocking(read_label, False)
-    try:  # what the snippet's exception said (the snippet can write there too: it can only mislabel itself)
+    with suppress(BlockingIOError):  # what the snippet's exception said (it can write there too: mislabel itself)
         label = label or (os.read(read_label, 64).decode("ascii", "replace").split("\n")[0] if status else "")
-    except BlockingIOError:
-        pass
     images, notes = _images(given, limits)
     head = {"status": os.waitstatus_to_exitcode(status), "limit": label, "cpu_s": usage.ru_utime + usage.ru_stime,
             "images": [image[:3] for image in images], "notes": [n[:200] for n in notes[:8]]}
@@ -320,10 +315,8 @@ def serve(sock_fd: int, program: bytes, jailed: bool) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import traceback  # noqa: F401 - what a failing snippet imports, imported once here
     for module in ("numpy", "PIL.Image"):
-        try:
+        with suppress(Exception):  # the snippet then imports it itself (and sees the error)
             __import__(module)
-        except Exception:  # noqa: BLE001 - the snippet then imports it itself (and sees the error)
-            pass
     if "PIL.Image" in sys.modules:
         sys.modules["PIL.Image"].preinit()  # the plugins of `Image.open`
     os.closerange(3, sock_fd)  # what bubblewrap leaves open (its --seccomp pipe): no call inherits it
