@@ -124,9 +124,8 @@ def _detection(item) -> tuple[tuple[float, ...], float] | None:
         box, conf = item[:4], item[4]
     else:
         return None
-    if not isinstance(box, list) or len(box) != 4 or not all(type(v) is int and 0 <= v <= 1000 for v in box):
-        return None
-    if type(conf) not in (int, float) or not 0 <= conf <= 1 or round(conf, 2) != conf or not is_box(box):
+    if (not isinstance(box, list) or len(box) != 4 or not all(type(v) is int and 0 <= v <= 1000 for v in box)
+            or type(conf) not in (int, float) or not 0 <= conf <= 1 or round(conf, 2) != conf or not is_box(box)):
         return None
     return tuple(float(v) for v in box), float(conf)
 

@@ -56,6 +56,7 @@ from rllava.errors import RllavaError
 from rllava.reward.guard import make_runner
 
 log = logging.getLogger(__name__)
+HEAVY = ("images", "videos")  # PIL: given to a function only when it names them (see the module docstring)
 
 
 class RewardError(RllavaError):
@@ -94,9 +95,6 @@ def load_reward_function(spec: str, key: str = "reward.reward_function") -> Call
     return fn
 
 
-POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-
-
 def _input_kind(param: inspect.Parameter) -> str | None:
     """What the first parameter says it takes: 'dict' (one sample), 'list' (the batch) or None (silent).
     Annotations may be strings (`from __future__ import annotations`): read the outer type's name."""
@@ -116,7 +114,8 @@ def call_form(fn: Callable, reward_type: str, spec: str, key: str = "reward.rewa
     signature that cannot work with it is a RewardError now, not at the first reward call."""
     name = getattr(fn, "__name__", "the function")
     try:
-        params = [p for p in inspect.signature(fn).parameters.values() if p.kind in POSITIONAL]
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     except (TypeError, ValueError):  # a builtin without a signature: trust reward_type
         return "batch" if reward_type in ("auto", "batch") else "sequential"
     # positional parameters without a default: 2 = fn(response, ground_truth), 1 = fn(reward_input(s))
@@ -141,9 +140,6 @@ def call_form(fn: Callable, reward_type: str, spec: str, key: str = "reward.rewa
         raise RewardError(f"{key}={spec!r}: {name}({params[0].name}) takes a {kind} but "
                           f"reward_type={reward_type} passes a {said}: set reward.reward_type={other} (or auto)")
     return reward_type
-
-
-HEAVY = ("images", "videos")  # PIL: given to a function only when it names them (see the module docstring)
 
 
 def _sample_params(fn: Callable, configured: dict, form: str, spec: str, key: str) -> list[str]:

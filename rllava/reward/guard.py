@@ -66,18 +66,7 @@ class _TimedOut(BaseException):
 
 
 class _ProcessExit(BaseException):
-    def __init__(self, code):
-        super().__init__(code)
-        self.code = code
-
-
-def _describe(e: BaseException) -> str:
-    """One line for what a call did instead of returning."""
-    if isinstance(e, (SystemExit, _ProcessExit)):
-        exit_fn = "sys.exit" if isinstance(e, SystemExit) else "os._exit"
-        return f"called {exit_fn}({e.code!r}) (a reward must return a score, not end the process)"
-    text = str(e).splitlines()[0] if str(e) else ""
-    return f"raised {type(e).__name__}" + (f": {text}" if text else "")
+    code = property(lambda self: self.args[0])  # os._exit(code)'s
 
 
 def _timeout_text(timeout: float | None) -> str:
@@ -91,7 +80,11 @@ def call_once(fn: Callable, args: tuple, kwargs: dict) -> Outcome:
     except (KeyboardInterrupt, _TimedOut):
         raise
     except BaseException as e:  # noqa: BLE001  SystemExit and GeneratorExit too: they are the reward's bugs
-        return Outcome(error=_describe(e))
+        if isinstance(e, (SystemExit, _ProcessExit)):  # one line for what the call did instead of returning
+            exit_fn = "sys.exit" if isinstance(e, SystemExit) else "os._exit"
+            return Outcome(error=f"called {exit_fn}({e.code!r}) (a reward must return a score, not end the process)")
+        text = str(e).splitlines()[0] if str(e) else ""
+        return Outcome(error=f"raised {type(e).__name__}" + (f": {text}" if text else ""))
 
 
 class InProcess:
