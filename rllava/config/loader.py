@@ -3,9 +3,8 @@
     load_config(["config=examples/config.yaml", "actor.optim.lr=1e-3", "trainer.logger=[console,jsonl]"])
 
 `--config FILE` and `--config=FILE` work too (RLLaVA's scripts pass them); `as_config` takes the Python API's forms
-(a dict, a YAML path, a PPOConfig) through the same checks. Each source is flattened to dotted keys, aliases are
-rewritten to their canonical keys, unknown keys are rejected with the closest valid key, and a type error names its
-key and source; `OmegaConf.to_object` then builds the dataclasses and `PPOConfig.__post_init__` validates them.
+(a dict, a YAML path, a PPOConfig) through the same checks: each source's keys, flattened and made canonical, are
+merged in (an unknown key or a type error names its key and source), and `PPOConfig.__post_init__` validates.
 """
 
 from __future__ import annotations
@@ -28,11 +27,9 @@ from rllava.config.schema import (DERIVED_KEYS, LEAVES, SECTIONS, USER_KEYS, Con
                                   _strip_optional, run_dir)
 
 # Other names for canonical keys (from RLLaVA scripts and common habits). Rewritten before merging.
-ALIASES = {
-    "rollout.engine": "rollout.name", "rollout.max_new_tokens": "data.max_response_length",
-    "algorithm.policy_loss_fn": "actor.policy_loss.loss_mode", "trainer.total_steps": "trainer.max_steps",
-    "trainer.total_training_steps": "trainer.max_steps",
-}
+ALIASES = {"rollout.engine": "rollout.name", "rollout.max_new_tokens": "data.max_response_length",
+           "algorithm.policy_loss_fn": "actor.policy_loss.loss_mode", "trainer.total_steps": "trainer.max_steps",
+           "trainer.total_training_steps": "trainer.max_steps"}
 
 COMMAND_LINE = "on the command line"
 # Other frameworks' names (TRL's, Hugging Face Trainer's) for rllava's keys: suggested, not accepted, as their
@@ -44,12 +41,8 @@ OTHER_NAMES = {"learning_rate": "actor.optim.lr", "num_generations": "rollout.n"
 def _type_name(tp: Any) -> str:
     base = _strip_optional(tp)
     origin = typing.get_origin(base)
-    if origin is dict or base is dict:
-        name = "a mapping"
-    elif origin is list:
-        name = f"list[{_type_name(typing.get_args(base)[0])}]"
-    else:
-        name = getattr(base, "__name__", str(base))
+    name = ("a mapping" if origin is dict or base is dict else f"list[{_type_name(typing.get_args(base)[0])}]"
+            if origin is list else getattr(base, "__name__", str(base)))
     return f"{name} or null" if _is_optional(tp) else name
 
 
@@ -67,8 +60,8 @@ def _closest(key: str) -> Optional[str]:
     match = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.6)
     if match:  # a typo in the last part: actor.optim.lrr -> actor.optim.lr
         return siblings[match[0]]
-    match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.85)
-    return match[0] if match else None  # a typo in a section name: actor.modle.model_path
+    # a typo in a section name: actor.modle.model_path
+    return next(iter(difflib.get_close_matches(key, candidates, n=1, cutoff=0.85)), None)
 
 
 def _flatten(node: dict, prefix: str, out: dict[str, Any]) -> None:
@@ -164,8 +157,7 @@ def _load_yaml(path: str) -> DictConfig:
     except FileNotFoundError:
         raise ConfigError(f"config file '{path}' not found (config={path})") from None
     except (OSError, yaml.YAMLError, OmegaConfBaseException) as e:
-        detail = " ".join(str(e).split())
-        raise ConfigError(f"config file '{path}' is not valid YAML: {detail}") from None
+        raise ConfigError(f"config file '{path}' is not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(raw, DictConfig):
         raise ConfigError(f"config file '{path}' must hold a mapping of sections (data:, actor:, ...), "
                           f"not a {type(raw).__name__}")

@@ -23,8 +23,7 @@ from typing import Any, Callable, Optional
 from rllava.errors import ConfigError
 
 
-# Names accepted by the validators below. Method names (adv_estimator, policy_loss.loss_mode) are not listed
-# here: their registries own them and reject unknown names when the pipeline is built.
+# Names the validators below accept (not method names, e.g. adv_estimator: their registries check those at build)
 ACTOR_STRATEGIES = ["auto", "single", "fsdp", "fsdp2", "deepspeed"]  # RLLaVA's `fsdp` runs the FSDP2 engine
 OPTIMIZERS = ["adamw"]  # what builders._engine builds (torch.optim.AdamW)
 OPTIMIZERS_PLANNED = ["adamw_bf16"]  # RLLaVA's AdamW with bf16 states
@@ -33,15 +32,11 @@ ROLLOUT_ENGINES = ["hf", "vllm", "sglang"]  # vllm / sglang: optional extras, pi
 HF_DECODE_MODES = ["eager", "static", "compiled"]  # rollout.hf_decode (rllava.engine.inference.hf)
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KL_TYPES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]  # full: over the vocabulary (single engine)
-KL_CTRL_TYPES = ["fixed", "adaptive"]
-LOGGERS = ["console", "jsonl", "tensorboard", "wandb"]
 REWARD_TYPES = ["auto", "batch", "sequential"]
 REWARD_ENTRY_KEYS = ["function", "weight", "name", "kwargs", "reward_type"]  # an entry of reward.reward_functions
 # ... or a model entry, {type: classifier|judge|embedding, model: DIR, ...}: rllava.reward.models checks its keys
 LR_SCHEDULERS = ["constant", "linear", "cosine", "constant_with_warmup"]  # transformers.get_scheduler names
 TORCH_DTYPES = ["float32", "bfloat16", "float16"]
-CHECKPOINT_CONTENTS = ["model", "optimizer", "extra", "hf_model"]
-DEVICES = ["auto", "cpu", "cuda"]
 
 
 def resolve_strategy(strategy: str, world: Optional[int] = None, fsdp: Any = None, device: Any = None) -> str:
@@ -68,8 +63,7 @@ def run_dir(outputs_dir: Optional[str], project_name: str, experiment_name: str)
 
 
 def _closest(value: Any, choices) -> Optional[str]:
-    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-    return close[0] if close else None
+    return next(iter(difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)), None)
 
 
 def _choice(problems: list[str], key: str, value: Any, choices: list, hint: str = "", each: bool = False) -> None:
@@ -84,11 +78,9 @@ def _choice(problems: list[str], key: str, value: Any, choices: list, hint: str 
 
 def _show(value: Any) -> str:
     """A value as the user would write it in YAML or on the command line."""
-    if is_dataclass(value):
-        return "{...}"
     if value is None or isinstance(value, bool):
         return {True: "true", False: "false", None: "null"}[value]
-    return str(value)
+    return "{...}" if is_dataclass(value) else str(value)
 
 
 def _positive(problems: list[str], key: str, value: Any, *sentinels: Any) -> None:
@@ -151,12 +143,10 @@ class DataConfig:
 
     def check(self, prefix: str = "data") -> list[str]:
         p: list[str] = []
-        for name in ("max_prompt_length", "max_response_length", "train_batch_size", "video_fps", "video_max_frames"):
-            _positive(p, f"{prefix}.{name}", getattr(self, name))
-        _positive(p, f"{prefix}.val_batch_size", self.val_batch_size, -1)
-        _positive(p, f"{prefix}.max_samples", self.max_samples, -1)
-        for name in ("min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels"):
-            _positive(p, f"{prefix}.{name}", getattr(self, name), None)
+        for name, *allowed in (("max_prompt_length",), ("max_response_length",), ("train_batch_size",), ("video_fps",),
+                               ("video_max_frames",), ("val_batch_size", -1), ("max_samples", -1), ("min_pixels", None),
+                               ("max_pixels", None), ("video_min_pixels", None), ("video_max_pixels", None)):
+            _positive(p, f"{prefix}.{name}", getattr(self, name), *allowed)
         if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
             p.append(f"{prefix}.min_pixels={self.min_pixels} is above {prefix}.max_pixels={self.max_pixels}")
         video_min, video_max = self.video_pixels()
@@ -262,7 +252,7 @@ class AlgorithmConfig:
         for name in ("gamma", "lam", "mu_peak", "mu_valley", "min_prefix_ratio", "max_prefix_ratio"):
             _between(p, f"{prefix}.{name}", getattr(self, name), 0.0, 1.0)
         _choice(p, f"{prefix}.kl_penalty", self.kl_penalty, KL_TYPES)
-        _choice(p, f"{prefix}.kl_ctrl.type", self.kl_ctrl.type, KL_CTRL_TYPES)
+        _choice(p, f"{prefix}.kl_ctrl.type", self.kl_ctrl.type, ["fixed", "adaptive"])
         _nonnegative(p, f"{prefix}.ref_reset_freq", self.ref_reset_freq, "0 = never reset the reference")
         if self.filter_low > self.filter_high:
             p.append(f"{prefix}.filter_low={self.filter_low} is above {prefix}.filter_high={self.filter_high}")
@@ -470,7 +460,7 @@ class CheckpointConfig:
     def check(self, prefix: str) -> list[str]:
         p: list[str] = []
         for name in ("save_contents", "load_contents"):
-            _choice(p, f"{prefix}.{name}", getattr(self, name), CHECKPOINT_CONTENTS, each=True)
+            _choice(p, f"{prefix}.{name}", getattr(self, name), ["model", "optimizer", "extra", "hf_model"], each=True)
         return p
 
 
@@ -549,10 +539,8 @@ class ActorConfig:
         elif cap is not None and self.policy_loss.loss_mode != "decoupled_ppo":
             p.append(f"{prefix}.policy_loss.behav_imp_weight_cap={cap} is read only by actor.policy_loss.loss_mode="
                      f"decoupled_ppo (this run: {self.policy_loss.loss_mode})")
-        p += self.model.check(f"{prefix}.model") + self.optim.check(f"{prefix}.optim")
-        p += self.checkpoint.check(f"{prefix}.checkpoint") + self.fsdp.check(f"{prefix}.fsdp")
-        if self.strategy == "deepspeed":
-            p += self.deepspeed.check(f"{prefix}.deepspeed")
+        for name in ("model", "optim", "checkpoint", "fsdp") + (("deepspeed",) if self.strategy == "deepspeed" else ()):
+            p += getattr(self, name).check(f"{prefix}.{name}")
         return p
 
     def ignored_keys(self, prefix: str = "actor") -> list[str]:
@@ -615,8 +603,7 @@ class CriticConfig:  # PPO value model: the backbone of critic.model.model_path 
                      f"set {prefix}.model.ulysses_size=1")
         return p
 
-    def ignored_keys(self, prefix: str = "critic") -> list[str]:
-        return ActorConfig.ignored_keys(self, prefix)  # type: ignore[arg-type]  (same strategy/fsdp/deepspeed)
+    ignored_keys = ActorConfig.ignored_keys  # the same strategy / fsdp / deepspeed keys (validate passes "critic")
 
 
 @dataclass
@@ -936,17 +923,14 @@ class TrainerConfig:
             if not name or os.path.isabs(name) or ".." in name.split("/") or name in (".", "./"):
                 p.append(f"{prefix}.{key}={name!r} names the run's folder under trainer.outputs_dir: give a "
                          "relative name without '..'")
-        _choice(p, f"{prefix}.logger", self.logger, LOGGERS, each=True)
+        _choice(p, f"{prefix}.logger", self.logger, ["console", "jsonl", "tensorboard", "wandb"], each=True)
         if len(set(self.logger)) != len(self.logger):
             p.append(f"{prefix}.logger={self.logger} lists a logger twice")
-        _choice(p, f"{prefix}.device", self.device, DEVICES, hint=f"for a GPU set {prefix}.device=cuda")
+        _choice(p, f"{prefix}.device", self.device, ["auto", "cpu", "cuda"], hint=f"for a GPU set {prefix}.device=cuda")
         _nonnegative(p, f"{prefix}.val_generations_to_log", self.val_generations_to_log)
-        _positive(p, f"{prefix}.save_freq", self.save_freq, -1, 0)
-        _positive(p, f"{prefix}.save_limit", self.save_limit, -1)
-        _positive(p, f"{prefix}.samples_freq", self.samples_freq, -1, 0)
-        _positive(p, f"{prefix}.samples_to_log", self.samples_to_log)
-        _positive(p, f"{prefix}.max_staleness", self.max_staleness, 0)
-        _positive(p, f"{prefix}.rollout_ranks", self.rollout_ranks, 0)
+        for name, *allowed in (("save_freq", -1, 0), ("save_limit", -1), ("samples_freq", -1, 0), ("samples_to_log",),
+                               ("max_staleness", 0), ("rollout_ranks", 0)):
+            _positive(p, f"{prefix}.{name}", getattr(self, name), *allowed)
         if self.async_training and self.rollout_ranks < 1:
             p.append(f"{prefix}.async_training=true generates in processes of their own: set {prefix}.rollout_ranks "
                      "(e.g. 1) and launch with torchrun --nproc_per_node=<trainers + rollout_ranks>")
@@ -965,9 +949,7 @@ class TrainerConfig:
 ENGINE_OFFLOAD_KEYS = ("fsdp.enable_cpu_offload", "fsdp.offload_params", "fsdp.offload_optimizer")
 
 # Accepted for RLLaVA compatibility, not built yet (delete a line when it lands): (key, is_turned_on, value to set)
-NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [
-    ("actor.model.ulysses_size", lambda v: v > 1, "1"),
-]
+NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [("actor.model.ulysses_size", lambda v: v > 1, "1")]
 
 # RLLaVA's expert-response dataset classes (its examples/algorithms/sft-rl/custom_datasets.py), read by name (their
 # file is not run): RLHFDatasetWithTarget's expert text is the record's `target_key` field (a list: its first item;
@@ -976,8 +958,6 @@ RLLAVA_TARGET_DATASETS = ("RLHFDatasetWithTarget", "RLHFDatasetWithTargetClevr")
 RLLAVA_TARGET_KWARGS = {"target_key": None, "max_target_length": 8192, "sample_target_ratio": 1.0,
                         "target_list_key": None, "target_probs_key": None, "max_num_targets": 5,
                         "strip_target_think_tag": True}
-
-
 # RLLaVA's agent-search dataset (its examples/tasks/agent_search/agent_search_dataset.py), read by name too: only
 # records whose `solution` field (else data.answer_key) holds a final <answer>...</answer> are kept, and the ground
 # truth is the text inside those tags (rllava.data.dataset.final_answer_rows). It takes no dataset_kwargs.
@@ -1097,9 +1077,7 @@ ENGINE_ONLY_KEYS = {"vllm": ["rollout.vllm.", "rollout.load_format", "rollout.bu
 DERIVED_KEYS = {
     "rollout.prompt_length": "data.max_prompt_length", "rollout.response_length": "data.max_response_length",
     "rollout.trust_remote_code": "actor.model.trust_remote_code", "rollout.adv_estimator": "algorithm.adv_estimator",
-    "rollout.min_pixels": "data.min_pixels", "rollout.max_pixels": "data.max_pixels",
-    "rollout.video_fps": "data.video_fps",
-}
+    **{f"rollout.{key}": f"data.{key}" for key in ("min_pixels", "max_pixels", "video_fps")}}
 
 
 def get_key(cfg: Any, dotted: str) -> Any:
@@ -1142,11 +1120,8 @@ class PPOConfig:
 
     def validate(self) -> None:
         """Raise one ConfigError listing every problem; warn about keys the chosen strategy ignores."""
-        p: list[str] = []
-        for name in ("data", "algorithm", "actor", "ref", "rollout", "reward", "trainer"):
-            p += getattr(self, name).check(name)
-        if self.critic is not None:
-            p += self.critic.check("critic")
+        p = [line for name in ("data", "algorithm", "actor", "ref", "rollout", "reward", "trainer", "critic")
+             if getattr(self, name) is not None for line in getattr(self, name).check(name)]
         if self.actor.ppo_mini_batch_size > 0 and self.data.train_batch_size % self.actor.ppo_mini_batch_size:
             p.append(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")
@@ -1158,8 +1133,9 @@ class PPOConfig:
             for key, is_on, off in NOT_BUILT_YET if is_on(get_key(self, key))]
         p += [f"{key}={_show(get_key(self, key))} is not read in rllava; set {instead} instead"
               for key, instead in REDIRECTED_KEYS.items() if get_key(self, key) != _default_of(key)]
-        p += (self._hybrid_problems() + self._agent_problems() + self._reference_problems() + self._async_problems()
-              + self._distill_problems() + self._decode_problems())
+        strategy = resolve_strategy(self.actor.strategy, fsdp=self.actor.fsdp, device=self.trainer.device)
+        p += (self._hybrid_problems() + self._agent_problems() + self._reference_problems(strategy)
+              + self._async_problems() + self._distill_problems(strategy) + self._decode_problems(strategy))
         if self.actor.policy_loss.loss_mode == "decoupled_ppo" and (
                 self.algorithm.rollout_is != "none" or self.actor.tis_imp_ratio_cap > 0):
             p.append("actor.policy_loss.loss_mode=decoupled_ppo already weights each token by pi_old / pi_rollout: "
@@ -1185,7 +1161,7 @@ class PPOConfig:
             if (self.critic is not None or not key.startswith("critic.")) and is_on(get_key(self, key)) and _said(key):
                 warnings.warn(f"{key}={_show(get_key(self, key))} has no effect: {why}", stacklevel=2)
 
-    def _reference_problems(self) -> list[str]:
+    def _reference_problems(self, strategy: str) -> list[str]:
         """A reset needs a reference model of its own; the full-vocabulary KL needs both LM heads whole (single)."""
         a, p = self.algorithm, []
         kl_loss = a.use_kl_loss and self.actor.kl_loss_coef > 0
@@ -1197,7 +1173,6 @@ class PPOConfig:
             p.append(f"algorithm.ref_reset_freq={a.ref_reset_freq} with actor.model.use_peft=true: under LoRA the "
                      "reference is the base model with the adapters off, which a reset cannot move; leave "
                      "algorithm.ref_reset_freq=0 or train every weight (actor.model.use_peft=false)")
-        strategy = resolve_strategy(self.actor.strategy, fsdp=self.actor.fsdp, device=self.trainer.device)
         for key, on in (("algorithm.kl_penalty", a.use_kl_in_reward and a.kl_penalty == "full"),
                         ("actor.kl_loss_type", kl_loss and self.actor.kl_loss_type == "full")):
             if on and strategy != "single":
@@ -1206,12 +1181,11 @@ class PPOConfig:
                          f"FSDP2 and DeepSpeed shard them); use {key}=low_var_kl")
         return p
 
-    def _distill_problems(self) -> list[str]:
+    def _distill_problems(self, strategy: str) -> list[str]:
         """algorithm.distill with the run's engine (exact KL: whole LM heads), temperature, agents and hybrids."""
         d, p = self.algorithm.distill, []
         if not d.on:
             return p
-        strategy = resolve_strategy(self.actor.strategy, fsdp=self.actor.fsdp, device=self.trainer.device)
         mode = self.actor.policy_loss.loss_mode
         if d.loss == "full" and strategy != "single":
             p.append(f"algorithm.distill.loss=full with actor.strategy={self.actor.strategy} (the {strategy} engine): "
@@ -1259,20 +1233,18 @@ class PPOConfig:
                      "rollout.partial_rollout=true; set it, or leave rollout.partial_rollout_tokens=0")
         return p
 
-    def _decode_problems(self) -> list[str]:
+    def _decode_problems(self, strategy: str) -> list[str]:
         """rollout.hf_decode=compiled: CUDA graphs of the decode step, on the single-device engine's whole weights
         (a CUDA device that `auto` did not find is the builder's error)."""
         if self.rollout.name != "hf" or self.rollout.hf_decode != "compiled":
             return []
-        strategy = resolve_strategy(self.actor.strategy, fsdp=self.actor.fsdp, device=self.trainer.device)
         if self.trainer.device == "cpu":
             return ["rollout.hf_decode=compiled compiles the decode step for CUDA graphs, and trainer.device=cpu: "
                     "use rollout.hf_decode=static (the same cache, no compile) or eager"]
-        if strategy != "single":
-            return [f"rollout.hf_decode=compiled with the {strategy} engine (actor.strategy={self.actor.strategy}): "
-                    "the compiled decode is built for the single-device engine's whole weights, not yet for "
-                    "sharded ones; use rollout.hf_decode=static or eager"]
-        return []
+        return [] if strategy == "single" else [
+            f"rollout.hf_decode=compiled with the {strategy} engine (actor.strategy={self.actor.strategy}): the "
+            "compiled decode is built for the single-device engine's whole weights, not yet for sharded ones; use "
+            "rollout.hf_decode=static or eager"]
 
     def _hybrid_problems(self) -> list[str]:
         """SFT+RL hybrid keys, read only by their loss / strategy (HYBRID_READERS); each hybrid needs expert tokens."""
@@ -1371,11 +1343,9 @@ class PPOConfig:
         return p
 
     def _changed(self, keys) -> list[str]:
-        """The keys whose values differ from their defaults."""
         return [key for key in keys if get_key(self, key) != _default_of(key)]
 
     def _leave(self, keys, why: str) -> list[str]:
-        """`key=value <why>; leave it at <default>` for each key."""
         return [f"{key}={_show(get_key(self, key))} {why}; leave it at {_show(_default_of(key))}" for key in keys]
 
 
