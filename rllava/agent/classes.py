@@ -34,14 +34,7 @@ CODE = "rollout.agent.tools=[code] (the sandboxed code tool; limits: rollout.age
 ZOOM = "rollout.agent.tools=[zoom]"
 RLLAVA_CLASSES = {"VisualCropTool": ZOOM, "WebSearchTool": SEARCH, "CodeExecuteTool": CODE, "AgentSearchEnv": SEARCH,
                   "AgentCodeEnv": CODE, "DeepEyesEnv": ZOOM}
-
-
-def _equivalent(spec: str) -> str:
-    """What runs an RLLaVA class's job in rllava, by its name (search, code, crop / zoom), else a tool of your own."""
-    name = spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
-    return RLLAVA_CLASSES.get(name) or next(
-        (v for k, v in (("search", SEARCH), ("code", CODE), ("crop", ZOOM), ("zoom", ZOOM)) if k in spec.lower()),
-        "a tool of your own registered with @register_tool (rollout.agent.plugins; docs/agents.md)")
+BY_WORD = (("search", SEARCH), ("code", CODE), ("crop", ZOOM), ("zoom", ZOOM))  # another class, by its name
 
 
 def load_class(spec: Any, key: str) -> type:
@@ -71,8 +64,11 @@ def load_class(spec: Any, key: str) -> type:
     except Exception as e:
         missing = (e.name or "") if isinstance(e, ModuleNotFoundError) else ""
         if missing.startswith("rllava.") and missing.split(".")[1] in ("ppo", "eval", "workflow"):
+            use = RLLAVA_CLASSES.get(spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1]) or next(
+                (v for k, v in BY_WORD if k in spec.lower()),
+                "a tool of your own registered with @register_tool (rollout.agent.plugins; docs/agents.md)")
             raise ConfigError(f"{key}: {spec} is written against RLLaVA's internals ({missing}), which rllava does "
-                              f"not have; in rllava use {_equivalent(spec)}") from e
+                              f"not have; in rllava use {use}") from e
         raise ConfigError(f"{key}: importing {spec} failed: {type(e).__name__}: {e}") from e
     cls = getattr(module, name, None)
     if not isinstance(cls, type):

@@ -77,20 +77,11 @@ def agent_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     if not eps:
         return {}
     calls = sum(len(t.agent.calls) for t in eps)
-    failed = sum(t.agent.failed_calls for t in eps)
     return {"agent/turns_mean": sum(len(t.turn_rewards) for t in eps) / len(eps),
             "agent/tool_calls_mean": calls / len(eps),
             "agent/episodes_with_calls": sum(bool(t.agent.calls) for t in eps) / len(eps),
-            "agent/failed_call_ratio": failed / calls if calls else 0.0,
+            "agent/failed_call_ratio": sum(t.agent.failed_calls for t in eps) / calls if calls else 0.0,
             "agent/returned_images_mean": sum(len(t.agent.images) - len(t.sample.images) for t in eps) / len(eps)}
-
-
-def observation_digest(obs: Observation) -> str:
-    """Equal for equal observations (text and pixels): GiGPO's anchor state."""
-    h = hashlib.sha1(obs.text.encode())
-    for im in obs.images:
-        h.update(repr((im.mode, im.size)).encode() + im.tobytes())
-    return h.hexdigest()
 
 
 class AgentRollout(Rollout):
@@ -278,7 +269,15 @@ class AgentRollout(Rollout):
         shown = len(e.state.images)
         entry.update(observation=obs.text, error=obs.error, tool_reward=obs.reward,
                      images=list(range(shown, shown + len(obs.images))))  # indices into the episode's images
-        ids, raw, mm, sizes, images = self.encode_observation(obs, e.sample)
+        text = self.observation_text(obs)
+        ids = raw = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        mm, sizes, images = {}, [], []
+        if obs.images:
+            images = [resize_to_pixel_bounds(to_rgb(im), self.min_pixels, self.max_pixels) for im in obs.images]
+            enc = self.processor(text=[text], images=images, return_tensors="pt")
+            mm = {k: v for k, v in enc.items() if k not in MM_DROP}
+            sizes = model_image_sizes(self.processor, replace(e.sample, images=images), mm)
+            ids = enc["input_ids"][0].tolist()
         if e.response_tokens + len(ids) >= self.budget:  # no room for the observation and one more token
             e.finish_reason = "length"
             return
@@ -287,7 +286,10 @@ class AgentRollout(Rollout):
         e.response_tokens += len(ids)
         e.state.images += images
         e.state.model_sizes += sizes
-        e.last_observation = observation_digest(obs)
+        h = hashlib.sha1(obs.text.encode())  # equal for equal observations (text and pixels): GiGPO's anchor state
+        for im in obs.images:
+            h.update(repr((im.mode, im.size)).encode() + im.tobytes())
+        e.last_observation = h.hexdigest()
         step_reward = getattr(self.env, "step_reward", None)  # RLLaVA's sum over the observations shown
         e.state.step_reward += step_reward(obs) if step_reward is not None else float(not obs.error)
 
@@ -306,18 +308,6 @@ class AgentRollout(Rollout):
         tail = base[base.rindex(REPLY) + len(REPLY):]  # what closes an assistant turn, e.g. "<|im_end|>\n"
         eos = self.tokenizer.eos_token or ""
         return (tail[len(eos):] if eos and tail.startswith(eos) else tail) + full[len(base):]
-
-    def encode_observation(self, obs: Observation, sample: Sample):
-        """(token ids with image placeholders expanded, raw ids, pixel tensors, model-frame sizes, images)."""
-        text = self.observation_text(obs)
-        raw = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if not obs.images:
-            return raw, raw, {}, [], []
-        images = [resize_to_pixel_bounds(to_rgb(im), self.min_pixels, self.max_pixels) for im in obs.images]
-        enc = self.processor(text=[text], images=images, return_tensors="pt")
-        mm = {k: v for k, v in enc.items() if k not in MM_DROP}
-        sizes = model_image_sizes(self.processor, replace(sample, images=images), mm)
-        return enc["input_ids"][0].tolist(), raw, mm, sizes, images
 
     def _trajectory(self, e: Episode) -> Trajectory:
         if hasattr(self.env, "close"):  # the episode is over: an environment of its own releases what it holds

@@ -360,11 +360,15 @@ def _find_jail() -> Jail:
     missing, weaker, root, program, zygote = [], [], os.geteuid() == 0, None, None
     bwrap = shutil.which("bwrap")
     argv = _bwrap_argv(bwrap) if bwrap else None
+    version = (0,)  # bubblewrap's, where it does not say
+    with suppress(OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10).stdout if bwrap else ""
+        version = tuple(int(x) for x in out.split()[-1].split(".")[:2])
     if not bwrap:
         missing.append("bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf "
                        "install bubblewrap)")
-    elif _version(bwrap) < (0, 8):
-        missing.append(f"bubblewrap {'.'.join(map(str, _version(bwrap)))} is too old: 0.8 or newer is needed "
+    elif version < (0, 8):
+        missing.append(f"bubblewrap {'.'.join(map(str, version))} is too old: 0.8 or newer is needed "
                        "(its --size and --disable-userns; Ubuntu 22.04 ships 0.6: take a newer distribution's "
                        "package or build a release of github.com/containers/bubblewrap)")
         argv = None
@@ -423,15 +427,6 @@ def _find_jail() -> Jail:
               "totals": totals}
     pylib = ["/pylib"] if argv else sorted({os.path.dirname(d) for d in _module_dirs()})
     return Jail(argv, cgroup, missing, weaker, guards, pylib, *((program, zygote) if argv else (None, None)))
-
-
-def _version(bwrap: str) -> tuple[int, ...]:
-    """bubblewrap's version, (0,) where it does not say."""
-    try:
-        out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10).stdout.split()
-        return tuple(int(x) for x in out[-1].split(".")[:2])
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        return (0,)
 
 
 def check(allow_weaker: bool = False) -> Jail:
@@ -571,8 +566,7 @@ def _end(started: _Started, seen: dict | None = None) -> None:
         with suppress(ProcessLookupError):  # PID 1 of the call's namespace: the kernel ends the rest with it
             signal.pidfd_send_signal(started.first, signal.SIGKILL)
     if started.weak and seen is not None:
-        # without a jail: the snippet's process group, as the first process reported it (a process that left the
-        # group is not found: one of the things allow_weaker gives up)
+        # without a jail: the snippet's process group as the first process reported it (one that left it escapes)
         try:
             pid = json.loads(bytes(seen["result"][:64]).split(b"\n", 1)[0]).get("pgid")  # {"pgid": N}: short
         except (ValueError, AttributeError):
@@ -594,10 +588,8 @@ def _end(started: _Started, seen: dict | None = None) -> None:
 
 
 class _Zygote:
-    """The process that forks every call (`sandbox_init.serve`): numpy and PIL imported once in it, and, in the
-    jail, inside bubblewrap (the zygote's own namespaces, its read-only root and a filter that allows it alone
-    to make namespaces); each call is a fork of it as it started, in namespaces of its own. One per process (a
-    forked trainer starts its own), started on first use, restarted when it died; it dies with us.
+    """The process that forks every call (`sandbox_init.serve`, the module docstring), in the jail inside bubblewrap.
+    One per process (a forked trainer starts its own), started on first use, restarted when it died; it dies with us.
 
     Calls are also forked ahead of need (`take`): a call's cgroup is joined before its request, and the kernel's
     cgroup migration waits out an RCU grace period (~13 ms on an idle machine); a call takes a first process

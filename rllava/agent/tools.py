@@ -166,16 +166,6 @@ def build_tools(names: list[str], kwargs: dict[str, dict]) -> dict[str, Callable
 MIN_SIDE = 28  # pixels: Qwen-VL's smallest image (one 2 x 2 block of 14 px patches)
 
 
-def _box(args) -> list[float]:
-    if isinstance(args, dict):
-        args = args.get("bbox_2d", args.get("box"))
-    if isinstance(args, str):
-        args = [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", args)]
-    if not isinstance(args, (list, tuple)) or len(args) != 4 or not all(isinstance(v, (int, float)) for v in args):
-        raise ToolError("zoom takes one box [x1, y1, x2, y2]")
-    return [float(v) for v in args]
-
-
 @register_tool("zoom")
 def zoom(args, state: AgentState) -> Observation:
     """Crop of the last image shown, as a new image (DeepEyes' "thinking with images"). The box is in pixels of the
@@ -183,7 +173,13 @@ def zoom(args, state: AgentState) -> Observation:
     its centre to at least MIN_SIDE pixels a side; an empty box, or one outside the image, is an error observation."""
     if not state.images:
         raise ToolError("there is no image to zoom into")
-    x1, y1, x2, y2 = _box(args)
+    if isinstance(args, dict):
+        args = args.get("bbox_2d", args.get("box"))
+    if isinstance(args, str):
+        args = [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", args)]
+    if not isinstance(args, (list, tuple)) or len(args) != 4 or not all(isinstance(v, (int, float)) for v in args):
+        raise ToolError("zoom takes one box [x1, y1, x2, y2]")
+    x1, y1, x2, y2 = (float(v) for v in args)
     if x2 <= x1 or y2 <= y1:
         raise ToolError(f"the box [{x1:g}, {y1:g}, {x2:g}, {y2:g}] is empty (it needs x1 < x2 and y1 < y2)")
     image = state.images[-1]
