@@ -1145,11 +1145,9 @@ class PPOConfig:
         ignored = {f"{role}.strategy={section.strategy}": section.ignored_keys(role)
                    for role, section in (("actor", self.actor), ("critic", self.critic)) if section is not None}
         # rollout keys changed from their defaults although the chosen engine does not read them
-        others = {k for name, keys in ENGINE_ONLY_KEYS.items() if name != self.rollout.name for k in keys}
-        others -= set(ENGINE_ONLY_KEYS.get(self.rollout.name, []))
+        others = set(sum(ENGINE_ONLY_KEYS.values(), [])) - set(ENGINE_ONLY_KEYS.get(self.rollout.name, ()))
         ignored[f"rollout.name={self.rollout.name}"] = [
-            key for key in LEAVES if key.startswith("rollout.")
-            and any(key == o or (o.endswith(".") and key.startswith(o)) for o in others)
+            key for key in LEAVES if any(key == o or (o.endswith(".") and key.startswith(o)) for o in others)
             and get_key(self, key) != _default_of(key) and key not in REDIRECTED_KEYS] + (
             ["rollout.tensor_parallel_size"] if self.rollout.name == "hf" and self.rollout.tensor_parallel_size != 1
             else [])
