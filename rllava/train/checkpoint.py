@@ -186,12 +186,12 @@ def save_checkpoint(run, step: int) -> str:
                 save_engine(engine, os.path.join(tmp, name), parts)
             else:
                 write_state(staged.pop(name), os.path.join(tmp, name), group)
-        _barrier(group)  # rank 0 renames once every rank has written
+        D.barrier(group)  # rank 0 renames once every rank has written
         if D.is_main():
             replace_directory(tmp, path)
             write_text_atomic(os.path.join(root, TRACKER_FILE), str(step))
             prune(root, cfg.trainer.save_limit)
-        _barrier(group)
+        D.barrier(group)
 
     if background:
         _pending.append(pool.submit(commit))
@@ -211,11 +211,6 @@ def _background() -> tuple[ThreadPoolExecutor, object]:
         _writer.update(pool=ThreadPoolExecutor(1, thread_name_prefix="rllava-checkpoint"),
                        group=dist.new_group(backend="gloo") if dist.is_initialized() else None)
     return _writer["pool"], _writer["group"]
-
-
-def _barrier(group) -> None:
-    if dist.is_initialized():
-        dist.barrier(group=group)
 
 
 def _stage(engine, parts) -> dict:
@@ -254,7 +249,14 @@ def load_checkpoint(run, path: str) -> int:
     for name, engine in engines.items():
         if name not in state["engines"]:
             raise RllavaError(f"{path}: holds no {name} state (the run that wrote it had no {name})")
-        loaded = _load_engine_or_explain(engine, os.path.join(path, name), engine_parts(wanted))
+        part = os.path.join(path, name)
+        try:  # a file that cannot be read (truncated, corrupt) -> one line naming it
+            loaded = load_engine(engine, part, engine_parts(wanted))
+        except RllavaError:
+            raise
+        except BaseException as e:  # noqa: BLE001  DCP wraps a rank's failure in CheckpointException (a BaseException)
+            raise RllavaError(f"{part}: the checkpoint cannot be read ({_cause(e)}): a corrupt checkpoint; delete "
+                              f"{os.path.dirname(part)} to resume from an earlier one") from e
         if "optimizer" not in loaded and hasattr(engine, "optimizer"):  # the reference ("ref") has none
             log.warning("%s: no %s optimizer state loaded (saved: %s; actor.checkpoint.load_contents=%s): the "
                         "optimizer starts fresh, so the run does not continue exactly", path, name,
@@ -273,17 +275,6 @@ def load_checkpoint(run, path: str) -> int:
         log.warning("%s: RNG states not restored (saved by %d ranks, running on %d; saved: %s): sampling goes on "
                     "from the seeds set at start", path, state["world_size"], D.world_size(), state["contents"])
     return int(state["global_step"])
-
-
-def _load_engine_or_explain(engine, path: str, parts) -> list[str]:
-    """`load_engine`; a file of the checkpoint that cannot be read (truncated, corrupt) -> one line naming it."""
-    try:
-        return load_engine(engine, path, parts)
-    except RllavaError:
-        raise
-    except BaseException as e:  # noqa: BLE001  DCP wraps a rank's failure in CheckpointException (a BaseException)
-        raise RllavaError(f"{path}: the checkpoint cannot be read ({_cause(e)}): a corrupt checkpoint; delete "
-                          f"{os.path.dirname(path)} to resume from an earlier one") from e
 
 
 def _cause(e: BaseException) -> str:

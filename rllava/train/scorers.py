@@ -98,11 +98,9 @@ def old_logprobs(actor) -> Scorer:
 @register_scorer("reference")
 def reference(cfg, parts: Parts) -> Scorer | None:
     ref = B.build_reference_role(cfg, parts.policy, parts.device, parts.engine)
-    if ref is None:
-        return None
-    resets = {"ref": ref} if ref.reset_freq else {}  # resets move the reference: exact resume needs its weights
-    return Scorer("ref_logprobs", ref.compute_logprobs, "ref", role=ref, engines=resets,
-                  after_update=lambda batch, step: ref.after_update(parts.policy, step))
+    return None if ref is None else Scorer(  # resets move the reference: exact resume needs its weights
+        "ref_logprobs", ref.compute_logprobs, "ref", role=ref, engines={"ref": ref} if ref.reset_freq else {},
+        after_update=lambda batch, step: ref.after_update(parts.policy, step))
 
 
 @register_scorer("teachers")
@@ -120,10 +118,8 @@ def teachers(cfg, parts: Parts) -> Scorer | None:
 @register_scorer("critic")
 def critic(cfg, parts: Parts) -> Scorer | None:
     c = B.build_critic(cfg, parts.device, parts.steps, parts.algorithm)
-    if c is None:
-        return None
-    return Scorer("values", c.compute_values, "values", role=c, engines={"critic": c.engine},
-                  after_update=lambda batch, step: c.update(batch))  # its own update, on the same batch
+    return None if c is None else Scorer("values", c.compute_values, "values", role=c, engines={"critic": c.engine},
+                                         after_update=lambda batch, step: c.update(batch))  # its own, same batch
 
 
 @register_scorer("kl_in_reward")

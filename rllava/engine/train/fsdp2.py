@@ -26,7 +26,7 @@ import torch
 from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard,
                                     register_fsdp_forward_method)
 
-from rllava.engine.train.single import SingleDeviceEngine, clipped_step
+from rllava.engine.train.single import SingleDeviceEngine
 from rllava.errors import ConfigError
 from rllava.model.forward import FSDP_FORWARD_METHOD, _token_logprobs
 
@@ -103,12 +103,8 @@ class FSDP2Engine:
         return shard_model(model.requires_grad_(False), self.device, mp=self.mp,
                            cpu_offload=self.cpu_optimizer or cpu_offload, reshard_after_forward=True)
 
-    backward = SingleDeviceEngine.backward
-
-    def optimizer_step(self) -> float:
-        return clipped_step(self.model, self.optimizer, self.scheduler, self.max_grad_norm, self.skip_grad_norm,
-                            self.optimizer.step)
-
+    masters: dict = {}  # no CPU fp32 masters (FSDP2's CPU offload steps on the shards): a plain optimizer step
+    backward, optimizer_step = SingleDeviceEngine.backward, SingleDeviceEngine.optimizer_step
     update_phase = SingleDeviceEngine.update_phase
 
     @contextmanager
