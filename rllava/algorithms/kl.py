@@ -47,11 +47,6 @@ class KLController:
     def load_state_dict(self, state: dict) -> None:
         self.value = float(state["kl_coef"])
 
-    def update(self, current_kl: float, n_steps: int) -> None:
-        if self.kind == "adaptive":
-            error = min(max(current_kl / self.target_kl - 1.0, -0.2), 0.2)
-            self.value *= 1.0 + error * n_steps / self.horizon
-
     def penalize(self, scores: torch.Tensor, mask: torch.Tensor, old_logprobs: torch.Tensor,
                  ref_logprobs: torch.Tensor, kl: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """(token rewards [B, T], metrics); beta moves after it is used, by one step of B sequences. `kl` [B, T]:
@@ -60,5 +55,7 @@ class KLController:
         token_rewards = outcome_token_rewards(scores, mask) - self.value * kl
         current = masked_mean(kl, mask).item()
         metrics = {"actor/reward_kl": current, "actor/reward_kl_coef": self.value}
-        self.update(current, n_steps=len(scores))
+        if self.kind == "adaptive":  # the module docstring's e, with n_steps = len(scores)
+            error = min(max(current / self.target_kl - 1.0, -0.2), 0.2)
+            self.value *= 1.0 + error * len(scores) / self.horizon
         return token_rewards, metrics

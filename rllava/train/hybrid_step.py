@@ -187,11 +187,9 @@ def build_hybrid(cfg, run) -> Hybrid | None:
         return None
     expert_set = None
     if cfg.actor.policy_loss.loss_mode == "chord":
-        expert_set = run.train_set
-        if cfg.data.expert_files:
-            expert_set = PromptDataset(cfg.data.expert_files, cfg.data, run.processor,
-                                       image_dir=cfg.data.train_image_dir, target_key=cfg.data.target_key,
-                                       limit_images=cfg.rollout.limit_images, key="data.expert_files")
+        expert_set = PromptDataset(cfg.data.expert_files, cfg.data, run.processor, image_dir=cfg.data.train_image_dir,
+                                   target_key=cfg.data.target_key, limit_images=cfg.rollout.limit_images,
+                                   key="data.expert_files") if cfg.data.expert_files else run.train_set
         rows = expert_rows_per_step(cfg)
         if rows % D.world_size():
             raise ConfigError(f"CHORD's {rows} demonstration rows per step (data.expert_batch_size or "

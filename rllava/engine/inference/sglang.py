@@ -80,10 +80,9 @@ class SGLangRolloutEngine(ColocatedEngine):
             engine_kwargs["random_seed"] = seed + D.rank()  # one engine per rank: distinct streams
         if keep_weights:  # a teacher: its own weights survive release / resume in host memory
             engine_kwargs["enable_weights_cpu_backup"] = True
-        self.keep_weights = keep_weights
+        self.keep_weights, self.stay_awake = keep_weights, stay_awake
         self.engine = sglang.Engine(model_path=model_path, tp_size=tensor_parallel_size, base_gpu_id=gpu_id,
                                     load_format=load_format, enable_memory_saver=True, **engine_kwargs)
-        self.stay_awake = stay_awake
         self.offload()
 
     def _sleep(self) -> None:
