@@ -117,7 +117,7 @@ PATH_KEYS = {f"{m}.{k}" for m in ("actor.model", "critic.model", "reward.model")
     "ref.model_path", "data.train_files", "data.val_files", "data.expert_files", "data.format_prompt",
     "data.train_image_dir", "data.val_image_dir", "reward.reward_function", "rollout.env_config_path",
     "rollout.tool_config_path", "trainer.outputs_dir", "trainer.save_checkpoint_path", "trainer.load_checkpoint_path",
-    "trainer.resume", "algorithm.plugins", "rollout.agent.plugins"}
+    "trainer.resume", "algorithm.plugins", "rollout.agent.plugins", "algorithm.distill.teacher_path"}
 
 
 def _merge(base: DictConfig, overrides: dict[str, Any], source: str) -> None:

@@ -188,6 +188,7 @@ def test_trainer_keys_for_steps_names_and_checkpoints(tmp_path, monkeypatch):
     assert B.run_outputs_dir(cfg) == os.path.join("outputs", "proj7", "exp7")  # RLLaVA's layout
     assert B.run_outputs_dir(_quiet(["trainer.outputs_dir=~/runs", "trainer.experiment_name=a/b"])) == \
         os.path.expanduser("~/runs/rllava/a/b")
+    assert _quiet(["algorithm.distill.teacher_path=~/t"]).algorithm.distill.teacher_path == os.path.expanduser("~/t")
     for bad in ("trainer.experiment_name=../up", "trainer.project_name=/abs", "trainer.experiment_name="):
         with pytest.raises(ConfigError, match=f"{bad.split('=')[0]}=.* names the run's folder under "
                                               "trainer.outputs_dir: give a relative name without '..'"):
