@@ -479,9 +479,14 @@ def test_13_one_zygote_forks_each_call_into_namespaces_of_its_own():
     preloaded = run_code("import sys\nprint('numpy' in sys.modules, 'PIL.Image' in sys.modules)\n", [], FAST)
     assert preloaded.stdout.split() == ["True", "True"], preloaded.text()  # imported in the zygote, once
     assert leftovers() == []
-    with sandbox.ZYGOTE.helper:
-        ahead = [s for v in sandbox.ZYGOTE.ahead.values() for s in v]
-    zygote = [sandbox.ZYGOTE.proc.pid] + children(sandbox.ZYGOTE.proc.pid)
+    deadline = time.monotonic() + 30  # a call forked ahead, or one just ended, may be mid-fork or mid-exit: polled
+    while True:
+        with sandbox.ZYGOTE.helper:
+            ahead = [s for v in sandbox.ZYGOTE.ahead.values() for s in v]
+            zygote = [sandbox.ZYGOTE.proc.pid] + children(sandbox.ZYGOTE.proc.pid)
+        if len(zygote) == 2 + 2 * len(ahead) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert len(zygote) == 2 + 2 * len(ahead), zygote  # bubblewrap, the zygote, and the calls forked ahead
     sandbox.ZYGOTE.close()
     deadline = time.monotonic() + 30  # the kernel ends the zygote's namespace after bubblewrap: waited, not timed
