@@ -24,7 +24,7 @@ from rllava.errors import ConfigError
 
 
 # Names the validators below accept (not method names, e.g. adv_estimator: their registries check those at build)
-ACTOR_STRATEGIES = ["auto", "single", "fsdp", "fsdp2", "deepspeed"]  # RLLaVA's `fsdp` runs the FSDP2 engine
+ACTOR_STRATEGIES = ["auto", "single", "fsdp", "fsdp2", "deepspeed", "accelerate"]  # RLLaVA's `fsdp` runs the FSDP2 engine
 OPTIMIZERS = ["adamw"]  # what builders._engine builds (torch.optim.AdamW)
 OPTIMIZERS_PLANNED = ["adamw_bf16"]  # RLLaVA's AdamW with bf16 states
 VAL_OVERRIDE_KEYS = ["n", "temperature", "top_p", "top_k"]  # the rollout keys builders.sampling_params reads
@@ -466,7 +466,7 @@ class CheckpointConfig:
 
 @dataclass
 class ActorConfig:
-    strategy: str = "auto"  # auto (RLLaVA: fsdp2): fsdp2 under torchrun or with fsdp CPU offload on a GPU, else single | single | fsdp2 | deepspeed; fsdp2 (or deepspeed) on one plain `python -m` process runs as a world of one (docs/engines.md)
+    strategy: str = "auto"  # auto (RLLaVA: fsdp2): fsdp2 under torchrun or with fsdp CPU offload on a GPU, else single | single | fsdp2 | deepspeed | accelerate (HF Accelerate: trainer.accelerate_config, docs/engines.md); fsdp2 (or deepspeed) on one plain `python -m` process runs as a world of one (docs/engines.md)
     ppo_mini_batch_size: int = 256  # prompts per optimizer step (x rollout.n responses)
     ppo_micro_batch_size: int = 4  # sequences per forward/backward (gradient accumulation unit)
     log_prob_micro_batch_size: int = 16  # sequences per forward when computing old log-probs
@@ -889,6 +889,7 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console|jsonl|tensorboard|wandb; rllava default (RLLaVA: console, tensorboard) needs no extra package
     nnodes: int = 1  # not read: the launcher sets the processes (torchrun --nnodes); a change warns
     n_gpus_per_node: int = 8  # not read: the launcher sets the processes (torchrun --nproc_per_node); a change warns
+    accelerate_config: Optional[str] = None  # rllava, actor.strategy=accelerate: an `accelerate config` file read here (accelerate launch --config_file F sets it for you)
     max_try_make_batch: int = 20  # online filtering: max generation rounds per batch; -1 = no limit
     critic_warmup: int = 0  # steps training only the critic
     val_freq: int = -1  # validate every N steps; -1 = never (except val_before_train)
@@ -1140,6 +1141,9 @@ class PPOConfig:
                 self.algorithm.rollout_is != "none" or self.actor.tis_imp_ratio_cap > 0):
             p.append("actor.policy_loss.loss_mode=decoupled_ppo already weights each token by pi_old / pi_rollout: "
                      "leave algorithm.rollout_is=none and actor.tis_imp_ratio_cap=-1 (algorithm.rollout_rs composes)")
+        accelerate = "accelerate" in {self.actor.strategy, self.critic and self.critic.strategy}
+        if self.trainer.accelerate_config and not accelerate:
+            p.append("trainer.accelerate_config is read by actor.strategy=accelerate only: set it, or drop the key")
         if p:
             raise ConfigError(p)
         ignored = {f"{role}.strategy={section.strategy}": section.ignored_keys(role)

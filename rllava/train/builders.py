@@ -69,7 +69,7 @@ def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
     return device, run_outputs_dir(cfg)
 
 
-DISTRIBUTED_STRATEGIES = ("fsdp", "fsdp2", "deepspeed")
+DISTRIBUTED_STRATEGIES = ("fsdp", "fsdp2", "deepspeed", "accelerate")
 
 
 def run_outputs_dir(cfg: PPOConfig) -> str:
@@ -252,7 +252,7 @@ def _schedule(cfg: PPOConfig, num_steps: int, role, n: int) -> tuple[int, int]:
 
 
 def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None, *, updates: int,
-            key: str, strategy: str, fsdp, deepspeed) -> TrainEngine:
+            key: str, strategy: str, fsdp, deepspeed, accelerate_config: str | None = None) -> TrainEngine:
     """The train engine for `strategy` around `model`, with AdamW over the trainable parameters and the LR schedule
     of optim config `o`; `fsdp` carries the sharding and CPU-offload switches, `deepspeed` the ZeRO ones."""
     if o.strategy != "adamw":  # the config check allows only what is built here
@@ -265,6 +265,10 @@ def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm
 
         engine = FSDP2Engine(device, max_grad_norm, skip_grad_norm, mixed_precision=fsdp.mixed_precision,
                              reshard_after_forward=fsdp.reshard_after_forward, **offload)
+    elif strategy == "accelerate":
+        from rllava.engine.train.accelerate import AccelerateEngine
+
+        engine = AccelerateEngine(device, max_grad_norm, skip_grad_norm, config_file=accelerate_config)
     elif strategy == "deepspeed":
         from rllava.engine.train.deepspeed import DeepSpeedEngine
 
@@ -300,7 +304,8 @@ def build_engine(cfg: PPOConfig, model, device: torch.device, num_steps: int, *,
     """The policy's train engine (actor.strategy) with its optimizer and LR schedule over the run's updates."""
     _, updates = _schedule(cfg, num_steps, cfg.actor, 1 if sft else cfg.rollout.n)
     return _engine(model, cfg.actor.optim, device, cfg.actor.max_grad_norm, cfg.actor.skip_grad_norm, updates=updates,
-                   key="actor.optim", strategy=cfg.actor.strategy, fsdp=cfg.actor.fsdp, deepspeed=cfg.actor.deepspeed)
+                   key="actor.optim", strategy=cfg.actor.strategy, fsdp=cfg.actor.fsdp, deepspeed=cfg.actor.deepspeed,
+                   accelerate_config=cfg.trainer.accelerate_config)
 
 
 def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, sft: bool = False,
@@ -444,7 +449,8 @@ def build_critic(cfg: PPOConfig, device: torch.device, num_steps: int, algorithm
     lm = make_trainable(lm, c.model, device, key="critic.model")  # the value head (built next) trains fully
     mini, updates = _schedule(cfg, num_steps, c, cfg.rollout.n)
     engine = _engine(ValueModel(lm), c.optim, device, c.max_grad_norm, None, updates=updates, key="critic.optim",
-                     strategy=c.strategy, fsdp=c.fsdp, deepspeed=c.deepspeed)
+                     strategy=c.strategy, fsdp=c.fsdp, deepspeed=c.deepspeed,
+                     accelerate_config=cfg.trainer.accelerate_config)
     return Critic(engine.model, engine, ppo_epochs=c.ppo_epochs, mini_batch_size=mini,
                   micro_batch_size=c.ppo_micro_batch_size, values_micro_batch_size=c.log_prob_micro_batch_size,
                   cliprange_value=c.cliprange_value, loss_avg_mode=c.loss_avg_mode, gamma=cfg.algorithm.gamma,

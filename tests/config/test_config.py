@@ -542,7 +542,7 @@ def test_critic_null_loads(tmp_path):
 def test_unknown_strategy_lists_choices():
     with pytest.raises(ConfigError) as err:
         load_config(["actor.strategy=singel"])
-    assert str(err.value) == ("actor.strategy=singel is not one of: auto, single, fsdp, fsdp2, deepspeed; "
+    assert str(err.value) == ("actor.strategy=singel is not one of: auto, single, fsdp, fsdp2, deepspeed, accelerate; "
                               "did you mean actor.strategy=single?")
 
 

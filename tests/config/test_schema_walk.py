@@ -227,6 +227,7 @@ COVERED = {
     "trainer.max_try_make_batch": "tests/algorithms/test_filtering.py::test_fill_batch_running_out_of_rounds_warns_and_counts",
     "trainer.critic_warmup": "tests/test_learning.py::test_ppo_with_gae_critic_learns",
     "trainer.val_freq": "tests/train/test_pipelines.py::test_sft_learns_the_format",
+    "trainer.accelerate_config": "tests/engine/test_sharded_engines.py::test_accelerate_config_file_becomes_accelerates_environment",
     "trainer.val_before_train": "tests/train/test_pipelines.py::test_torchrun_single_process",
     "trainer.val_only": "tests/config/test_key_wiring.py::test_val_only_validates_and_trains_nothing",
     "trainer.val_generations_to_log": "tests/train/test_pipelines.py::test_rlvr_two_steps_change_parameters_and_write_metrics",

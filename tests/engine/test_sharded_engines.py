@@ -122,6 +122,7 @@ def _rlvr_on_ranks(nproc: int, out, model: str, reward: str, *extra: str) -> sub
     pytest.param(2, ["actor.strategy=fsdp2", "actor.policy_loss.loss_mode=hpt", "algorithm.unify_strategy=switch",
                      "data.target_key=solution", "actor.ppo_micro_batch_size=2", "algorithm.switch_gate=1"],
                  id="fsdp2-hpt"),
+    pytest.param(2, ["actor.strategy=accelerate"], id="accelerate"),  # on CPUs Accelerate's DDP
     pytest.param(2, ["actor.strategy=deepspeed", "actor.deepspeed.zero_stage=3", "actor.deepspeed.torch_dtype=fp32"],
                  marks=[DEEPSPEED, pytest.mark.slow], id="deepspeed"),
     pytest.param(1, ["actor.strategy=deepspeed", "actor.deepspeed.zero_stage=2", "algorithm.adv_estimator=gae",
@@ -200,3 +201,50 @@ def test_deepspeed_not_installed_is_one_line_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # `import deepspeed` raises ImportError
     with pytest.raises(ConfigError, match=r'^actor.strategy=deepspeed needs DeepSpeed: pip install "rllava\[deepspeed\]"'):
         DeepSpeedEngine(torch.device("cpu"), 1.0, deepspeed_config=DeepSpeedConfig())
+
+
+def test_accelerate_matches_fsdp2_and_starts_under_accelerate_launch(tmp_path, tiny_model_dir, counting_dir,
+                                                                     distinct_reward):
+    """actor.strategy=accelerate (Accelerate's DDP on CPUs) takes the steps FSDP2 takes on the same two ranks, and
+    `accelerate launch -m rllava.train.pipeline.rlvr` starts it as torchrun does."""
+    data = [f"data.train_files={counting_dir}/train.jsonl", "data.max_samples=8", "rollout.n=2",
+            "trainer.val_before_train=false", "trainer.val_freq=-1"]
+    runs = {}
+    for strategy in ("fsdp2", "accelerate"):
+        res = _rlvr_on_ranks(2, tmp_path / strategy, tiny_model_dir, distinct_reward, *data,
+                             f"actor.strategy={strategy}")
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs[strategy] = [json.loads(line) for line in open(tmp_path / strategy / "metrics.jsonl")]
+    for a, b in zip(runs["fsdp2"], runs["accelerate"], strict=True):
+        for key in ("reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "response_length/mean"):
+            assert abs(a[key] - b[key]) <= 1e-4 * max(1.0, abs(a[key])), (key, a[key], b[key])
+    out = tmp_path / "launched"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "rllava.train.pipeline.rlvr",
+           "config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={tiny_model_dir}",
+           "trainer.max_steps=1", "data.train_batch_size=4", "actor.ppo_mini_batch_size=2", *data, *keys_for(out),
+           "trainer.logger=[jsonl]", f"reward.reward_function={distinct_reward}", "actor.strategy=accelerate"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [json.loads(line)["step"] for line in open(out / "metrics.jsonl")] == [1]
+
+
+def test_accelerate_config_file_becomes_accelerates_environment(tmp_path):
+    """trainer.accelerate_config: the file `accelerate config` writes, turned into the environment `accelerate
+    launch --config_file` would give (Accelerate's own launcher code); a missing file is one line."""
+    from rllava.config import load_config
+    from rllava.engine.train.accelerate import accelerate_env
+    from rllava.errors import ConfigError
+
+    path = tmp_path / "fsdp2.yaml"
+    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nmixed_precision: bf16\n"
+                    "num_processes: 2\nnum_machines: 1\nfsdp_config:\n  fsdp_version: 2\n"
+                    "  fsdp_reshard_after_forward: true\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n")
+    env = accelerate_env(str(path))
+    assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2", env
+    assert env["ACCELERATE_MIXED_PRECISION"] == "bf16", env
+    with pytest.raises(ConfigError, match="trainer.accelerate_config=.*no such file"):
+        accelerate_env(str(tmp_path / "absent.yaml"))
+    with pytest.raises(ConfigError, match="trainer.accelerate_config is read by actor.strategy=accelerate only"):
+        load_config([f"trainer.accelerate_config={path}"])  # a key that would do nothing is a start-up error

@@ -10,7 +10,7 @@
 
 The optimizer is built *after* the model is prepared (FSDP2 replaces parameters with sharded ones), so
 `prepare` takes factories: `make_optimizer(params)` and `make_scheduler(optimizer)`.
-Single device (`single.py`), FSDP2 (`fsdp2.py`) and DeepSpeed ZeRO (`deepspeed.py`) implement it.
+Single device (`single.py`), FSDP2 (`fsdp2.py`), DeepSpeed ZeRO (`deepspeed.py`) and Accelerate implement it.
 """
 
 from __future__ import annotations
