@@ -24,7 +24,8 @@ from rllava.errors import ConfigError
 
 
 # Names the validators below accept (not method names, e.g. adv_estimator: their registries check those at build)
-ACTOR_STRATEGIES = ["auto", "single", "fsdp", "fsdp2", "deepspeed", "accelerate"]  # RLLaVA's `fsdp` runs the FSDP2 engine
+# RLLaVA's `fsdp` runs the FSDP2 engine; `accelerate` reads its plugin from Accelerate's config, no fsdp.* key
+ACTOR_STRATEGIES = ["auto", "single", "fsdp", "fsdp2", "deepspeed", "accelerate"]
 OPTIMIZERS = ["adamw"]  # what builders._engine builds (torch.optim.AdamW)
 OPTIMIZERS_PLANNED = ["adamw_bf16"]  # RLLaVA's AdamW with bf16 states
 VAL_OVERRIDE_KEYS = ["n", "temperature", "top_p", "top_k"]  # the rollout keys builders.sampling_params reads
@@ -546,10 +547,11 @@ class ActorConfig:
     def ignored_keys(self, prefix: str = "actor") -> list[str]:
         """fsdp/deepspeed keys changed from their defaults although this strategy does not read them."""
         strategy = resolve_strategy(self.strategy, fsdp=self.fsdp)
-        sections = {"single": ("fsdp", "deepspeed"), "deepspeed": ("fsdp",)}.get(strategy, ("deepspeed",))
+        sections = {"single": ("fsdp", "deepspeed"), "deepspeed": ("fsdp",),
+                    "accelerate": ("fsdp", "deepspeed")}.get(strategy, ("deepspeed",))
         return [f"{prefix}.{s}.{f.name}" for s in sections for f in fields(getattr(self, s))
                 if getattr(getattr(self, s), f.name) != getattr(type(getattr(self, s))(), f.name)
-                and f"{s}.{f.name}" not in ENGINE_OFFLOAD_KEYS]
+                and (strategy == "accelerate" or f"{s}.{f.name}" not in ENGINE_OFFLOAD_KEYS)]
 
 
 @dataclass

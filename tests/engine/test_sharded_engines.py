@@ -248,3 +248,7 @@ def test_accelerate_config_file_becomes_accelerates_environment(tmp_path):
         accelerate_env(str(tmp_path / "absent.yaml"))
     with pytest.raises(ConfigError, match="trainer.accelerate_config is read by actor.strategy=accelerate only"):
         load_config([f"trainer.accelerate_config={path}"])  # a key that would do nothing is a start-up error
+    with pytest.warns(UserWarning, match=r"actor.fsdp.offload_params, actor.fsdp.reshard_after_forward ignored: "
+                                         "actor.strategy=accelerate"):  # Accelerate's config holds its FSDP keys
+        load_config(["actor.strategy=accelerate", "actor.fsdp.offload_params=true",
+                     "actor.fsdp.reshard_after_forward=false"])
