@@ -87,6 +87,7 @@ SCENARIOS = {"check": (list(MODELS), ["tiny-qwen2.5-vl"], ENGINES, None, (224,))
              "rllava24": (["qwen3-vl-4b"], ["tiny-qwen3-vl"], ("auto",), 24, (448, 512, 576, 640)),
              "research": (["qwen2.5-vl-3b"], ["tiny-qwen2.5-vl"], ("auto",), None, (512,))}
 GiB = 1024 ** 3
+MAX_EVENTS = 4_000_000  # --trace's ring of allocation events (a phase with more: the replay says it is cut)
 
 
 def overrides(model_dir: str, data: dict, run_dir: str, engine: str, device: str, tiny: bool,
@@ -164,11 +165,12 @@ def build_model(name: str, out_dir: str, device: str) -> str:
 class PhasePeaks:
     """Peak device memory and seconds per phase, by wrapping the roles' and engines' methods (see the docstring)."""
 
-    def __init__(self, cuda: bool):
+    def __init__(self, cuda: bool, trace=(), trace_out: str | None = None):
         self.cuda, self.stack = cuda, []
         self.peak, self.calls = {}, []  # calls: (phase, seconds, tokens) in order
         self.originals = []  # (class, method name, original), for `unwrap`
         self.on_phase = lambda name: None  # called as each phase ends
+        self.trace, self.trace_out = set(trace) if cuda else set(), trace_out  # --trace: phases left to trace
 
     @contextlib.contextmanager
     def phase(self, name: str, tokens: int = 0):
@@ -180,11 +182,22 @@ class PhasePeaks:
                 outer = self.stack[-1]
                 self.peak[outer] = max(self.peak.get(outer, 0), torch.cuda.max_memory_allocated())
             torch.cuda.reset_peak_memory_stats()
+        tracing, start_bytes = name in self.trace, torch.cuda.memory_allocated() if self.cuda else 0
+        if tracing:  # its first call: every allocation recorded, with its Python stack
+            torch.cuda.memory._record_memory_history(max_entries=MAX_EVENTS, stacks="python")
         self.stack.append(name)
         start = time.perf_counter()
         try:
             yield
         finally:
+            if tracing:
+                self.trace.discard(name)
+                with open(self.trace_out, "a") as f:
+                    try:
+                        f.write(peak_breakdown(name, torch.cuda.memory._snapshot(), start_bytes))
+                    except Exception as e:  # noqa: BLE001 - a failed trace must not cost the run its measurement
+                        f.write(f"## {name}: the trace failed: {e!r}\n\n")
+                torch.cuda.memory._record_memory_history(enabled=None)
             if self.cuda:
                 torch.cuda.synchronize()
                 self.peak[name] = max(self.peak.get(name, 0), torch.cuda.max_memory_allocated())
@@ -209,6 +222,34 @@ class PhasePeaks:
         self.originals = []
 
 
+def peak_breakdown(phase: str, snapshot: dict, start_bytes: int, top: int = 30) -> str:
+    """What was live at a phase's peak (--trace): the recorded allocations replayed in order to the peak, grouped by
+    where they were made (the innermost frame, and the innermost rllava / transformers / torch.distributed frame)."""
+    events = [e for trace in snapshot["device_traces"] for e in trace]
+    now, peak, at = start_bytes, start_bytes, -1
+    for i, e in enumerate(events):
+        now += e["size"] if e["action"] == "alloc" else -e["size"] if e["action"] == "free_completed" else 0
+        if now > peak:
+            peak, at = now, i
+    live = {}
+    for e in events[:at + 1]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+        elif e["action"] == "free_completed":
+            live.pop(e["addr"], None)
+    groups, counts = {}, {}
+    for e in live.values():
+        frames = [f"{f['filename'].split('site-packages/')[-1]}:{f['line']} {f['name']}" for f in e["frames"]]
+        ours = next((f for f in frames if any(k in f for k in ("rllava/", "transformers/", "distributed/"))), "")
+        key = f"{frames[0] if frames else '?'}  <  {ours}"
+        groups[key], counts[key] = groups.get(key, 0) + e["size"], counts.get(key, 0) + 1
+    lines = [f"## {phase}: peak {peak / GiB:.3f} GiB = {start_bytes / GiB:.3f} live at its start + "
+             f"{sum(groups.values()) / GiB:.3f} allocated in it and live at the peak ({len(events)} events"
+             f"{', CUT: the ring was full' if len(events) >= MAX_EVENTS else ''})"]
+    lines += [f"{size / GiB:8.3f} GiB {counts[k]:5d}x  {k}" for k, size in sorted(groups.items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines[:top + 1]) + "\n\n"
+
+
 def matmul_peak(device: str, n: int = 8192, reps: int = 20) -> float:
     """Measured bf16 dense matmul FLOP/s on `device` (0 on CPU: no MFU there)."""
     import torch
@@ -228,14 +269,15 @@ def matmul_peak(device: str, n: int = 8192, reps: int = 20) -> float:
 
 
 def run_one(model: str, engine: str, root: str, device: str, tiny: bool, scenario: str = "check",
-            out: str | None = None, steps: int | None = None, extra: tuple = (), planned: bool = True) -> dict:
+            out: str | None = None, steps: int | None = None, extra: tuple = (), planned: bool = True,
+            trace: tuple = ()) -> dict:
     """One run (in this process): build the model dir if absent, plan, train with the phases wrapped; the results
     (also written to `out` as each phase ends, so a run cut off keeps what it measured)."""
     cwd = os.getcwd()
     os.chdir(REPO)  # the task config names ./examples/... paths (format prompt, reward function)
     try:
         return _run_one(model, engine, os.path.abspath(os.path.join(cwd, root)), device, tiny, scenario, out, steps,
-                        extra, planned)
+                        extra, planned, trace)
     finally:
         os.chdir(cwd)
 
@@ -290,7 +332,7 @@ def planned_peaks(cfg, scenario: str, device: str) -> dict:
 
 
 def _run_one(model: str, engine: str, root: str, device: str, tiny: bool, scenario: str, out: str | None,
-             steps: int | None, extra, planned: bool) -> dict:
+             steps: int | None, extra, planned: bool, trace: tuple = ()) -> dict:
     import torch
 
     from rllava.config import load_config
@@ -310,10 +352,11 @@ def _run_one(model: str, engine: str, root: str, device: str, tiny: bool, scenar
 
     cuda = device == "cuda"
     result = {"model": model, "engine": engine, "scenario": scenario, "planned": planned, "steps": 0}
-    peaks, params = PhasePeaks(cuda), []
+    peaks, params = PhasePeaks(cuda, trace, out and os.path.join(os.path.dirname(out), "trace.txt")), []
 
     def dump(*_):  # after every phase: what is measured so far
         result["measured"] = dict(peaks.peak)
+        result["seconds"] = {c[0]: round(sum(d[1] for d in peaks.calls if d[0] == c[0]), 1) for c in peaks.calls}
         if out:
             with open(out, "w") as f:
                 json.dump(result, f)
@@ -414,7 +457,8 @@ def run_isolated(model: str, engine: str, root: str, device: str, args, out: str
     cmd = [sys.executable, os.path.abspath(__file__), "--root", root, "--device", device, "--scenario",
            args.scenario, *(["--tiny"] if args.tiny else []), *(["--steps", str(args.steps)] if args.steps else []),
            *(["--cap-gib", str(args.cap_gib)] if args.cap_gib else []),
-           "--no-plan", "--keys", *args.keys, "--one", model, engine, out]
+           *(["--trace", *args.trace] if args.trace else []), "--no-plan", "--keys", *args.keys,
+           "--one", model, engine, out]
     path = ensure_model(model, root, device, True) if args.tiny else MODELS[model]  # a real one: the child builds
     planned = {}
 
@@ -495,6 +539,8 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--run-timeout", type=int, default=240, help="seconds per run (model build included)")
     p.add_argument("--no-trl", action="store_true", help="research: rllava alone")
     p.add_argument("--keys", nargs="*", default=[], help="extra config keys for the runs (key=value)")
+    p.add_argument("--trace", nargs="*", default=[], choices=PHASES, help="GPU: what was live at these phases' "
+                   "peaks (their first call), by where it was allocated, into trace.txt beside the run's JSON")
     p.add_argument("--no-plan", action="store_true", help=argparse.SUPPRESS)  # internal: the parent plans
     p.add_argument("--cap-gib", type=float, default=None, help="cap the card at this many GiB (default: the "
                    "scenario's: rllava24 24, else none)")
@@ -511,7 +557,7 @@ def main(argv: list[str] | None = None) -> str:
     if args.one:  # a child: one run, its results as JSON
         model, engine, out = args.one
         run_one(model, engine, args.root, device, args.tiny, args.scenario, out, args.steps, args.keys,
-                not args.no_plan)
+                not args.no_plan, args.trace)
         return out
     real, tiny_models, engines, _, _ = SCENARIOS[args.scenario]
     known = TINY_MODELS if args.tiny else MODELS
