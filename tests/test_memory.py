@@ -357,3 +357,8 @@ def test_rllavas_example_config_fits_a_4b_model_on_one_24gib_gpu():
     assert rows["update"]["gradients"] == rows["optimizer"]["optimizer"] == 0
     assert rows["ref log-prob"]["parameters"] < 2 ** 20  # its gathered layers count as the pass's activations
     assert rows["update"]["parameters"] < 1.5 * memory.GiB < 8 * memory.GiB < rows["rollout"]["parameters"]
+    # each bf16 shard goes to the device as its all-gather's input: the embedding's, beside the gathered root
+    assert rows["old log-prob"]["temporaries"] == 151936 * 2560 * 2, rows["old log-prob"]
+    # measured on an H200 capped at 24 GiB (docs/performance.md, third pass; micro-batches of 2 and 1 sequences)
+    for phase, measured in {"old log-prob": 1.707, "ref log-prob": 2.363, "update": 2.696}.items():
+        assert 0.9 < measured * memory.GiB / rows[phase]["peak"] < 1.1, (phase, rows[phase])

@@ -99,3 +99,23 @@ def test_fake_process_group_gathered_and_the_fsdp_tracker():
             snap = shim.device_peak(lambda: model(torch.ones(4, 8)).sum().backward(), model, optimizer)
         assert snap.get("Sharded Param") == (8 * 8 + 8) * 4 // 2, "FSDPMemTracker: one rank's shards"
     assert not dist.is_initialized(), "fake_process_group: the group outlives it"
+
+
+def test_device_peak_counts_a_tied_weights_two_gradients_summed_in_place():
+    """A tied weight (an embedding that is also the LM head) gets two gradients, which autograd sums in place; under
+    the tracker it sums them out of place, a third copy a plain run never holds (a 1 GiB tied weight: 2 GiB more
+    RSS plain, 3 GiB tracked). With `echo` = that gradient's bytes the peak holds the two copies."""
+    weight = torch.nn.Parameter(torch.randn(4096, 64))
+    model, size = torch.nn.ParameterList([weight]), 4096 * 64 * 4
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def step():
+        weight.grad = None
+        h = torch.nn.functional.embedding(torch.arange(8), weight) * 2
+        (h @ weight.T).logsumexp(-1).sum().backward()
+    with api("torch.distributed._tools.mem_tracker.MemTracker (_WINFO's reftype and mem_consumed)"):
+        plain, echo = (shim.device_peak(step, model, optimizer, echo=e) for e in (0, size))
+        plain, echo = dict(plain), dict(echo)
+    assert plain["Parameter"] == echo["Parameter"] == size
+    assert plain["Temp"] == 3 * size + plain["Temp"] % size and echo["Temp"] == 2 * size + echo["Temp"] % size, \
+        (plain, echo)  # the summed gradient, and small scratch (logits, h)

@@ -140,7 +140,7 @@ class Actor:
         self.model.train()
         metrics, masks = MeanMetrics(), self._masks(batch)
         full = self.distill is not None and self.distill.full  # the teachers run inside the update
-        with self.distill.teachers.resident() if full else nullcontext():
+        with self.engine.update_phase(), self.distill.teachers.resident() if full else nullcontext():
             for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, *masks):
                 # the exact KL runs one teacher's forward per micro-batch: the rows by teacher first
                 parts = list(self.distill.teachers.route(batch, mini).values()) if full else [mini]

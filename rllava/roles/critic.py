@@ -38,17 +38,18 @@ class Critic:
         _, returns = gae_returns(token_rewards_of(batch), old_values, batch.loss_mask, gamma=self.gamma, lam=self.lam)
         self.model.train()
         metrics = MeanMetrics()
-        for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size):
-            for rows in self.micro_batching.split(batch, mini):
-                micro = batch.select(rows).to(self.engine.device)
-                T = micro.input_ids.shape[1]
-                vpred = self.model(micro, **self.micro_batching.layout)
-                per_token, clipfrac = value_loss(vpred, old_values[rows, :T].to(vpred.device),
-                                                 returns[rows, :T].to(vpred.device), micro.loss_mask,
-                                                 cliprange=self.cliprange_value)
-                loss = aggregate(per_token, micro.loss_mask, self.agg_mode, max_len=T, **norm)
-                self.engine.backward(loss)
-                metrics.add({"critic/vf_loss": loss.detach(), "critic/vf_clipfrac": clipfrac,
-                             "critic/vpred_mean": masked_mean(vpred.detach(), micro.loss_mask)})
-            metrics.add({"critic/grad_norm": self.engine.optimizer_step()})
+        with self.engine.update_phase():  # Adam's state on the device only in here (offload_optimizer)
+            for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size):
+                for rows in self.micro_batching.split(batch, mini):
+                    micro = batch.select(rows).to(self.engine.device)
+                    T = micro.input_ids.shape[1]
+                    vpred = self.model(micro, **self.micro_batching.layout)
+                    per_token, clipfrac = value_loss(vpred, old_values[rows, :T].to(vpred.device),
+                                                     returns[rows, :T].to(vpred.device), micro.loss_mask,
+                                                     cliprange=self.cliprange_value)
+                    loss = aggregate(per_token, micro.loss_mask, self.agg_mode, max_len=T, **norm)
+                    self.engine.backward(loss)
+                    metrics.add({"critic/vf_loss": loss.detach(), "critic/vf_clipfrac": clipfrac,
+                                 "critic/vpred_mean": masked_mean(vpred.detach(), micro.loss_mask)})
+                metrics.add({"critic/grad_norm": self.engine.optimizer_step()})
         return {**metrics.means(), "critic/returns_mean": masked_mean(returns, batch.loss_mask).item()}

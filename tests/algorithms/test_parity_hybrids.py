@@ -40,6 +40,7 @@ mini-batch is the case where their objective is the formula below. KL and entrop
 rllava's standard ones, tested elsewhere).
 """
 
+import contextlib
 import math
 from types import SimpleNamespace
 
@@ -102,6 +103,9 @@ class _Engine:
     def backward(self, loss):
         self.losses.append(loss.detach())
         loss.backward()
+
+    def update_phase(self):
+        return contextlib.nullcontext()
 
     def optimizer_step(self):
         return 0.0

@@ -1,6 +1,7 @@
 """The training forward's memory switches change memory, never the numbers: chunked LM head (with grad),
 padding-free packing, and dynamic (token-budget) micro-batching."""
 
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -253,6 +254,9 @@ class RecordingEngine:
 
     def backward(self, loss):
         loss.backward()
+
+    def update_phase(self):
+        return contextlib.nullcontext()
 
     def optimizer_step(self):
         self.steps.append({n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None})

@@ -2,6 +2,7 @@
 model's turns only, routes by a record field, is a model of its own under LoRA, offloads between passes, and the
 start-up errors (another tokenizer, keys without a teacher, engines and losses that cannot meet)."""
 
+import contextlib
 import json
 import os
 
@@ -103,6 +104,9 @@ class _Engine:
 
     def backward(self, loss):
         loss.backward()
+
+    def update_phase(self):
+        return contextlib.nullcontext()
 
     def optimizer_step(self):
         self.model.zero_grad(set_to_none=True)

@@ -248,18 +248,38 @@ def test_register_ppo_class_plugin(tmp_path, tiny_model_dir, counting_dir):
     assert calls.read_text() == "xx"
 
 
-def test_ppo_gae_with_critic_and_warmup(tmp_path, tiny_model_dir, counting_dir):
+def test_ppo_gae_with_critic_and_warmup(tmp_path, tiny_model_dir, counting_dir, monkeypatch):
+    """Also actor/critic.fsdp.offload_optimizer: each optimizer's Adam state comes to the device for its update
+    stage only (the engine's update_phase, entered by Actor.update and Critic.update) and steps only there."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from rllava.engine.train import single
+
+    events, move = [], single.move_optimizer_state
+    monkeypatch.setattr(single, "move_optimizer_state", lambda opt, device: (events.append(("move", id(opt))),
+                                                                            move(opt, device)))
+    hook = register_optimizer_step_pre_hook(lambda opt, *a: events.append(("step", id(opt))))
     out = str(tmp_path / "run")
     reward = tmp_path / "distinct.py"
     reward.write_text("def compute_score(response, ground_truth):\n    return len(set(response)) / 20\n")
-    rlvr.main(_args(tiny_model_dir, counting_dir, out, "algorithm.adv_estimator=gae", "algorithm.lam=0.95",
-                    f"critic.model.model_path={tiny_model_dir}", "critic.optim.lr=1e-3", "trainer.critic_warmup=1",
-                    f"reward.reward_function={reward}:compute_score", "trainer.val_before_train=false",
-                    "trainer.val_freq=-1"))
+    try:
+        rlvr.main(_args(tiny_model_dir, counting_dir, out, "algorithm.adv_estimator=gae", "algorithm.lam=0.95",
+                        f"critic.model.model_path={tiny_model_dir}", "critic.optim.lr=1e-3", "trainer.critic_warmup=1",
+                        f"reward.reward_function={reward}:compute_score", "trainer.val_before_train=false",
+                        "trainer.val_freq=-1", "actor.fsdp.offload_optimizer=true", "critic.fsdp.offload_optimizer=true"))
+    finally:
+        hook.remove()
     steps = [r for r in _metrics(out) if "reward/mean" in r]
     assert "critic/vf_loss" in steps[0] and "actor/pg_loss" not in steps[0]  # warm-up: only the critic learns
     assert "critic/vf_loss" in steps[1] and "actor/pg_loss" in steps[1]
     assert "timing/values" in steps[0]
+    per_optimizer = {}  # each optimizer's events: (in, step..., out) per update stage, on steps 2 + 1 stages
+    for kind, opt in events:
+        per_optimizer.setdefault(opt, []).append(kind)
+    assert sorted(len([k for k in ks if k == "move"]) for ks in per_optimizer.values()) == [2, 4], per_optimizer
+    for kinds in per_optimizer.values():
+        stages = "".join("m" if k == "move" else "s" for k in kinds).split("mm")
+        assert kinds[0] == kinds[-1] == "move" and all(set(stage.strip("m")) == {"s"} for stage in stages), kinds
 
 
 def test_gae_without_a_critic_is_a_config_error(tmp_path, tiny_model_dir, counting_dir, capsys):

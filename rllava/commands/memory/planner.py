@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from rllava.commands.memory.fake import fake_mode, on_real_values, real_values
-from rllava.commands.memory.torch_private import (device_peak, fake_constants, fake_process_group, gathered,
-                                                  real_tensors, scale_)
+from rllava.commands.memory.torch_private import (device_peak, fake_constants, fake_process_group, fsdp_groups,
+                                                  gathered, real_tensors, scale_)
 from rllava.errors import RllavaError
 
 
@@ -299,31 +299,34 @@ COLUMNS = {"parameters": ("Parameter", "Buffer", "Sharded Param", "Unsharded Par
            "activations": ("Activation",), "temporaries": ("Temp", "Other", "All Gather", "Reduce Scatter", "Inputs")}
 
 
-def tracked(run, model, optimizer, *external, host: tuple[str, ...] = ()) -> dict[str, int]:
+def tracked(run, model, optimizer, *external, host: tuple[str, ...] = (), echo: int = 0) -> dict[str, int]:
     """The peak bytes on the device of `run()` and, at that peak, the bytes of each kind (COLUMNS), measured by
     torch's MemTracker (FSDPMemTracker for an FSDP2 model); `model`, `optimizer` and `external` (modules) exist
-    before `run` and are counted too, except the kinds in `host`."""
-    snap = device_peak(run, model, optimizer, *external, host=host)
+    before `run` and are counted too, except the kinds in `host`; `echo`: a tied weight's gradient bytes (see
+    torch_private._DevicePeak)."""
+    snap = device_peak(run, model, optimizer, *external, host=host, echo=echo)
     row = {c: sum(snap.get(k, 0) for k in kinds if k not in host) for c, kinds in COLUMNS.items()}
     return {**row, "peak": sum(row.values())}
 
 
 def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None, gpu_bytes: int | None = None,
-               teachers=(), teacher_pass: bool = False) -> list[dict]:
+               teachers=(), teacher_pass: bool = False, echo: int = 0) -> list[dict]:
     """One row per phase of the step: its peak bytes by kind on one device. Runs on a real or a fake model alike
     (whose `forward` is rllava's `_token_logprobs`: see `plannable`). The optimizer state exists from the start
     (a step after the first); the frozen reference `ref`, if any, is resident in every phase and has a log-prob
     pass of its own (`ref` is `model` itself for LoRA's adapter-free base); so are the distillation `teachers`,
     whose pass (`teacher_pass`: a sampled-token loss) runs each on the reference's micro-batch. `kv_bytes`: the
-    HF engine's KV cache, added to the rollout; vLLM / SGLang reserve step.engine_fraction of `gpu_bytes` instead."""
+    HF engine's KV cache, added to the rollout; vLLM / SGLang reserve step.engine_fraction of `gpu_bytes` instead.
+    `echo`: a tied weight's gradient bytes (tracked's)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     adam_states(optimizer)  # as a previous step left them
     frozen = ([ref] if ref is not None and ref is not model else []) + list(teachers)
     shards = ("Sharded Param", "Sharded Grad", "OptState") if step.host_shards else ()
     opt_off = ("Optstate", "OptState")
 
+
     def phase(name, run, *host):
-        return dict(phase=name, **tracked(run, model, optimizer, *frozen, host=tuple(set(shards + host))))
+        return dict(phase=name, **tracked(run, model, optimizer, *frozen, host=tuple(set(shards + host)), echo=echo))
 
     between = () if step.optimizer_on_device[0] else opt_off
     if step.engine == "hf":
@@ -350,6 +353,12 @@ def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None, gpu_by
         p.grad = torch.zeros_like(p)
     rows.append(phase("update", lambda: update_pass(model, step), *during))
     rows.append(phase("optimizer", lambda: optimizer_pass(model, optimizer, step), *during))
+    if step.host_shards:  # CPUOffloadPolicy: each shard is copied to the device as its all-gather's input, and the
+        copy = max((_local(f.sharded_param).nbytes for g in fsdp_groups(model) for f in g.fsdp_params), default=0)
+        for row in (r for r in rows if r["phase"] in ("old log-prob", "update")):  # largest copy meets the unit's
+            held = row["parameters"] + row["gradients"] + row["optimizer"]  # gathered weights (no copy on the
+            if held + copy > row["peak"]:  # planner's CPU mesh; H200, Qwen3-VL-4B: the embedding's 0.72 GiB copy
+                row.update(activations=0, temporaries=copy, peak=held + copy)  # made the old log-prob's peak)
     opt = rows[-1]  # no activation lives in the optimizer phase: what the trackers file so is the step's scratch
     opt["activations"], opt["temporaries"] = 0, opt["temporaries"] + opt["activations"]
     for row in rows:
@@ -471,10 +480,13 @@ def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1
             shard_model, device=torch.device("cpu"), mp=mixed_precision_policy(cfg.actor.fsdp.mixed_precision),
             cpu_offload=step.host_shards, mesh=mesh)
         kv = kv_cache_bytes(config, step, model.dtype)
+        head, mp = model.get_output_embeddings(), mixed_precision_policy(cfg.actor.fsdp.mixed_precision)
+        tied = head is not None and head.weight is model.get_input_embeddings().weight and head.weight.requires_grad
+        echo = tied and head.weight.numel() * ((shard and mp.param_dtype) or head.weight.dtype).itemsize
         model = plannable(shard(model, reshard_after_forward=cfg.actor.fsdp.reshard_after_forward) if shard else model)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
         rows = run_phases(model, optimizer, step, kv, reference(cfg, model, shard), gpu_bytes,
-                          teachers(cfg, model, shard), _distill_needs(cfg, "teacher_logprobs"))
+                          teachers(cfg, model, shard), _distill_needs(cfg, "teacher_logprobs"), echo)
     for row in rows:
         row["fits"] = None if gpu_bytes is None else row["peak"] <= gpu_bytes
     return rows

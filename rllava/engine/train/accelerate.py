@@ -54,7 +54,7 @@ class AccelerateEngine(FSDP2Engine):
             raise ConfigError("trainer.accelerate_config: Accelerate's DeepSpeed plugin steps the optimizer inside "
                               "backward; use actor.strategy=deepspeed (rllava's ZeRO engine, the same keys)")
         self.device, self.max_grad_norm, self.skip_grad_norm = device, max_grad_norm, skip_grad_norm
-        self.reshard_after_forward = True
+        self.reshard_after_forward, self.offload_optimizer, self.cpu_optimizer = True, False, False  # update_phase
         self.model = self.optimizer = self.scheduler = None
 
     def prepare(self, model, make_optimizer, make_scheduler):
