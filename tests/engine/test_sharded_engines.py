@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -230,11 +231,14 @@ def test_accelerate_matches_fsdp2_and_starts_under_accelerate_launch(tmp_path, t
     assert [json.loads(line)["step"] for line in open(out / "metrics.jsonl")] == [1]
 
 
-def test_accelerate_config_file_becomes_accelerates_environment(tmp_path):
+def test_accelerate_config_file_becomes_accelerates_environment(tmp_path, monkeypatch):
     """trainer.accelerate_config: the file `accelerate config` writes, turned into the environment `accelerate
-    launch --config_file` would give (Accelerate's own launcher code); a missing file is one line."""
+    launch --config_file` would give (Accelerate's own launcher code); a missing file is one line; Accelerate's
+    DeepSpeed plugin is refused naming where its config came from (Accelerate picks it on GPUs only: stubbed)."""
+    import accelerate
+
     from rllava.config import load_config
-    from rllava.engine.train.accelerate import accelerate_env
+    from rllava.engine.train.accelerate import AccelerateEngine, accelerate_env
     from rllava.errors import ConfigError
 
     path = tmp_path / "fsdp2.yaml"
@@ -252,3 +256,10 @@ def test_accelerate_config_file_becomes_accelerates_environment(tmp_path):
                                          "actor.strategy=accelerate"):  # Accelerate's config holds its FSDP keys
         load_config(["actor.strategy=accelerate", "actor.fsdp.offload_params=true",
                      "actor.fsdp.reshard_after_forward=false"])
+    monkeypatch.setattr(accelerate, "Accelerator", lambda **kw: types.SimpleNamespace(state=types.SimpleNamespace(
+        distributed_type=types.SimpleNamespace(value="DEEPSPEED"))))
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # accelerate_env's variables stay in this test
+    for config, source in ((None, "accelerate launch's"), (str(path), "trainer.accelerate_config's")):
+        with pytest.raises(ConfigError, match=f"^{source} config: Accelerate's DeepSpeed plugin .* actor.strategy="
+                                              "deepspeed"):
+            AccelerateEngine(torch.device("cpu"), 1.0, config_file=config)

@@ -51,8 +51,9 @@ class AccelerateEngine(FSDP2Engine):
         self.acc = Accelerator(cpu=device.type == "cpu",
                                kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
         if self.acc.state.distributed_type.value == "DEEPSPEED":
-            raise ConfigError("trainer.accelerate_config: Accelerate's DeepSpeed plugin steps the optimizer inside "
-                              "backward; use actor.strategy=deepspeed (rllava's ZeRO engine, the same keys)")
+            raise ConfigError(f"{'trainer.accelerate_config' if config_file else 'accelerate launch'}'s config: "
+                              "Accelerate's DeepSpeed plugin steps the optimizer inside backward; use "
+                              "actor.strategy=deepspeed (rllava's ZeRO engine, the same keys)")
         self.device, self.max_grad_norm, self.skip_grad_norm = device, max_grad_norm, skip_grad_norm
         self.reshard_after_forward, self.offload_optimizer, self.cpu_optimizer = True, False, False  # update_phase
         self.model = self.optimizer = self.scheduler = None
