@@ -34,6 +34,7 @@ from rllava.engine.inference.base import Completion, GenerationRequest, Sampling
 from rllava.roles.rollout import Rollout, model_image_sizes, raw_prompt_ids, truncate
 
 MM_DROP = ("input_ids", "attention_mask", "mm_token_type_ids")
+KEPT = ("turn_texts", "turn_rewards", "anchors", "last_observation", "response_tokens", "finish_reason")  # as they are
 REPLY = "rllava-reply"  # a stand-in model turn, to find where the chat template closes one
 
 
@@ -171,9 +172,7 @@ class AgentRollout(Rollout):
                 "images": [torch.from_numpy(np.asarray(to_rgb(im))) for im in s.images[len(e.sample.images):]],
                 "model_sizes": [list(x) for x in s.model_sizes], "calls": [list(c) for c in s.calls],
                 "failed_calls": s.failed_calls, "memory": s.memory, "log": s.log, "step_reward": s.step_reward,
-                "turn_texts": e.turn_texts, "turn_rewards": e.turn_rewards, "anchors": e.anchors,
-                "last_observation": e.last_observation, "response_tokens": e.response_tokens,
-                "finish_reason": e.finish_reason}
+                **{k: getattr(e, k) for k in KEPT}}
 
     def partial_load(self, st: dict, dataset) -> Episode:
         sample = dataset[st["index"]]
@@ -184,8 +183,7 @@ class AgentRollout(Rollout):
         state.memory, state.log, state.step_reward = st["memory"], st["log"], st.get("step_reward", 0.0)
         return Episode(0, sample, st["ids"], st["raw"], st["mm"],
                        [Segment(ids, trained=t, logprobs=lps, version=v) for ids, t, lps, v in st["segments"]],
-                       state, st["turn_texts"], st["turn_rewards"], st["anchors"], st["last_observation"],
-                       st["response_tokens"], st["finish_reason"])
+                       state, *(st[k] for k in KEPT))
 
     def _step(self, e: Episode) -> Observation:
         """The environment on the episode's last turn, its observation bounded as it arrives: non-UTF-8 text (a lone
@@ -236,9 +234,8 @@ class AgentRollout(Rollout):
         for i, sample in enumerate(samples):
             ids, mm = encode_prompt(self.processor, sample)
             raw, sizes = raw_prompt_ids(self.processor, sample, ids), model_image_sizes(self.processor, sample, mm)
-            for _ in range(n):
-                episodes.append(Episode(i, sample, list(ids), list(raw), dict(mm), [Segment(ids, trained=False)],
-                                        self.env.reset(sample, sizes)))
+            episodes += [Episode(i, sample, list(ids), list(raw), dict(mm), [Segment(ids, trained=False)],
+                                 self.env.reset(sample, sizes)) for _ in range(n)]
         return episodes
 
     def _add_turn(self, e: Episode, c: Completion, last: bool) -> bool:
@@ -251,10 +248,8 @@ class AgentRollout(Rollout):
         e.state.log.append({"turn": text, "call": None})
         e.turn_rewards.append(0.0)
         e.anchors.append(e.last_observation)
-        if c.finish_reason == "length":  # cut mid-turn: no complete call to run
-            e.finish_reason = "length"
-        elif last:  # rollout.max_turns: no turn left to read an observation in, so no tool runs
-            e.finish_reason = "stop"
+        # cut mid-turn: no complete call to run; rollout.max_turns: no turn left to read an observation in, no tool runs
+        e.finish_reason = "length" if c.finish_reason == "length" else "stop" if last else e.finish_reason
         return not e.finish_reason
 
     def _observe(self, e: Episode, obs: Observation) -> None:

@@ -3,28 +3,27 @@
     python -m rllava.agent.sandbox FILE.py [--image IMG ...] [--cpu-s 5 --wall-s 10 --memory-mb 1024 ...]
 
 prints the jail this machine gives and the observation a model would get for that snippet (exit 0 even when the
-snippet failed), so the limits can be tried by hand. Model output is hostile input, and in GRPO a snippet that
-sabotages the other rollouts of its group raises its own advantage: every call is a jail of its own. A zygote
-(`_Zygote`: `sandbox_init.py --serve`, numpy and PIL imported once) runs in bubblewrap (`bwrap`, Debian package
-`bubblewrap`) and forks each call, which, before anything of the snippet runs (`sandbox_init.enter`, `confine`),
-makes its own user, PID, IPC, mount, network, UTS and cgroup namespaces (PID 1 is the call's first process: every
-process of the call ends with it), a read-only root with only `/work` writable (a tmpfs of `disk_mb`), uid 65534
-with no capability, and loads the seccomp filter (`SECCOMP_DENIED`, built with libseccomp through `pyseccomp`);
-limits per process (setrlimit) and per call (a cgroup where one can be made, else RLIMIT_NPROC in the call's user
-namespace), `wall_s` and `file_mb` counted here. docs/agents.md ("The code sandbox") has each guard, what it stops
-and the bounds the tests hold it to.
+snippet failed), to try the limits by hand. Model output is hostile input, and in GRPO a snippet that sabotages the
+other rollouts of its group raises its own advantage: every call is a jail of its own. A zygote (`_Zygote`:
+`sandbox_init.py --serve`, numpy and PIL imported once) runs in bubblewrap (`bwrap`, Debian package `bubblewrap`)
+and forks each call, which, before anything of the snippet runs (`sandbox_init.enter`, `confine`), makes its own
+user, PID, IPC, mount, network, UTS and cgroup namespaces (PID 1 is the call's first process: every process of the
+call ends with it), a read-only root with only `/work` writable (a tmpfs of `disk_mb`), uid 65534 with no
+capability, and loads the seccomp filter (`SECCOMP_DENIED`, built with libseccomp through `pyseccomp`); limits per
+process (setrlimit) and per call (a cgroup where one can be made, else RLIMIT_NPROC in the call's user namespace),
+`wall_s` and `file_mb` counted here. docs/agents.md ("The code sandbox"): each guard, what it stops, its tested bounds.
 
-Fail closed: where one of these cannot be set up (no bwrap, user namespaces refused, no libseccomp / pyseccomp,
-root with no writable cgroup), `check()` -- which the code tool calls when the run starts, before the model
-loads -- is one error naming what is missing and how to get it. `rollout.agent.tool_kwargs.code.allow_weaker=true`
-runs what can be run instead (bwrap without the cgroup, or, without bwrap, a plain child process with the
-per-process limits in a temporary directory: not isolated) and warns once naming what is not isolated.
+Fail closed: where one of these cannot be set up (no bwrap, user namespaces refused, no libseccomp / pyseccomp, root
+with no writable cgroup), `check()` (called by the code tool at the run's start, before the model loads) is one error
+naming what is missing and how to get it. `rollout.agent.tool_kwargs.code.allow_weaker=true` runs what can be run
+instead (bwrap without the cgroup, or, without bwrap, a plain child process with the per-process limits in a temporary
+directory: not isolated) and warns once naming what is not isolated.
 
-The parent decides which limit stopped a call from what it saw (its clock, the bytes of output, the cgroup's
-OOM and pids counters) and from the first process's report (the snippet's exit status and CPU time, and the
-exception that ended it: MemoryError, errno EMFILE / EFBIG / ENOSPC / EAGAIN), never from the output's text.
-The images the snippet saved (at most `max_images`, each at most `file_mb`) are decoded by the first process,
-under the call's limits, and come back as RGB pixels of at most `max_pixels`: no decoder runs here.
+The parent decides which limit stopped a call from what it saw (its clock, the bytes of output, the cgroup's OOM and
+pids counters) and from the first process's report (the snippet's exit status and CPU time, and the exception that
+ended it: MemoryError, errno EMFILE / EFBIG / ENOSPC / EAGAIN), never from the output's text. The images the snippet
+saved (at most `max_images`, each at most `file_mb`) are decoded by the first process, under the call's limits, and
+come back as RGB pixels of at most `max_pixels`: no decoder runs here.
 
 Not a VM: it does not protect against kernel exploits, or against using the CPU and memory it is allowed.
 """
@@ -198,8 +197,7 @@ class _Cgroup:
         return hits
 
     def remove(self) -> None:
-        """Kill whatever is left in it (nothing, in the jail: the namespace went with its first process), then
-        remove it."""
+        """Kill what is left (nothing in the jail: the namespace went with its first process), then remove it."""
         for d in set(self.dirs.values()):
             for _ in range(200):
                 try:
@@ -306,10 +304,9 @@ def _module_dirs() -> dict[str, str]:
         if spec is None or not spec.submodule_search_locations:
             continue
         where = list(spec.submodule_search_locations)[0]
-        dirs[where] = os.path.basename(where)
-        for libs in glob.glob(os.path.join(os.path.dirname(where), "*.libs")):
-            if os.path.basename(libs).lower() in {"numpy.libs", "pillow.libs"}:
-                dirs[libs] = os.path.basename(libs)
+        libs = [d for d in glob.glob(os.path.join(os.path.dirname(where), "*.libs"))
+                if os.path.basename(d).lower() in {"numpy.libs", "pillow.libs"}]
+        dirs.update({d: os.path.basename(d) for d in [where, *libs]})
     return dirs
 
 
@@ -380,12 +377,11 @@ def _find_jail() -> Jail:
                            "(Debian/Ubuntu: apt-get install libseccomp2) and pyseccomp (pip install pyseccomp)")
             weaker.append("no syscall filter: keyrings, inotify, SysV IPC, io_uring, userfaultfd, perf, bpf and "
                           "new namespaces are reachable")
-        fds = [_seccomp_fd(zygote), _seccomp_fd(program)] if program else [_seccomp_fd(b""), _seccomp_fd(b"")]
+        fds = [_seccomp_fd(zygote or b""), _seccomp_fd(program or b"")]  # both or neither
         try:  # a call's namespaces made in the zygote's jail, as every call makes them
             seccomp = ["--seccomp", str(fds[0])] if program else []
-            probe = subprocess.run(argv[:1] + seccomp + argv[1:] + [_python(), "-I", "-S", "/init.py", "--probe",
-                                                                     str(fds[1])],
-                                   capture_output=True, text=True, timeout=30, pass_fds=fds)
+            probe = subprocess.run([*argv[:1], *seccomp, *argv[1:], _python(), "-I", "-S", "/init.py", "--probe",
+                                    str(fds[1])], capture_output=True, text=True, timeout=30, pass_fds=fds)
             ok, why = probe.stdout.split() == ["1", str(NOBODY)], (probe.stderr.strip() or probe.stdout).splitlines()
         except (OSError, subprocess.TimeoutExpired) as e:
             ok, why = False, [str(e)]
@@ -549,8 +545,7 @@ def _finish(started: _Started, request: bytes, limits: Limits) -> dict:
                     if not chunk:
                         sel.unregister(key.fd)
                         continue
-                    buf = seen[key.data]
-                    buf += chunk[:max(0, keep[key.data] - len(buf))]
+                    seen[key.data] += chunk[:max(0, keep[key.data] - len(seen[key.data]))]
                     if key.data != "result":
                         seen["output"] += len(chunk)
                         if seen["output"] > limits.file_mb << 20:
@@ -751,25 +746,18 @@ def _result(seen: dict, hits: dict, limits: Limits, guards: dict) -> Result:
     report, images = _report(seen["result"], limits)
     status = report.get("status", seen["exit"]) if report else seen["exit"]
     result = Result(_text(seen["stdout"], limits), _text(seen["stderr"], limits), images, status, guards=guards)
-    if seen["timed_out"]:
-        result.stopped_by = "wall-clock limit"
-    elif seen["over"]:
-        result.stopped_by = f"output limit ({limits.file_mb} MB)"
-    elif hits.get("memory"):
-        result.stopped_by = "memory limit"
-    elif report and report.get("limit") in LABELS:
-        result.stopped_by = report["limit"]
-    elif hits.get("pids") and status:
-        result.stopped_by = "process limit"
-    elif report and (status == -signal.SIGXCPU or (status == -signal.SIGKILL and report["cpu_s"] >= limits.cpu_s)):
-        result.stopped_by = "CPU time limit"
-    elif status == -signal.SIGXFSZ:
-        result.stopped_by = "file size limit"
-    elif not report:
+    said = report.get("limit") if report else None
+    cpu = report and (status == -signal.SIGXCPU or (status == -signal.SIGKILL and report["cpu_s"] >= limits.cpu_s))
+    stops = ((seen["timed_out"], "wall-clock limit"), (seen["over"], f"output limit ({limits.file_mb} MB)"),
+             (hits.get("memory"), "memory limit"), (said in LABELS, said),
+             (hits.get("pids") and status, "process limit"), (cpu, "CPU time limit"),
+             (status == -signal.SIGXFSZ, "file size limit"))  # the first that holds
+    result.stopped_by = next((label for hit, label in stops if hit), None)
+    if result.stopped_by is None and not report:
         why = result.stderr.strip().splitlines()[-1:] or [f"exit status {seen['exit']}"]
         _warn_once(f"code sandbox: a call ended without its report ({why[0]})")
         result.stopped_by, result.returncode = "sandbox error", result.returncode or 1
-    elif status < 0:
+    elif result.stopped_by is None and status < 0:
         result.stopped_by = f"crashed (signal {signal.Signals(-status).name})"
     notes = list(report.get("notes", [])) if report else []
     if notes:
@@ -827,8 +815,7 @@ def main(argv=None) -> None:
     try:
         code = open(a.file).read()
         images = [Image.open(path).convert("RGB") for path in a.image]
-        limits = Limits(**{k: getattr(a, k) for k in asdict(Limits())})
-        result = run_code(code, images, limits, allow_weaker=a.allow_weaker)
+        result = run_code(code, images, Limits(**{k: getattr(a, k) for k in asdict(Limits())}), a.allow_weaker)
     except (OSError, ConfigError) as e:
         raise SystemExit(f"rllava.agent.sandbox: {e}")
     print("\n".join(f"[{k}: {v}]" for k, v in result.guards.items()))

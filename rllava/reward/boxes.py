@@ -49,9 +49,7 @@ def parse_box(text) -> tuple[float, float, float, float] | None:
     """The first box in `text`: `[x1, y1, x2, y2]` (JSON, e.g. Qwen2.5-VL's `{"bbox_2d": [...]}`) or `(x1,y1),(x2,y2)`
     (Qwen2-VL's `<|box_start|>` form). None if there is none or it is not a finite box with x1 < x2 and y1 < y2."""
     match = _BOX.search(text) if isinstance(text, str) and len(text) <= MAX_ANSWER_CHARS else None
-    if match is None:
-        return None
-    box = tuple(float(v) for v in match.groups() if v is not None)
+    box = tuple(float(v) for v in match.groups() if v is not None) if match else None
     return box if is_box(box) else None
 
 
@@ -150,8 +148,7 @@ def average_precision(detections, truths, iou_threshold: float = 0.5) -> float:
         return 0.0 if detections else 1.0
     used, hits = set(), []
     for box, _ in sorted(detections, key=lambda d: -d[1]):
-        ious = [(box_iou(box, t), j) for j, t in enumerate(truths) if j not in used]
-        best = max(ious, default=(0.0, -1))
+        best = max(((box_iou(box, t), j) for j, t in enumerate(truths) if j not in used), default=(0.0, -1))
         hit = best[0] >= iou_threshold
         if hit:
             used.add(best[1])

@@ -181,12 +181,9 @@ def sample_fields(t: Trajectory, heavy=()) -> dict:
 
 def _as_scores(result: Any) -> dict[str, float] | str:
     """A float or a dict with `overall` -> {name: float}; anything else -> what is wrong with it (one line)."""
-    if isinstance(result, dict):
-        if "overall" not in result:
-            return f"returned a dict without 'overall' (keys {sorted(map(str, result))})"
-        items = result.items()
-    else:
-        items = [("overall", result)]
+    if isinstance(result, dict) and "overall" not in result:
+        return f"returned a dict without 'overall' (keys {sorted(map(str, result))})"
+    items = result.items() if isinstance(result, dict) else [("overall", result)]
     scores = {}
     for k, v in items:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
