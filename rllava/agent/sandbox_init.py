@@ -46,9 +46,7 @@ def limit_of(e: BaseException) -> str:
             return ERRNO_LIMITS[e.errno]
         if isinstance(e, RuntimeError) and "can't start new thread" in str(e):
             return "process limit"
-        e = e.__cause__ or e.__context__
-        if e is None:
-            break
+        e = getattr(e, "__cause__", None) or getattr(e, "__context__", None)  # None past the chain's end
     return ""
 
 

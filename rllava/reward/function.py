@@ -98,15 +98,11 @@ def load_reward_function(spec: str, key: str = "reward.reward_function") -> Call
 def _input_kind(param: inspect.Parameter) -> str | None:
     """What the first parameter says it takes: 'dict' (one sample), 'list' (the batch) or None (silent).
     Annotations may be strings (`from __future__ import annotations`): read the outer type's name."""
-    ann = param.annotation
-    if ann is not inspect.Parameter.empty:
-        text = (ann if isinstance(ann, str) else getattr(ann, "__name__", None) or str(ann)).strip()
-        outer = text.split("[")[0].split(".")[-1].lower()
-        if outer in ("dict", "mapping", "rewardinput", "typeddict"):
-            return "dict"
-        if outer in ("list", "sequence", "tuple", "iterable"):
-            return "list"
-    return "dict" if param.name == "reward_input" else None
+    ann = "" if param.annotation is inspect.Parameter.empty else param.annotation
+    text = (ann if isinstance(ann, str) else getattr(ann, "__name__", None) or str(ann)).strip()
+    kinds = {**dict.fromkeys(("dict", "mapping", "rewardinput", "typeddict"), "dict"),
+             **dict.fromkeys(("list", "sequence", "tuple", "iterable"), "list")}
+    return kinds.get(text.split("[")[0].split(".")[-1].lower()) or ("dict" if param.name == "reward_input" else None)
 
 
 def call_form(fn: Callable, reward_type: str, spec: str, key: str = "reward.reward_function") -> str:

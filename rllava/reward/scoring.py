@@ -11,18 +11,15 @@ A source is any object with
 them from the config. A new kind of source is a class with these four members and a line there.
 
 What is logged (`reward/<key>_mean` per step, `val/<key>` per validation, one key per details entry):
-- `reward.reward_function=file.py:fn`: one source of weight 1, its details as it returns them (`overall`,
-  `format`, `accuracy`, ...).
+- `reward.reward_function=file.py:fn`: one source of weight 1, its details as returned (`overall`, `format`, ...).
 - `reward.reward_functions=[{function, weight, name, kwargs, reward_type}, ...]`: each source's unweighted
   score as `<name>` and its own parts as `<name>/<part>`; `overall` is the weighted sum.
 - `tool_reward` (agents), and in training `overlong_penalty` (`reward.overlong_buffer`) and `repetition_penalty`
   (`reward.repetition_penalty`; both in rllava.reward.shaping), each added once to the sum.
 
 Failures: a source handles its own (reward.strict: raise; else the fallback score, counted in `reward/errors`).
-Here a non-finite score from a source, or a non-finite sum, is one more such failure (so NaN/inf never reach the
-advantage), and a source that fails on every sample of a call of two or more stops the run even when not
-strict: a reward that fails everywhere is broken, and a run scoring everything with the fallback learns nothing.
-"""
+Here a non-finite score or sum is one more (NaN/inf never reach the advantage), and a source failing on every sample
+of a call of two or more stops the run even when not strict: it is broken, and all-fallback scores teach nothing."""
 
 from __future__ import annotations
 
@@ -68,12 +65,8 @@ class Scoring:
                                   f"{last or source.last_error}); reward.strict=false gives single failing samples "
                                   "reward.fallback_score, but a reward failing on every sample is broken: fix it")
             total += weight * scores
-            for d, p, s in zip(details, parts, scores.tolist()):
-                if self.named:
-                    d[name] = s
-                    d.update({f"{name}/{k}": v for k, v in p.items() if k != "overall"})
-                else:
-                    d.update(p)
+            for d, p, s in zip(details, parts, scores.tolist()):  # named: the score, then its parts as <name>/<part>
+                d.update({name: s, **{f"{name}/{k}": v for k, v in p.items() if k != "overall"}} if self.named else p)
         for i, (d, t) in enumerate(zip(details, trajectories)):
             extra = {"tool_reward": float(sum(t.turn_rewards))} if t.turn_rewards else {}  # agents: their tools'
             if train and self.overlong is not None:

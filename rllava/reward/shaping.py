@@ -11,23 +11,19 @@ def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float) 
     """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476), added to the reward:
 
         0                                     if |y| <= L_max - L_buf
-        factor * ((L_max - L_buf) - |y|) / L_buf   if L_max - L_buf < |y| <= L_max   (linear, down to -factor)
-    """
+        factor * ((L_max - L_buf) - |y|) / L_buf   if L_max - L_buf < |y| <= L_max   (linear, down to -factor)"""
     start = max_len - buffer_len
     return 0.0 if length <= start else factor * max(start - length, -buffer_len) / buffer_len
 
 
 def repetition_penalty(token_ids: list[int], ngram_size: int, factor: float) -> float:
-    """An n-gram repetition penalty on one response, after Yeo et al. 2025 ("Demystifying Long Chain-of-Thought
-    Reasoning in LLMs", arXiv:2502.03373), who penalise repeated n-grams to stop long rollouts from looping;
-    here one sequence-level term over the response's token ids:
+    """An n-gram repetition penalty on one response's token ids, after Yeo et al. 2025 ("Demystifying Long
+    Chain-of-Thought Reasoning in LLMs", arXiv:2502.03373), who penalise repeated n-grams so long rollouts stop looping:
 
         G = the L - n + 1 windows of n consecutive tokens (none if L < n)
         penalty = -factor * (|G| - |distinct(G)|) / |G|          (0 when G is empty)
 
-    i.e. minus `factor` times the fraction of n-grams that repeat an earlier one: 0 for a response without a
-    repeated n-gram, approaching -factor for one that loops on a single phrase.
-    """
+    i.e. -factor times the share of n-grams repeating an earlier one: 0 without one, near -factor for a loop."""
     grams = [tuple(token_ids[i:i + ngram_size]) for i in range(len(token_ids) - ngram_size + 1)]
     return -factor * (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
 
