@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rllava import distributed as D
 from rllava.data.protocol import Batch, concat_mm
+from rllava.model import ulysses
 from rllava.model.shared_prefix import layout_inputs, prefix_layout
 
 
@@ -168,14 +169,16 @@ def trained_hidden(model, batch: Batch, *, padding_free: bool = False,
     else:
         inputs = packed_inputs(model, batch) if padding_free else model_inputs(model, batch)
     inputs, zero = _media_first(backbone, inputs)
-    hidden = backbone(**inputs, use_cache=False).last_hidden_state  # [R, L, H] shared, [1, L, H] packed, [B, T, H]
-    if shared is not None:  # -> [N, H], the trained positions
-        hidden = hidden.flatten(0, 1)[layout.index.to(hidden.device)[:, :-1][target]]
-    elif padding_free:  # each real token's index in the packed row: the count of real tokens before it
-        packed = batch.attention_mask.flatten().cumsum(0).view(batch.attention_mask.shape) - 1
-        hidden = hidden[0][packed[:, :-1][target]]
-    else:
-        hidden = hidden[:, :-1][target]
+    with ulysses.cutting(model):  # actor.model.ulysses_size: this rank's part of each sequence (rllava.model.ulysses)
+        hidden = backbone(**inputs, use_cache=False).last_hidden_state  # [R, L, H] shared, [1, L, H] packed, [B, T, H]
+        if shared is not None:  # -> [N, H], the trained positions
+            hidden = hidden.flatten(0, 1)[layout.index.to(hidden.device)[:, :-1][target]]
+        else:  # (row, position) of each trained position; packed: the count of real tokens before it in the row
+            rows, cols = target.nonzero(as_tuple=True)
+            if padding_free:
+                packed = batch.attention_mask.flatten().cumsum(0).view(batch.attention_mask.shape) - 1
+                rows, cols = torch.zeros_like(rows), packed[:, :-1][target]
+            hidden, target = ulysses.take(hidden, rows.to(hidden.device), cols.to(hidden.device), target)
     return (hidden if zero is None else hidden + zero.to(hidden.dtype)), target
 
 
@@ -361,8 +364,11 @@ def full_kl_from_hidden(head, h: torch.Tensor, ref_h: torch.Tensor, ref_weight: 
                       for s in range(0, len(h), step)] or [h.new_zeros(0, dtype=torch.float32)])
 
 
-def _scatter(values: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """[N] values at the target positions -> [B, T] (position t+1 holds target t's value; zeros elsewhere)."""
+def _scatter(values: torch.Tensor, target) -> torch.Tensor:
+    """[N] values at the target positions -> [B, T] (position t+1 holds target t's value; zeros elsewhere); a
+    sequence-parallel rank's own values (`ulysses.Local`) first become every position's."""
+    if isinstance(target, ulysses.Local):
+        values, target = target.expand(values), target.target
     B, T1 = target.shape
     out = values.new_zeros(B, T1 + 1)
     out[:, 1:][target] = values
@@ -394,7 +400,8 @@ def _token_logprobs(model, batch: Batch, *, temperature: float = 1.0, with_entro
     tensor is returned: the full-vocabulary KL(pi || that model) at each position (`full_kl_from_hidden`)."""
     h, target = trained_hidden(model, batch, padding_free=padding_free, shared_prefix=shared_prefix)
     _, head = _backbone_and_head(model)
-    labels = batch.input_ids[:, 1:][target]  # [N]
+    labels = batch.input_ids[:, 1:][getattr(target, "target", target)]  # [N] (this rank's: ulysses.Local.sel)
+    labels = labels[target.sel.to(labels.device)] if isinstance(target, ulysses.Local) else labels
     lp, ent = logprobs_from_hidden(head, h, labels, temperature=temperature, with_entropy=with_entropy,
                                    entropy_grad=entropy_grad, chunk_size=chunk_size)
     out = _scatter(lp, target), (_scatter(ent, target) if ent is not None else None)

@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 
 import rllava.model.modular  # noqa: F401  registers the modular VLM (model_type rllava_modular) with the Auto classes
 from rllava.errors import RllavaError
+from rllava.model import ulysses
 from rllava.model.processor import load_processor, with_pixel_bounds
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,8 @@ def adopt_policy(model, model_cfg, device: torch.device):
 
 def make_trainable(model, model_cfg, device: torch.device, key: str = "actor.model"):
     """A model config's training switches on a loaded model (the policy's, or the critic's backbone): frozen
-    parts, LoRA adapters, gradient checkpointing."""
+    parts, LoRA adapters, gradient checkpointing; its decoder sequence-parallel (actor.model.ulysses_size)."""
+    ulysses.enable(model)
     for part in ("vision_tower", "connector", "llm"):
         if getattr(model_cfg, f"freeze_{part}"):
             freeze(model, part, key)
@@ -143,7 +145,8 @@ def make_trainable(model, model_cfg, device: torch.device, key: str = "actor.mod
         model = apply_lora(model, model_cfg, key=key)
     if model_cfg.enable_gradient_checkpointing:  # recompute each layer in backward; optionally keep its input on host
         offload = model_cfg.enable_activation_offload and device.type != "cpu"  # a CPU's activations are on the host
-        model.activation_checkpointing_enable({"use_reentrant": False}, offload=offload)
+        model.activation_checkpointing_enable({"use_reentrant": False, "context_fn": ulysses.recompute_context},
+                                              offload=offload)
     return model
 
 
@@ -160,6 +163,7 @@ def load_frozen(path: str | None, device: torch.device, *, key: str, dtype: torc
         model = load_model(path, dtype=dtype, attn_implementation=attn_implementation,
                            trust_remote_code=trust_remote_code, key=key, **load_kwargs)
     model = model.requires_grad_(False).eval()
+    ulysses.enable(model)  # its log-probs beside the policy's, a part of each sequence (actor.model.ulysses_size)
     if hasattr(engine, "shard_frozen"):
         return engine.shard_frozen(model, cpu_offload=offload)
     return model.to("cpu" if offload else device)

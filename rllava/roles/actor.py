@@ -17,6 +17,7 @@ from rllava.algorithms.hybrid import EXPERT_IN_RL, EXPERT_IN_SFT, sft_token_weig
 from rllava.algorithms.correction import mismatch_metrics, rollout_importance_weights, rollout_rejection_mask
 from rllava.algorithms.losses import LossInputs, aggregate, kl_penalty, masked_mean
 from rllava.data.protocol import Batch
+from rllava.model import ulysses
 from rllava.model.forward import LOGPROB_CHUNK, token_logprobs
 from rllava.roles.batching import MeanMetrics, MicroBatching, compute_logprobs, mini_batches
 from rllava.roles.teacher import Teachers
@@ -138,10 +139,11 @@ class Actor:
         """Stage 4: optimise the loss's terms over the batch; returns averaged metrics. A hybrid's batch (expert
         tokens in `off_policy_mask`) optimises rl_coef L_RL + sft_coef L_SFT, each normalised over its own tokens."""
         self.model.train()
+        batch = ulysses.union(batch)[0]  # sequence parallelism: the group's rows, each rank a part of each sequence
         metrics, masks = MeanMetrics(), self._masks(batch)
         full = self.distill is not None and self.distill.full  # the teachers run inside the update
         with self.engine.update_phase(), self.distill.teachers.resident() if full else nullcontext():
-            for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, *masks):
+            for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size * ulysses.size(), *masks):
                 # the exact KL runs one teacher's forward per micro-batch: the rows by teacher first
                 parts = list(self.distill.teachers.route(batch, mini).values()) if full else [mini]
                 for rows in [r for part in parts for r in self.micro_batching.split(batch, part)]:

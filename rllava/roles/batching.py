@@ -11,6 +11,7 @@ import torch
 
 from rllava import distributed as D
 from rllava.data.protocol import Batch
+from rllava.model import ulysses
 from rllava.model.forward import LOGPROB_CHUNK, compute_device, token_logprobs
 
 
@@ -78,15 +79,16 @@ def equal_count(groups: list[list[int]], n: int) -> list[list[int]]:
 @torch.no_grad()
 def forward_in_chunks(model, batch: Batch, batching: MicroBatching, fn) -> torch.Tensor:
     """`fn(micro)` -> [b, t] for each micro-batch, in eval mode and without grad, gathered into [B, T] (zeros past
-    each micro-batch's trimmed length). The old-log-prob, reference and critic-value passes all run this way."""
-    was_training = model.training
+    each micro-batch's trimmed length). The old-log-prob, reference and critic-value passes all run this way (under
+    sequence parallelism over the group's rows, this rank's kept: `ulysses.union`)."""
+    was_training, (batch, own), T = model.training, ulysses.union(batch), batch.input_ids.shape[1]
     model.eval()
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=compute_device(model))  # to the host once
     for idx in batching.split(batch, list(range(len(batch)))):
         v = fn(batch.select(idx or [0]).to(out.device))  # []: more forwards than rows here (a teacher's route)
         out[idx, :v.shape[1]] = v[:len(idx)]
     model.train(was_training)
-    return out.cpu()
+    return out[own, :T].cpu()
 
 
 def compute_logprobs(model, batch: Batch, batching: MicroBatching, temperature: float, *,

@@ -32,6 +32,7 @@ from rllava.data.sampler import EpochSampler
 from rllava.engine.inference.base import SamplingParams
 from rllava.engine.train.base import TrainEngine
 from rllava.engine.train.single import SingleDeviceEngine
+from rllava.model import ulysses
 from rllava.model.loader import build_policy, load_frozen, load_model, make_trainable, resolve_dtype
 from rllava.model.value import ValueModel
 from rllava.model.processor import get_tokenizer, load_processor
@@ -63,6 +64,11 @@ def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
     np.random.seed(cfg.trainer.seed)
     torch.manual_seed(cfg.trainer.seed)
     device = D.init(cfg.trainer.device)  # joins the process group under torchrun
+    if (sp := cfg.actor.model.ulysses_size) > 1 and not rollout_side:  # the sequence-parallel groups
+        if world % sp or world == 1:
+            raise ConfigError(f"actor.model.ulysses_size={sp} splits each sequence over {sp} processes: launch "
+                              f"torchrun with a multiple of {sp} training processes (now {world})")
+        ulysses.init(sp)
     strategies = {resolve_strategy(r.strategy, fsdp=r.fsdp, device=device) for r in (cfg.actor, cfg.critic) if r}
     if world == 1 and strategies & set(DISTRIBUTED_STRATEGIES) and not rollout_side:
         D.group_of_one(device)  # `actor.strategy=fsdp2`, or auto with host offload on a GPU: a world of one

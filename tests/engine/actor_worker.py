@@ -3,7 +3,10 @@ Actor update (the real role: PPO clip + entropy bonus, dynamic packed micro-batc
 through `token_logprobs`) of a tiny Qwen2-VL on a fixed global batch of image prompts, each rank on its
 contiguous share of the rows, with plain SGD so that the weights after the step expose the gradient.
 
-    python actor_worker.py MODEL_DIR OUT_DIR STRATEGY      (as fsdp_worker.py's)
+    python actor_worker.py MODEL_DIR OUT_DIR STRATEGY [SP LAYOUT]      (STRATEGY: as fsdp_worker.py's)
+
+With SP (Ulysses, `rllava.model.ulysses`): the model made trainable as the pipeline does (gradient checkpointing, its
+decoder sequence-parallel over groups of SP ranks; SP=1: checkpointing alone), LAYOUT `packed` or `padded`.
 
 Writes OUT_DIR/result.pt (rank 0): the global token count, the old log-probs and the full weights after.
 """
@@ -16,9 +19,10 @@ from PIL import Image
 
 from rllava import distributed as D
 from rllava.algorithms.ppo import build_algorithm
-from rllava.config.schema import ActorConfig, AlgorithmConfig
+from rllava.config.schema import ActorConfig, AlgorithmConfig, ModelConfig
 from rllava.data.protocol import Sample, Segment, Trajectory, collate
-from rllava.model.loader import load_model
+from rllava.model import ulysses
+from rllava.model.loader import load_model, make_trainable
 from rllava.model.processor import get_tokenizer, load_processor
 from rllava.roles.actor import Actor
 
@@ -47,18 +51,22 @@ def global_batch(model_dir):
     return batch
 
 
-def main(model_dir, out_dir, strategy):
+def main(model_dir, out_dir, strategy, sp=None, layout="packed"):
     device = D.init("cpu")
     torch.manual_seed(0)
     engine = make_engine(strategy, device)
-    engine.prepare(load_model(model_dir, dtype=torch.float32), lambda p: torch.optim.SGD(p, lr=1.0), lambda o: None)
+    model = load_model(model_dir, dtype=torch.float32)
+    if sp is not None:
+        ulysses.init(int(sp))
+        model = make_trainable(model, ModelConfig(enable_gradient_checkpointing=True), device)
+    engine.prepare(model, lambda p: torch.optim.SGD(p, lr=1.0), lambda o: None)
     batch = global_batch(model_dir)
     batch = batch.select(D.shard(list(range(len(batch))), "rows"))
     share = len(batch)
     actor = Actor(engine.model, engine, build_algorithm(AlgorithmConfig(), ActorConfig()), ppo_epochs=1,
                   mini_batch_size=share, micro_batch_size=1, log_prob_micro_batch_size=1,
                   loss_agg_mode="token-mean", max_response_length=16, temperature=0.8, use_kl_loss=False,
-                  kl_loss_coef=0.0, kl_loss_type="low_var_kl", entropy_coeff=0.01, padding_free=True,
+                  kl_loss_coef=0.0, kl_loss_type="low_var_kl", entropy_coeff=0.01, padding_free=layout == "packed",
                   max_token_len=60, log_prob_max_token_len=60, logprob_chunk_size=4)
     old = actor.compute_logprobs(batch)
     batch.old_logprobs = old - 0.05 * batch.loss_mask  # off-policy enough for some clipping

@@ -101,6 +101,26 @@ def test_actor_update_on_two_ranks_matches_one_process(tmp_path, tiny_model_dir,
         torch.testing.assert_close(fsdp["weights"][k], v, rtol=1e-4, atol=1e-6, msg=k)
 
 
+@pytest.mark.parametrize("strategy,layout", [
+    ("fsdp2", "packed"), pytest.param("fsdp2", "padded", marks=pytest.mark.slow),
+    pytest.param("deepspeed3", "padded", marks=[DEEPSPEED, pytest.mark.slow])])
+def test_ulysses_on_two_ranks_matches_one_process(tmp_path, tiny_model_dir, strategy, layout):
+    """actor.model.ulysses_size=2 (rllava.model.ulysses): both ranks train on the 4 rows, each on half of every
+    sequence (image tokens split between them), attention over the whole sequence through the all-to-all, gradient
+    checkpointing's recompute included; the old log-probs, the gradient norm and the weights after an SGD step
+    (lr 1: the gradient) equal one process's on the same rows, padded or packed (float32 noise)."""
+    worker = os.path.join(HERE, "actor_worker.py")
+    _run(1, tiny_model_dir, tmp_path / "single", "single", "1", layout, worker=worker)
+    _run(2, tiny_model_dir, tmp_path / "sp", strategy, "2", layout, worker=worker)
+    single, sp = _result(tmp_path / "single"), _result(tmp_path / "sp")
+    (full,) = single["old_logprobs"]
+    for r, part in enumerate(sp["old_logprobs"]):  # rank r's own rows 2r, 2r+1: computed over both ranks' rows
+        torch.testing.assert_close(part, full[2 * r:2 * r + 2, :part.shape[1]], atol=1e-5, rtol=1e-5)
+    assert abs(single["grad_norm"] - sp["grad_norm"]) < 1e-5 * single["grad_norm"]
+    for k, v in single["weights"].items():
+        torch.testing.assert_close(sp["weights"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
 def _rlvr_on_ranks(nproc: int, out, model: str, reward: str, *extra: str) -> subprocess.CompletedProcess:
     """`torchrun --nproc_per_node=nproc -m rllava.train.pipeline.rlvr` on the tiny counting config: 4 prompts a
     step, 2 per mini-batch, 2 steps, KL in the loss, one metrics file; `extra` keys last."""

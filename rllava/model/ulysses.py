@@ -1,0 +1,259 @@
+"""Ulysses sequence parallelism (`actor.model.ulysses_size=N`; DeepSpeed-Ulysses, arXiv:2309.14509, as verl runs it:
+verl/models/transformers/monkey_patch.py `_ulysses_flash_attention_forward`, verl/utils/ulysses.py
+`gather_outputs_and_unpad(grad_scaler=True)`). The N consecutive ranks of a group train on the same rows (`union`),
+each running the decoder on 1/N of every sequence; around attention an all-to-all trades the sequence shard for a
+head shard, so each rank attends over the whole sequence for H/N heads:
+
+    q, k, v [B, H, L/N, d] -all-to-all-> [B, H/N, L, d] -attention-> [B, L, H/N, d] -all-to-all-> [B, L/N, H, d]
+
+The decoder's input is cut after the model has merged it (text and image embeddings, M-RoPE positions, Qwen3-VL's
+deepstack features): the vision tower runs on every rank of the group over the rows' images, so an image whose
+tokens fall on two ranks stays whole. Each rank takes the LM head (or the value head) over its own trained
+positions; their values are summed over the group (`Local.expand`), so every rank holds the micro-batch's whole
+[B, T] log-probs and computes the same loss. That sum's backward sums the N equal gradients: N x each rank's own
+positions' share, which the engines' mean over all dp x N ranks (FSDP2, ZeRO-3) turns into the mean over
+data-parallel groups of the whole gradient, as with ulysses_size=1."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import weakref
+from dataclasses import dataclass, fields
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from rllava import distributed as D
+
+_group: tuple | None = None  # (process group, rank in it, size) of this rank's sequence-parallel group
+_decoders: weakref.WeakSet = weakref.WeakSet()  # every module of a sequence-parallel model's decoder
+_cutting = False  # trained_hidden's forward: the decoder's input is cut (the rollout's generate is not)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One forward's cut: this rank's `length // size` positions of the padded `length`; `mask` [B, 1, L, L]
+    (True: attend) of the whole sequence, causal within each row (each packed sequence)."""
+    group: object
+    rank: int
+    size: int
+    length: int
+    mask: torch.Tensor
+
+
+_current: Shard | None = None
+
+
+def init(size: int) -> None:
+    """The sequence-parallel groups of `size` consecutive ranks (every rank makes every group, in order)."""
+    global _group
+    world, rank = D.world_size(), D.rank()
+    if size > 1 and _group is None:
+        for first in range(0, world, size):
+            group = dist.new_group(list(range(first, first + size)))
+            if first <= rank < first + size:
+                _group = (group, rank - first, size)
+
+
+def size() -> int:
+    return _group[2] if _group else 1
+
+
+def enable(model) -> None:
+    """Under sequence parallelism, cut `model`'s decoder input in rllava's training forwards and run its attention
+    over the group (sdpa / eager); else nothing."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    backbone = getattr(model, model.base_model_prefix)
+    decoder = getattr(backbone, "language_model", backbone)
+    if _group is None:
+        return
+    _decoders.update(decoder.modules())
+    if not any(h is _cut for h in decoder._forward_pre_hooks.values()):  # (a deep copy has it already)
+        decoder.register_forward_pre_hook(_cut, with_kwargs=True)
+    for impl in ("sdpa", "eager"):
+        if not getattr(ALL_ATTENTION_FUNCTIONS.get(impl), "ulysses", False):
+            ALL_ATTENTION_FUNCTIONS[impl] = _attention(impl, ALL_ATTENTION_FUNCTIONS.get(impl))
+
+
+@contextlib.contextmanager
+def cutting(model):
+    """trained_hidden's backbone call: the decoder's input cut (the shard lives on in gradient checkpointing's
+    recomputation, `recompute_context`)."""
+    global _cutting, _current
+    _cutting = _group is not None
+    try:
+        yield
+    finally:
+        _cutting, _current = False, None
+
+
+@contextlib.contextmanager
+def _installed(shard: Shard | None):
+    global _current
+    saved, _current = _current, shard
+    try:
+        yield
+    finally:
+        _current = saved
+
+
+def recompute_context():
+    """torch.utils.checkpoint's context_fn: a layer recomputed in the backward sees its forward's shard."""
+    return contextlib.nullcontext(), _installed(_current)
+
+
+def _pad_cut(x: torch.Tensor, dim: int, shard: Shard, fill=0) -> torch.Tensor:
+    pad = shard.length - x.shape[dim]
+    if pad:
+        x = torch.cat([x, x.new_full((*x.shape[:dim], pad, *x.shape[dim + 1:]), fill)], dim)
+    n = shard.length // shard.size
+    return x.narrow(dim, shard.rank * n, n)
+
+
+def _cut(module, args, kwargs):
+    """The decoder's pre-hook: its sequence inputs cut to this rank's positions, its mask made whole here."""
+    global _current
+    if not _cutting:
+        return None
+    x = kwargs.get("inputs_embeds")
+    x = kwargs["input_ids"] if x is None else x
+    B, L = x.shape[:2]
+    group, rank, n = _group
+    heads, kv = module.config.num_attention_heads, module.config.num_key_value_heads
+    if heads % n or kv % n:
+        raise ValueError(f"actor.model.ulysses_size={n} must divide the decoder's {heads} attention heads and its "
+                         f"{kv} key-value heads")
+    length, mask, positions = -(-L // n) * n, kwargs.get("attention_mask"), kwargs.get("position_ids")
+    causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+    if mask is not None:  # padded rows: causal, real keys only (right padding: no row without a key)
+        keys = torch.nn.functional.pad(mask.bool(), (0, length - L))
+        whole = causal & keys[:, None, None, :]
+    else:  # packed rows (padding-free): causal within each sequence, which restarts at text position 0
+        text = positions if positions.dim() == 2 else positions[0]
+        seq = torch.nn.functional.pad((text == 0).long(), (0, length - L), value=1).cumsum(-1)
+        whole = causal & (seq[:, None, :, None] == seq[:, None, None, :])
+    _current = shard = Shard(group, rank, n, length, whole)
+    if positions is None:  # the decoder would number this rank's positions from 0
+        positions = torch.arange(L, device=x.device).expand(B, L)
+    kwargs = {**kwargs, "attention_mask": None, "position_ids": _pad_cut(positions, positions.dim() - 1, shard)}
+    for name in ("input_ids", "inputs_embeds"):
+        if kwargs.get(name) is not None:
+            kwargs[name] = _pad_cut(kwargs[name], 1, shard)
+    if kwargs.get("visual_pos_masks") is not None:  # Qwen3-VL's deepstack: the features of this rank's positions
+        visual, keep = kwargs["visual_pos_masks"], torch.zeros_like(kwargs["visual_pos_masks"])
+        keep[:, shard.rank * length // n:(shard.rank + 1) * length // n] = True
+        keep = keep[visual]  # which visual positions, in their order, are this rank's
+        kwargs["deepstack_visual_embeds"] = [e[keep.to(e.device)] for e in kwargs["deepstack_visual_embeds"]]
+        kwargs["visual_pos_masks"] = _pad_cut(visual, 1, shard, fill=False)
+    return args, kwargs
+
+
+class _AllToAll(torch.autograd.Function):
+    """dist.all_to_all_single over the group: chunk j of dim 0 to rank j; its own inverse (the backward)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group, x = group, x.contiguous()
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _AllToAll.apply(grad, ctx.group), None
+
+
+class _Sum(torch.autograd.Function):
+    """Sum over the group; the backward sums the gradients over it too."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _Sum.apply(grad, ctx.group), None
+
+
+def _attention(impl: str, inner):
+    """`impl`'s attention function, over the sequence-parallel group for a sequence-parallel decoder's layers."""
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        shard = _current
+        fn = inner or sys.modules[type(module).__module__].eager_attention_forward  # eager: the model's own
+        if shard is None or module not in _decoders:
+            return fn(module, query, key, value, attention_mask, **kwargs)
+        n = shard.size
+
+        def heads(x):  # [B, H, L/N, d] -> [B, H/N, L, d]: chunk j (heads j H/N ...) to rank j
+            B, H, Ln, d = x.shape
+            y = _AllToAll.apply(x.reshape(B, n, H // n, Ln, d).transpose(0, 1), shard.group)
+            return y.permute(1, 2, 0, 3, 4).reshape(B, H // n, n * Ln, d)
+        mask = shard.mask
+        if impl == "eager":  # an additive mask
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+                ~mask, torch.finfo(query.dtype).min)
+        out, _ = fn(module, heads(query), heads(key), heads(value), mask, **kwargs)  # [B, L, H/N, d]
+        B, L, Hn, d = out.shape
+        y = _AllToAll.apply(out.reshape(B, n, L // n, Hn, d).transpose(0, 1), shard.group)  # piece j to rank j
+        return y.permute(1, 2, 0, 3, 4).reshape(B, L // n, n * Hn, d), None
+    attention.ulysses = True
+    return attention
+
+
+class Local(NamedTuple):
+    """The trained positions [B, T-1] of a cut forward and which of them (`sel` [N]) this rank computed."""
+    target: torch.Tensor
+    sel: torch.Tensor
+
+    def expand(self, values: torch.Tensor) -> torch.Tensor:
+        """This rank's values [n] -> every trained position's [N], summed over the group (see the docstring)."""
+        full = values.new_zeros(len(self.sel), *values.shape[1:])
+        full[self.sel.to(values.device)] = values
+        return _Sum.apply(full, _group[0])
+
+
+def take(hidden: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, target: torch.Tensor):
+    """(hidden states at (rows, cols) [N, H], target): under a cut forward only this rank's, with `Local`."""
+    if _current is None:
+        return hidden[rows, cols], target
+    n = _current.length // _current.size
+    sel = cols // n == _current.rank
+    return hidden[rows[sel], cols[sel] - _current.rank * n], Local(target, sel)
+
+
+def union(batch):
+    """(the group's rows, this rank's among them): every rank's batch, in rank order (2-D tensors right-padded to
+    the longest; group ids kept apart); on one rank or without a group, (batch, all rows)."""
+    if _group is None:
+        return batch, slice(None)
+    parts = [None] * _group[2]
+    dist.all_gather_object(parts, batch, group=_group[0])
+    offsets = [0]
+    for p in parts:
+        offsets.append(offsets[-1] + len(p))
+    T = max(p.input_ids.shape[1] for p in parts)
+    out, gid = {}, 0
+    for f in fields(batch):
+        values = [getattr(p, f.name) for p in parts]
+        if f.name == "group_ids":  # distinct groups on different ranks
+            shifted = []
+            for v in values:
+                shifted.append(v + gid)
+                gid += int(v.max()) + 1 if len(v) else 0
+            out[f.name] = torch.cat(shifted)
+        elif isinstance(values[0], torch.Tensor):
+            fill = -1 if f.name.startswith("turn_") and f.name != "turn_rewards" else 0
+            out[f.name] = torch.cat([torch.nn.functional.pad(v, (0, T - v.shape[1]), value=fill) if v.dim() == 2
+                                     else v for v in values])
+        elif isinstance(values[0], list):
+            out[f.name] = [x for v in values for x in v]
+        else:
+            out[f.name] = values[0]
+    me = _group[1]
+    return type(batch)(**out), slice(offsets[me], offsets[me + 1])
