@@ -55,11 +55,9 @@ def encode_prompt(processor, sample: Sample) -> tuple[list[int], dict]:
     text = processor.apply_chat_template(sample.messages, add_generation_prompt=True, tokenize=False)
     if not sample.images and not sample.videos:
         return tokenizer(text, add_special_tokens=False)["input_ids"], {}
-    videos = {}
-    if sample.videos:
-        videos = {"videos": [v.array() for v in sample.videos],
-                  "videos_kwargs": {"video_metadata": [v.metadata() for v in sample.videos],
-                                    "do_sample_frames": False, "do_resize": False}}
+    videos = {"videos": [v.array() for v in sample.videos],
+              "videos_kwargs": {"video_metadata": [v.metadata() for v in sample.videos],
+                                "do_sample_frames": False, "do_resize": False}} if sample.videos else {}
     try:
         enc = processor(text=[text], images=sample.images or None, return_tensors="pt", **videos)
     except Exception as e:  # IndexError/ValueError from the processor: markers vs images, an image too small, ...
@@ -157,7 +155,16 @@ class PromptDataset:
         self.has_images = data_cfg.image_key in self.records.column_names
         self.limit_images = limit_images  # rollout.limit_images: prompts with more images are filtered (0 = any)
         self.has_videos = data_cfg.video_key in self.records.column_names and any(self.records[data_cfg.video_key])
-        self.video_spec = _video_spec(data_cfg, processor, spec) if self.has_videos else None
+        self.video_spec = None  # data.video_* keys and the vision tower's patch geometry
+        if self.has_videos:
+            image_processor = getattr(processor, "image_processor", None)
+            if not hasattr(image_processor, "temporal_patch_size"):
+                raise DataError(f"{spec}: records have videos in {data_cfg.video_key!r} but the model's processor "
+                                f"({type(processor).__name__}) takes no video input (Qwen-VL models do)")
+            min_pixels, max_pixels = data_cfg.video_pixels()
+            self.video_spec = VideoSpec(data_cfg.video_fps, data_cfg.video_max_frames, min_pixels, max_pixels,
+                                        image_processor.patch_size * image_processor.merge_size,
+                                        image_processor.temporal_patch_size)
         self.image_dir = base_dir(spec, image_dir) if records is None else base_dir("", image_dir)
         self.template = load_template(data_cfg.format_prompt)
         if not data_cfg.filter_overlong_prompts:  # else every record is built and encoded by the filter below
@@ -250,18 +257,6 @@ class PromptDataset:
                       ground_truth=final_answer(answer) if self.final_answers else answer, extra=extra,
                       target=record[self.target_key] if self.target_key else None, image_sizes=image_sizes,
                       source=self.spec)
-
-
-def _video_spec(cfg, processor, spec: str) -> VideoSpec:
-    """data.video_* keys and the vision tower's patch geometry (from the processor's image processor)."""
-    image_processor = getattr(processor, "image_processor", None)
-    if not hasattr(image_processor, "temporal_patch_size"):
-        raise DataError(f"{spec}: records have videos in {cfg.video_key!r} but the model's processor "
-                        f"({type(processor).__name__}) takes no video input (Qwen-VL models do)")
-    min_pixels, max_pixels = cfg.video_pixels()
-    return VideoSpec(fps=cfg.video_fps, max_frames=cfg.video_max_frames, min_pixels=min_pixels,
-                     max_pixels=max_pixels, factor=image_processor.patch_size * image_processor.merge_size,
-                     temporal_factor=image_processor.temporal_patch_size)
 
 
 def _content(text: str, counts: dict[str, int], where: str, keys: dict[str, str]):

@@ -122,12 +122,7 @@ def resize_to_pixel_bounds(img: Image.Image, min_pixels: int | None, max_pixels:
 
 
 def _open_bytes(data: bytes, where: str, max_pixels: int | None = None) -> Image.Image:
-    try:
-        return _decode(io.BytesIO(data), max_pixels)  # decoded now: truncated data fails here, named
-    except DataError as e:
-        raise DataError(f"{where}: image bytes {e}") from e
-    except Exception as e:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ValueError, ...
-        raise DataError(f"{where}: cannot decode image bytes ({type(e).__name__}: {e})") from e
+    return _decode(io.BytesIO(data), max_pixels, where, "image bytes", "cannot decode image bytes")
 
 
 def _open_path(path: str, base_dir: str | None, where: str, max_pixels: int | None = None) -> Image.Image:
@@ -136,35 +131,31 @@ def _open_path(path: str, base_dir: str | None, where: str, max_pixels: int | No
         shown = full if len(full) <= 200 else full[:200] + "..."
         hint = f" (relative paths resolve against {base_dir})" if base_dir and not os.path.isabs(path) else ""
         raise DataError(f"{where}: image file {shown!r} not found{hint}")
-    try:
-        return _decode(full, max_pixels)
-    except DataError as e:
-        raise DataError(f"{where}: image {full!r} {e}") from e
-    except Exception as e:
-        raise DataError(f"{where}: cannot read image {full!r} ({type(e).__name__}: {e})") from e
+    return _decode(full, max_pixels, where, f"image {full!r}", f"cannot read image {full!r}")
 
 
-def _decode(source, max_pixels: int | None) -> Image.Image:
-    """The decoded image (detached from its file), a JPEG at the smallest draft scale that keeps it above
-    `max_pixels`. PIL's decompression-bomb error becomes a DataError saying the size (the caller names the file);
-    its warning (1 to 2 x MAX_IMAGE_PIXELS) is silenced: such an image is decoded, then bounded."""
+def _decode(source, max_pixels: int | None, where: str, name: str, failure: str) -> Image.Image:
+    """The decoded image (detached from its file: truncated data fails here), a JPEG at the smallest draft scale
+    keeping it above `max_pixels`. Errors start with `where`: a decompression bomb's says the size of `name`, any
+    other's `failure`; the bomb warning (1 to 2 x MAX_IMAGE_PIXELS) is silenced: such an image is decoded, bounded."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
-            img = Image.open(source)
+            with Image.open(source) as img:
+                w, h = img.size
+                if max_pixels and img.format == "JPEG" and w * h > max_pixels:
+                    s = math.sqrt(max_pixels / (w * h))  # draft picks a scale >= the requested size
+                    img.draft(img.mode if img.mode in ("RGB", "L") else None, (math.ceil(w * s), math.ceil(h * s)))
+                img.load()
+                out = img.copy()
         except Image.DecompressionBombError as e:
             size = re.search(r"\((\d+) pixels\)", str(e))
-            raise DataError(f"has {int(size.group(1)) if size else 'too many'} pixels, more than PIL decodes safely "
-                            f"({2 * Image.MAX_IMAGE_PIXELS}); shrink the image file") from e
-        with img:
-            w, h = img.size
-            if max_pixels and img.format == "JPEG" and w * h > max_pixels:
-                s = math.sqrt(max_pixels / (w * h))  # draft picks a scale >= the requested size
-                img.draft(img.mode if img.mode in ("RGB", "L") else None, (math.ceil(w * s), math.ceil(h * s)))
-            img.load()
-            out = img.copy()
-        out.info["stored_size"] = (w, h)
-        return out
+            raise DataError(f"{where}: {name} has {int(size.group(1)) if size else 'too many'} pixels, more than PIL "
+                            f"decodes safely ({2 * Image.MAX_IMAGE_PIXELS}); shrink the image file") from e
+        except Exception as e:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ValueError, ...
+            raise DataError(f"{where}: {failure} ({type(e).__name__}: {e})") from e
+    out.info["stored_size"] = (w, h)
+    return out
 
 
 def _is_base64_image(text: str, base_dir: str | None) -> bool:

@@ -53,7 +53,11 @@ def load_records(spec: str, *, max_samples: int = -1, given=None, key: str | Non
     elif path.endswith(FILE_TYPES) or path.startswith((".", "/")) or path.count("/") > 1:
         raise DataError(f"{name}: no such file or directory")  # a hub name is `name` or `org/name`
     else:
-        ds = _load_hub(path, split, name)
+        try:
+            ds = datasets.load_dataset(path, split=split or "train")
+        except Exception as e:  # offline: ConnectionError; unknown name: DatasetNotFoundError; bad split: ValueError
+            raise DataError(f"{name}: not found locally (no such file or directory) and could not be loaded from the "
+                            f"Hugging Face hub ({_reason(e)})") from e
     ds = _undecoded_images(ds)
     if max_samples >= 0:
         ds = ds.select(range(min(max_samples, len(ds))))
@@ -133,8 +137,20 @@ def base_dir(spec: str, image_dir: str | None = None) -> str | None:
 def _load_file(path: str) -> datasets.Dataset:
     if path.endswith(".jsonl"):
         return _typed_dataset(path, lambda: (record for _, record in json_lines(path)))
-    if path.endswith(".json"):
-        return _load_json(path)
+    if path.endswith(".json"):  # parsed here for the shape and clear errors, then typed as a memory-mapped table
+        with open(path, encoding="utf-8") as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path} line {e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
+        if isinstance(data, dict) and isinstance(data.get("data"), list):
+            data = data["data"]
+        if not isinstance(data, list):
+            raise DataError(f'{path}: expected a list of objects or {{"data": [...]}}, got a {type(data).__name__}')
+        for i, record in enumerate(data):
+            if not isinstance(record, dict):
+                raise DataError(f"{path}: item {i} is a {type(record).__name__}, expected a JSON object")
+        return _typed_dataset(path, lambda: iter(data))
     if path.endswith(".parquet"):
         try:
             return datasets.Dataset.from_parquet(path)
@@ -158,23 +174,6 @@ def json_lines(path: str):
             if not isinstance(record, dict):
                 raise DataError(f"{path} line {n}: expected a JSON object, got {type(record).__name__}")
             yield n, record
-
-
-def _load_json(path: str) -> datasets.Dataset:
-    """Parsed here for the shape and clear errors, then typed and written as a memory-mapped table."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path} line {e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from e
-    if isinstance(data, dict) and isinstance(data.get("data"), list):
-        data = data["data"]
-    if not isinstance(data, list):
-        raise DataError(f'{path}: expected a list of objects or {{"data": [...]}}, got a {type(data).__name__}')
-    for i, record in enumerate(data):
-        if not isinstance(record, dict):
-            raise DataError(f"{path}: item {i} is a {type(record).__name__}, expected a JSON object")
-    return _typed_dataset(path, lambda: iter(data))
 
 
 # ---- JSON records keep their types ----
@@ -233,11 +232,8 @@ def with_encoded_columns(ds: datasets.Dataset, columns: list[str], pickled: bool
     if not columns:
         return ds
     decode = pickle.loads if pickled else json.loads
-
-    def transform(batch: dict) -> dict:
-        return {k: ([None if v is None else decode(v) for v in vs] if k in columns else vs) for k, vs in batch.items()}
-
-    ds.set_transform(transform)
+    ds.set_transform(lambda batch: {k: ([None if v is None else decode(v) for v in vs] if k in columns else vs)
+                                    for k, vs in batch.items()})
     return ds
 
 
@@ -249,14 +245,6 @@ def _load_dir(path: str) -> datasets.Dataset | datasets.DatasetDict:
     except Exception as e:
         raise DataError(f"{path}: cannot load it as a dataset directory ({_reason(e)}); expected a "
                         "save_to_disk directory or data files such as data/train-00000-of-00001.parquet") from e
-
-
-def _load_hub(name: str, split: str | None, spec: str) -> datasets.Dataset:
-    try:
-        return datasets.load_dataset(name, split=split or "train")
-    except Exception as e:  # offline: ConnectionError; unknown name: DatasetNotFoundError; bad split: ValueError
-        raise DataError(f"{spec}: not found locally (no such file or directory) and could not be loaded from the "
-                        f"Hugging Face hub ({_reason(e)})") from e
 
 
 def _pick_split(loaded, split: str | None, spec: str) -> datasets.Dataset:

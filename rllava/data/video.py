@@ -107,25 +107,6 @@ def _finish(frames: list[Image.Image], fps: float, indices: list[int], total: in
     return Video(frames=frames, fps=fps, indices=indices, total_frames=total)
 
 
-def _open_source(obj, base_dir: str | None, where: str):
-    """A path or file object PyAV can open, from a path, bytes or a {"bytes", "path"} dict."""
-    if isinstance(obj, dict):
-        obj = obj.get("bytes") or obj.get("path")
-        if not obj:
-            raise DataError(f"{where}: video dict has neither 'bytes' nor 'path'")
-    if isinstance(obj, (bytes, bytearray, memoryview)):
-        return io.BytesIO(bytes(obj))
-    if isinstance(obj, (str, os.PathLike)):
-        path = os.fspath(obj)
-        full = path if os.path.isabs(path) or base_dir is None else os.path.join(base_dir, path)
-        if not os.path.isfile(full):
-            hint = f" (relative paths resolve against {base_dir})" if base_dir and not os.path.isabs(path) else ""
-            raise DataError(f"{where}: video file {full!r} not found{hint}")
-        return full
-    raise DataError(f"{where}: unsupported video value of type {type(obj).__name__} (expected a list of frames, "
-                    "a video file path, bytes or a {'bytes', 'path'} dict)")
-
-
 def _decode_file(obj, spec: VideoSpec, base_dir: str | None, where: str):
     """(frames, source fps, their indices, total frames) of a video file sampled at spec.fps, decoded once.
 
@@ -133,7 +114,21 @@ def _decode_file(obj, spec: VideoSpec, base_dir: str | None, where: str):
     ends early repeats its last decoded frame for the missing indices."""
     import av
 
-    source = _open_source(obj, base_dir, where)
+    if isinstance(obj, dict):  # the source PyAV opens: a path or a file object, from a path, bytes or such a dict
+        obj = obj.get("bytes") or obj.get("path")
+        if not obj:
+            raise DataError(f"{where}: video dict has neither 'bytes' nor 'path'")
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        source = io.BytesIO(bytes(obj))
+    elif isinstance(obj, (str, os.PathLike)):
+        path = os.fspath(obj)
+        source = path if os.path.isabs(path) or base_dir is None else os.path.join(base_dir, path)
+        if not os.path.isfile(source):
+            hint = f" (relative paths resolve against {base_dir})" if base_dir and not os.path.isabs(path) else ""
+            raise DataError(f"{where}: video file {source!r} not found{hint}")
+    else:
+        raise DataError(f"{where}: unsupported video value of type {type(obj).__name__} (expected a list of frames, "
+                        "a video file path, bytes or a {'bytes', 'path'} dict)")
     try:
         with av.open(source) as container:
             if not container.streams.video:
