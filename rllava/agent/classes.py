@@ -41,9 +41,9 @@ def load_class(spec: Any, key: str) -> type:
     """`path/to/file.py:Class` or `package.module.Class`."""
     if not isinstance(spec, str) or not spec:
         raise ConfigError(f"{key}: class_name must be 'path/to/file.py:Class' or 'module.Class', not {spec!r}")
-    name = spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
-    if spec.startswith("rllava.ppo.") and name in RLLAVA_CLASSES:
-        raise ConfigError(f"{key}: {spec} is RLLaVA's own class; in rllava use {RLLAVA_CLASSES[name]}")
+    short = spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    if spec.startswith("rllava.ppo.") and short in RLLAVA_CLASSES:
+        raise ConfigError(f"{key}: {spec} is RLLaVA's own class; in rllava use {RLLAVA_CLASSES[short]}")
     try:
         if ":" in spec:
             path, name = spec.rsplit(":", 1)
@@ -64,8 +64,7 @@ def load_class(spec: Any, key: str) -> type:
     except Exception as e:
         missing = (e.name or "") if isinstance(e, ModuleNotFoundError) else ""
         if missing.startswith("rllava.") and missing.split(".")[1] in ("ppo", "eval", "workflow"):
-            use = RLLAVA_CLASSES.get(spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1]) or next(
-                (v for k, v in BY_WORD if k in spec.lower()),
+            use = RLLAVA_CLASSES.get(short) or next((v for k, v in BY_WORD if k in spec.lower()),
                 "a tool of your own registered with @register_tool (rollout.agent.plugins; docs/agents.md)")
             raise ConfigError(f"{key}: {spec} is written against RLLaVA's internals ({missing}), which rllava does "
                               f"not have; in rllava use {use}") from e
@@ -88,7 +87,8 @@ def _entries(path: str, key: str, section: str) -> list[tuple[type, dict, str]]:
     if section == "env" and isinstance(entries, dict):
         entries = [entries]
     if not isinstance(entries, list) or not entries:
-        form = "env: {class_name: ..., config: {...}}" if section == "env" else "tools: [{class_name: ..., config: {...}}]"
+        form = ("env: {class_name: ..., config: {...}}" if section == "env" else
+                "tools: [{class_name: ..., config: {...}}]")
         raise ConfigError(f"{key}: {path} must hold {form}")
     out = []
     for i, entry in enumerate(entries):

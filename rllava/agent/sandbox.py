@@ -53,6 +53,7 @@ import time
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from itertools import count
+from pathlib import Path
 
 from PIL import Image
 
@@ -175,14 +176,14 @@ class _Cgroup:
         for c, d in self.dirs.items():
             if not os.path.isdir(d):
                 os.mkdir(d)
-            _write(os.path.join(d, CGROUP_FILES[version][c][0]), values[c])
+            Path(d, CGROUP_FILES[version][c][0]).write_text(str(values[c]))
         swap = os.path.join(self.dirs["memory"], SWAP_FILES[version])
         if os.path.exists(swap):
-            _write(swap, 0 if version == 2 else values["memory"])
+            Path(swap).write_text(str(0 if version == 2 else values["memory"]))
 
     def add(self, pid: int) -> None:
         for d in set(self.dirs.values()):
-            _write(os.path.join(d, "cgroup.procs"), pid)
+            Path(d, "cgroup.procs").write_text(str(pid))
 
     def events(self) -> dict[str, int]:
         """controller -> how often its limit was hit (OOM kills, refused forks)."""
@@ -203,7 +204,8 @@ class _Cgroup:
                 try:
                     pids = open(os.path.join(d, "cgroup.procs")).read().split()
                     for pid in pids:
-                        _signal(int(pid))
+                        with suppress(OSError):
+                            os.kill(int(pid), signal.SIGKILL)
                     if not pids:
                         os.rmdir(d)
                         break
@@ -212,16 +214,6 @@ class _Cgroup:
                 except OSError:
                     pass  # busy while its last tasks exit
                 time.sleep(0.005)
-
-
-def _write(path: str, value) -> None:
-    with open(path, "w") as f:
-        f.write(str(value))
-
-
-def _signal(pid: int) -> None:
-    with suppress(OSError):
-        os.kill(pid, signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------------------------ the syscall filter
@@ -249,10 +241,9 @@ CLONE_NAMESPACES = (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x2000
 
 @functools.cache
 def seccomp_program(zygote: bool = False) -> bytes:
-    """The BPF program of every call (SECCOMP_DENIED and clone's namespace flags -> EPERM, clone3 -> ENOSYS, the
-    rest allowed); with `zygote`, the one bwrap loads for the zygote (`--seccomp FD`), which allows what a call's
-    namespaces are made with (unshare, mount). Raises where libseccomp or its Python binding is missing (the jail
-    then fails closed)."""
+    """The BPF program of every call (SECCOMP_DENIED and clone's namespace flags -> EPERM, clone3 -> ENOSYS, the rest
+    allowed); with `zygote`, the one bwrap loads for the zygote (`--seccomp FD`), which allows what a call's namespaces
+    are made with (unshare, mount). Raises without libseccomp or its Python binding (the jail fails closed)."""
     import pyseccomp
 
     f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
@@ -567,7 +558,8 @@ def _end(started: _Started, seen: dict | None = None) -> None:
         except (ValueError, AttributeError):
             pid = None
         if isinstance(pid, int) and pid > 1:  # kill(0), kill(-1): this process's group, all it may signal
-            _signal(-pid)  # kill(2) of -pgid: the whole group
+            with suppress(OSError):
+                os.kill(-pid, signal.SIGKILL)  # kill(2) of -pgid: the whole group
     for fd in started.pipes.values():
         with suppress(OSError):  # closed already
             os.close(fd)

@@ -105,10 +105,8 @@ class ToolEnv:
         return AgentState(sample, images=list(sample.images), model_sizes=list(model_sizes or []))
 
     def step(self, state: AgentState, text: str) -> Observation:
-        if answer_of(text, self.answer_tag) is not None:
-            return Observation(done=True)
-        call = self.parse(text, list(self.tools))
-        if call is None:
+        call = None if answer_of(text, self.answer_tag) is not None else self.parse(text, list(self.tools))
+        if call is None:  # an answer, or a turn without a call: the episode ends
             return Observation(done=True)
         name, args = call
         state.calls.append((name, args))

@@ -1,15 +1,15 @@
-"""Reward functions from a user file: `reward.reward_function=path/to/file.py:compute_score` (one source of the
-Scoring stage, `rllava.reward.scoring`, which also combines several: `reward.reward_functions`).
+"""Reward functions from a user file: `reward.reward_function=path/to/file.py:compute_score`, one source of the
+Scoring stage (`rllava.reward.scoring`, which also combines several: `reward.reward_functions`).
 
-Call forms (`reward.reward_type`; the first two as RLLaVA's reward manager calls them):
-- sequential: `fn(reward_input: dict, **reward_function_kwargs)` once per trajectory, the dict holding every
-  per-sample field (below): RLLaVA's grounding/OVD/counting rewards.
-- batch:      `fn(reward_inputs: list[dict], **reward_function_kwargs)` once per batch, one result per input
-  (RLLaVA's math reward).
-- named (rllava's own): `fn(response, ground_truth, **reward_function_kwargs)` per trajectory; each further
-  parameter that is a per-sample field and not a configured kwarg gets that sample's value
-  (`def compute_score(response, ground_truth, prompt, images=())`). Under `auto` and `sequential`, every function
-  with two or more required positional parameters is called this way (it cannot take one dict).
+Call forms (`reward.reward_type`; the first two as RLLaVA's reward manager calls them; `**kw`: the configured
+`reward.reward_function_kwargs`):
+- sequential: `fn(reward_input: dict, **kw)` once per trajectory, the dict holding every per-sample field (below):
+  RLLaVA's grounding/OVD/counting rewards.
+- batch:      `fn(reward_inputs: list[dict], **kw)` once per batch, one result per input (RLLaVA's math reward).
+- named (rllava's own): `fn(response, ground_truth, **kw)` per trajectory; each further parameter that is a
+  per-sample field and not a configured kwarg gets that sample's value (`compute_score(response, ground_truth,
+  prompt, images=())`). Under `auto` and `sequential`, every function with two or more required positional
+  parameters is called this way (it cannot take one dict).
 - auto (default): named as above; otherwise the first parameter decides: annotated `dict`/`Mapping` or named
   `reward_input` -> sequential, else batch (RLLaVA's files annotate `reward_input: dict[str, Any]` /
   `reward_inputs: list[dict[...]]`).
@@ -20,10 +20,10 @@ Per-sample fields: `prompt` (the prompt text as the model saw it: the last user 
 `<image>`/`<video>` where those sit), `response`, `response_length` (tokens), `ground_truth`, the record's other fields,
 `image_sizes` ((width, height) of each image as stored), `model_image_sizes` (as the model saw it, after its processor's
 resize: what a Qwen2.5-VL box is measured in), and two heavy ones: `images` (the sample's images, PIL, as given to the
-processor) and `videos` (each video's sampled frames, a list of PIL). The dicts of the dict forms hold all but the heavy
-two, which are copied (and pickled to `reward.num_cpus` workers) only for a function naming a parameter `images` /
-`videos` after its input: `fn(reward_input, images=())` the sample's, `fn(reward_inputs, images=None)` one entry per
-input. Agent rollouts (`rollout.agent.tools`): the response is every model turn joined by newlines, plus `tool_calls`
+processor) and `videos` (each video's sampled frames, a list of PIL). The dict forms' dicts hold all but the heavy two,
+copied (and pickled to `reward.num_cpus` workers) only for a function naming a parameter `images` / `videos` after its
+input: `fn(reward_input, images=())` the sample's, `fn(reward_inputs, images=None)` one entry per input.
+Agent rollouts (`rollout.agent.tools`): the response is every model turn joined by newlines, plus `tool_calls`
 ((tool, arguments) of each call), `num_turns`, `returned_images` (images the tools showed: count tool use by these, not
 by tags in the text), `tool_memory` (what the tools noted, e.g. the ids of the documents each search returned),
 `turn_texts` (each model turn's text; the last is what RLLaVA's agentic workflow scores as the response) and
@@ -35,8 +35,7 @@ The function is untrusted code (`rllava.reward.guard`): each call has `reward.ti
 exiting the process or returning anything but finite numbers is a failure, one line naming the function and the sample
 index. `reward.strict=true` stops the run with it; otherwise (the default) the line is a warning, the sample scores
 `reward.fallback_score` and counts in `reward/errors` (`reward.on_error=raise|zero`: the older spelling of strict /
-non-strict with fallback 0). A call failing on every sample still stops the run (`rllava.reward.scoring`).
-"""
+non-strict with fallback 0). A call failing on every sample still stops the run (`rllava.reward.scoring`)."""
 
 from __future__ import annotations
 
@@ -159,8 +158,7 @@ def _sample_params(fn: Callable, configured: dict, form: str, spec: str, key: st
 
 
 def sample_fields(t: Trajectory, heavy=()) -> dict:
-    """The per-sample fields of the module docstring for one trajectory; of the heavy ones (images, videos) only
-    those named in `heavy`."""
+    """One trajectory's per-sample fields (module docstring); the heavy ones (images, videos) only if in `heavy`."""
     fields = {**t.sample.extra, "prompt": t.sample.prompt, "response": t.response,
               "response_length": t.num_response_tokens, "ground_truth": t.sample.ground_truth,
               "image_sizes": t.sample.image_sizes, "model_image_sizes": t.model_image_sizes}

@@ -195,9 +195,8 @@ class EmbeddingReward(_Source):
 
 
 def build_model_reward(entry, cfg, device: torch.device, key: str = "reward.model"):
-    """One model-based reward source from `entry` (a dict: `type` classifier (default) | judge | embedding, and
-    the keys in ENTRY_KEYS; `weight` / `name` are left to the caller). Every problem names `key`; the entry is
-    checked before its model loads."""
+    """One model-based reward source from `entry` (a dict: `type` classifier (default) | judge | embedding, and the keys
+    in ENTRY_KEYS; `weight` / `name`: the caller's). Each problem names `key`; all checked before the model loads."""
     from omegaconf import OmegaConf
     from transformers import AutoModelForSequenceClassification
 
