@@ -75,7 +75,10 @@ def _flatten(node: dict, prefix: str, out: dict[str, Any]) -> None:
 
 
 def _overrides(raw: DictConfig, source: str) -> dict[str, Any]:
-    """Flat canonical overrides from one source; ConfigError on unknown keys and alias conflicts."""
+    """Flat canonical overrides from one source; ConfigError on unknown keys and alias conflicts. `rollout.seed=none`
+    (or null/None), as RLLaVA accepts, is null for a key that takes a number or null; a string key keeps the text. On
+    the command line a bare `key=` (the shell's empty value, as RLLaVA scripts give data.val_files), which OmegaConf
+    reads as null, is the empty string for a string key."""
     flat: dict[str, Any] = {}
     _flatten(OmegaConf.to_container(raw, resolve=False), "", flat)
     problems, canonical, given_as = [], {}, {}  # given_as: canonical key -> the key as written
@@ -95,6 +98,13 @@ def _overrides(raw: DictConfig, source: str) -> dict[str, Any]:
         canonical[target], given_as[target] = value, key
     if problems:
         raise ConfigError(problems)
+    for key, value in canonical.items():
+        tp = LEAVES.get(key)
+        none = isinstance(value, str) and value.lower() in ("none", "null") and tp is not None and _is_optional(tp)
+        if source == COMMAND_LINE and value is None and tp is str:
+            canonical[key] = ""
+        elif none and _strip_optional(tp) is not str:
+            canonical[key] = None
     return canonical
 
 
@@ -151,19 +161,6 @@ def _defaults() -> DictConfig:
     return OmegaConf.structured(PPOConfig)  # ~0.1 s, so built once and copied
 
 
-def _load_yaml(path: str) -> DictConfig:
-    try:
-        raw = OmegaConf.load(path)
-    except FileNotFoundError:
-        raise ConfigError(f"config file '{path}' not found (config={path})") from None
-    except (OSError, yaml.YAMLError, OmegaConfBaseException) as e:
-        raise ConfigError(f"config file '{path}' is not valid YAML: {' '.join(str(e).split())}") from None
-    if not isinstance(raw, DictConfig):
-        raise ConfigError(f"config file '{path}' must hold a mapping of sections (data:, actor:, ...), "
-                          f"not a {type(raw).__name__}")
-    return raw
-
-
 def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
     """A validated PPOConfig from argv-style args (default: sys.argv[1:]). Raises ConfigError naming the key, value
     and source of every problem; warns about keys the chosen actor.strategy ignores."""
@@ -188,7 +185,16 @@ def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
         config_path = path
     cfg, said = copy.deepcopy(_defaults()), set()
     if config_path is not None:
-        flat = _none_strings(_overrides(_load_yaml(config_path), f"in {config_path}"))
+        try:
+            raw = OmegaConf.load(config_path)
+        except FileNotFoundError:
+            raise ConfigError(f"config file '{config_path}' not found (config={config_path})") from None
+        except (OSError, yaml.YAMLError, OmegaConfBaseException) as e:
+            raise ConfigError(f"config file '{config_path}' is not valid YAML: {' '.join(str(e).split())}") from None
+        if not isinstance(raw, DictConfig):
+            raise ConfigError(f"config file '{config_path}' must hold a mapping of sections (data:, actor:, ...), "
+                              f"not a {type(raw).__name__}")
+        flat = _overrides(raw, f"in {config_path}")
         # a run's config.yaml read back: a value `_filled` wrote is dropped while it is still what its keys give, so
         # `config=<run>/config.yaml` with another model, prompt length or experiment name moves it along
         filled = _filled(lambda key: flat[key] if key in flat else OmegaConf.select(_defaults(), key))
@@ -207,7 +213,7 @@ def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
             OmegaConf.update(cli, key, value, force_add=True)
         except OmegaConfBaseException as e:
             raise ConfigError(f"cannot parse the command-line override '{item}': {' '.join(str(e).split())}") from None
-    from_cli = _none_strings(_overrides(cli, COMMAND_LINE), command_line=True)
+    from_cli = _overrides(cli, COMMAND_LINE)
     _merge(cfg, from_cli, COMMAND_LINE)
     token = USER_KEYS.set(said | set(from_cli))  # warnings about ignored keys: only for these
     try:
@@ -243,21 +249,8 @@ def as_config(config: Any = None) -> PPOConfig:
     except (yaml.YAMLError, OmegaConfBaseException, ValueError) as e:
         raise ConfigError(f"cannot read the config dict: {' '.join(str(e).split())}") from None
     cfg = copy.deepcopy(_defaults())
-    _merge(cfg, _none_strings(_overrides(raw, source)), source)
+    _merge(cfg, _overrides(raw, source), source)
     return _validated(cfg)
-
-
-def _none_strings(overrides: dict[str, Any], command_line: bool = False) -> dict[str, Any]:
-    """`rollout.seed=none` (or null/None), as RLLaVA accepts, is null for a key that takes a number or null; a
-    string key keeps the text. On the command line a bare `key=` (the shell's empty value, as RLLaVA scripts give
-    data.val_files), which OmegaConf reads as null, is the empty string for a string key."""
-    def value(k: str, v: Any) -> Any:
-        tp = LEAVES.get(k)
-        if command_line and v is None and tp is str:
-            return ""
-        none = isinstance(v, str) and v.lower() in ("none", "null") and tp is not None and _is_optional(tp)
-        return None if none and _strip_optional(tp) is not str else v
-    return {k: value(k, v) for k, v in overrides.items()}
 
 
 def _filled(get) -> dict[str, Any]:
