@@ -29,10 +29,8 @@ the JSON a detector writes.
 
 math (Geometry3K-like diagrams): a filled regular polygon with 3-6 sides and a question about it (its sides, the sum
 of its interior angles, one interior angle 180 (n - 2) / n, or each exterior angle as a fraction of a full turn, a
-LaTeX fraction), or two rows of 1-4 dots and an arithmetic question (the total, or how many more on top). Measured
-(issue 7): outlined 3-8-gons of random size and rows of up to 5 small dots left the tiny models at chance for 150 SFT
-steps; a fixed radius (the area tells the sides apart), bigger dots and these ranges reach ~48 % held-out greedy
-accuracy after 200 steps.
+LaTeX fraction), or two rows of 1-4 dots and an arithmetic question (the total, or how many more on top). A fixed
+radius (the area tells the sides apart), bigger dots and these ranges let the tiny models learn (docs/proof.md).
     {"images": [...], "problem": "<image>What fraction of a full turn is each exterior angle of the regular
      polygon?", "answer": "\\frac{1}{5}", "solution": "<answer>\\frac{1}{5}</answer>", "kind": "polygon"}
 
@@ -79,42 +77,17 @@ EXTENT = {"circle": 1.0, "square": 0.8 * math.sqrt(2), "triangle": math.sqrt(1 +
 GAP = 3  # px of background at least between two shapes, so each is one separate blob
 COUNTING_QUESTION = "<image>How many shapes are in the image?"
 KINDS = tuple(EXTENT)
-# OVD: each category has its own colour, as real object categories differ in more than outline. Measured (issue 7):
-# with random colours the tiny Qwen3-VL told circles, squares and triangles of 34 px apart only after 200-300 SFT
-# steps (held-out reward 0.21 at 200, 0.53 at 300); with a colour per category, after ~150 (0.46; greedy 0.75).
+# OVD: each category has its own colour, as real object categories differ in more than outline (issue 7,
+# docs/proof.md: with random colours the tiny Qwen3-VL told the kinds apart after 200-300 SFT steps, not ~150).
 CATEGORY_COLORS = {"circle": "red", "square": "blue", "triangle": "green"}
 MAX_COUNT = 5
 
 
-def _layout(rng: random.Random, count: int, size: int) -> list[tuple]:
-    """`count` shapes (kind, x, y, r) whose circumscribed discs keep GAP px apart and inside the canvas, by
-    rejection sampling; a layout that gets stuck is redrawn whole (sizes included)."""
-    rmin, rmax = round(11 * size / 112), round(16 * size / 112)
-    for _ in range(1000):
-        placed = []
-        for _ in range(count):
-            kind, r = rng.choice(tuple(EXTENT)), rng.randint(rmin, rmax)
-            e = math.ceil(EXTENT[kind] * r)
-            for _ in range(100):
-                x, y = rng.randint(e + 1, size - e - 2), rng.randint(e + 1, size - e - 2)
-                if all(math.hypot(x - x2, y - y2) > e + e2 + GAP for x2, y2, e2 in
-                       ((x2, y2, math.ceil(EXTENT[k2] * r2)) for k2, x2, y2, r2 in placed)):
-                    placed.append((kind, x, y, r))
-                    break
-            else:
-                break  # no room for this shape: redraw the whole layout
-        if len(placed) == count:
-            return placed
-    raise DataError(f"synthetic: cannot fit {count} shapes in a {size}x{size} image; use --size >= 56")
-
-
 def _grid_layout(rng: random.Random, count: int, size: int, cells: int = 2) -> list[tuple]:
     """`count` shapes (kind, x, y, r) in distinct cells of a `cells` x `cells` grid, each centred in its cell with
-    radius 0.3 cell (inside it whatever the kind): a box takes one of cells^2 x 3 kinds positions. Measured (issue
-    7): with centres jittered +-2 px and radii from a quarter to a third of the cell, every coordinate became a
-    spread of number tokens and the 4.5 M-parameter SFT model answered one mean box per kind after 400 steps; with
-    fixed positions a tiny Qwen3-VL localises after ~150 steps (greedy IoU 0.72). A 2 x 2 grid matches the 2 x 2
-    blocks of image tokens a 112 px image makes."""
+    radius 0.3 cell (inside it whatever the kind): a box takes one of cells^2 x 3 kinds positions. Fixed, as measured
+    (issue 7, docs/proof.md): jittered centres and radii made every coordinate a spread of number tokens, answered
+    with one mean box per kind. A 2 x 2 grid matches the 2 x 2 blocks of image tokens a 112 px image makes."""
     cell = size / cells
     return [(rng.choice(KINDS), round((k % cells + 0.5) * cell), round((k // cells + 0.5) * cell), round(0.3 * cell))
             for k in rng.sample(range(cells * cells), count)]
@@ -151,9 +124,25 @@ def draw_shapes(size: int, shapes: list[tuple], colors: list[str]) -> Image.Imag
 
 
 def draw_counting_image(rng: random.Random, count: int, size: int = 112) -> Image.Image:
-    """`count` separate shapes in random colours (colours may repeat)."""
-    shapes = _layout(rng, count, size)
-    return draw_shapes(size, shapes, [rng.choice(tuple(COLORS)) for _ in shapes])
+    """`count` separate shapes in random colours (colours may repeat), their circumscribed discs GAP px apart and
+    inside the canvas, by rejection sampling; a layout that gets stuck is redrawn whole (sizes included)."""
+    rmin, rmax = round(11 * size / 112), round(16 * size / 112)
+    for _ in range(1000):
+        placed = []
+        for _ in range(count):
+            kind, r = rng.choice(tuple(EXTENT)), rng.randint(rmin, rmax)
+            e = math.ceil(EXTENT[kind] * r)
+            for _ in range(100):
+                x, y = rng.randint(e + 1, size - e - 2), rng.randint(e + 1, size - e - 2)
+                if all(math.hypot(x - x2, y - y2) > e + e2 + GAP for x2, y2, e2 in
+                       ((x2, y2, math.ceil(EXTENT[k2] * r2)) for k2, x2, y2, r2 in placed)):
+                    placed.append((kind, x, y, r))
+                    break
+            else:
+                break  # no room for this shape: redraw the whole layout
+        if len(placed) == count:
+            return draw_shapes(size, placed, [rng.choice(tuple(COLORS)) for _ in placed])
+    raise DataError(f"synthetic: cannot fit {count} shapes in a {size}x{size} image; use --size >= 56")
 
 
 def to_grid(box: list[int], size: int) -> list[int]:
@@ -246,10 +235,9 @@ GUESS_RATE = 1 / 3
 
 def agent_search_world(seed: int) -> dict[tuple[str, int], str]:
     """(entity, day) -> the place the entity lives that day, for the 24 colour x kind entities ("red triangle") and
-    90 days: the agent_search corpus's facts. 2160 facts, each asked ~2-3 times in 4000 records: too many for a tiny
-    model to memorise (with 20 days, 480 facts, GRPO rewarded recalling the train facts and the held-out F1 fell);
-    a record's image and question do not determine its answer, so it must be read from a search result. Depends on
-    the seed only: train and val share one corpus."""
+    90 days: the agent_search corpus's facts. 2160 facts, each asked ~2-3 times in 4000 records, are too many for a
+    tiny model to memorise (with 480, GRPO rewarded recalling the train facts and the held-out F1 fell), and a
+    record's image and question do not give its answer: it is read from a search result. Seed only: one corpus."""
     rng = random.Random(f"agent_search-world-{seed}")
     return {(f"{c} {k}", d): rng.choice(PLACES) for c in COLORS for k in KINDS for d in DAYS}
 
@@ -368,10 +356,9 @@ def main(argv: list[str] | None = None) -> None:
                                      description="Generate a synthetic dataset (offline, deterministic).")
     parser.add_argument("task", choices=sorted(TASKS))
     parser.add_argument("--out", required=True, help="output directory (replaced if it exists)")
-    parser.add_argument("--train", type=int, default=4000, help="training records")
-    parser.add_argument("--val", type=int, default=200, help="held-out records")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--size", type=int, default=112, help="image side in pixels")
+    for flag, default, text in (("--train", 4000, "training records"), ("--val", 200, "held-out records"),
+                                ("--seed", 0, None), ("--size", 112, "image side in pixels")):
+        parser.add_argument(flag, type=int, default=default, help=text)
     args = parser.parse_args(argv)
     try:
         paths = make_dataset(args.task, args.out, args.train, args.val, args.seed, args.size)
