@@ -14,7 +14,6 @@ environment once per episode as `Class(config=config)`, with `reset(sample)` (it
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import os
 import sys

@@ -2,16 +2,13 @@
 
     python -m rllava.agent.sandbox FILE.py [--image IMG ...] [--cpu-s 5 --wall-s 10 --memory-mb 1024 ...]
 
-prints the jail this machine gives and the observation a model would get for that snippet (exit 0 even when the
-snippet failed), to try the limits by hand. Model output is hostile input, and in GRPO a snippet that sabotages the
-other rollouts of its group raises its own advantage: every call is a jail of its own. A zygote (`_Zygote`:
-`sandbox_init.py --serve`, numpy and PIL imported once) runs in bubblewrap (`bwrap`, Debian package `bubblewrap`)
-and forks each call, which, before anything of the snippet runs (`sandbox_init.enter`, `confine`), makes its own
-user, PID, IPC, mount, network, UTS and cgroup namespaces (PID 1 is the call's first process: every process of the
-call ends with it), a read-only root with only `/work` writable (a tmpfs of `disk_mb`), uid 65534 with no
-capability, and loads the seccomp filter (`SECCOMP_DENIED`, built with libseccomp through `pyseccomp`); limits per
-process (setrlimit) and per call (a cgroup where one can be made, else RLIMIT_NPROC in the call's user namespace),
-`wall_s` and `file_mb` counted here. docs/agents.md ("The code sandbox"): each guard, what it stops, its tested bounds.
+prints the jail this machine gives and the observation a model would get for that snippet (exit 0 even when the snippet
+failed), to try the limits by hand. Model output is hostile input (in GRPO, sabotaging its group's other rollouts raises
+a snippet's advantage): every call is a jail of its own, forked by a zygote (`_Zygote`: `sandbox_init.py --serve`) in
+bubblewrap (`bwrap`), in namespaces of its own (`sandbox_init.enter`: its first process is PID 1, whose end ends the
+call), with no capability and the seccomp filter (`confine`, `SECCOMP_DENIED`); limits per process (setrlimit) and per
+call (a cgroup where one can be made, else RLIMIT_NPROC in its user namespace), `wall_s` and `file_mb` counted here.
+docs/agents.md, "The code sandbox": each guard, what it stops, its tested bounds.
 
 Fail closed: where one of these cannot be set up (no bwrap, user namespaces refused, no libseccomp / pyseccomp, root
 with no writable cgroup), `check()` (called by the code tool at the run's start, before the model loads) is one error
@@ -150,10 +147,9 @@ def _cgroup_bases() -> tuple[int, dict[str, str]] | None:
 
     if (2, "") in mounts and (2, "") in own:
         here, at_root = directory((2, ""))
-        try:
+        controllers = []
+        with suppress(OSError):
             controllers = open(os.path.join(here, "cgroup.controllers")).read().split()
-        except OSError:
-            controllers = []
         base = here if at_root else os.path.dirname(here)
         if {"memory", "pids"} <= set(controllers) and os.access(base, os.W_OK):
             return 2, {"memory": base, "pids": base}
@@ -174,8 +170,7 @@ class _Cgroup:
         self.dirs = {c: os.path.join(base, name) for c, base in bases.items()}
         values = {"memory": limits.memory_mb << 20, "pids": limits.processes + 1}  # + the call's first process
         for c, d in self.dirs.items():
-            if not os.path.isdir(d):
-                os.mkdir(d)
+            os.makedirs(d, exist_ok=True)
             Path(d, CGROUP_FILES[version][c][0]).write_text(str(values[c]))
         swap = os.path.join(self.dirs["memory"], SWAP_FILES[version])
         if os.path.exists(swap):
@@ -190,10 +185,9 @@ class _Cgroup:
         hits = {}
         for c, d in self.dirs.items():
             _, events, key = CGROUP_FILES[self.version][c]
-            try:
+            lines = []
+            with suppress(OSError):
                 lines = open(os.path.join(d, events)).read().splitlines()
-            except OSError:
-                lines = []
             hits[c] = sum(int(line.split()[1]) for line in lines if line.split()[:1] == [key])
         return hits
 
@@ -247,10 +241,9 @@ def seccomp_program(zygote: bool = False) -> bytes:
     import pyseccomp
 
     f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
-    for name in SECCOMP_DENIED:
+    for name in (n for n in SECCOMP_DENIED if not (zygote and n in SECCOMP_SETUP)):
         try:
-            if not (zygote and name in SECCOMP_SETUP):
-                f.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+            f.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
         except (ValueError, OSError, RuntimeError):
             if name in SECCOMP_BOUNDS:
                 raise
@@ -810,9 +803,8 @@ def main(argv=None) -> None:
         result = run_code(code, images, Limits(**{k: getattr(a, k) for k in asdict(Limits())}), a.allow_weaker)
     except (OSError, ConfigError) as e:
         raise SystemExit(f"rllava.agent.sandbox: {e}")
-    print("\n".join(f"[{k}: {v}]" for k, v in result.guards.items()))
-    print(result.text())
-    print(f"\n[images back: {[im.size for im in result.images]}]")
+    print("\n".join(f"[{k}: {v}]" for k, v in result.guards.items()), result.text(),
+          f"\n[images back: {[im.size for im in result.images]}]", sep="\n")
 
 
 if __name__ == "__main__":

