@@ -169,7 +169,7 @@ def trained_hidden(model, batch: Batch, *, padding_free: bool = False,
     else:
         inputs = packed_inputs(model, batch) if padding_free else model_inputs(model, batch)
     inputs, zero = _media_first(backbone, inputs)
-    with ulysses.cutting(model):  # actor.model.ulysses_size: this rank's part of each sequence (rllava.model.ulysses)
+    with ulysses.cutting():  # actor.model.ulysses_size: this rank's part of each sequence (rllava.model.ulysses)
         hidden = backbone(**inputs, use_cache=False).last_hidden_state  # [R, L, H] shared, [1, L, H] packed, [B, T, H]
         if shared is not None:  # -> [N, H], the trained positions
             hidden = hidden.flatten(0, 1)[layout.index.to(hidden.device)[:, :-1][target]]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import weakref
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import NamedTuple
 
 import torch
@@ -32,13 +32,9 @@ _decoders: weakref.WeakSet = weakref.WeakSet()  # every module of a sequence-par
 _cutting = False  # trained_hidden's forward: the decoder's input is cut (the rollout's generate is not)
 
 
-@dataclass(frozen=True)
-class Shard:
-    """One forward's cut: this rank's `length // size` positions of the padded `length`; `mask` [B, 1, L, L]
-    (True: attend) of the whole sequence, causal within each row (each packed sequence)."""
-    group: object
-    rank: int
-    size: int
+class Shard(NamedTuple):
+    """One forward's cut: this rank's 1/N of the padded `length`; `mask` [B, 1, L, L] (True: attend) of the whole
+    sequence, causal within each row (each packed sequence)."""
     length: int
     mask: torch.Tensor
 
@@ -55,6 +51,17 @@ def init(size: int) -> None:
             group = dist.new_group(list(range(first, first + size)))
             if first <= rank < first + size:
                 _group = (group, rank - first, size)
+
+
+@contextlib.contextmanager
+def groups(size: int):
+    """`init(size)` for the block only (the memory planner, on its fake process group)."""
+    global _group
+    init(size)
+    try:
+        yield
+    finally:
+        _group = None
 
 
 def size() -> int:
@@ -79,7 +86,7 @@ def enable(model) -> None:
 
 
 @contextlib.contextmanager
-def cutting(model):
+def cutting():
     """trained_hidden's backbone call: the decoder's input cut (the shard lives on in gradient checkpointing's
     recomputation, `recompute_context`)."""
     global _cutting, _current
@@ -105,12 +112,12 @@ def recompute_context():
     return contextlib.nullcontext(), _installed(_current)
 
 
-def _pad_cut(x: torch.Tensor, dim: int, shard: Shard, fill=0) -> torch.Tensor:
-    pad = shard.length - x.shape[dim]
-    if pad:
-        x = torch.cat([x, x.new_full((*x.shape[:dim], pad, *x.shape[dim + 1:]), fill)], dim)
-    n = shard.length // shard.size
-    return x.narrow(dim, shard.rank * n, n)
+def _pad_cut(x: torch.Tensor, dim: int, length: int) -> torch.Tensor:
+    """`x` padded (zeros) to `length` along `dim`, then this rank's 1/N of it."""
+    if pad := length - x.shape[dim]:
+        x = torch.cat([x, x.new_zeros((*x.shape[:dim], pad, *x.shape[dim + 1:]))], dim)
+    _, rank, n = _group
+    return x.narrow(dim, rank * length // n, length // n)
 
 
 def _cut(module, args, kwargs):
@@ -118,10 +125,8 @@ def _cut(module, args, kwargs):
     global _current
     if not _cutting:
         return None
-    x = kwargs.get("inputs_embeds")
-    x = kwargs["input_ids"] if x is None else x
-    B, L = x.shape[:2]
-    group, rank, n = _group
+    x = kwargs["input_ids"] if kwargs.get("inputs_embeds") is None else kwargs["inputs_embeds"]
+    (B, L), (_, rank, n) = x.shape[:2], _group
     heads, kv = module.config.num_attention_heads, module.config.num_key_value_heads
     if heads % n or kv % n:
         raise ValueError(f"actor.model.ulysses_size={n} must divide the decoder's {heads} attention heads and its "
@@ -129,25 +134,21 @@ def _cut(module, args, kwargs):
     length, mask, positions = -(-L // n) * n, kwargs.get("attention_mask"), kwargs.get("position_ids")
     causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
     if mask is not None:  # padded rows: causal, real keys only (right padding: no row without a key)
-        keys = torch.nn.functional.pad(mask.bool(), (0, length - L))
-        whole = causal & keys[:, None, None, :]
+        whole = causal & torch.nn.functional.pad(mask.bool(), (0, length - L))[:, None, None, :]
     else:  # packed rows (padding-free): causal within each sequence, which restarts at text position 0
         text = positions if positions.dim() == 2 else positions[0]
         seq = torch.nn.functional.pad((text == 0).long(), (0, length - L), value=1).cumsum(-1)
         whole = causal & (seq[:, None, :, None] == seq[:, None, None, :])
-    _current = shard = Shard(group, rank, n, length, whole)
+    _current = Shard(length, whole)
     if positions is None:  # the decoder would number this rank's positions from 0
         positions = torch.arange(L, device=x.device).expand(B, L)
-    kwargs = {**kwargs, "attention_mask": None, "position_ids": _pad_cut(positions, positions.dim() - 1, shard)}
-    for name in ("input_ids", "inputs_embeds"):
-        if kwargs.get(name) is not None:
-            kwargs[name] = _pad_cut(kwargs[name], 1, shard)
-    if kwargs.get("visual_pos_masks") is not None:  # Qwen3-VL's deepstack: the features of this rank's positions
-        visual, keep = kwargs["visual_pos_masks"], torch.zeros_like(kwargs["visual_pos_masks"])
-        keep[:, shard.rank * length // n:(shard.rank + 1) * length // n] = True
-        keep = keep[visual]  # which visual positions, in their order, are this rank's
+    kwargs = {**kwargs, "attention_mask": None, "position_ids": _pad_cut(positions, positions.dim() - 1, length)}
+    if (visual := kwargs.get("visual_pos_masks")) is not None:  # Qwen3-VL's deepstack: this rank's positions' ones
+        keep = (torch.arange(L, device=visual.device) // (length // n) == rank).expand_as(visual)[visual]
         kwargs["deepstack_visual_embeds"] = [e[keep.to(e.device)] for e in kwargs["deepstack_visual_embeds"]]
-        kwargs["visual_pos_masks"] = _pad_cut(visual, 1, shard, fill=False)
+    for name in ("input_ids", "inputs_embeds", "visual_pos_masks"):
+        if kwargs.get(name) is not None:
+            kwargs[name] = _pad_cut(kwargs[name], 1, length)
     return args, kwargs
 
 
@@ -188,11 +189,11 @@ def _attention(impl: str, inner):
         fn = inner or sys.modules[type(module).__module__].eager_attention_forward  # eager: the model's own
         if shard is None or module not in _decoders:
             return fn(module, query, key, value, attention_mask, **kwargs)
-        n = shard.size
+        group, _, n = _group
 
         def heads(x):  # [B, H, L/N, d] -> [B, H/N, L, d]: chunk j (heads j H/N ...) to rank j
             B, H, Ln, d = x.shape
-            y = _AllToAll.apply(x.reshape(B, n, H // n, Ln, d).transpose(0, 1), shard.group)
+            y = _AllToAll.apply(x.reshape(B, n, H // n, Ln, d).transpose(0, 1), group)
             return y.permute(1, 2, 0, 3, 4).reshape(B, H // n, n * Ln, d)
         mask = shard.mask
         if impl == "eager":  # an additive mask
@@ -200,7 +201,7 @@ def _attention(impl: str, inner):
                 ~mask, torch.finfo(query.dtype).min)
         out, _ = fn(module, heads(query), heads(key), heads(value), mask, **kwargs)  # [B, L, H/N, d]
         B, L, Hn, d = out.shape
-        y = _AllToAll.apply(out.reshape(B, n, L // n, Hn, d).transpose(0, 1), shard.group)  # piece j to rank j
+        y = _AllToAll.apply(out.reshape(B, n, L // n, Hn, d).transpose(0, 1), group)  # piece j to rank j
         return y.permute(1, 2, 0, 3, 4).reshape(B, L // n, n * Hn, d), None
     attention.ulysses = True
     return attention
@@ -222,38 +223,29 @@ def take(hidden: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, target: t
     """(hidden states at (rows, cols) [N, H], target): under a cut forward only this rank's, with `Local`."""
     if _current is None:
         return hidden[rows, cols], target
-    n = _current.length // _current.size
-    sel = cols // n == _current.rank
-    return hidden[rows[sel], cols[sel] - _current.rank * n], Local(target, sel)
+    _, rank, n = _group
+    sel = cols // (_current.length // n) == rank
+    return hidden[rows[sel], cols[sel] - rank * _current.length // n], Local(target, sel)
 
 
 def union(batch):
-    """(the group's rows, this rank's among them): every rank's batch, in rank order (2-D tensors right-padded to
-    the longest; group ids kept apart); on one rank or without a group, (batch, all rows)."""
+    """(the group's rows, this rank's among them): every rank's batch in rank order, 2-D tensors right-padded to the
+    longest (turn ids with -1), group ids kept apart; without sequence parallelism (batch, all rows)."""
     if _group is None:
         return batch, slice(None)
-    parts = [None] * _group[2]
+    parts, out = [None] * _group[2], {}
     dist.all_gather_object(parts, batch, group=_group[0])
-    offsets = [0]
-    for p in parts:
-        offsets.append(offsets[-1] + len(p))
-    T = max(p.input_ids.shape[1] for p in parts)
-    out, gid = {}, 0
+    T, sizes = max(p.input_ids.shape[1] for p in parts), [len(p) for p in parts]
+    step = max(int(q.group_ids.max()) + 1 for q in parts if len(q))
+    for k, p in enumerate(parts):  # rank k's group ids past the earlier ranks'
+        p.group_ids = p.group_ids + k * step
     for f in fields(batch):
         values = [getattr(p, f.name) for p in parts]
-        if f.name == "group_ids":  # distinct groups on different ranks
-            shifted = []
-            for v in values:
-                shifted.append(v + gid)
-                gid += int(v.max()) + 1 if len(v) else 0
-            out[f.name] = torch.cat(shifted)
-        elif isinstance(values[0], torch.Tensor):
-            fill = -1 if f.name.startswith("turn_") and f.name != "turn_rewards" else 0
+        if isinstance(values[0], torch.Tensor):
+            fill = -1 if f.name in ("turn_index", "turn_anchors") else 0
             out[f.name] = torch.cat([torch.nn.functional.pad(v, (0, T - v.shape[1]), value=fill) if v.dim() == 2
                                      else v for v in values])
-        elif isinstance(values[0], list):
-            out[f.name] = [x for v in values for x in v]
         else:
-            out[f.name] = values[0]
-    me = _group[1]
-    return type(batch)(**out), slice(offsets[me], offsets[me + 1])
+            out[f.name] = [x for v in values for x in v] if isinstance(values[0], list) else values[0]
+    first = sum(sizes[:_group[1]])
+    return type(batch)(**out), slice(first, first + sizes[_group[1]])

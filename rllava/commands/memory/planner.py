@@ -16,6 +16,7 @@ from rllava.commands.memory.fake import fake_mode, on_real_values, real_values
 from rllava.commands.memory.torch_private import (device_peak, fake_constants, fake_process_group, fsdp_groups,
                                                   gathered, real_tensors, scale_)
 from rllava.errors import RllavaError
+from rllava.model import ulysses
 
 
 def _seed(model_type: str, tie: bool, text: tuple, vision: dict) -> dict:
@@ -454,6 +455,7 @@ def _frozen(cfg, config, policy, shard):
     model = auto_class(config).from_config(config, dtype=policy.dtype,
                                            attn_implementation=cfg.actor.model.attn_implementation)
     model = model.requires_grad_(False).eval()
+    ulysses.enable(model)  # as load_frozen: its passes cut like the policy's
     return plannable(shard(model) if shard else model)
 
 
@@ -470,10 +472,14 @@ def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1
     if strategy != "single" and torch.distributed.is_initialized():  # FSDP2 shards over a fake group of its own
         raise RllavaError("the planner shards over a fake process group of its own: plan before torch.distributed "
                           "is initialised (or in another process)")
+    if (sp := cfg.actor.model.ulysses_size) > 1 and world % sp:
+        raise RllavaError(f"actor.model.ulysses_size={sp} splits each sequence over {sp} ranks: give --world-size "
+                          f"a multiple of {sp}")
     if cfg.rollout.name != "hf" and gpu_bytes is None:
         raise RllavaError(f"rollout.name={cfg.rollout.name} reserves a fraction of the GPU while it samples: give "
                           "--gpu-memory")
-    with (fake_process_group(world) if strategy != "single" else contextlib.nullcontext()) as mesh, fake_mode():
+    with (fake_process_group(world) if strategy != "single" else contextlib.nullcontext()) as mesh, fake_mode(), \
+            ulysses.groups(sp):  # Ulysses: the training passes' decoders on 1/sp of each sequence, as they run
         model, config = policy_from_config(cfg, device)
         step = step_of(cfg, config, world, device)
         shard = None if mesh is None else functools.partial(
