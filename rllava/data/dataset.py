@@ -45,12 +45,10 @@ def load_template(path: str | None, key: str = "data.format_prompt") -> jinja2.T
 
 
 def encode_prompt(processor, sample: Sample) -> tuple[list[int], dict]:
-    """Chat template + processor: prompt token ids (image/video placeholders expanded) and the pixel tensors.
-
-    Videos go to the video processor (transformers' with torchvision, else rllava's PIL one,
-    `rllava.model.video_processor`) as [T, H, W, C] frames already sampled and sized, with their metadata
-    (Qwen2.5-VL's second_per_grid_ts and Qwen3-VL's timestamps come from it). A processor failure or a
-    placeholder count that does not match the images (`check_placeholders`) is a DataError naming the record."""
+    """Chat template + processor: prompt token ids (image/video placeholders expanded) and pixel tensors. Videos go to
+    the video processor (transformers' given torchvision, else `rllava.model.video_processor`'s PIL one) as sampled and
+    sized [T, H, W, C] frames with their metadata (Qwen2.5-VL's second_per_grid_ts, Qwen3-VL's timestamps). A processor
+    failure or placeholders not matching the images (`check_placeholders`): a DataError naming the record."""
     tokenizer = get_tokenizer(processor)
     text = processor.apply_chat_template(sample.messages, add_generation_prompt=True, tokenize=False)
     if not sample.images and not sample.videos:
@@ -251,15 +249,14 @@ class PromptDataset:
                   for j, obj in enumerate(normalize_image_list(record[self.cfg.video_key]))] if self.has_videos else []
         extra = {k: v for k, v in fields.items() if k not in (self.cfg.prompt_key, self.cfg.answer_key)}
         answer = record[self.cfg.answer_key]
-        keys = {"image": self.cfg.image_key, "video": self.cfg.video_key}
-        content = _content(prompt, {"image": len(images), "video": len(videos)}, where, keys)
+        content = _content(prompt, {"image": len(images), "video": len(videos)}, where, self.cfg)
         return Sample(index=row, messages=[{"role": "user", "content": content}], images=images, videos=videos,
                       ground_truth=final_answer(answer) if self.final_answers else answer, extra=extra,
                       target=record[self.target_key] if self.target_key else None, image_sizes=image_sizes,
                       source=self.spec)
 
 
-def _content(text: str, counts: dict[str, int], where: str, keys: dict[str, str]):
+def _content(text: str, counts: dict[str, int], where: str, cfg):
     """Chat content parts: each kind ("image", "video") placed where the text has its `<image>`/`<video>`
     markers, else all of that kind first. Markers must match the record's items one to one: a marker with no
     image (or video) to place, or a different number of each, is an error naming the record."""
@@ -267,7 +264,7 @@ def _content(text: str, counts: dict[str, int], where: str, keys: dict[str, str]
         markers = text.count(f"<{kind}>")
         if markers and markers != n:
             raise DataError(f"{where}: the prompt has {markers} <{kind}> markers but the record has {n} {kind}s "
-                            f"(in data.{kind}_key={keys[kind]!r})")
+                            f"(in data.{kind}_key={getattr(cfg, f'{kind}_key')!r})")
     if not any(counts.values()):
         return text
     kinds = [kind for kind, n in counts.items() if n]

@@ -135,8 +135,7 @@ class Batch:
             if f.name in ("trajectories", "reward_details"):  # lists of rows (no reward details before scoring)
                 out[f.name] = [v[i] for i in idx] if v else []
             elif isinstance(v, torch.Tensor):
-                v = v[index]
-                out[f.name] = v[:, :length] if v.dim() == 2 else v
+                out[f.name] = v[index][:, :length] if v.dim() == 2 else v[index]
             else:
                 out[f.name] = v
         return Batch(**out)

@@ -48,8 +48,14 @@ def load_records(spec: str, *, max_samples: int = -1, given=None, key: str | Non
         ds = memory_records(given, spec)
     elif os.path.isfile(path):
         ds = _pick_split(_load_file(path), split, name)
-    elif os.path.isdir(path):
-        ds = _pick_split(_load_dir(path), split, name)
+    elif os.path.isdir(path):  # save_to_disk output, or a hub-style layout (data/<split>-*.parquet, ...)
+        saved = any(os.path.exists(os.path.join(path, f)) for f in ("dataset_dict.json", "dataset_info.json"))
+        try:
+            loaded = datasets.load_from_disk(path) if saved else datasets.load_dataset(path)
+        except Exception as e:
+            raise DataError(f"{path}: cannot load it as a dataset directory ({_reason(e)}); expected a "
+                            "save_to_disk directory or data files such as data/train-00000-of-00001.parquet") from e
+        ds = _pick_split(loaded, split, name)
     elif path.endswith(FILE_TYPES) or path.startswith((".", "/")) or path.count("/") > 1:
         raise DataError(f"{name}: no such file or directory")  # a hub name is `name` or `org/name`
     else:
@@ -219,9 +225,8 @@ def _typed_dataset(path: str, records, in_memory: bool = False) -> datasets.Data
             raise DataError(f"{path}: cannot hold the records as a table ({_reason(e)})") from e
     stat = os.stat(path)
     try:
-        ds = datasets.Dataset.from_generator(rows, features=features,
-                                             gen_kwargs={"path": os.path.abspath(path),
-                                                         "stamp": (stat.st_size, stat.st_mtime_ns)})
+        ds = datasets.Dataset.from_generator(rows, features=features, gen_kwargs={
+            "path": os.path.abspath(path), "stamp": (stat.st_size, stat.st_mtime_ns)})
     except Exception as e:
         raise DataError(f"{path}: cannot load it as a table ({_reason(e)})") from e
     return with_encoded_columns(ds, encoded)
@@ -235,16 +240,6 @@ def with_encoded_columns(ds: datasets.Dataset, columns: list[str], pickled: bool
     ds.set_transform(lambda batch: {k: ([None if v is None else decode(v) for v in vs] if k in columns else vs)
                                     for k, vs in batch.items()})
     return ds
-
-
-def _load_dir(path: str) -> datasets.Dataset | datasets.DatasetDict:
-    saved = any(os.path.exists(os.path.join(path, f)) for f in ("dataset_dict.json", "dataset_info.json"))
-    try:
-        # save_to_disk output, or a hub-style layout (data/<split>-*.parquet, ...) that `datasets` recognises.
-        return datasets.load_from_disk(path) if saved else datasets.load_dataset(path)
-    except Exception as e:
-        raise DataError(f"{path}: cannot load it as a dataset directory ({_reason(e)}); expected a "
-                        "save_to_disk directory or data files such as data/train-00000-of-00001.parquet") from e
 
 
 def _pick_split(loaded, split: str | None, spec: str) -> datasets.Dataset:
