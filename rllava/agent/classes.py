@@ -9,8 +9,7 @@ files, run by the same AgentRollout as registered tools (docs/agents.md, "RLLaVA
 `class_name` is `path/to/file.py:Class` or a dotted `module.Class`, built and called as in RLLaVA: a tool as
 `Class(config)`, with `extract_tool_call(turn_text) -> call or None` and `execute(call) -> (result_text, success)`; an
 environment once per episode as `Class(config=config)`, with `reset(sample)` (its `rllava.data.protocol.Sample`),
-`extract_action(turn_text) -> action or None`, `step(action) -> (observation, reward, done, info)` and `close()`.
-"""
+`extract_action(turn_text) -> action or None`, `step(action) -> (observation, reward, done, info)` and `close()`."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@
     rollout.agent.tool_kwargs.code.allow_weaker=true  (run where the full jail cannot be made: warned, not isolated)
 
 What the snippet prints and the images it saves are the observation; a failure (an exception, a limit) is an error
-observation. `state.memory["code"]` counts the calls and those that ran cleanly (`ran`).
-"""
+observation. `state.memory["code"]` counts the calls and those that ran cleanly (`ran`)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,7 @@ An episode ends on an answer, a call-less turn, a turn cut by its token budget, 
 context budget (turns and observations together within `data.max_response_length` tokens). Turns are trained;
 observations are user turns of the chat template, never in the loss, tokenised by the processor like a prompt
 (placeholders expanded, pixels appended to `mm_inputs`): the training forward sees the interleaved sequence the
-engine continued (and Qwen-VL's M-RoPE positions span all of it).
-"""
+engine continued (and Qwen-VL's M-RoPE positions span all of it)."""
 
 from __future__ import annotations
 

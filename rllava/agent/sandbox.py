@@ -22,8 +22,7 @@ ended it: MemoryError, errno EMFILE / EFBIG / ENOSPC / EAGAIN), never from the o
 saved (at most `max_images`, each at most `file_mb`) are decoded by the first process, under the call's limits, and
 come back as RGB pixels of at most `max_pixels`: no decoder runs here.
 
-Not a VM: it does not protect against kernel exploits, or against using the CPU and memory it is allowed.
-"""
+Not a VM: it does not protect against kernel exploits, or against using the CPU and memory it is allowed."""
 
 from __future__ import annotations
 
@@ -119,10 +118,9 @@ SWAP_FILES = {2: "memory.swap.max", 1: "memory.memsw.limit_in_bytes"}
 
 
 def _cgroup_bases() -> tuple[int, dict[str, str]] | None:
-    """(version, controller -> the directory a call's cgroup is made in), or None: where this process may make
-    cgroups with the memory and pids controllers. v2: beside this process's own cgroup (a cgroup with
-    processes cannot hand controllers to children), so calls stay inside the limits of whatever holds this
-    process; v1: inside its own cgroup of each hierarchy."""
+    """(version, controller -> the directory a call's cgroup is made in), or None: where this process can make cgroups
+    with the memory and pids controllers. v2: beside its own cgroup (one with processes cannot hand controllers to
+    children), so calls stay inside whatever limits hold this process; v1: inside its own cgroup of each hierarchy."""
     mounts = {}  # (version, controller or "") -> (mount point, its root)
     with open("/proc/self/mountinfo") as f:
         for line in f:
@@ -452,11 +450,10 @@ def run_code(code: str, images: list | tuple = (), limits: Limits = Limits(), al
 
 @dataclass
 class _Started:
-    """A call's first process, forked by the zygote and waiting for its request: our ends of its stdin, stdout,
-    stderr and report pipes, the socket its exit status comes back on, and its pidfd."""
+    """A call's first process, forked by the zygote and waiting for its request: our ends of its pipes and socket."""
 
     pipes: dict  # "stdin", "stdout", "stderr", "result" -> fd
-    back: socket.socket
+    back: socket.socket  # the call's exit status comes back on it
     first: int | None  # a pidfd of the call's first process: PID 1 of its namespace, whose end ends them all
     cgroup: _Cgroup | None
     weak: bool = False  # no jail (allow_weaker): a plain process, whose snippet's process group is killed at the end

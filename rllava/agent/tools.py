@@ -5,8 +5,7 @@
 A tool is registered by name (`@register_tool("zoom")`): a function `fn(args, state) -> Observation`, or a class whose
 instances are one, built with `rollout.agent.tool_kwargs.<name>.*`; `rollout.agent.tools` picks them. A tool rejects
 its arguments by raising `ToolError`; any exception it raises becomes an error observation the model reads next turn
-(never a crash of the step), and the calling turn is credited `rollout.agent.invalid_call_penalty` (negative).
-"""
+(never a crash of the step), and the calling turn is credited `rollout.agent.invalid_call_penalty` (negative)."""
 
 from __future__ import annotations
 

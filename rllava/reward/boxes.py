@@ -8,8 +8,7 @@ Boxes are `(x1, y1, x2, y2)`, top-left and bottom-right corners, x to the right 
 Coordinate frames (what numbers a model writes for a box):
 - `relative_1000`: the image mapped onto a 1000 x 1000 grid, whatever its size (Qwen2-VL, Qwen3-VL);
 - `absolute`: pixels of the image *as the model saw it*, i.e. after the processor's resize (Qwen2.5-VL: the
-  image resized to multiples of 28 within min/max pixels by `smart_resize`, not the original image).
-"""
+  image resized to multiples of 28 within min/max pixels by `smart_resize`, not the original image)."""
 
 from __future__ import annotations
 

@@ -224,8 +224,7 @@ class RewardFunction(Fallible):
         self.runner = make_runner(partial(self.fn, **self.kwargs), timeout, num_cpus, f"{key}={spec}")
 
     def score(self, trajectories: list[Trajectory], train: bool = False) -> tuple[torch.Tensor, list[dict[str, float]]]:
-        """Returns scores [B] (the `overall` entries) and the per-trajectory dicts of named scores (a rule scores
-        training and validation alike: `train` is part of the source interface, see rllava.reward.scoring)."""
+        """Scores [B] (the `overall` entries) and each trajectory's named scores (a rule ignores `train`)."""
         fields = [sample_fields(t, self.heavy) for t in trajectories]
         light = [{k: v for k, v in f.items() if k not in HEAVY} for f in fields]  # the dict forms' input
         if self.reward_type != "batch":

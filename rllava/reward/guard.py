@@ -13,8 +13,7 @@ Two runners, picked by `reward.num_cpus`:
   is swapped for a function that raises for the duration of the call.
 - `WorkerPool` (num_cpus=N>1): N forked workers score samples in parallel. A call past its limit gets its worker
   killed (SIGKILL stops anything, C code included) and a fresh one forked; a worker that exits (os._exit, a crash)
-  is reported and replaced the same way.
-"""
+  is reported and replaced the same way."""
 
 from __future__ import annotations
 
