@@ -83,10 +83,9 @@ def stored_size(img: Image.Image) -> tuple[int, int]:
 
 def to_rgb(img: Image.Image) -> Image.Image:
     """`img` as RGB. Transparency (an alpha band, or a palette/RGB/L image's `transparency` entry) is composited on
-    white, as transformers' `convert_to_rgb`: a plain `convert("RGB")` drops the alpha and shows whatever colour the
-    transparent pixels hold (often all black). Integer ("I;16*", "I") and float ("F") images are scaled to 8 bits
-    from the range their values use, 0..255 kept, else 0..65535 (PIL's own conversion clips them to white); CMYK,
-    grayscale and palettes are converted by PIL."""
+    white, as transformers' `convert_to_rgb`: a plain `convert("RGB")` drops the alpha, showing the colour transparent
+    pixels hold (often black). Integer ("I;16*", "I") and float ("F") images are scaled to 8 bits from their values'
+    range, 0..255 kept, else 0..65535 (PIL's own conversion clips them to white); PIL converts the rest."""
     if img.mode == "RGB" and "transparency" not in img.info:
         return img
     if img.mode.startswith(("I", "F")):
@@ -104,11 +103,10 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 def resize_to_pixel_bounds(img: Image.Image, min_pixels: int | None, max_pixels: int | None) -> Image.Image:
-    """Scale by one factor s (aspect ratio kept) so that min_pixels <= w * h <= max_pixels, as EasyR1's
-    `process_image`: s = sqrt(max_pixels / (w * h)) above the bound, s = sqrt(min_pixels / (w * h)) below it.
-    Sizes round down when shrinking and up when growing, so the bound holds (EasyR1 rounds both down and can land
-    a few pixels under min_pixels); each side stays >= 1 px. BICUBIC; an image within bounds (or with no bounds,
-    None/0) is returned unchanged."""
+    """Scale by one factor s (aspect ratio kept) so that min_pixels <= w * h <= max_pixels, as EasyR1's `process_image`:
+    s = sqrt(max_pixels / (w * h)) above the bound, s = sqrt(min_pixels / (w * h)) below it. Sizes round down when
+    shrinking and up when growing, so the bound holds (EasyR1 rounds both down, landing a few pixels under min_pixels);
+    sides stay >= 1 px. BICUBIC; an image within bounds (or with no bounds, None/0) is returned as is."""
     w, h = img.size
     if max_pixels and w * h > max_pixels:
         s = math.sqrt(max_pixels / (w * h))

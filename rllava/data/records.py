@@ -37,9 +37,8 @@ def split_spec(spec: str) -> tuple[str, str | None]:
 
 
 def load_records(spec: str, *, max_samples: int = -1, given=None, key: str | None = None) -> datasets.Dataset:
-    """The records named by `spec` (see the module docstring); only the first `max_samples` if >= 0. `given`:
-    records in memory instead (`memory_records`; `spec` then only names them in messages). `key`: the config key
-    that named `spec` (data.train_files, ...), for the messages."""
+    """The records named by `spec` (see the module docstring); only the first `max_samples` if >= 0. `given`: records in
+    memory instead (`memory_records`; `spec` then only names them). `key`: the config key naming `spec`."""
     if given is None and not spec:
         raise DataError("no data given: set data.train_files (and data.val_files) to a file, directory or hub name")
     path, split = split_spec(spec)
@@ -113,9 +112,8 @@ def check_keys(ds: datasets.Dataset, spec: str, required: list[str]) -> None:
 
 
 def check_values(ds: datasets.Dataset, spec: str, keys: dict[str, str]) -> None:
-    """Every record has a value (not missing, not null) in each field of `keys` ({config key: field}), or one
-    error naming the first record without one and the fields it has: a missing answer must not be scored
-    against None, nor a missing prompt sent as "None"."""
+    """Every record has a value (not missing, not null) in each field of `keys` ({config key: field}), else one error
+    naming the first record without one and its fields (not scoring an answer against None, nor sending "None")."""
     table = ds.with_format("arrow")  # whole columns without decoding a value (select()'s indices respected)
     for config_key, name in keys.items():
         nulls = table[name].is_null().to_pylist()
@@ -127,9 +125,8 @@ def check_values(ds: datasets.Dataset, spec: str, keys: dict[str, str]) -> None:
 
 
 def base_dir(spec: str, image_dir: str | None = None) -> str | None:
-    """The directory relative image paths are resolved against: `image_dir` (data.train_image_dir /
-    data.val_image_dir) when given, else the data file's folder, or the dataset directory itself.
-    None for a hub dataset (relative paths then resolve against the working directory)."""
+    """The directory relative image paths resolve against: `image_dir` (data.train_image_dir / data.val_image_dir) when
+    given, else the data file's folder or the dataset directory; None for a hub dataset (the working directory)."""
     if image_dir:
         return os.path.abspath(os.path.expanduser(image_dir))
     path, _ = split_spec(spec)
@@ -198,9 +195,8 @@ def _kind(value) -> str:
 
 
 def _typed_dataset(path: str, records, in_memory: bool = False) -> datasets.Dataset:
-    """Records from `records()` (called twice: one pass to type each column, one to write) as a memory-mapped
-    Dataset whose values read back as written (see above); `in_memory`: an in-memory table (no cache file),
-    `path` only names the records."""
+    """Records from `records()` (called twice: to type each column, then to write) as a memory-mapped Dataset whose
+    values read back as written (see above); `in_memory`: a table in memory (no cache file; `path` names it)."""
     kinds: dict[str, set[str]] = {}
     count = 0
     for count, record in enumerate(records(), 1):

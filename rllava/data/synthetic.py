@@ -113,8 +113,7 @@ def shape_box(kind: str, x: int, y: int, r: int) -> list[int]:
 
 
 def draw_shapes(size: int, shapes: list[tuple], colors: list[str]) -> Image.Image:
-    """A `size` x `size` RGB image with each shape (kind, x, y, r) solid in its colour (no anti-aliasing, so each
-    is one blob of exactly that colour)."""
+    """A `size` x `size` RGB image, each shape (kind, x, y, r) a blob of exactly its colour (no anti-aliasing)."""
     img = Image.new("RGB", (size, size), BACKGROUND)
     draw = ImageDraw.Draw(img)
     for (kind, x, y, r), color in zip(shapes, colors):

@@ -108,10 +108,9 @@ def _finish(frames: list[Image.Image], fps: float, indices: list[int], total: in
 
 
 def _decode_file(obj, spec: VideoSpec, base_dir: str | None, where: str):
-    """(frames, source fps, their indices, total frames) of a video file sampled at spec.fps, decoded once.
-
-    The frame count comes from the container when it records one, else from counting packets; a stream that
-    ends early repeats its last decoded frame for the missing indices."""
+    """(frames, source fps, their indices, total frames) of a video file sampled at spec.fps, decoded once. The frame
+    count comes from the container when it records one, else from counting packets; a stream that ends early repeats its
+    last decoded frame for the missing indices."""
     import av
 
     if isinstance(obj, dict):  # the source PyAV opens: a path or a file object, from a path, bytes or such a dict
