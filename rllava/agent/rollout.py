@@ -5,12 +5,11 @@
 
 Each round generates the next turn of every unfinished episode in one batched engine call, then the environment reads
 each new turn: `rllava.agent.tools.ToolEnv`, the classes of `rllava.agent.classes`, or your own with
-`reset(sample, model_sizes)`, `step(state, text) -> Observation` and optionally `close(state)` at the episode's end.
-An episode ends on an answer, a call-less turn, a turn cut by its token budget, `rollout.max_turns` turns, or the
-context budget (turns and observations together within `data.max_response_length` tokens). Turns are trained;
-observations are user turns of the chat template, never in the loss, tokenised by the processor like a prompt
-(placeholders expanded, pixels appended to `mm_inputs`): the training forward sees the interleaved sequence the
-engine continued (and Qwen-VL's M-RoPE positions span all of it)."""
+`reset(sample, model_sizes)`, `step(state, text) -> Observation` and optionally `close(state)` at the episode's end. An
+episode ends on an answer, a call-less turn, a turn cut by its token budget, `rollout.max_turns` turns, or the context
+budget (turns and observations together within `data.max_response_length` tokens). Turns are trained; observations (user
+turns of the chat template, tokenised by the processor like a prompt, pixels appended to `mm_inputs`) never are: the
+training forward sees the interleaved sequence the engine continued."""
 
 from __future__ import annotations
 

@@ -10,17 +10,15 @@ call), with no capability and the seccomp filter (`confine`, `SECCOMP_DENIED`); 
 call (a cgroup where one can be made, else RLIMIT_NPROC in its user namespace), `wall_s` and `file_mb` counted here.
 docs/agents.md, "The code sandbox": each guard, what it stops, its tested bounds.
 
-Fail closed: where one of these cannot be set up (no bwrap, user namespaces refused, no libseccomp / pyseccomp, root
-with no writable cgroup), `check()` (called by the code tool at the run's start, before the model loads) is one error
-naming what is missing and how to get it. `rollout.agent.tool_kwargs.code.allow_weaker=true` runs what can be run
-instead (bwrap without the cgroup, or, without bwrap, a plain child process with the per-process limits in a temporary
-directory: not isolated) and warns once naming what is not isolated.
+Fail closed: where a guard cannot be set up (no bwrap, user namespaces refused, no libseccomp / pyseccomp, root with no
+writable cgroup), `check()` (the code tool's, before the model loads) is one error naming what is missing and how to get
+it; `rollout.agent.tool_kwargs.code.allow_weaker=true` runs what can run (bwrap without the cgroup, or a plain child
+process with the per-process limits in a temporary directory) and warns once naming what is not isolated.
 
-The parent decides which limit stopped a call from what it saw (its clock, the bytes of output, the cgroup's OOM and
-pids counters) and from the first process's report (the snippet's exit status and CPU time, and the exception that
-ended it: MemoryError, errno EMFILE / EFBIG / ENOSPC / EAGAIN), never from the output's text. The images the snippet
-saved (at most `max_images`, each at most `file_mb`) are decoded by the first process, under the call's limits, and
-come back as RGB pixels of at most `max_pixels`: no decoder runs here.
+Which limit stopped a call comes from what the parent saw (its clock, output bytes, the cgroup's OOM and pids counters)
+and the first process's report (exit status, CPU time, the exception that ended it: MemoryError, errno EMFILE / EFBIG /
+ENOSPC / EAGAIN), never from the output's text. Saved images (at most `max_images` of at most `file_mb`) are decoded by
+the first process under the call's limits and come back as RGB of at most `max_pixels`: no decoder runs here.
 
 Not a VM: it does not protect against kernel exploits, or against using the CPU and memory it is allowed."""
 

@@ -1,15 +1,13 @@
-"""What runs in the code sandbox (see rllava/agent/sandbox.py): the zygote (`serve`), which forks every call into
-namespaces of its own (`enter`, `confine`), and each call's first process (`call`), PID 1 of the call's PID
-namespace: the kernel ends every other process of the call when it exits. PID 1 reads the request on stdin (a JSON
-line: limits, file names and sizes; then the files' bytes), writes snippet.py and the images into /work, and forks
-the snippet's process, which sets its limits and runs the snippet with stdin on /dev/null and never holds the report
-fd. When it ends, PID 1 kills what it left, reads the images it saved (through the directory's fd, O_NOFOLLOW,
-regular files only, at most `file_mb` each), decodes them under the call's limits (only `FORMATS`, at most
-`max_pixels`, refusing files whose decoders cost more than their pixels: `_costly`), and writes the report: a JSON
-line ({"status", "limit", "cpu_s", "images": [[name, width, height], ...], "notes"}) and the RGB pixels, after a
-first line {"pgid"}: the trainer never runs a decoder on the snippet's bytes. PID 1 is not dumpable (the kernel
-refuses the snippet ptrace, pidfd_getfd and process_vm_* on it) and runs under the call's rlimits; the parent still
-reads the report as untrusted bytes. Imports nothing of rllava."""
+"""What runs in the code sandbox (rllava/agent/sandbox.py): the zygote (`serve`), which forks every call into namespaces
+of its own (`enter`, `confine`), and each call's first process (`call`), PID 1 of the call's PID namespace, whose exit
+ends every other process of the call. PID 1 reads the request on stdin (a JSON line: limits, file names and sizes; then
+the files' bytes), writes snippet.py and the images into /work, and forks the snippet's process (its limits set, stdin
+on /dev/null, without the report fd). When it ends, PID 1 kills what it left, reads the images it saved (through the
+directory's fd, O_NOFOLLOW, regular files only, at most `file_mb` each), decodes them under the call's limits (only
+`FORMATS`, at most `max_pixels`, none `_costly`), and writes the report after a first line {"pgid"}: a JSON line
+({"status", "limit", "cpu_s", "images": [[name, width, height], ...], "notes"}) and the RGB pixels, so the trainer never
+decodes the snippet's bytes. PID 1 is not dumpable (the snippet cannot ptrace, pidfd_getfd or process_vm_* it) and runs
+under the call's rlimits; the parent still reads the report as untrusted bytes. Imports nothing of rllava."""
 
 import ctypes
 import errno

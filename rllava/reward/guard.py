@@ -1,19 +1,18 @@
 """Guarding the run against a user's reward function: a time limit per call, and nothing it does ends the run.
 
-A reward file may loop, sleep, raise, call `sys.exit` or `os._exit`, or return garbage: every call ends in an
-`Outcome`, the value or one line saying what went wrong (raised, timed out, exited), and the caller
-(`rllava.reward.function`) decides whether that stops the run (`reward.strict=true`) or scores the sample
-`reward.fallback_score`. A function that hangs would cost `reward.timeout` for every sample of every step: after
-`HANG_LIMIT` calls in a row (in one batch) past the limit, the runner stops the run with one line naming it.
+A reward file may loop, sleep, raise, call `sys.exit` or `os._exit`, or return garbage: every call ends in an `Outcome`,
+the value or one line on what went wrong (raised, timed out, exited); the caller (`rllava.reward.function`) stops the
+run (`reward.strict=true`) or scores the sample `reward.fallback_score`. `HANG_LIMIT` calls in a row (in one batch) past
+`reward.timeout` stop the run, named: a hanging function would cost that for every sample.
 
 Two runners, picked by `reward.num_cpus`:
 - `InProcess` (num_cpus=1, the default and the fast path): calls in this process under a SIGALRM timer
-  (`signal.setitimer`), which interrupts Python code (a `time.sleep`, a loop) but not a C call that never returns
-  to the interpreter (a pathological regex); `sys.exit` is caught as the `SystemExit` it raises, and `os._exit`
-  is swapped for a function that raises for the duration of the call.
-- `WorkerPool` (num_cpus=N>1): N forked workers score samples in parallel. A call past its limit gets its worker
-  killed (SIGKILL stops anything, C code included) and a fresh one forked; a worker that exits (os._exit, a crash)
-  is reported and replaced the same way."""
+  (`signal.setitimer`), which interrupts Python code (a `time.sleep`, a loop) but not a C call that never returns to the
+  interpreter (a pathological regex); `sys.exit` is caught as its `SystemExit`, and `os._exit` swapped for a function
+  that raises while the call runs.
+- `WorkerPool` (num_cpus=N>1): N forked workers score samples in parallel. A call past its limit gets its worker killed
+  (SIGKILL stops anything, C code included) and a fresh one forked; a worker that exits (os._exit, a crash) is reported
+  and replaced the same way."""
 
 from __future__ import annotations
 
