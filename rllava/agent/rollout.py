@@ -107,8 +107,7 @@ class AgentRollout(Rollout):
         return [self._trajectory(e) for e in episodes]
 
     def _round(self, active: list[Episode], sampling: SamplingParams) -> None:
-        """The next turn of every episode in `active` (one batched engine call), then the environment on each in up to
-        `tool_workers` threads (a tool that waits, like the code tool's sandbox, waits alone, within its time limit)."""
+        """`_turns`, then the environment on each in up to `tool_workers` threads (a slow tool delays only its own)."""
         stepping = self._turns(active, sampling)
         if self.tool_workers <= 1 or len(stepping) <= 1:
             observations = [self._step(e) for e in stepping]

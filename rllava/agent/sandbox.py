@@ -102,13 +102,11 @@ class Result:
         if not self.ok:
             why = self.stopped_by or f"exit status {self.returncode}"
             parts.append(f"Error ({why}):\n{self.stderr.rstrip()}" if self.stderr.strip() else f"Error ({why})")
-        if self.images:
-            parts.append(f"[{len(self.images)} image{'s' if len(self.images) > 1 else ''} saved]")
+        parts += [f"[{len(self.images)} image{'s' if len(self.images) > 1 else ''} saved]"] if self.images else []
         return "\n".join(parts) or "(no output)"
 
 
-# ------------------------------------------------------------------------------------------------- cgroups
-# controller -> (limit file, events file, the event counted) per cgroup version; the swap file is optional
+# cgroups: controller -> (limit file, events file, the event counted) per cgroup version; the swap file is optional
 CGROUP_FILES = {2: {"memory": ("memory.max", "memory.events", "oom_kill"), "pids": ("pids.max", "pids.events", "max")},
                 1: {"memory": ("memory.limit_in_bytes", "memory.oom_control", "oom_kill"),
                     "pids": ("pids.max", "pids.events", "max")}}
@@ -206,13 +204,12 @@ class _Cgroup:
                 time.sleep(0.005)
 
 
-# ------------------------------------------------------------------------------------------ the syscall filter
-# Docker's default seccomp profile (moby/profiles/seccomp/default.json) is the anchor: these are the x86_64
-# syscalls it refuses to an unprivileged container (and io_uring since Docker 25), plus what rllava refuses beyond
-# it: inotify_init* (instances are a per-user host quota) and SysV shmget / msgget / semget (segments count
+# The syscall filter. Docker's default seccomp profile (moby/profiles/seccomp/default.json) is the anchor: these are the
+# x86_64 syscalls it refuses to an unprivileged container (and io_uring since Docker 25), plus what rllava refuses
+# beyond it: inotify_init* (instances are a per-user host quota) and SysV shmget / msgget / semget (segments count
 # against no rlimit: a non-root call could hold GBs past its bound). It differs in form: Docker allows a list and
-# refuses the rest, this refuses a list and allows the rest (the interpreter, numpy and PIL need no care then; a
-# syscall new to the kernel is allowed here). clone3 gets ENOSYS, as in Docker (libc falls back to clone).
+# refuses the rest, this refuses a list and allows the rest (the interpreter, numpy and PIL need no care then; a syscall
+# new to the kernel is allowed here). clone3 gets ENOSYS, as in Docker (libc falls back to clone).
 SECCOMP_BOUNDS = (  # the ones the sandbox's documented bounds rest on: the filter is not built without each
     "ptrace", "pidfd_getfd", "process_vm_readv", "process_vm_writev", "kcmp",  # other processes' memory and fds
     "add_key", "keyctl", "request_key",  # keyrings: charged to the host user's key quota
@@ -260,7 +257,6 @@ def _seccomp_fd(program: bytes) -> int:
     return r
 
 
-# --------------------------------------------------------------------------------------------- the jail
 @dataclass
 class Jail:
     """What this machine gives: bubblewrap's argv (None: a plain child process), the cgroup bases (None:
@@ -419,7 +415,6 @@ def check(allow_weaker: bool = False) -> Jail:
     return j
 
 
-# --------------------------------------------------------------------------------------------- one call
 def run_code(code: str, images: list | tuple = (), limits: Limits = Limits(), allow_weaker: bool = False) -> Result:
     """Run `code` in a jail of its own whose /work holds `images` (PIL) as image.png, image_1.png, ..."""
     j = check(allow_weaker)

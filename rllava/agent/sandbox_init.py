@@ -246,9 +246,8 @@ def call(result_fd: int) -> None:
         out.write(json.dumps(head).encode() + b"\n" + b"".join(image[3] for image in images))
 
 
-# ------------------------------------------------------------------------------------------------ the zygote
-NAMESPACES = 0x20000 | 0x2000000 | 0x4000000 | 0x8000000 | 0x10000000 | 0x20000000 | 0x40000000  # CLONE_NEW*: mount,
-# cgroup, UTS, IPC, user, PID, network
+# the zygote's: the namespaces of a call (CLONE_NEW*: mount, cgroup, UTS, IPC, user, PID, network), mount flags, libc
+NAMESPACES = 0x20000 | 0x2000000 | 0x4000000 | 0x8000000 | 0x10000000 | 0x20000000 | 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 0x4000, 0x40000
 LIBC = ctypes.CDLL(None, use_errno=True)
 

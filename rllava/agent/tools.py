@@ -159,7 +159,6 @@ def build_tools(names: list[str], kwargs: dict[str, dict]) -> dict[str, Callable
     return tools
 
 
-# ---------------------------------------------------------------------------------------------------- zoom
 MIN_SIDE = 28  # pixels: Qwen-VL's smallest image (one 2 x 2 block of 14 px patches)
 
 

@@ -17,8 +17,7 @@ import math
 import re
 from itertools import accumulate
 
-# The frame each model family writes boxes in (Qwen2.5-VL's technical report, arXiv:2502.13923, switched to
-# absolute coordinates; Qwen2-VL and Qwen3-VL use 0-1000 relative ones).
+# The frame each model family writes boxes in (absolute since Qwen2.5-VL's technical report, arXiv:2502.13923)
 MODEL_FRAMES = {"qwen2_vl": "relative_1000", "qwen2_5_vl": "absolute", "qwen3_vl": "relative_1000"}
 FRAMES = ("relative_1000", "absolute")
 MAX_ANSWER_CHARS = 10_000  # longer answer spans are not parsed (no model writes them; keeps the cost bounded)

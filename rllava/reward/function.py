@@ -23,12 +23,11 @@ resize: what a Qwen2.5-VL box is measured in), and two heavy ones: `images` (the
 processor) and `videos` (each video's sampled frames, a list of PIL). The dict forms' dicts hold all but the heavy two,
 copied (and pickled to `reward.num_cpus` workers) only for a function naming a parameter `images` / `videos` after its
 input: `fn(reward_input, images=())` the sample's, `fn(reward_inputs, images=None)` one entry per input.
-Agent rollouts (`rollout.agent.tools`): the response is every model turn joined by newlines, plus `tool_calls`
-((tool, arguments) of each call), `num_turns`, `returned_images` (images the tools showed: count tool use by these, not
-by tags in the text), `tool_memory` (what the tools noted, e.g. the ids of the documents each search returned),
-`turn_texts` (each model turn's text; the last is what RLLaVA's agentic workflow scores as the response) and
-`step_reward` (RLLaVA's: the environment's step rewards summed over the observations shown; for rllava's tools 1 per
-call that ran, for an environment class of rollout.env_config_path its own rewards).
+Agent rollouts (`rollout.agent.tools`): the response is every model turn joined by newlines, plus `tool_calls` ((tool,
+arguments) of each call), `num_turns`, `returned_images` (images the tools showed: count tool use by these, not by tags
+in the text), `tool_memory` (what the tools noted, e.g. each search's document ids), `turn_texts` (each model turn's
+text; RLLaVA's agentic workflow scores the last as the response) and `step_reward` (RLLaVA's: the step rewards summed
+over the observations shown: 1 per call that ran for rllava's tools, its own for a rollout.env_config_path class).
 A result is a float or a dict of named floats with an `overall` entry (the scalar used for training).
 
 The function is untrusted code (`rllava.reward.guard`): each call has `reward.timeout` seconds; raising, timing out,
