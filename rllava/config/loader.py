@@ -92,8 +92,7 @@ def _overrides(raw: DictConfig, source: str) -> dict[str, Any]:
             problems.append(f"config key '{key}' is a section; give its keys ({target}.<key>=...), "
                             f"got {value!r} ({source})")
         elif target not in LEAVES and target not in SECTIONS:
-            close = _closest(key)
-            hint = f"; did you mean '{close}'?" if close else ""
+            hint = f"; did you mean '{close}'?" if (close := _closest(key)) else ""
             problems.append(f"unknown config key '{key}' ({source}){hint}")
         canonical[target], given_as[target] = value, key
     if problems:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import difflib
+import functools
 import math
 import os
 import re
@@ -975,8 +976,7 @@ def rllava_dataset(spec: str | None) -> str | None:
 
 def rllava_target_dataset(spec: str | None) -> str | None:
     """The RLLaVA expert-response class `data.dataset_class` names, or None."""
-    name = rllava_dataset(spec)
-    return name if name in RLLAVA_TARGET_DATASETS else None
+    return name if (name := rllava_dataset(spec)) in RLLAVA_TARGET_DATASETS else None
 
 
 def agent_on(c) -> bool:
@@ -1084,9 +1084,7 @@ DERIVED_KEYS = {
 
 
 def get_key(cfg: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
+    return functools.reduce(getattr, dotted.split("."), cfg)
 
 
 def _default_of(dotted: str) -> Any:
