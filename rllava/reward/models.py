@@ -84,9 +84,7 @@ class ClassifierReward(_Source):
         def content(c):
             if isinstance(c, str):
                 return c
-            if self.vision:
-                return [p for p in c if p["type"] != "video"]
-            return "".join(p.get("text", "") for p in c)
+            return [p for p in c if p["type"] != "video"] if self.vision else "".join(p.get("text", "") for p in c)
 
         return [{**m, "content": content(m["content"])} for m in t.sample.messages] + [
             {"role": "assistant", "content": t.response}]
