@@ -289,8 +289,7 @@ def _python() -> str:
 
 
 def _bwrap_argv(bwrap: str) -> list[str]:
-    """bubblewrap's options for the zygote: the read-only root every call's mount namespace starts from (each
-    call mounts its own /work and hides /proc: `sandbox_init.enter`)."""
+    """bubblewrap's options for the zygote: the read-only root of every call (`sandbox_init.enter` mounts the rest)."""
     argv = [bwrap, "--unshare-all", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY),
             "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--as-pid-1", "--clearenv",
             "--ro-bind", "/usr", "/usr"]
@@ -400,8 +399,7 @@ def _find_jail() -> Jail:
 
 
 def check(allow_weaker: bool = False) -> Jail:
-    """The jail, or one error naming what is missing and how to get it; with `allow_weaker` what can be run,
-    warned once per process naming what is not isolated."""
+    """The jail, or one error naming what is missing and how to get it; `allow_weaker`: what can run, warned once."""
     j = jail()
     if j.missing and not allow_weaker:
         raise ConfigError(f"rollout.agent.tools=[code]: the code sandbox cannot isolate its calls on this machine: "
@@ -573,8 +571,7 @@ class _Zygote:
         atexit.register(self.close)
 
     def take(self, j: Jail, limits: Limits) -> _Started | None:
-        """A first process forked ahead for `limits`, or None (the call forks its own); another is forked behind
-        it. Every take is followed by one `done` when its call ends."""
+        """A first process forked ahead for `limits` (another is forked behind it), or None; a `done` follows each."""
         key = (limits, id(j))
         with self.helper:
             if self.counted_in != os.getpid():  # a forked trainer: the calls forked ahead are its parent's
@@ -662,9 +659,8 @@ class _Zygote:
         self.sock = ours
 
     def later(self, job, lane: str = "work") -> None:
-        """Run `job()` on a helper thread, which lives as long as the process: "spawn" starts the zygote alone
-        (bwrap dies with the thread that started it: --die-with-parent is the kernel's parent-death signal, which
-        follows the thread), "work" the rest (forks ahead, which wait for a zygote, and cgroups to remove)."""
+        """Run `job()` on a helper thread that lives as long as the process: "spawn" starts the zygote alone (bwrap's
+        --die-with-parent, the kernel's parent-death signal, follows the starting thread), "work" the rest."""
         with self.helper:
             _, thread = self.threads.get(lane, (None, None))
             if thread is None or not thread.is_alive():  # none yet, or a forked trainer's (threads are not forked)

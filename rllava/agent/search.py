@@ -62,8 +62,7 @@ def _minilm():
 
 @torch.no_grad()
 def embed(texts: list[str], batch_size: int = 64) -> torch.Tensor:
-    """Sentence embeddings [N, 384] of all-MiniLM-L6-v2: mean of the token states, L2-normalised (so a dot
-    product is the cosine similarity), as sentence-transformers computes them."""
+    """all-MiniLM-L6-v2 sentence embeddings [N, 384] as in sentence-transformers: token states' mean, L2-normalised."""
     tok, model = _minilm()
     out = []
     for i in range(0, len(texts), batch_size):

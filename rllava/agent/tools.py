@@ -123,8 +123,7 @@ class ToolEnv:
         return obs
 
     def step_reward(self, obs: Observation) -> float:
-        """RLLaVA's step reward of a shown observation (its AgentSearchEnv, AgentCodeEnv), summed into the reward
-        input's `step_reward`: 1 for a call that ran, 0 for one that failed; not the turn's `Observation.reward`."""
+        """RLLaVA's step reward (AgentSearchEnv, AgentCodeEnv), summed into `step_reward`: 1 if the call ran, else 0."""
         return 0.0 if obs.error else 1.0
 
     def _error(self, state: AgentState, reason: str) -> Observation:

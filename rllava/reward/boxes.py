@@ -80,12 +80,10 @@ def frame_of(frame: str | None) -> str:
 
 
 def to_image_pixels(box, frame: str, image_size, model_image_size=None) -> tuple[float, ...] | None:
-    """A box in the model's frame -> pixels of the original image of size (W, H):
+    """A box in the model's frame -> pixels of the original image of size (W, H); None if a size is missing or <= 0:
 
         relative_1000:  x * W / 1000,  y * H / 1000
-        absolute:       x * W / w',    y * H / h'     (w', h') = `model_image_size`, the size the model saw
-
-    None when a size needed is missing or not positive."""
+        absolute:       x * W / w',    y * H / h'     (w', h') = `model_image_size`, the size the model saw"""
     try:
         W, H = (float(v) for v in image_size)
         w, h = (1000.0, 1000.0) if frame == "relative_1000" else (float(v) for v in model_image_size)

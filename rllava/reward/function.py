@@ -137,9 +137,8 @@ def call_form(fn: Callable, reward_type: str, spec: str, key: str = "reward.rewa
 
 
 def _sample_params(fn: Callable, configured: dict, form: str, spec: str, key: str) -> list[str]:
-    """Parameters filled per sample: after (response, ground_truth) any not configured (named form); after the
-    dict or list only `images` / `videos` (the other fields are in the dicts). A configured kwarg the function
-    cannot take fails at start-up (with **kwargs it takes anything)."""
+    """Parameters filled per sample: after (response, ground_truth) any not configured (named form), after the dict or
+    list only `images` / `videos`; a configured kwarg the function cannot take fails at start-up (unless **kwargs)."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -201,8 +200,7 @@ class Fallible:
         return {"overall": self.fallback_score}
 
     def finish(self, results: list[dict[str, float] | str], trajectories: list[Trajectory], where: str | None = None):
-        """(scores [B], details): each sample's scores as they are, or its problem (a string) through `fail`, named
-        by the sample (or `where`)."""
+        """(scores [B], details): each sample's scores, or its problem (a string) via `fail`, naming it or `where`."""
         details = [self.fail(f"{self.name}, {where or f'sample {t.sample.index}'}: {r}") if isinstance(r, str) else r
                    for r, t in zip(results, trajectories)]
         return torch.tensor([d["overall"] for d in details], dtype=torch.float32), details

@@ -113,8 +113,7 @@ class InProcess:
 
     @contextmanager
     def _guarded(self):
-        """os._exit raises while the reward runs; SIGALRM raises _TimedOut (only the main thread gets signals,
-        elsewhere the limit is checked after the call returns)."""
+        """os._exit raises in the call; SIGALRM raises _TimedOut (main thread only; elsewhere checked afterwards)."""
         real_exit = os._exit
 
         def no_exit(code):

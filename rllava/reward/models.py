@@ -281,8 +281,7 @@ def _judge_options(e: dict, key: str) -> dict:
 
 
 def model_sources(cfg, device: torch.device) -> list[tuple[str, float, object]]:
-    """(name, weight, source) for `reward.model.*`: the reward model (a classifier) when reward.model.model_path
-    is set, weighted by reward.model_weight."""
+    """(name, weight, source) of `reward.model.model_path`'s classifier if set, weighted by reward.model_weight."""
     m, r = cfg.reward.model, cfg.reward
     if not m.model_path:
         return []
