@@ -34,7 +34,7 @@ _cutting = False  # trained_hidden's forward: the decoder's input is cut (the ro
 
 class Shard(NamedTuple):
     """One forward's cut: this rank's 1/N of the padded `length`; `mask` [B, 1, L, L] (True: attend) of the whole
-    sequence, causal within each row (each packed sequence)."""
+    sequence, causal within each row (each packed sequence), or None: causal."""
     length: int
     mask: torch.Tensor
 
@@ -120,6 +120,10 @@ def _pad_cut(x: torch.Tensor, dim: int, length: int) -> torch.Tensor:
     return x.narrow(dim, rank * length // n, length // n)
 
 
+def _causal(length: int, device) -> torch.Tensor:
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()
+
+
 def _cut(module, args, kwargs):
     """The decoder's pre-hook: its sequence inputs cut to this rank's positions, its mask made whole here."""
     global _current
@@ -132,13 +136,13 @@ def _cut(module, args, kwargs):
         raise ValueError(f"actor.model.ulysses_size={n} must divide the decoder's {heads} attention heads and its "
                          f"{kv} key-value heads")
     length, mask, positions = -(-L // n) * n, kwargs.get("attention_mask"), kwargs.get("position_ids")
-    causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
-    if mask is not None:  # padded rows: causal, real keys only (right padding: no row without a key)
-        whole = causal & torch.nn.functional.pad(mask.bool(), (0, length - L))[:, None, None, :]
-    else:  # packed rows (padding-free): causal within each sequence, which restarts at text position 0
+    whole = None  # right-padded rows: causal alone (a real token's keys are all real; pad positions go untrained)
+    if mask is not None and not bool((mask[:, 1:] <= mask[:, :-1]).all()):  # other padding: real keys only
+        whole = _causal(length, x.device) & torch.nn.functional.pad(mask.bool(), (0, length - L))[:, None, None, :]
+    elif mask is None:  # packed rows (padding-free): causal within each sequence, which restarts at text position 0
         text = positions if positions.dim() == 2 else positions[0]
         seq = torch.nn.functional.pad((text == 0).long(), (0, length - L), value=1).cumsum(-1)
-        whole = causal & (seq[:, None, :, None] == seq[:, None, None, :])
+        whole = _causal(length, x.device) & (seq[:, None, :, None] == seq[:, None, None, :])
     _current = Shard(length, whole)
     if positions is None:  # the decoder would number this rank's positions from 0
         positions = torch.arange(L, device=x.device).expand(B, L)
@@ -195,8 +199,9 @@ def _attention(impl: str, inner):
             B, H, Ln, d = x.shape
             y = _AllToAll.apply(x.reshape(B, n, H // n, Ln, d).transpose(0, 1), group)
             return y.permute(1, 2, 0, 3, 4).reshape(B, H // n, n * Ln, d)
-        mask = shard.mask
+        mask = shard.mask  # None: causal (sdpa's kernel, no [L, L] mask)
         if impl == "eager":  # an additive mask
+            mask = _causal(shard.length, query.device) if mask is None else mask
             mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
                 ~mask, torch.finfo(query.dtype).min)
         out, _ = fn(module, heads(query), heads(key), heads(value), mask, **kwargs)  # [B, L, H/N, d]

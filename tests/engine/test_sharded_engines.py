@@ -224,6 +224,25 @@ def test_deepspeed_not_installed_is_one_line_error(monkeypatch):
         DeepSpeedEngine(torch.device("cpu"), 1.0, deepspeed_config=DeepSpeedConfig())
 
 
+@pytest.mark.slow  # ~40 s: four models built and run on two ranks
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_ulysses_equals_the_whole_sequence_on_every_vlm_family(tmp_path, attn):
+    """Qwen2.5-VL (M-RoPE), Qwen3-VL (deepstack features at image positions split over the ranks), the modular
+    VLM and a text-only LM: log-probs, entropy and gradients with ulysses_size=2 equal the whole sequence's in
+    float64 (tests/engine/ulysses_worker.py), padded and packed, under sdpa and eager attention."""
+    from rllava.model.tiny import build_tiny
+
+    paths = [build_tiny(arch, str(tmp_path / arch), size="small") for arch in
+             ("qwen2_5_vl", "qwen3_vl", "tinyllava", "qwen2")]
+    _run(2, tmp_path / "out.json", attn, *paths, worker=os.path.join(HERE, "ulysses_worker.py"))
+    results = json.load(open(tmp_path / "out.json"))
+    assert len(results) == 8
+    for name, r in results.items():
+        # eager's embedding gradient moves by ~1e-8 of the largest (summation order over split rows; sdpa: 1e-15)
+        assert r["same_params"] and r["logprob"] < 1e-12 and r["grad"] < (1e-6 if attn == "eager" else 1e-12), \
+            (name, r)
+
+
 @pytest.mark.slow  # ~70 s: two 3-step runs on two ranks
 def test_ulysses_pipeline_takes_the_steps_of_sp1(tmp_path, tiny_model_dir, counting_dir, distinct_reward):
     """`torchrun --nproc_per_node=2 ... actor.model.ulysses_size=2`: 3 steps with the KL's reference and gradient
