@@ -7,8 +7,6 @@
 merged in (an unknown key or a type error names its key and source), and `PPOConfig.__post_init__` validates.
 """
 
-from __future__ import annotations
-
 import copy
 import dataclasses
 import difflib

@@ -7,8 +7,6 @@ call `section.check("rollout")`) and the cross-section rules, so any `PPOConfig`
 names its full dotted key, and all problems are reported at once.
 """
 
-from __future__ import annotations
-
 import contextvars
 import difflib
 import functools

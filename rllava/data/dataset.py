@@ -13,8 +13,6 @@ encoded placeholder tokens (`check_placeholders`) not matching its images. Promp
 tokens breaks the model's input): an overlong prompt is filtered (data.filter_overlong_prompts) or kept whole.
 """
 
-from __future__ import annotations
-
 import logging
 import os
 import re

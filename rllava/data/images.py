@@ -10,8 +10,6 @@ whole, and anything PIL counts as a decompression bomb (over 2 x Image.MAX_IMAGE
 one-line error instead of PIL's exception.
 """
 
-from __future__ import annotations
-
 import base64
 import binascii
 import io

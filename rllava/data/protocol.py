@@ -7,8 +7,6 @@ A `Trajectory` is a list of segments, each *given* (prompt, tool output: never t
 marks an expert segment `off_policy`. `collate` derives every tensor the trainer needs from the segments, once.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 

@@ -10,8 +10,6 @@ name defaults to `train`, as in EasyR1. Image columns stay as stored (paths, byt
 as {"bytes", "path"}): nothing is decoded until `rllava.data.images.load_image` decodes one record's images.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import pickle

@@ -5,8 +5,6 @@ every epoch reshuffles, and a run resumed from `state_dict()` sees exactly the b
 would, without storing the permutation.
 """
 
-from __future__ import annotations
-
 import torch
 
 from rllava.data.records import DataError

@@ -54,8 +54,6 @@ fixed.png, which comes back as an image), then the answer; in GUESS_RATE of the 
      expand=True).save('fixed.png')</code>", "<answer> red</answer>"]}
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import math

@@ -14,8 +14,6 @@ file* (a path, raw bytes or a `{"bytes", "path"}` dict) decoded with PyAV. Then,
   min_pixels <= h * w <= max_pixels, by Qwen2-VL's `smart_resize` (transformers').
 """
 
-from __future__ import annotations
-
 import io
 import math
 import os
