@@ -8,11 +8,9 @@ run (`reward.strict=true`) or scores the sample `reward.fallback_score`. `HANG_L
 Two runners, picked by `reward.num_cpus`:
 - `InProcess` (num_cpus=1, the default and the fast path): calls in this process under a SIGALRM timer
   (`signal.setitimer`), which interrupts Python code (a `time.sleep`, a loop) but not a C call that never returns to the
-  interpreter (a pathological regex); `sys.exit` is caught as its `SystemExit`, and `os._exit` swapped for a function
-  that raises while the call runs.
-- `WorkerPool` (num_cpus=N>1): N forked workers score samples in parallel. A call past its limit gets its worker killed
-  (SIGKILL stops anything, C code included) and a fresh one forked; a worker that exits (os._exit, a crash) is reported
-  and replaced the same way."""
+  interpreter (a pathological regex); `sys.exit` is caught as its `SystemExit`, and `os._exit` made to raise.
+- `WorkerPool` (num_cpus=N>1): N forked workers score in parallel. A call past its limit gets its worker killed (SIGKILL
+  stops anything, C code included) and replaced; one that exits (os._exit, a crash) is reported and replaced."""
 
 from __future__ import annotations
 
