@@ -76,8 +76,7 @@ class HFRolloutEngine:
         self.model, self._static = None, None
 
     def load(self, model: torch.nn.Module) -> None:
-        self.model, self._static = model, None
-        self._was_training = model.training
+        self.model, self._static, self._was_training = model, None, model.training
         model.eval()
 
     def offload(self) -> None:
@@ -115,13 +114,10 @@ class HFRolloutEngine:
             L = -(-(P + sampling.max_new_tokens) // STATIC_ROUND) * STATIC_ROUND
             inputs = self._prefill_once(inputs, n, L if static else None)
         record = SampledLogProbs()
-        warpers = []  # generate's own order (temperature, top-k, top-p), before the recorder
-        if not greedy and sampling.temperature != 1.0:
-            warpers.append(TemperatureLogitsWarper(sampling.temperature))
-        if not greedy and sampling.top_k > 0:
-            warpers.append(TopKLogitsWarper(sampling.top_k))
-        if not greedy and sampling.top_p < 1.0:
-            warpers.append(TopPLogitsWarper(sampling.top_p))
+        warpers = [] if greedy else [warper(value) for warper, value, on in (  # generate's order, before the recorder
+            (TemperatureLogitsWarper, sampling.temperature, sampling.temperature != 1.0),
+            (TopKLogitsWarper, sampling.top_k, sampling.top_k > 0),
+            (TopPLogitsWarper, sampling.top_p, sampling.top_p < 1.0)) if on]
         config = GenerationConfig(  # the warpers are ours: none of generate's own (they would run after the recorder)
             do_sample=not greedy, **({} if greedy else dict(temperature=1.0, top_k=0, top_p=1.0)),
             max_new_tokens=sampling.max_new_tokens, eos_token_id=self.stop_token_ids, pad_token_id=self.pad_token_id,
@@ -140,12 +136,10 @@ class HFRolloutEngine:
         token_logps = torch.stack(record.logps[:new_tokens.shape[1]], 1).cpu() if new_tokens.shape[1] else \
             torch.zeros(new_tokens.shape)  # [N * n, L]
         completions = []
-        for row in range(new_tokens.shape[0]):
-            ids = new_tokens[row].tolist()
+        for ids, logps in zip(new_tokens.tolist(), token_logps.tolist()):
             stop = next((j for j, t in enumerate(ids) if t in self.stop_token_ids), None)
             end = len(ids) if stop is None else stop + 1
-            completions.append(Completion(ids[:end], token_logps[row, :end].tolist(),
-                                          "length" if stop is None else "stop"))
+            completions.append(Completion(ids[:end], logps[:end], "length" if stop is None else "stop"))
         return copy_greedy([completions[i * n:(i + 1) * n] for i in range(len(requests))], sampling)
 
     def _prefill_once(self, inputs: dict, n: int, static_len: int | None = None) -> dict:

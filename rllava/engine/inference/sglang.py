@@ -102,14 +102,11 @@ class SGLangRolloutEngine(ColocatedEngine):
             bucket = following
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
-        greedy = sampling.temperature == 0
-        k = 1 if greedy else sampling.n
+        k = 1 if sampling.temperature == 0 else sampling.n
         rows = [r for r in requests for _ in range(k)]
         params = {"n": 1, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
                   "max_new_tokens": sampling.max_new_tokens, "stop_token_ids": self.stop_token_ids,
-                  "skip_special_tokens": False}
-        if self.logit_bias:
-            params["logit_bias"] = self.logit_bias
+                  "skip_special_tokens": False, **({"logit_bias": self.logit_bias} if self.logit_bias else {})}
         outputs = self.engine.generate(**_inputs(rows), sampling_params=params, return_logprob=True)
         completions = [_completion(o) for o in outputs]
         return copy_greedy([completions[i * k:(i + 1) * k] for i in range(len(requests))], sampling)

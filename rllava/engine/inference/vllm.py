@@ -91,7 +91,9 @@ class VLLMRolloutEngine(ColocatedEngine):
                            ("MASTER_PORT", str(_free_port()))):
             os.environ.setdefault(key, value)  # a plain `python -m` run: a world of one
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process (external_launcher)
-        self.tp_group = _tp_group(tensor_parallel_size)
+        tp = tensor_parallel_size  # this rank's tensor-parallel group (consecutive ranks), or None for tp = 1
+        self.tp_group = None if tp == 1 else dist.new_subgroups_by_enumeration(
+            [list(range(i, i + tp)) for i in range(0, dist.get_world_size(), tp)])[0]
         # the ranks of one tensor-parallel engine must sample identically: they share a seed; engines differ
         if seed is None:  # rollout.seed=null: a fresh one
             shared = [random.SystemRandom().randrange(2**31)]
@@ -122,9 +124,8 @@ class VLLMRolloutEngine(ColocatedEngine):
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the previous weights
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
-        greedy = sampling.temperature == 0
         params = self.vllm.SamplingParams(
-            n=1 if greedy else sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
+            n=1 if sampling.temperature == 0 else sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
             top_k=sampling.top_k, max_tokens=sampling.max_new_tokens, stop_token_ids=self.stop_token_ids,
             logprobs=0, logit_bias=self.logit_bias or None)
         return copy_greedy([[_completion(c) for c in out.outputs] for out in self._run(requests, params)], sampling)
@@ -132,14 +133,20 @@ class VLLMRolloutEngine(ColocatedEngine):
     def _score(self, requests: list[GenerationRequest]) -> list[list[float]]:
         params = self.vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0,
                                           detokenize=False)  # the one sampled token is dropped, nothing to decode
-        return [_prompt_logprobs(out) for out in self._run(requests, params)]
+        # prompt_logprobs[t] maps token ids (token t's at least) to Logprob objects, None at t = 0
+        return [[0.0] + [step[t].logprob for t, step in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:])]
+                for out in self._run(requests, params)]
 
     def _run(self, requests: list[GenerationRequest], params) -> list:
         """`llm.generate` on this rank's requests. The ranks of a tensor-parallel group are one engine: each runs
         the whole group's requests, in rank order, and keeps the outputs of its own (a teacher's counts may differ)."""
-        parts = _gather(requests, self.tp_group)
+        parts, start = [requests], 0
+        if self.tp_group is not None:  # each rank's requests, in rank order; pixel tensors stay home
+            parts = [None] * dist.get_world_size(self.tp_group)
+            dist.all_gather_object(parts, [GenerationRequest(r.prompt_ids, {}, r.raw_prompt_ids, r.images, r.videos)
+                                           for r in requests], group=self.tp_group)
+            start = sum(map(len, parts[:dist.get_rank(self.tp_group)]))
         outputs = self.llm.generate([_prompt(r) for part in parts for r in part], params, use_tqdm=False)
-        start = sum(map(len, parts[:dist.get_rank(self.tp_group)])) if self.tp_group is not None else 0
         return outputs[start:start + len(requests)]
 
 
@@ -164,32 +171,6 @@ def _completion(c) -> Completion:
     ids = list(c.token_ids)
     return Completion(ids, [step[t].logprob for t, step in zip(ids, c.logprobs)],
                       "length" if c.finish_reason == "length" else "stop")
-
-
-def _prompt_logprobs(out) -> list[float]:
-    """A RequestOutput's prompt log-probs: `prompt_logprobs[t]` maps token ids (token t's at least) to Logprob
-    objects, None at t = 0."""
-    ids = out.prompt_token_ids
-    return [0.0] + [step[t].logprob for t, step in zip(ids[1:], out.prompt_logprobs[1:])]
-
-
-def _tp_group(tp: int):
-    """This rank's tensor-parallel group (consecutive ranks), or None for tp = 1."""
-    if tp == 1:
-        return None
-    world = dist.get_world_size()
-    group, _ = dist.new_subgroups_by_enumeration([list(range(i, i + tp)) for i in range(0, world, tp)])
-    return group
-
-
-def _gather(requests: list[GenerationRequest], group) -> list[list[GenerationRequest]]:
-    """Each rank's requests, in rank order, within the tensor-parallel group."""
-    if group is None:
-        return [requests]
-    everyone = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, [GenerationRequest(r.prompt_ids, {}, r.raw_prompt_ids, r.images, r.videos)
-                                      for r in requests], group=group)  # pixel tensors stay home
-    return everyone
 
 
 def _free_port() -> int:
