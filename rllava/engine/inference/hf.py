@@ -178,8 +178,7 @@ def static_cache_ok(model) -> bool:
     fills, layer for layer. Sliding-window, chunked, linear-attention or shared-KV layers keep the eager path."""
     ok = getattr(model, "_rllava_static_ok", None)
     if ok is None:
-        config = model.config
-        static, dynamic = StaticCache(config=config, max_cache_len=1), DynamicCache(config=config)
+        static, dynamic = StaticCache(config=model.config, max_cache_len=1), DynamicCache(config=model.config)
         ok = len(static.layers) == len(dynamic.layers) and \
             all(type(a) is StaticLayer for a in static.layers) and all(type(b) is DynamicLayer for b in dynamic.layers)
         if not ok:

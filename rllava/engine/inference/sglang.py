@@ -96,10 +96,9 @@ class SGLangRolloutEngine(ColocatedEngine):
             self._wake()
         buckets = weight_buckets(model, self.bucket_mb)
         bucket = next(buckets, None)
-        while bucket is not None:
-            following = next(buckets, None)
-            self.engine.update_weights_from_tensor(bucket, flush_cache=following is None)
-            bucket = following
+        while bucket is not None:  # the radix cache is flushed after the last bucket
+            sent, bucket = bucket, next(buckets, None)
+            self.engine.update_weights_from_tensor(sent, flush_cache=bucket is None)
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         k = 1 if sampling.temperature == 0 else sampling.n

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 
 import torch
 import torch.distributed as dist
@@ -87,8 +88,11 @@ class VLLMRolloutEngine(ColocatedEngine):
         self.vllm = self._import("vllm", "vLLM")
         self.stop_token_ids, self.bucket_mb = stop_token_ids, bucket_mb
         self.logit_bias = {t: BAN for t in banned_token_ids}
+        with socket.socket() as s:  # a free port
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
         for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                           ("MASTER_PORT", str(_free_port()))):
+                           ("MASTER_PORT", str(port))):
             os.environ.setdefault(key, value)  # a plain `python -m` run: a world of one
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process (external_launcher)
         tp = tensor_parallel_size  # this rank's tensor-parallel group (consecutive ranks), or None for tp = 1
@@ -171,11 +175,3 @@ def _completion(c) -> Completion:
     ids = list(c.token_ids)
     return Completion(ids, [step[t].logprob for t, step in zip(ids, c.logprobs)],
                       "length" if c.finish_reason == "length" else "stop")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
