@@ -79,16 +79,6 @@ def _sum_over_ranks(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(torch.tensor(v, dtype=t.dtype, device=t.device) for t, v in zip(ts, D.all_sum([float(t) for t in ts])))
 
 
-def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """G_t = sum_{k >= t} gamma^(k-t) r_k over each row's masked tokens (masked-out tokens pass nothing on)."""
-    m = mask.to(token_rewards.dtype)
-    out, running = torch.zeros_like(token_rewards), torch.zeros_like(token_rewards[:, 0])
-    for t in reversed(range(token_rewards.shape[1])):
-        running = token_rewards[:, t] * m[:, t] + gamma * running * m[:, t]
-        out[:, t] = running
-    return out * m
-
-
 def gae_returns(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float,
                 lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over each row's masked tokens (padding is skipped: V after the last token is 0):
@@ -189,7 +179,12 @@ def reinforce_plus_plus(scores, group_ids, mask, *, token_rewards, gamma: float 
 
     Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c
     `compute_reinforce_plus_plus_outcome_advantage` L582-618 (whitened by `masked_whiten`). Differs: nothing."""
-    return masked_whiten(discounted_returns(token_rewards, mask, gamma), mask)
+    m = mask.to(token_rewards.dtype)
+    returns, running = torch.zeros_like(token_rewards), torch.zeros_like(token_rewards[:, 0])
+    for t in reversed(range(token_rewards.shape[1])):  # a masked-out token passes nothing on
+        running = token_rewards[:, t] * m[:, t] + gamma * running * m[:, t]
+        returns[:, t] = running
+    return masked_whiten(returns * m, mask)
 
 
 @register_adv_estimator("reinforce_plus_plus_baseline")
@@ -299,11 +294,9 @@ def gigpo(scores, group_ids, mask, *, turn_index, turn_anchors, turn_rewards, di
     mean, std, _ = group_stats(g, step_group)
     a_step = torch.zeros_like(G)
     a_step[valid] = (g - mean) / (std + eps) if norm_adv_by_std_in_grpo else g - mean
-    if gigpo_mean_std_cross_steps:  # verl-agent: each episode's R once per turn row (n_i = its number of turns)
-        mean, std, n_rows = group_stats(scores, group_ids, weights=valid.sum(-1))
-        single = n_rows <= 1  # one row: no baseline (mean 0, std 1), as verl-agent
-        mean, std = torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
-        a_ep = (scores - mean) / (std + eps) if norm_adv_by_std_in_grpo else scores - mean
-    else:
-        a_ep = grpo(scores, group_ids, torch.ones(B, 1), norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, eps=eps)[:, 0]
+    # A_ep: GRPO's, or verl-agent's (the option): each episode's R once per turn row (n_i = its number of turns)
+    mean, std, n_rows = group_stats(scores, group_ids, weights=valid.sum(-1) if gigpo_mean_std_cross_steps else None)
+    single = n_rows <= 1  # one episode (row): no baseline (mean 0, std 1), as GRPO and verl-agent
+    mean, std = torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
+    a_ep = (scores - mean) / (std + eps) if norm_adv_by_std_in_grpo else scores - mean
     return (a_ep[:, None] + step_advantage_w * a_step.gather(1, turn_index.clamp(min=0))) * mask * on

@@ -47,12 +47,9 @@ def rollout_importance_weights(old_logprobs: torch.Tensor, rollout_logprobs: tor
     with torch.no_grad():
         valid = mask > 0
         log_ratio = torch.where(valid, old_logprobs - rollout_logprobs, torch.zeros_like(old_logprobs))
-        if level == "token":
-            log_w = log_ratio
-        elif level == "sequence":
-            log_w = log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)
-        else:
+        if level not in ("token", "sequence"):
             raise ValueError(f"unknown importance-sampling level {level!r} (choose token|sequence)")
+        log_w = log_ratio if level == "token" else log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)
         truncated = log_w > math.log(cap)
         weights = torch.where(valid, torch.exp(log_w.clamp(max=math.log(cap))), torch.ones_like(log_w))
         top = torch.where(valid, log_w, torch.full_like(log_w, -torch.inf)).max().clamp(max=SAFETY_BOUND)

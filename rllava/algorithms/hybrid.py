@@ -75,19 +75,14 @@ def reshape(ratio: torch.Tensor, logprobs: torch.Tensor, kind: str, *, weight: f
 
     LUFFY's f(p) = p / (p + gamma), gamma = 0.1 (`p_div_p_0.1`), keeps low-probability expert tokens' gradient
     large (grad f = gamma / (p + gamma)^2 grad p), where plain p's would vanish."""
-    if kind == "no_reshape":
-        return ratio
-    if kind == "logp":
-        return logprobs * weight
-    if kind == "p_logp":
-        return logprobs * weight + ratio
-    if kind == "square_root":
-        return torch.sqrt(ratio)
-    if kind == "pow":
-        return torch.pow(ratio, pow_exp)
     if kind.startswith("p_div_p_"):
         return ratio / (ratio + float(kind[len("p_div_p_"):]))
-    raise ValueError(f"unknown reshape {kind!r} (choose no_reshape|logp|p_logp|square_root|pow|p_div_p_<gamma>)")
+    shaped = {"no_reshape": lambda: ratio, "logp": lambda: logprobs * weight,
+              "p_logp": lambda: logprobs * weight + ratio, "square_root": lambda: torch.sqrt(ratio),
+              "pow": lambda: torch.pow(ratio, pow_exp)}.get(kind)
+    if shaped is None:
+        raise ValueError(f"unknown reshape {kind!r} (choose no_reshape|logp|p_logp|square_root|pow|p_div_p_<gamma>)")
+    return shaped()
 
 
 def on_policy_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, kind: str, *, weight: float = 0.1,
@@ -143,11 +138,6 @@ def srft_weights(entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return 0.5 * torch.exp(-entropy), 0.1 * torch.exp(entropy)
 
 
-def sequence_entropy(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """SRFT's H per sequence: the mean token entropy (detached) over each row's trained tokens, [B, T] -> [B, 1]."""
-    return _seq_mean(entropy.detach(), mask).unsqueeze(-1)
-
-
 def _on_policy_loss(inp: LossInputs, on: torch.Tensor, loss_remove_clip: bool, reshape_kind: str,
                     reshape_weight: float, reshape_pow_exp: float, clip_ratio_low: float, clip_ratio_high: float):
     """(-A r on the policy's tokens, r from `on_policy_ratio`, PPO-clipped unless loss_remove_clip; the clip mask)."""
@@ -160,30 +150,25 @@ def _on_policy_loss(inp: LossInputs, on: torch.Tensor, loss_remove_clip: bool, r
     return loss, clipped & (on > 0)
 
 
-def _off_policy_ratio(inp: LossInputs, kind: str, weight: float, pow_exp: float, max_clip: float, min_clip: float):
-    """The shaped off-policy ratio f(p), p = pi(y_t) (pi_old of the expert = 1), optionally clamped."""
+def _with_expert_tokens(inp: LossInputs, on: torch.Tensor, off: torch.Tensor, on_loss: torch.Tensor, clipped, kind: str,
+                        weight: float, pow_exp: float, max_clip: float, min_clip: float, all_max_clip: float):
+    """(per-token loss, metrics): `on_loss` on the policy's tokens, -A f(p) on the expert's, f the shaped off-policy
+    ratio of p = pi(y_t) (pi_old of the expert = 1) clamped to [min_clip, max_clip]; RLLaVA's `actor.all_max_clip`:
+    no loss on tokens the policy already gives p > all_max_clip (-1: that bound off)."""
     off_ratio = reshape(torch.exp(inp.logprobs), inp.logprobs, kind, weight=weight, pow_exp=pow_exp)
     if max_clip != -1:
         off_ratio = off_ratio.clamp(max=max_clip)
     if min_clip != -1:
         off_ratio = off_ratio.clamp(min=min_clip)
-    return off_ratio
-
-
-def _drop_confident(loss: torch.Tensor, logprobs: torch.Tensor, all_max_clip: float) -> torch.Tensor:
-    """RLLaVA's `actor.all_max_clip`: no loss on tokens the policy already gives p > all_max_clip (-1: off)."""
-    if all_max_clip == -1:
-        return loss
-    return loss * (torch.exp(logprobs.detach()) <= all_max_clip)
-
-
-def _hybrid_metrics(inp: LossInputs, on: torch.Tensor, off: torch.Tensor, on_loss, off_loss, clipped) -> dict:
-    return {"on_pg_loss": masked_mean(on_loss.detach(), on), "off_pg_loss": masked_mean(off_loss.detach(), off),
-            "pg_clipfrac": masked_mean(clipped.float(), on),
-            "on_policy_prob": masked_mean(torch.exp(inp.logprobs.detach()), on),
-            "off_policy_prob": masked_mean(torch.exp(inp.logprobs.detach()), off),
-            "ppo_kl": masked_mean((inp.old_logprobs - inp.logprobs).detach(), on)
-            if inp.old_logprobs is not None else 0.0}
+    off_loss = -inp.advantages * off_ratio
+    loss, p = torch.where(off > 0, off_loss, on_loss), torch.exp(inp.logprobs.detach())
+    if all_max_clip != -1:
+        loss = loss * (p <= all_max_clip)
+    return loss, {"on_pg_loss": masked_mean(on_loss.detach(), on), "off_pg_loss": masked_mean(off_loss.detach(), off),
+                  "pg_clipfrac": masked_mean(clipped.float(), on), "on_policy_prob": masked_mean(p, on),
+                  "off_policy_prob": masked_mean(p, off),
+                  "ppo_kl": masked_mean((inp.old_logprobs - inp.logprobs).detach(), on)
+                  if inp.old_logprobs is not None else 0.0}
 
 
 @register_policy_loss("luffy")
@@ -212,10 +197,8 @@ def luffy(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: floa
     off, on = inp.mask * off, inp.mask * (1 - off)
     on_loss, clipped = _on_policy_loss(inp, on, loss_remove_clip, on_policy_reshape, on_policy_reshape_weight,
                                        on_policy_reshape_pow_exp, clip_ratio_low, clip_ratio_high)
-    off_loss = -inp.advantages * _off_policy_ratio(inp, off_policy_reshape, off_policy_reshape_weight,
-                                                   off_policy_reshape_pow_exp, off_policy_max_clip, off_policy_min_clip)
-    loss = _drop_confident(torch.where(off > 0, off_loss, on_loss), inp.logprobs, all_max_clip)
-    return loss, _hybrid_metrics(inp, on, off, on_loss, off_loss, clipped)
+    return _with_expert_tokens(inp, on, off, on_loss, clipped, off_policy_reshape, off_policy_reshape_weight,
+                               off_policy_reshape_pow_exp, off_policy_max_clip, off_policy_min_clip, all_max_clip)
 
 
 @register_policy_loss("srft")
@@ -245,7 +228,7 @@ def srft(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float
     off = inp.off_policy if inp.off_policy is not None else torch.zeros_like(inp.mask)
     off, on = inp.mask * off, inp.mask * (1 - off)
     adv = inp.need("advantages", "srft")
-    entropy = sequence_entropy(inp.need("entropy", "srft"), inp.mask)
+    entropy = _seq_mean(inp.need("entropy", "srft").detach(), inp.mask).unsqueeze(-1)  # H_i, [B, 1]
     _, on_coef = srft_weights(entropy)
     correct = (inp.need("scores", "srft") >= success_reward_threshold).unsqueeze(-1)
     on_adv = torch.where(correct, on_coef.to(adv.dtype).expand_as(adv), torch.full_like(adv, -1.0))
@@ -258,10 +241,9 @@ def srft(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float
         bounded = -on_adv * g.clamp(1.0 - clip_ratio_low, max(clip_upper_bound, 1.0 + clip_ratio_high))
         clipped = (bounded > on_loss) & (on > 0)
         on_loss = torch.maximum(on_loss, bounded)
-    off_loss = -adv * _off_policy_ratio(inp, off_policy_reshape, off_policy_reshape_weight,
-                                        off_policy_reshape_pow_exp, off_policy_max_clip, off_policy_min_clip)
-    loss = _drop_confident(torch.where(off > 0, off_loss, on_loss), inp.logprobs, all_max_clip)
-    metrics = _hybrid_metrics(inp, on, off, on_loss, off_loss, clipped)
+    loss, metrics = _with_expert_tokens(inp, on, off, on_loss, clipped, off_policy_reshape, off_policy_reshape_weight,
+                                        off_policy_reshape_pow_exp, off_policy_max_clip, off_policy_min_clip,
+                                        all_max_clip)
     own = on.sum(-1, keepdim=True) > 0  # the rows holding own tokens
     metrics.update(srft_on_coef=masked_mean(on_coef, own), srft_entropy=masked_mean(entropy, own))
     return loss, metrics
@@ -326,9 +308,9 @@ uft = _ppo_on_own_tokens("uft")
 def sft_token_weights(loss_mode: str, logprobs: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor, *,
                       enable_phi_function: bool = False) -> torch.Tensor:
     """The per-token weight (detached) of the SFT term's -log p on expert tokens, before its coefficient: CHORD-phi:
-    phi(p); SRFT: 0.5 exp(-H_i), H_i the row's mean token entropy over `mask` (`sequence_entropy`); others: 1."""
+    phi(p); SRFT: 0.5 exp(-H_i), H_i the row's mean token entropy (detached) over `mask`; others: 1."""
     if loss_mode == "srft":
-        return srft_weights(sequence_entropy(entropy, mask))[0].to(logprobs.dtype).expand_as(logprobs)
+        return srft_weights(_seq_mean(entropy.detach(), mask).unsqueeze(-1))[0].to(logprobs.dtype).expand_as(logprobs)
     if loss_mode == "chord" and enable_phi_function:
         return phi(torch.exp(logprobs.detach()))
     return torch.ones_like(logprobs)

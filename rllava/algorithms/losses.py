@@ -348,14 +348,11 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
         k2 / mse     : d^2 / 2
         k3 / low_var_kl : exp(-d) - 1 + d       (unbiased, >= 0, low variance; clamped to [-10, 10] as in verl)"""
     d = logprobs - ref_logprobs
-    if kind in ("kl", "k1"):
-        return d
-    if kind == "abs":
-        return d.abs()
-    if kind in ("mse", "k2"):
-        return 0.5 * d.square()
-    if kind in ("low_var_kl", "k3"):
-        return (torch.exp(-d) - 1 + d).clamp(-10.0, 10.0)
+    estimates = {("kl", "k1"): lambda: d, ("abs",): d.abs, ("mse", "k2"): lambda: 0.5 * d.square(),
+                 ("low_var_kl", "k3"): lambda: (torch.exp(-d) - 1 + d).clamp(-10.0, 10.0)}
+    for names, estimate in estimates.items():
+        if kind in names:
+            return estimate()
     raise ValueError(f"unknown KL estimator {kind!r} (choose kl|k1|abs|mse|k2|low_var_kl|k3)")
 
 
@@ -374,15 +371,12 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, *, max_len: int
     seq_has_tokens = (mask.sum(-1) > 0).to(loss.dtype)
     num_tokens = mask.sum().clamp(min=1) if num_tokens is None else num_tokens
     num_seqs = seq_has_tokens.sum().clamp(min=1) if num_seqs is None else num_seqs
-    if mode == "token-mean":
-        return (loss * mask).sum() / num_tokens
-    if mode == "seq-mean-token-sum":
-        return (loss * mask).sum() / num_seqs
     if mode == "seq-mean-token-mean":
         return _seq_mean(loss, mask).sum() / num_seqs
-    if mode == "seq-mean-token-sum-norm":
-        return (loss * mask).sum() / (num_seqs * max_len)
-    raise ValueError(f"unknown actor.loss_agg_mode {mode!r}")
+    norm = {"token-mean": num_tokens, "seq-mean-token-sum": num_seqs, "seq-mean-token-sum-norm": num_seqs * max_len}
+    if mode not in norm:
+        raise ValueError(f"unknown actor.loss_agg_mode {mode!r}")
+    return (loss * mask).sum() / norm[mode]
 
 
 def value_loss(vpreds: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,

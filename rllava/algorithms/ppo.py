@@ -14,11 +14,9 @@ import torch
 
 from rllava.algorithms import advantage as _advantage  # noqa: F401  (registers the built-in estimators)
 from rllava.algorithms import distill as _distill  # noqa: F401  (registers the distillation losses)
-from rllava.algorithms import hybrid as _hybrid  # noqa: F401  (registers the SFT+RL hybrid losses)
-from rllava.algorithms import losses as _losses  # noqa: F401  (registers the built-in losses)
-from rllava.algorithms.hybrid import HYBRID_LOSS_KEYS
+from rllava.algorithms.hybrid import HYBRID_LOSS_KEYS  # (the import registers the SFT+RL hybrid losses)
 from rllava.algorithms.kl import token_rewards_of
-from rllava.algorithms.losses import LossInputs
+from rllava.algorithms.losses import LossInputs  # (the import registers the built-in losses)
 from rllava.algorithms.registry import ADV_ESTIMATORS, ALGORITHMS, POLICY_LOSSES, call_with_params, lookup
 from rllava.data.protocol import Batch
 from rllava.errors import ConfigError
