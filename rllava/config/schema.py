@@ -301,7 +301,7 @@ class ModelConfig:
     padding_free: bool = False  # rllava default (RLLaVA: True): run each micro-batch packed, without pad tokens
     shared_prefix: Optional[bool] = None  # rllava: the training forward runs each group's prompt once, its K responses attending to it (exact); None = on where the attention takes a custom mask (sdpa, eager), off under flash_attention_2
     dynamic_batching: bool = False  # rllava default (RLLaVA: True): micro-batches by *_max_token_len_per_gpu tokens
-    ulysses_size: int = 1  # sequence-parallel degree
+    ulysses_size: int = 1  # Ulysses sequence parallelism: each sequence of the training passes split over this many ranks of a torchrun launch (a multiple of it), attention over the whole through all-to-alls; sdpa / eager attention, no shared_prefix (docs/engines.md)
     use_peft: bool = False  # train LoRA adapters instead of all weights
     lora_task_type: str = "CAUSAL_LM"  # peft task type
     lora_r: int = 128  # LoRA rank
@@ -317,13 +317,18 @@ class ModelConfig:
     @property
     def use_shared_prefix(self) -> bool:
         """shared_prefix as set, or by default wherever the attention can take its mask."""
-        return self.shared_prefix if self.shared_prefix is not None else self.attn_implementation in MASKABLE_ATTENTION
+        if self.shared_prefix is not None:
+            return self.shared_prefix
+        return self.attn_implementation in MASKABLE_ATTENTION and self.ulysses_size == 1
 
     def check(self, prefix: str) -> list[str]:
         p: list[str] = []
         if self.torch_dtype is not None:
             _choice(p, f"{prefix}.torch_dtype", self.torch_dtype, TORCH_DTYPES)
         _positive(p, f"{prefix}.ulysses_size", self.ulysses_size)
+        if self.ulysses_size > 1 and (self.shared_prefix or self.attn_implementation not in MASKABLE_ATTENTION):
+            p.append(f"{prefix}.ulysses_size={self.ulysses_size} runs sdpa or eager attention without the "
+                     f"shared-prefix layout: set {prefix}.attn_implementation=sdpa and {prefix}.shared_prefix=false")
         if self.freeze_vision_tower and self.freeze_connector and self.freeze_llm and not self.use_peft:
             p.append(f"{prefix}.freeze_vision_tower, freeze_connector and freeze_llm are all true: nothing is left "
                      "to train; unfreeze one part (or set use_peft=true to train adapters)")
@@ -396,7 +401,7 @@ class FSDPConfig:  # used when actor.strategy is fsdp/fsdp2; the three offload s
     reshard_after_forward: bool = True  # free gathered params after forward
     forward_prefetch: bool = False  # prefetch next all-gather during forward
     fsdp_size: int = -1  # shard group size; -1 = world size
-    ulysses_size: int = 1  # sequence-parallel degree
+    ulysses_size: int = 1  # RLLaVA keeps this twin of model.ulysses_size, which is the one read
     mixed_precision: Optional[dict[str, Any]] = None  # param/reduce/buffer dtypes
 
     def check(self, prefix: str) -> list[str]:
@@ -405,16 +410,16 @@ class FSDPConfig:  # used when actor.strategy is fsdp/fsdp2; the three offload s
         if self.wrap_policy:
             p.append(f"{prefix}.wrap_policy={self.wrap_policy} is not available yet in rllava: FSDP2 shards each "
                      f"decoder layer / vision block (the model's _no_split_modules); set {prefix}.wrap_policy={{}}")
+        model = prefix.rsplit(".", 1)[0] + ".model"
         if self.torch_dtype is not None:
-            model = prefix.rsplit(".", 1)[0] + ".model.torch_dtype"
-            p.append(f"{prefix}.torch_dtype={self.torch_dtype} is not read in rllava; set {model} (weights) or "
-                     f"{prefix}.mixed_precision (compute dtypes) instead")
+            p.append(f"{prefix}.torch_dtype={self.torch_dtype} is not read in rllava; set {model}.torch_dtype "
+                     f"(weights) or {prefix}.mixed_precision (compute dtypes) instead")
+        if self.ulysses_size != 1:
+            p.append(f"{prefix}.ulysses_size={self.ulysses_size} is not read in rllava; set {model}.ulysses_size "
+                     "instead")
         if self.fsdp_size not in (-1, int(os.environ.get("WORLD_SIZE", "1"))):
             p.append(f"{prefix}.fsdp_size={self.fsdp_size} is not available yet in rllava (HSDP shard groups); "
                      f"set {prefix}.fsdp_size=-1 (shard over every process)")
-        if self.ulysses_size != 1:
-            p.append(f"{prefix}.ulysses_size={self.ulysses_size} is not available yet in rllava (sequence "
-                     f"parallelism); set {prefix}.ulysses_size=1")
         return p
 
 
@@ -599,9 +604,6 @@ class CriticConfig:  # PPO value model: the backbone of critic.model.model_path 
             if getattr(self.model, name) != getattr(ModelConfig(), name):
                 p.append(f"{prefix}.model.{name}={_show(getattr(self.model, name))} is not read for the value model; "
                          f"set {instead} instead")
-        if self.model.ulysses_size != 1:
-            p.append(f"{prefix}.model.ulysses_size={self.model.ulysses_size} is not available yet in rllava; "
-                     f"set {prefix}.model.ulysses_size=1")
         return p
 
     ignored_keys = ActorConfig.ignored_keys  # the same strategy / fsdp / deepspeed keys (validate passes "critic")
@@ -951,7 +953,7 @@ class TrainerConfig:
 ENGINE_OFFLOAD_KEYS = ("fsdp.enable_cpu_offload", "fsdp.offload_params", "fsdp.offload_optimizer")
 
 # Accepted for RLLaVA compatibility, not built yet (delete a line when it lands): (key, is_turned_on, value to set)
-NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = [("actor.model.ulysses_size", lambda v: v > 1, "1")]
+NOT_BUILT_YET: list[tuple[str, Callable[[Any], bool], str]] = []
 
 # RLLaVA's expert-response dataset classes (its examples/algorithms/sft-rl/custom_datasets.py), read by name (their
 # file is not run): RLHFDatasetWithTarget's expert text is the record's `target_key` field (a list: its first item;
@@ -1121,6 +1123,9 @@ class PPOConfig:
         """Raise one ConfigError listing every problem; warn about keys the chosen strategy ignores."""
         p = [line for name in ("data", "algorithm", "actor", "ref", "rollout", "reward", "trainer", "critic")
              if getattr(self, name) is not None for line in getattr(self, name).check(name)]
+        if self.critic is not None and self.critic.model.ulysses_size != self.actor.model.ulysses_size:
+            p.append(f"critic.model.ulysses_size={self.critic.model.ulysses_size}: the critic runs in the actor's "
+                     f"sequence-parallel groups; set it to actor.model.ulysses_size={self.actor.model.ulysses_size}")
         if self.actor.ppo_mini_batch_size > 0 and self.data.train_batch_size % self.actor.ppo_mini_batch_size:
             p.append(f"data.train_batch_size={self.data.train_batch_size} must be a multiple of "
                      f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} (both count prompts)")

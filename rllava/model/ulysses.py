@@ -234,10 +234,10 @@ def take(hidden: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, target: t
 
 
 def union(batch):
-    """(the group's rows, this rank's among them): every rank's batch in rank order, 2-D tensors right-padded to the
-    longest (turn ids with -1), group ids kept apart; without sequence parallelism (batch, all rows)."""
+    """(the group's rows, this rank's among them, each rank's): every rank's batch in rank order, 2-D tensors
+    right-padded to the longest (turn ids with -1), group ids kept apart; without a group (batch, all, [all])."""
     if _group is None:
-        return batch, slice(None)
+        return batch, slice(None), [slice(None)]
     parts, out = [None] * _group[2], {}
     dist.all_gather_object(parts, batch, group=_group[0])
     T, sizes = max(p.input_ids.shape[1] for p in parts), [len(p) for p in parts]
@@ -252,5 +252,5 @@ def union(batch):
                                      else v for v in values])
         else:
             out[f.name] = [x for v in values for x in v] if isinstance(values[0], list) else values[0]
-    first = sum(sizes[:_group[1]])
-    return type(batch)(**out), slice(first, first + sizes[_group[1]])
+    parts = [slice(sum(sizes[:k]), sum(sizes[:k + 1])) for k in range(len(sizes))]
+    return type(batch)(**out), parts[_group[1]], parts

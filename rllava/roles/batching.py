@@ -4,6 +4,7 @@ each) by row count or by a token budget (`MicroBatching`), the no-grad passes ov
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -81,7 +82,7 @@ def forward_in_chunks(model, batch: Batch, batching: MicroBatching, fn) -> torch
     """`fn(micro)` -> [b, t] for each micro-batch, in eval mode and without grad, gathered into [B, T] (zeros past
     each micro-batch's trimmed length). The old-log-prob, reference and critic-value passes all run this way (under
     sequence parallelism over the group's rows, this rank's kept: `ulysses.union`)."""
-    was_training, (batch, own), T = model.training, ulysses.union(batch), batch.input_ids.shape[1]
+    was_training, (batch, own, _), T = model.training, ulysses.union(batch), batch.input_ids.shape[1]
     model.eval()
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=compute_device(model))  # to the host once
     for idx in batching.split(batch, list(range(len(batch)))):
@@ -99,22 +100,28 @@ def compute_logprobs(model, batch: Batch, batching: MicroBatching, temperature: 
 
 
 def mini_batches(batch: Batch, epochs: int, size: int, rl_mask: torch.Tensor | None = None,
-                 sft_mask: torch.Tensor | None = None):
+                 sft_mask: torch.Tensor | None = None, parts: list[slice] = (slice(None),)):
     """(row indices, aggregation normalisers) of each mini-batch of each epoch: one optimizer step each. The
     normalisers are the mini-batch's token / sequence counts, so its micro-batches sum to the unsplit loss. With N
     ranks (`size` and `batch` are then this rank's share; gradients are averaged over ranks) each divides by 1/N
     of the *global* counts: the ranks' mean loss is the global mini-batch's, however its tokens are spread.
+    `parts`: the rows of each rank of a sequence-parallel group (`ulysses.union`): mini-batch k holds each one's
+    k-th, as each rank's own would be.
 
     Hybrids: the counts are `rl_mask`'s (the RL term's tokens) instead of loss_mask's; `sft_mask` adds its counts
     as `sft_tokens` / `sft_seqs`, and `batch.sft_only` rows (demonstrations beside the groups) are spread evenly
     over the mini-batches of the other rows, so every optimizer step mixes both."""
     rl_mask = batch.loss_mask if rl_mask is None else rl_mask
-    rows = list(range(len(batch)))
-    extra = [] if batch.sft_only is None else [i for i in rows if batch.sft_only[i]]
-    rows = [i for i in rows if i not in set(extra)]
-    minis = [[rows[j] for j in idx] for idx in chunks(len(rows), size)] or [[]]
-    for k, share in enumerate(chunks(len(extra), -(-len(extra) // len(minis))) if extra else []):
-        minis[k] = sorted(minis[k] + [extra[j] for j in share])
+    each = []
+    for part in parts:
+        rows = list(range(len(batch)))[part]
+        extra = [] if batch.sft_only is None else [i for i in rows if batch.sft_only[i]]
+        rows = [i for i in rows if i not in set(extra)]
+        minis = [[rows[j] for j in idx] for idx in chunks(len(rows), size)] or [[]]
+        for k, share in enumerate(chunks(len(extra), -(-len(extra) // len(minis))) if extra else []):
+            minis[k] = sorted(minis[k] + [extra[j] for j in share])
+        each.append(minis)
+    minis = [sum(ms, []) for ms in itertools.zip_longest(*each, fillvalue=[])]
     for _ in range(epochs):
         for mini in minis:
             masks = [rl_mask[mini]] + ([] if sft_mask is None else [sft_mask[mini]])

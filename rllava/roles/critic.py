@@ -35,13 +35,13 @@ class Critic:
 
     def update(self, batch: Batch) -> dict[str, float]:
         """Fit V to the returns of this batch; returns averaged `critic/*` metrics."""
-        batch = ulysses.union(batch)[0]  # sequence parallelism: the group's rows (Actor.update)
+        batch, _, parts = ulysses.union(batch)  # sequence parallelism: the group's rows (Actor.update)
         old_values = batch.need("values")
         _, returns = gae_returns(token_rewards_of(batch), old_values, batch.loss_mask, gamma=self.gamma, lam=self.lam)
         self.model.train()
         metrics = MeanMetrics()
         with self.engine.update_phase():  # Adam's state on the device only in here (offload_optimizer)
-            for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size * ulysses.size()):
+            for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, parts=parts):
                 for rows in self.micro_batching.split(batch, mini):
                     micro = batch.select(rows).to(self.engine.device)
                     T = micro.input_ids.shape[1]

@@ -505,8 +505,10 @@ def test_alias_conflicts(tmp_path):
     ("actor.model.use_peft=true actor.model.lora_r=0", "actor.model.lora_r=0 must be"),
     ("actor.logprob_chunk_size=-2", "actor.logprob_chunk_size=-2 must be > 0 (or 0, -1)"),
     ("actor.ppo_max_token_len_per_gpu=0", "actor.ppo_max_token_len_per_gpu=0 must be > 0"),
-    ("actor.model.ulysses_size=2",
-     "actor.model.ulysses_size=2 is not available yet in rllava; set actor.model.ulysses_size=1"),
+    ("actor.model.ulysses_size=2 actor.model.shared_prefix=true",
+     "actor.model.ulysses_size=2 runs sdpa or eager attention without the shared-prefix layout"),
+    ("actor.model.ulysses_size=2 actor.model.attn_implementation=flash_attention_2",
+     "actor.model.ulysses_size=2 runs sdpa or eager attention without the shared-prefix layout"),
     ("trainer.async_training=true", "trainer.async_training=true generates in processes of their own"),
     ("rollout.async_mode=true rollout.name=hf", "rollout.async_mode=true keeps a vLLM / SGLang engine awake"),
     ("actor.model.enable_activation_offload=true",
@@ -531,7 +533,13 @@ def test_rollout_engines_are_accepted(arg, name):
 
 
 def test_not_built_yet_list_is_checked_by_the_tests_above():
-    assert len(NOT_BUILT_YET) == 1  # one parametrized case above per entry (and data.dataset_class, read by name)
+    assert len(NOT_BUILT_YET) == 0  # one parametrized case above per entry (and data.dataset_class, read by name)
+
+
+def test_ulysses_turns_the_shared_prefix_default_off():
+    """actor.model.ulysses_size > 1 (sequence parallelism) runs without the shared-prefix layout unless asked."""
+    assert _load_quiet([]).actor.model.use_shared_prefix
+    assert not _load_quiet(["actor.model.ulysses_size=2"]).actor.model.use_shared_prefix
 
 
 def test_critic_null_loads(tmp_path):

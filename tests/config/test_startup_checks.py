@@ -43,12 +43,13 @@ def _warnings(args) -> list[str]:
     ("reward.model.use_peft=true", "reward.model.use_peft=true is not read: the reward model is run, never trained"),
     ("reward.model.tokenizer_path=t", "reward.model.tokenizer_path=t is read only with a reward model: set "
                                       "reward.model.model_path=DIR"),
-    ("actor.fsdp.ulysses_size=2", "actor.fsdp.ulysses_size=2 is not available yet in rllava (sequence parallelism)"),
+    ("actor.fsdp.ulysses_size=2", "actor.fsdp.ulysses_size=2 is not read in rllava; set actor.model.ulysses_size"),
     ("actor.fsdp.fsdp_size=4", "actor.fsdp.fsdp_size=4 is not available yet in rllava (HSDP shard groups)"),
     ("actor.fsdp.wrap_policy.min_num_params=1000", "actor.fsdp.wrap_policy={'min_num_params': 1000} is not available"),
     ("actor.fsdp.torch_dtype=bfloat16", "actor.fsdp.torch_dtype=bfloat16 is not read in rllava; set "
                                         "actor.model.torch_dtype (weights) or actor.fsdp.mixed_precision"),
-    ("critic.model.ulysses_size=2", "critic.model.ulysses_size=2 is not available yet in rllava"),
+    ("critic.model.ulysses_size=2", "critic.model.ulysses_size=2: the critic runs in the actor's sequence-parallel "
+                                    "groups; set it to actor.model.ulysses_size=1"),
     ("critic.model.tokenizer_path=t", "critic.model.tokenizer_path=t is not read for the value model; "
                                       "set actor.model.tokenizer_path instead"),
     ("rollout.vllm.seed=3", "rollout.vllm.seed=3 is not read in rllava; set rollout.seed instead"),
