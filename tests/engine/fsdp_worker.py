@@ -37,6 +37,10 @@ def global_batch():
 def make_engine(strategy: str, device: torch.device):
     if strategy == "fsdp2":
         return FSDP2Engine(device, max_grad_norm=1.0)
+    if strategy == "accelerate":  # Accelerate's DDP on CPUs (FSDP2's state-dict code)
+        from rllava.engine.train.accelerate import AccelerateEngine
+
+        return AccelerateEngine(device, max_grad_norm=1.0)
     if strategy.startswith("deepspeed"):  # deepspeed3, deepspeed2-offload, ...
         from rllava.config.schema import DeepSpeedConfig
         from rllava.engine.train.deepspeed import DeepSpeedEngine
@@ -50,7 +54,9 @@ def make_engine(strategy: str, device: torch.device):
 def moments(engine) -> float:
     """Sum of |Adam's first moment| over all parameters and ranks (0 for a fresh optimizer)."""
     local = [s["exp_avg"] for s in engine.optimizer.state.values() if "exp_avg" in s]
-    return D.all_sum([sum(float((t.to_local() if hasattr(t, "to_local") else t).abs().sum()) for t in local)])[0]
+    total = D.all_sum([sum(float((t.to_local() if hasattr(t, "to_local") else t).abs().sum()) for t in local)])[0]
+    ddp = type(engine).__name__ == "AccelerateEngine" and not any(hasattr(t, "to_local") for t in local)
+    return total / D.world_size() if ddp else total  # Accelerate's DDP (CPUs): every rank holds the whole state
 
 
 def main(model_dir, out_dir, strategy, mode=None, dcp_dir=None):

@@ -63,10 +63,12 @@ def test_two_ranks_match_one_process(tmp_path, tiny_model_dir, single_step, stra
 @pytest.mark.parametrize("strategy, resumed_on", [
     ("fsdp2", ["single", "fsdp2"]),
     pytest.param("deepspeed3-offload", ["single", "deepspeed2"], marks=[DEEPSPEED, pytest.mark.slow]),
-    pytest.param("fsdp2", ["deepspeed3"], marks=DEEPSPEED, id="fsdp2-to-deepspeed")])
+    pytest.param("fsdp2", ["deepspeed3"], marks=DEEPSPEED, id="fsdp2-to-deepspeed"),
+    pytest.param("accelerate", ["single", "accelerate", "fsdp2"], marks=pytest.mark.slow, id="accelerate")])
 def test_checkpoint_from_two_ranks_resumes_in_one(tmp_path, tiny_model_dir, strategy, resumed_on):
     """Engine state is saved by parameter name (`checkpoint.py`): a 2-rank checkpoint resumes in one process
-    or two, on the same engine or another one (DeepSpeedCPUAdam's state in torch's AdamW, and back)."""
+    or two, on the same engine or another one (DeepSpeedCPUAdam's state in torch's AdamW, and back; Accelerate's
+    in FSDP2)."""
     ckpt = tmp_path / "dcp"
     _run(2, tiny_model_dir, tmp_path / "a", strategy, "save_dcp", ckpt)
     first = _result(tmp_path / "a")
