@@ -51,7 +51,8 @@ class Critic:
                                                      cliprange=self.cliprange_value)
                     loss = aggregate(per_token, micro.loss_mask, self.agg_mode, max_len=T, **norm)
                     self.engine.backward(loss)
-                    metrics.add({"critic/vf_loss": loss.detach(), "critic/vf_clipfrac": clipfrac,
+                    metrics.add({"critic/vf_loss": loss.detach() * ulysses.size(),  # N x the micro-batches: x N, as at size 1
+                                 "critic/vf_clipfrac": clipfrac,
                                  "critic/vpred_mean": masked_mean(vpred.detach(), micro.loss_mask)})
                 metrics.add({"critic/grad_norm": self.engine.optimizer_step()})
         return {**metrics.means(), "critic/returns_mean": masked_mean(returns, batch.loss_mask).item()}

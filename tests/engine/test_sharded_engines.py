@@ -245,24 +245,30 @@ def test_ulysses_equals_the_whole_sequence_on_every_vlm_family(tmp_path, attn):
             (name, r)
 
 
-@pytest.mark.slow  # ~70 s: two 3-step runs on two ranks
-def test_ulysses_pipeline_takes_the_steps_of_sp1(tmp_path, tiny_model_dir, counting_dir, distinct_reward):
+@pytest.mark.slow  # ~30 s each: two 3-step runs on two ranks
+@pytest.mark.parametrize("critic", [False, True])
+def test_ulysses_pipeline_takes_the_steps_of_sp1(tmp_path, tiny_model_dir, counting_dir, distinct_reward, critic):
     """`torchrun --nproc_per_node=2 ... actor.model.ulysses_size=2`: 3 steps with the KL's reference and gradient
-    checkpointing give the metrics of the same two ranks at ulysses_size=1 (each rank samples the same prompts:
-    only the training passes are split, by rows there, by sequence here)."""
+    checkpointing (or PPO's critic, critic.model.ulysses_size=2 too) give the metrics of the same two ranks at
+    ulysses_size=1 (each rank samples the same prompts: only the training passes are split, by rows there, by
+    sequence here)."""
     data = [f"data.train_files={counting_dir}/train.jsonl", "data.max_samples=12", "rollout.n=2",
             "trainer.val_before_train=false", "trainer.val_freq=-1", "trainer.max_steps=3",
             "actor.strategy=fsdp2", "actor.model.enable_gradient_checkpointing=true"]
+    keys = ["reward/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm", "response_length/mean"]
+    if critic:
+        data += ["algorithm.adv_estimator=gae", f"critic.model.model_path={tiny_model_dir}", "critic.strategy=fsdp2",
+                 "critic.optim.lr=1e-3"]
+        keys += ["critic/vf_loss", "critic/grad_norm", "critic/vpred_mean"]
     runs = {}
     for sp in (1, 2):
         res = _rlvr_on_ranks(2, tmp_path / f"sp{sp}", tiny_model_dir, distinct_reward, *data,
-                             f"actor.model.ulysses_size={sp}")
+                             f"actor.model.ulysses_size={sp}", *([f"critic.model.ulysses_size={sp}"] * critic))
         assert res.returncode == 0, res.stderr[-3000:]
         runs[sp] = [json.loads(line) for line in open(tmp_path / f"sp{sp}" / "metrics.jsonl")]
     assert [r["step"] for r in runs[2]] == [1, 2, 3]
     for a, b in zip(runs[1], runs[2], strict=True):
-        for key in ("reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
-                    "response_length/mean"):
+        for key in keys + ([] if critic else ["actor/kl_loss"]):
             assert abs(a[key] - b[key]) <= 1e-4 * max(1.0, abs(a[key])), (a["step"], key, a[key], b[key])
 
 
