@@ -98,7 +98,6 @@ def regroup(parts: list, shares: int) -> list:
 
 
 # ---- messages: pickled objects over the bridge, each tagged by its step or version ----
-
 def _send(group, obj, dst: int, tag: int, pending: list) -> None:
     """Send without waiting; the buffers stay in `pending` until `_settle` sees them received."""
     data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
@@ -126,16 +125,14 @@ BATCH, WEIGHTS = 0, 1  # tag = 2 x step (a batch) or 2 x version + 1 (weights)
 
 
 # ---- the trainers' side ----
-
 def train(run, learn) -> str:
     """`train_loop` on Rollouts received from the rollout ranks; each update's weights go out if a batch needs them."""
     cfg = run.cfg
-    k, save_freq = cfg.trainer.max_staleness, cfg.trainer.save_freq
     group, _, trainers = D.bridge()
     leader, rollout_ranks = trainers, range(trainers, group.size())
     pending: list = []
     start = C.read_state(run.resume_from)["global_step"] if run.resume_from else 0
-    needed = set(needed_versions(start, run.steps, k, save_freq))
+    needed = set(needed_versions(start, run.steps, cfg.trainer.max_staleness, cfg.trainer.save_freq))
 
     def publish(version: int) -> None:
         if version not in needed:
@@ -168,7 +165,6 @@ def train(run, learn) -> str:
 
 
 # ---- the rollout ranks' side ----
-
 def serve(cfg, make_produce) -> str:
     """A rollout rank's run: stages 1-2 of each batch, by the weights the schedule names, sent to the trainers."""
     run = build_run(cfg, role="rollout")  # (SFT+RL hybrids are refused at start-up: the config's _async_problems)

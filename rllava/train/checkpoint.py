@@ -169,15 +169,18 @@ def save_checkpoint(run, step: int) -> str:
         save_model(run.model, run.processor, os.path.join(tmp, "actor", "huggingface"), weights,
                    weights=weights is not None, merge_lora=cfg.trainer.hf_merge_lora,
                    pixels=(cfg.data.min_pixels, cfg.data.max_pixels))
-        with open(os.path.join(tmp, "config.yaml"), "w") as f:
-            f.write(config_to_yaml(cfg, ran=True))
+        write_text_atomic(os.path.join(tmp, "config.yaml"), config_to_yaml(cfg, ran=True))
         state = {"global_step": step, "sampler": run.sampler.state_dict(), "world_size": D.world_size(),
                  "contents": contents, "engines": sorted(engines),
                  "stateful": {k: v.state_dict() for k, v in states.items()}}
-        with open(os.path.join(tmp, STATE_FILE), "w") as f:
-            json.dump(state, f, indent=1)
+        write_text_atomic(os.path.join(tmp, STATE_FILE), json.dumps(state, indent=1))
     del weights
-    parts, (pool, group) = engine_parts(contents), _background() if background else (None, None)
+    parts = engine_parts(contents)
+    if background and not _writer:  # one writer thread, made once by every rank (a collective); under torchrun its
+        # collectives get a gloo group of their own, never interleaved with the training thread's on the default group
+        _writer.update(pool=ThreadPoolExecutor(1, thread_name_prefix="rllava-checkpoint"),
+                       group=dist.new_group(backend="gloo") if dist.is_initialized() else None)
+    pool, group = (_writer["pool"], _writer["group"]) if background else (None, None)
     staged = {name: _stage(engine, parts) for name, engine in engines.items()} if background else None
 
     def commit() -> None:  # in the background, the engines' state goes last: the rest of `tmp` is written
@@ -202,15 +205,6 @@ def save_checkpoint(run, step: int) -> str:
 
 _pending: list = []  # the background save in flight (actor.checkpoint.async_save): at most one
 _writer: dict = {}  # its thread and process group, made at the first asynchronous save
-
-
-def _background() -> tuple[ThreadPoolExecutor, object]:
-    """One writer thread; under torchrun its collectives get a gloo group of their own, never interleaved with
-    the training thread's on the default group (NCCL or gloo). Made once, by every rank (a collective)."""
-    if not _writer:
-        _writer.update(pool=ThreadPoolExecutor(1, thread_name_prefix="rllava-checkpoint"),
-                       group=dist.new_group(backend="gloo") if dist.is_initialized() else None)
-    return _writer["pool"], _writer["group"]
 
 
 def _stage(engine, parts) -> dict:

@@ -164,20 +164,18 @@ def run_cli(train: Callable, argv: list[str] | None = None) -> None:
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv)
         outputs_dir = train(cfg)
-    except KeyboardInterrupt:
-        if os.environ.get("RLLAVA_DEBUG") == "1":
-            traceback.print_exc()
-        if main:
-            print(f"rllava: interrupted: no final/ written; {_next_time(cfg)}", file=sys.stderr)
-        code = 130
     except BaseException as e:  # noqa: BLE001  DCP's CheckpointException is a BaseException
-        message = None if isinstance(e, SystemExit) else user_message(e)
-        if message is None:
+        interrupted = isinstance(e, KeyboardInterrupt)
+        message = None if interrupted or isinstance(e, SystemExit) else user_message(e)
+        if message is None and not interrupted:
             raise
         if os.environ.get("RLLAVA_DEBUG") == "1":
             traceback.print_exc()
-        _say_error(f"rllava: error: {message}", main)
-        code = 2
+        if not interrupted:
+            _say_error(f"rllava: error: {message}", main)
+        elif main:
+            print(f"rllava: interrupted: no final/ written; {_next_time(cfg)}", file=sys.stderr)
+        code = 130 if interrupted else 2
     else:
         D.close()  # after the last collective: every rank here, then the group destroyed
         if main:

@@ -158,9 +158,8 @@ class Hybrid:
     def coefficients(self, step: int) -> tuple[float, float]:
         """(rl_coef, sft_coef): CHORD's (1 - mu(t), mu(t)); the others (1, actor.sft_loss_coef)."""
         if self.mode == "chord":
-            a = self.a
-            mu = mu_schedule(step - 1, warmup=a.mu_warmup_steps, decay=a.mu_decay_steps, peak=a.mu_peak,
-                             valley=a.mu_valley)
+            mu = mu_schedule(step - 1, warmup=self.a.mu_warmup_steps, decay=self.a.mu_decay_steps,
+                             peak=self.a.mu_peak, valley=self.a.mu_valley)
             return 1.0 - mu, mu
         return 1.0, self.cfg.actor.sft_loss_coef
 

@@ -68,10 +68,7 @@ def check_writable(path: str, key: str = "the run's folder (trainer.outputs_dir)
 def _flat(tree: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in (tree or {}).items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out
 
 
@@ -86,8 +83,7 @@ def identity_changes(previous: str, cfg) -> list[str]:
 def check_outputs(cfg, outputs_dir: str, resume_from: str | None) -> bool:
     """Before anything is built: may this run write `outputs_dir` (module docstring)? True when `claim` is to delete
     the old run's files first: trainer.overwrite, or the same run started again."""
-    t = cfg.trainer
-    held = held_outputs(cfg, outputs_dir)
+    t, held = cfg.trainer, held_outputs(cfg, outputs_dir)
     root = os.path.abspath(C.checkpoint_root(cfg, outputs_dir))
     if t.overwrite and resume_from and os.path.abspath(resume_from).startswith(root + os.sep):
         raise RllavaError(f"trainer.overwrite=true would delete {resume_from}, the checkpoint this run resumes "

@@ -27,8 +27,7 @@ class Tracker:
     """`loggers=None` (ranks other than 0 under torchrun): a tracker that writes nothing."""
 
     def __init__(self, loggers: list[str] | None, outputs_dir: str, project: str, experiment: str, config: dict):
-        self.enabled = loggers is not None
-        self.outputs_dir = outputs_dir
+        self.enabled, self.outputs_dir = loggers is not None, outputs_dir
         self.jsonl = self.tb = self.wandb = None
         self.started, self.elapsed_before = time.monotonic(), 0.0  # time/elapsed_s = elapsed_before + since started
         self.console = self.enabled and "console" in loggers
@@ -37,10 +36,8 @@ class Tracker:
         os.makedirs(outputs_dir, exist_ok=True)
         # metrics.jsonl is always written: it is what plots, tests and resumed runs read.
         self.jsonl = open(os.path.join(outputs_dir, "metrics.jsonl"), "a")
-        if "tensorboard" in loggers:
-            self.tb = self._tensorboard()
-        if "wandb" in loggers:
-            self.wandb = start_wandb(project, experiment, config, outputs_dir)
+        self.tb = self._tensorboard() if "tensorboard" in loggers else None
+        self.wandb = start_wandb(project, experiment, config, outputs_dir) if "wandb" in loggers else None
 
     def _tensorboard(self, purge_step: int | None = None):
         from torch.utils.tensorboard import SummaryWriter
