@@ -55,9 +55,7 @@ def grpo(scores, group_ids, mask, *, norm_adv_by_std_in_grpo: bool = True, eps: 
     mean, std, n = group_stats(scores, group_ids)
     single = n == 1
     mean, std = torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
-    adv = scores - mean
-    if norm_adv_by_std_in_grpo:
-        adv = adv / (std + eps)
+    adv = (scores - mean) / (std + eps) if norm_adv_by_std_in_grpo else scores - mean
     return adv[:, None] * mask
 
 
@@ -131,8 +129,7 @@ def dr_grpo(scores, group_ids, mask):
 
 @register_adv_estimator("rloo")
 def rloo(scores, group_ids, mask):
-    """RLOO, REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740): the baseline is the mean of the
-    group's other samples (none in a group of one: A_i = r_i):
+    """RLOO, REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740): the baseline is the others' mean:
 
         A_i = r_i - (sum_g r - r_i) / (n_g - 1)  =  n_g / (n_g - 1) * (r_i - mean_g(r))
 
@@ -200,8 +197,7 @@ def reinforce_plus_plus_baseline(scores, group_ids, mask):
 
 @register_adv_estimator("remax")
 def remax(scores, group_ids, mask, *, baseline_scores):
-    """ReMax (Li et al. 2023, arXiv:2310.10505): the baseline is the reward of a greedy response to the prompt
-    (rolled out for this estimator):
+    """ReMax (Li et al. 2023, arXiv:2310.10505): the baseline is the reward of a greedy response, rolled out for it:
 
         A_i = r_i - r(greedy answer to prompt of i)      broadcast over the tokens of i
 
@@ -214,9 +210,8 @@ def remax(scores, group_ids, mask, *, baseline_scores):
 
 @register_adv_estimator("opo")
 def opo(scores, group_ids, mask):
-    """OPO, on-policy RL with the optimal baseline (Hao et al. 2025, arXiv:2505.23585): the group baseline weighted
-    by response length |o_j| (masked tokens), variance-minimising under the paper's assumptions; none in a group
-    of one (A_i = r_i, as verl):
+    """OPO, on-policy RL with the optimal baseline (Hao et al. 2025, arXiv:2505.23585): the group baseline weighted by
+    response length |o_j| (masked tokens; least variance, by the paper), none in a group of one (A_i = r_i, as verl):
 
         b_g = sum_{j in g} |o_j| r_j / sum_{j in g} |o_j|,     A_i = r_i - b_g
 
@@ -261,12 +256,11 @@ def gigpo(scores, group_ids, mask, *, turn_index, turn_anchors, turn_rewards, di
                                                                         outcome added at the episode's last turn
         A_step(i, k) = (G(i, k) - mean_s G) / (std_s G + eps)           s: the turns of i's group with i's anchor
 
-    gamma = rollout.discount, w = algorithm.step_advantage_w; `norm_adv_by_std_in_grpo=False` drops both
-    divisions (the paper's mean_norm). A turn alone with its anchor has A_step = 0.
-    A_ep's mean and std are over the group's episodes, one value each (the paper's Eq. 3). verl-agent's default
-    (episode_norm_reward, compute_mean_std_cross_steps=True, more stable by its authors) takes them over its rows,
-    one per turn, so longer episodes weigh more (a lone episode of several turns gets A_ep = 0): set
-    `algorithm.gigpo_mean_std_cross_steps=true` for that (the std is then the unbiased one over the turn rows).
+    gamma = rollout.discount, w = algorithm.step_advantage_w; `norm_adv_by_std_in_grpo=False` drops both divisions (the
+    paper's mean_norm). A turn alone with its anchor has A_step = 0. A_ep's mean and std are over the group's episodes,
+    one value each (the paper's Eq. 3). verl-agent's default (episode_norm_reward, compute_mean_std_cross_steps=True,
+    more stable by its authors) takes them over its rows, one per turn, so longer episodes weigh more (a lone episode of
+    several turns gets A_ep = 0): `algorithm.gigpo_mean_std_cross_steps=true` (the std then unbiased over turn rows).
 
     Reference: verl-agent's gigpo/core_gigpo.py@29e3e8b (langfengQ/verl-agent) L174-383: episode_norm_reward,
     the anchor-state step groups and the discounted step returns. Differs: the default episode statistics (the

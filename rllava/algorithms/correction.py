@@ -152,10 +152,9 @@ def mismatch_metrics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor,
         mismatch_chi2_token = mean_t rho_t^2 - 1,  mismatch_chi2_seq = mean_i (prod_t rho_it)^2 - 1   (clamped)
         mismatch_training_ppl / mismatch_rollout_ppl = mean_i exp(-mean_t logp_it)
 
-    Reference: volcengine/verl verl/trainer/ppo/rollout_corr_helper.py@b178a3c `compute_offpolicy_metrics`
-    L834-940 (its `kl`, `k3_kl`, `log_ppl_diff`, `chi2_token`, `chi2_seq`, `training_ppl`, `rollout_ppl`).
-    Differs: names prefixed `mismatch_`; sequence means are over sequences with masked tokens (verl: all rows);
-    verl's log-PPL min / max / abs and ppl_ratio are not logged."""
+    Reference: volcengine/verl verl/trainer/ppo/rollout_corr_helper.py@b178a3c `compute_offpolicy_metrics` L834-940.
+    Differs: its names (`kl`, `k3_kl`, `log_ppl_diff`, ...) prefixed `mismatch_`; sequence means are over sequences with
+    masked tokens (verl: all rows); verl's log-PPL min / max / abs and ppl_ratio are not logged."""
     with torch.no_grad():
         valid = mask > 0
         zero = torch.zeros_like(old_logprobs)
@@ -166,7 +165,6 @@ def mismatch_metrics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor,
         seq_old = torch.where(valid, old_logprobs, zero).sum(-1) / count
         seq_rollout = torch.where(valid, rollout_logprobs, zero).sum(-1) / count
         lr_safe = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-        seq_sum = lr.sum(-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
 
         def over_rows(x: torch.Tensor) -> torch.Tensor:
             return (x * rows).sum() / n_rows
@@ -175,6 +173,6 @@ def mismatch_metrics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor,
                 "mismatch_k3_kl": masked_mean(torch.exp(lr) - lr - 1, mask),
                 "mismatch_log_ppl_diff": over_rows(seq_rollout - seq_old),
                 "mismatch_chi2_token": masked_mean(torch.exp(lr_safe).square(), mask) - 1.0,
-                "mismatch_chi2_seq": over_rows(torch.exp(2.0 * seq_sum)) - 1.0,
+                "mismatch_chi2_seq": over_rows(torch.exp(2.0 * lr.sum(-1).clamp(-SAFETY_BOUND, SAFETY_BOUND))) - 1.0,
                 "mismatch_training_ppl": over_rows(torch.exp(-seq_old)),
                 "mismatch_rollout_ppl": over_rows(torch.exp(-seq_rollout))}

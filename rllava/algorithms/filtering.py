@@ -1,8 +1,7 @@
-"""DAPO's dynamic sampling (`algorithm.online_filtering`; Yu et al. 2025, arXiv:2503.14476): train only on groups
-that carry a learning signal (a group whose K responses all score the same gets zero GRPO-style advantages), sampling
-prompts until the batch is full. RLLaVA's keys: a group is kept when the mean of its `algorithm.filter_key` score is
-within [filter_low, filter_high] and its scores are not all equal; at most `trainer.max_try_make_batch` generation
-rounds fill one batch.
+"""DAPO's dynamic sampling (`algorithm.online_filtering`; Yu et al. 2025, arXiv:2503.14476): train only on groups that
+carry a learning signal (a group whose K responses all score the same gets zero GRPO-style advantages), sampling prompts
+until the batch is full. RLLaVA's keys: a group is kept when the mean of its `algorithm.filter_key` score is within
+[filter_low, filter_high] and its scores are not all equal; at most `trainer.max_try_make_batch` rounds fill one batch.
 """
 
 from __future__ import annotations
@@ -51,8 +50,7 @@ def fill_batch(draw, num_groups: int, *, filter_key: str, low: float, high: floa
                     "trainer.max_try_make_batch=%d rounds; training on %s (raise trainer.max_try_make_batch, or "
                     "widen algorithm.filter_low/filter_high)", informative, num_groups, max_tries,
                     f"those {informative}" if informative else "the last round unfiltered (zero advantages)")
-    if not kept:
-        kept = rows
+    kept = kept or rows
     order = list(dict.fromkeys(r[0] for r in kept))[:num_groups]
     renumber = {key: i for i, key in enumerate(order)}
     kept = [r for r in kept if r[0] in renumber]

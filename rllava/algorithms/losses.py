@@ -102,10 +102,9 @@ def dapo(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float
 
         L_t = max(-A_t rho_t, -A_t clip(rho_t, 1 - eps_low, 1 + eps_high)),   rho_t = exp(logp_t - logp_old_t)
 
-    A larger eps_high (the paper's 0.2 / 0.28 are the defaults; actor.clip_ratio_low / clip_ratio_high override
-    them) lets low-probability tokens grow, slowing entropy collapse. DAPO's token-level loss is
-    `actor.loss_agg_mode=token-mean`; its dynamic sampling and overlong shaping live outside the loss.
-    Metrics: `pg_clipfrac`, `ppo_kl` as in `vanilla`.
+    A larger eps_high (actor.clip_ratio_high; the paper's 0.2 / 0.28 are the defaults) lets low-probability tokens grow,
+    slowing entropy collapse. DAPO's token-level loss is `actor.loss_agg_mode=token-mean`; its dynamic sampling and
+    overlong shaping live outside the loss. Metrics: `pg_clipfrac`, `ppo_kl` as in `vanilla`.
 
     Reference: volcengine/verl verl/trainer/ppo/core_algos.py@b178a3c `compute_policy_loss_vanilla` L1159-1250 with
     DAPO's clip_ratio_low 0.2 / clip_ratio_high 0.28 (docs/algo/dapo.md L55-56). Differs: no dual clip (as the
@@ -150,8 +149,7 @@ def geo_mean(inp: LossInputs, *, clip_ratio_low: float = 0.4, clip_ratio_high: f
         L_i  = -A_i exp(mean_t l_t)                 (A_i = mean advantage of sequence i over its tokens)
         per-token loss l_it = L_i / |o_i| on each of its |o_i| tokens
 
-    Paper defaults eps_low = eps_high = 0.4. L_i is split evenly over its tokens, so `actor.loss_agg_mode` weighs
-    the sequences:
+    Paper defaults eps_low = eps_high = 0.4. L_i being split evenly, `actor.loss_agg_mode` weighs the sequences:
         seq-mean-token-sum       -> mean_i L_i                 (the paper's objective)
         token-mean               -> sum_i L_i / N_tokens       (the paper's, scaled by N_seqs / N_tokens)
         seq-mean-token-sum-norm  -> mean_i L_i / L_max         (the paper's, constant scale)
@@ -190,8 +188,7 @@ def gpg(inp: LossInputs):
 @register_policy_loss("clip_cov")
 def clip_cov(inp: LossInputs, *, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
              clip_cov_ratio: float = 0.0002, clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0):
-    """Clip-Cov (Cui et al. 2025, arXiv:2505.22617): entropy falls with the covariance of logp and A, so stop the
-    gradient of a few high-covariance tokens.
+    """Clip-Cov (Cui et al. 2025, arXiv:2505.22617): entropy falls with cov(logp, A): stop a few high-cov tokens' grad.
 
         cov_t = (A_t - mean A)(logp_t - mean logp)          (means over the masked tokens of this micro-batch)
         I     = clip_cov_ratio * N_tokens (at least 1) tokens drawn uniformly at random among the masked tokens
@@ -260,8 +257,7 @@ def cispo(inp: LossInputs, *, cispo_clip_ratio_low: float = 1.0, cispo_clip_rati
     ratio = torch.exp(log_ratio)
     low, high = 1.0 - cispo_clip_ratio_low, 1.0 + cispo_clip_ratio_high
     weight = ratio.clamp(low, high).detach()
-    loss = -weight * adv * inp.logprobs
-    return loss, _ppo_metrics((ratio < low) | (ratio > high), log_ratio, inp.mask)
+    return -weight * adv * inp.logprobs, _ppo_metrics((ratio < low) | (ratio > high), log_ratio, inp.mask)
 
 
 @register_policy_loss("sapo")

@@ -68,8 +68,7 @@ def build_algorithm(algorithm_cfg, actor_cfg, loss_mode: str | None = None, **kw
 
 
 def load_plugins(paths: list[str], key: str = "algorithm.plugins") -> None:
-    """Import user files that register estimators/losses (`algorithm.plugins=[path/to/my_algo.py]`) or tools
-    (`rollout.agent.plugins`)."""
+    """Import the user files that register estimators/losses (`algorithm.plugins`), tools (`rollout.agent.plugins`)."""
     for path in paths:
         if not os.path.isfile(path):
             raise ConfigError(f"{key}: file {path!r} does not exist")
