@@ -12,6 +12,7 @@ from rllava.commands import memory
 from rllava.commands.memory import planner
 from rllava.commands.memory.fake import fake_mode
 from rllava.config import load_config
+from rllava.model import ulysses
 from rllava.errors import RllavaError
 
 TINY_CPU = "examples/tasks/counting/tiny_cpu.yaml"
@@ -261,12 +262,15 @@ def test_lora_trains_adapters_only_and_its_reference_is_the_policy_itself(tiny_m
     assert full["update"]["parameters"] < lora["update"]["parameters"] < 1.5 * full["update"]["parameters"]
 
 
-def test_fsdp2_on_two_ranks_plans_as_it_runs(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("sp", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_fsdp2_on_two_ranks_plans_as_it_runs(tiny_model_dir, tmp_path, sp):
     """FSDP2 at --world-size 2 (fake process group, FSDPMemTracker) against the same phases run for real on 2
     gloo ranks under torchrun (real shards, real collectives, each rank its half of the batch): within 3 %;
-    and each rank holds half the shards of one rank's (plus what is gathered)."""
+    and each rank holds half the shards of one rank's (plus what is gathered). Ulysses (sp=2): the training
+    passes' decoders on half of each sequence, as planned, below sp=1's plan."""
     args = ("actor.model.enable_gradient_checkpointing=true", "actor.ppo_micro_batch_size=16",
-            "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1")
+            "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1",
+            *([f"actor.model.ulysses_size={sp}", "data.max_response_length=256"] if sp > 1 else []))
     out = tmp_path / "rows.json"
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           __file__, tiny_model_dir, str(out), *args], capture_output=True, text=True, timeout=300,
@@ -277,6 +281,11 @@ def test_fsdp2_on_two_ranks_plans_as_it_runs(tiny_model_dir, tmp_path):
     assert [r["phase"] for r in planned] == [r["phase"] for r in real]
     for p, r in zip(planned, real):
         assert p["peak"] == pytest.approx(r["peak"], rel=0.03), p["phase"]
+    if sp > 1:
+        whole = planner.plan(_cfg(tiny_model_dir, *args[:-2], "data.max_response_length=256"), device="cpu", world=2)
+        for p, w in zip(planned[1:-1], whole[1:-1]):  # the cut passes (not the rollout, not the optimizer)
+            assert p["activations"] + p["temporaries"] < w["activations"] + w["temporaries"], p["phase"]
+        return
     one = planner.plan(_cfg(tiny_model_dir, "actor.strategy=fsdp2", *args), device="cpu", world=1)
     assert planned[-1]["optimizer"] == pytest.approx(one[-1]["optimizer"] / 2, rel=0.01)
 
@@ -290,6 +299,7 @@ def _fsdp_worker(model_dir: str, out: str, *overrides: str) -> None:
 
     dist.init_process_group("gloo")
     cfg = _cfg(model_dir, *overrides)
+    ulysses.init(cfg.actor.model.ulysses_size)  # before the models: their decoders cut (rllava.model.ulysses)
     model, _ = _real_policy(model_dir, cfg)
     step = planner.step_of(cfg, model.config, dist.get_world_size())
     kv = planner.kv_cache_bytes(model.config, step, model.dtype)
@@ -297,8 +307,9 @@ def _fsdp_worker(model_dir: str, out: str, *overrides: str) -> None:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
     from rllava.model.loader import load_model
 
-    ref = planner.plannable(shard_model(load_model(model_dir, dtype=torch.float32).requires_grad_(False).eval(),
-                                        torch.device("cpu")))
+    ref = load_model(model_dir, dtype=torch.float32).requires_grad_(False).eval()
+    ulysses.enable(ref)
+    ref = planner.plannable(shard_model(ref, torch.device("cpu")))
     rows = planner.run_phases(model, optimizer, step, kv, ref)
     if dist.get_rank() == 0:
         with open(out, "w") as f:
