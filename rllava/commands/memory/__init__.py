@@ -38,6 +38,8 @@ reference sharded too) and torch's `FSDPMemTracker` tracks it; each rank plans i
 batch (train_batch_size x n / N rows, mini-batches likewise). With either offload switch the shards, their
 gradients and Adam's states are on the host (CPUOffloadPolicy): tracked, but not counted on the device. For HF
 generate every unit is gathered for the whole rollout, as rllava does. DeepSpeed plans as FSDP2 (ZeRO-3's sharding).
+actor.model.ulysses_size=N (--world-size a multiple of N): the training passes run rllava.model.ulysses on the
+fake group, each rank's decoder on 1/N of every sequence beside the all-to-all's buffers (the rollout is whole).
 
 Every phase holds the weights, and the optimizer state a previous step left. Every sequence is as long as the
 config allows, every prompt holds one square image as large as data.max_pixels and max_prompt_length allow
