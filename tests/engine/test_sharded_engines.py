@@ -274,19 +274,24 @@ def test_ulysses_pipeline_takes_the_steps_of_sp1(tmp_path, tiny_model_dir, count
 
 def test_accelerate_matches_fsdp2_and_starts_under_accelerate_launch(tmp_path, tiny_model_dir, counting_dir,
                                                                      distinct_reward):
-    """actor.strategy=accelerate (Accelerate's DDP on CPUs) takes the steps FSDP2 takes on the same two ranks, and
-    `accelerate launch -m rllava.train.pipeline.rlvr` starts it as torchrun does."""
+    """actor.strategy=accelerate (Accelerate's DDP on CPUs) takes the 3 steps FSDP2 takes on the same two ranks
+    (metrics, and the final weights within 1e-4), and `accelerate launch -m rllava.train.pipeline.rlvr` starts it
+    as torchrun does."""
     data = [f"data.train_files={counting_dir}/train.jsonl", "data.max_samples=8", "rollout.n=2",
             "trainer.val_before_train=false", "trainer.val_freq=-1"]
     runs = {}
     for strategy in ("fsdp2", "accelerate"):
         res = _rlvr_on_ranks(2, tmp_path / strategy, tiny_model_dir, distinct_reward, *data,
-                             f"actor.strategy={strategy}")
+                             f"actor.strategy={strategy}", "trainer.max_steps=3", "data.max_samples=12")
         assert res.returncode == 0, res.stderr[-3000:]
         runs[strategy] = [json.loads(line) for line in open(tmp_path / strategy / "metrics.jsonl")]
+    assert [r["step"] for r in runs["accelerate"]] == [1, 2, 3]
     for a, b in zip(runs["fsdp2"], runs["accelerate"], strict=True):
         for key in ("reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "response_length/mean"):
             assert abs(a[key] - b[key]) <= 1e-4 * max(1.0, abs(a[key])), (key, a[key], b[key])
+    weights = [load_file(tmp_path / s / "final" / "model.safetensors") for s in ("fsdp2", "accelerate")]
+    for k, v in weights[0].items():
+        torch.testing.assert_close(weights[1][k], v, rtol=1e-4, atol=1e-4, msg=k)
     out = tmp_path / "launched"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "rllava.train.pipeline.rlvr",
