@@ -1,8 +1,9 @@
-"""Ulysses sequence parallelism (`actor.model.ulysses_size=N`; DeepSpeed-Ulysses, arXiv:2309.14509, as verl runs it:
-verl/models/transformers/monkey_patch.py `_ulysses_flash_attention_forward`, verl/utils/ulysses.py
-`gather_outputs_and_unpad(grad_scaler=True)`). The N consecutive ranks of a group train on the same rows (`union`),
-each running the decoder on 1/N of every sequence; around attention an all-to-all trades the sequence shard for a
-head shard, so each rank attends over the whole sequence for H/N heads:
+"""Ulysses sequence parallelism (`actor.model.ulysses_size=N`; DeepSpeed-Ulysses, arXiv:2309.14509, as verl runs it,
+volcengine/verl@b178a3c: verl/models/transformers/monkey_patch.py L87 `_ulysses_flash_attention_forward`,
+verl/utils/ulysses.py L225 and L243 `gather_outputs_and_unpad(grad_scaler=True)`, the gradient x N). The N
+consecutive ranks of a group train on the same rows (`union`), each running the decoder on 1/N of every sequence;
+around attention an all-to-all trades the sequence shard for a head shard, so each rank attends over the whole
+sequence for H/N heads:
 
     q, k, v [B, H, L/N, d] -all-to-all-> [B, H/N, L, d] -attention-> [B, L, H/N, d] -all-to-all-> [B, L/N, H, d]
 
