@@ -103,8 +103,8 @@ def test_actor_update_on_two_ranks_matches_one_process(tmp_path, tiny_model_dir,
         torch.testing.assert_close(fsdp["weights"][k], v, rtol=1e-4, atol=1e-6, msg=k)
 
 
-@pytest.mark.parametrize("strategy,layout", [
-    ("fsdp2", "packed"), pytest.param("fsdp2", "padded", marks=pytest.mark.slow),
+@pytest.mark.parametrize("strategy,layout", [  # ~30 s each: make test-slow (the fast suite's 20-minute budget)
+    pytest.param("fsdp2", "packed", marks=pytest.mark.slow), pytest.param("fsdp2", "padded", marks=pytest.mark.slow),
     pytest.param("deepspeed3", "padded", marks=[DEEPSPEED, pytest.mark.slow])])
 def test_ulysses_on_two_ranks_matches_one_process(tmp_path, tiny_model_dir, strategy, layout):
     """actor.model.ulysses_size=2 (rllava.model.ulysses): both ranks train on the 4 rows, each on half of every
