@@ -400,8 +400,8 @@ def _token_logprobs(model, batch: Batch, *, temperature: float = 1.0, with_entro
     tensor is returned: the full-vocabulary KL(pi || that model) at each position (`full_kl_from_hidden`)."""
     h, target = trained_hidden(model, batch, padding_free=padding_free, shared_prefix=shared_prefix)
     _, head = _backbone_and_head(model)
-    labels = batch.input_ids[:, 1:][getattr(target, "target", target)]  # [N] (this rank's: ulysses.Local.sel)
-    labels = labels[target.sel.to(labels.device)] if isinstance(target, ulysses.Local) else labels
+    ids = batch.input_ids[:, 1:]
+    labels = target.pick(ids) if isinstance(target, ulysses.Local) else ids[target]  # [N] (this rank's, cut)
     lp, ent = logprobs_from_hidden(head, h, labels, temperature=temperature, with_entropy=with_entropy,
                                    entropy_grad=entropy_grad, chunk_size=chunk_size)
     out = _scatter(lp, target), (_scatter(ent, target) if ent is not None else None)

@@ -218,6 +218,10 @@ class Local(NamedTuple):
     target: torch.Tensor
     sel: torch.Tensor
 
+    def pick(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T-1] at this rank's trained positions [n]."""
+        return x[self.target][self.sel.to(x.device)]
+
     def expand(self, values: torch.Tensor) -> torch.Tensor:
         """This rank's values [n] -> every trained position's [N], summed over the group (see the docstring)."""
         full = values.new_zeros(len(self.sel), *values.shape[1:])

@@ -139,11 +139,11 @@ class Actor:
         """Stage 4: optimise the loss's terms over the batch; returns averaged metrics. A hybrid's batch (expert
         tokens in `off_policy_mask`) optimises rl_coef L_RL + sft_coef L_SFT, each normalised over its own tokens."""
         self.model.train()
-        batch, _, parts = ulysses.union(batch)  # sequence parallelism: the group's rows, each rank a part of each row
+        batch, _, shares = ulysses.union(batch)  # sequence parallelism: the group's rows, each rank a part of each row
         metrics, masks = MeanMetrics(), self._masks(batch)
         full = self.distill is not None and self.distill.full  # the teachers run inside the update
         with self.engine.update_phase(), self.distill.teachers.resident() if full else nullcontext():
-            for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, *masks, parts=parts):
+            for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, *masks, parts=shares):
                 # the exact KL runs one teacher's forward per micro-batch: the rows by teacher first
                 parts = list(self.distill.teachers.route(batch, mini).values()) if full else [mini]
                 for rows in [r for part in parts for r in self.micro_batching.split(batch, part)]:

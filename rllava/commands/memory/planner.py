@@ -325,7 +325,6 @@ def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None, gpu_by
     shards = ("Sharded Param", "Sharded Grad", "OptState") if step.host_shards else ()
     opt_off = ("Optstate", "OptState")
 
-
     def phase(name, run, *host):
         return dict(phase=name, **tracked(run, model, optimizer, *frozen, host=tuple(set(shards + host)), echo=echo))
 
@@ -482,13 +481,13 @@ def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1
             ulysses.groups(sp):  # Ulysses: the training passes' decoders on 1/sp of each sequence, as they run
         model, config = policy_from_config(cfg, device)
         step = step_of(cfg, config, world, device)
+        mp = mixed_precision_policy(cfg.actor.fsdp.mixed_precision)
         shard = None if mesh is None else functools.partial(
-            shard_model, device=torch.device("cpu"), mp=mixed_precision_policy(cfg.actor.fsdp.mixed_precision),
-            cpu_offload=step.host_shards, mesh=mesh)
+            shard_model, device=torch.device("cpu"), mp=mp, cpu_offload=step.host_shards, mesh=mesh)
         kv = kv_cache_bytes(config, step, model.dtype)
-        head, mp = model.get_output_embeddings(), mixed_precision_policy(cfg.actor.fsdp.mixed_precision)
+        head = model.get_output_embeddings()
         tied = head is not None and head.weight is model.get_input_embeddings().weight and head.weight.requires_grad
-        echo = tied and head.weight.numel() * ((shard and mp.param_dtype) or head.weight.dtype).itemsize
+        echo = head.weight.numel() * ((shard and mp.param_dtype) or head.weight.dtype).itemsize if tied else 0
         model = plannable(shard(model, reshard_after_forward=cfg.actor.fsdp.reshard_after_forward) if shard else model)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
         rows = run_phases(model, optimizer, step, kv, reference(cfg, model, shard), gpu_bytes,

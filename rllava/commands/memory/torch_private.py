@@ -129,8 +129,9 @@ class _DevicePeak:
     def _update_peak_stats(self, peak_state) -> None:
         for dev, snap in self._curr_mem_snap.items():
             if self._peak_mem.get(dev, 0) < self._on_device(snap):
-                echo = self.echo if self.echo and sum(w.reftype == "Temp" and 0 <= w.mem_consumed - self.echo < 512
-                                                      for w, _ in self._WINFO.values()) >= 3 else 0
+                held = self.echo and snap.get("Temp", 0) >= 3 * self.echo and sum(  # (the count only when it can)
+                    w.reftype == "Temp" and 0 <= w.mem_consumed - self.echo < 512 for w, _ in self._WINFO.values())
+                echo = self.echo if held and held >= 3 else 0
                 snap = {**snap, "Total": snap["Total"] - echo, **({"Temp": snap["Temp"] - echo} if echo else {})}
                 if self._peak_mem.get(dev, 0) < self._on_device(snap):
                     self._peak_mem[dev], self._peak_mem_snap[dev] = self._on_device(snap), snap
