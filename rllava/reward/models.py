@@ -31,6 +31,7 @@ import jinja2
 import torch
 
 from rllava.data.protocol import Sample, Trajectory
+from rllava.engine.inference.base import engine_for
 from rllava.errors import RllavaError
 from rllava.reward.function import Fallible, RewardError, _as_scores, load_reward_function, sample_fields
 from rllava.reward.guard import make_runner
@@ -230,7 +231,6 @@ def build_model_reward(entry, cfg, device: torch.device, key: str = "reward.mode
                           f"tokenizer one, or point {key}.tokenizer_path at one that has)")
     if kind == "judge":
         from rllava.roles.rollout import Rollout
-        from rllava.train.builders import engine_for
 
         served = SimpleNamespace(model_path=e["model"], tokenizer_path=e.get("tokenizer_path"), trust_remote_code=trust)
         rollout = Rollout(engine_for(cfg, processor, device, model=served), processor)

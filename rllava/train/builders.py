@@ -4,7 +4,6 @@ model, engines, roles, data. None of them holds a loop."""
 from __future__ import annotations
 
 import copy
-import importlib
 import logging
 import math
 import os
@@ -29,7 +28,7 @@ from rllava.config import ConfigError, ModelConfig, PPOConfig
 from rllava.config.schema import agent_on, resolve_strategy, run_dir
 from rllava.data.dataset import PromptDataset
 from rllava.data.sampler import EpochSampler
-from rllava.engine.inference.base import SamplingParams
+from rllava.engine.inference.base import SamplingParams, build_rollout_engine, engine_for
 from rllava.engine.train.base import TrainEngine
 from rllava.engine.train.single import SingleDeviceEngine
 from rllava.model import ulysses
@@ -47,9 +46,6 @@ from rllava.roles.teacher import DEFAULT, EngineTeacher, Teachers, layout_mismat
 from rllava.train.tracker import Tracker
 
 log = logging.getLogger(__name__)
-
-VISION_PLACEHOLDERS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>"]
-
 
 def setup_run(cfg: PPOConfig) -> tuple[torch.device, str]:
     """Seed every RNG and pick the device; nothing is written (outputs_dir gets its files from the first step on)."""
@@ -152,16 +148,6 @@ def greedy_sampling(cfg: PPOConfig) -> SamplingParams:
     return SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.data.max_response_length)
 
 
-def engine_for(cfg: PPOConfig, processor, device: torch.device, model=None, ignore_eos: bool = False):
-    """The rollout engine for the model of `processor`: its EOS ends a response (unless `ignore_eos`), vision
-    placeholders are never sampled. `model`: another model's config than the policy's (a judge)."""
-    tok = get_tokenizer(processor)
-    vocab = tok.get_vocab()
-    banned = [vocab[t] for t in VISION_PLACEHOLDERS if t in vocab]
-    return build_rollout_engine(cfg, tok.pad_token_id, [] if ignore_eos else [tok.eos_token_id], banned, device,
-                                model=model)
-
-
 def build_reward(cfg: PPOConfig) -> Scoring:
     """The Reward role: each reward function (reward.reward_function, or each of reward.reward_functions with its
     weight) a Scoring source, its call form checked at start-up, run under reward.timeout / strict / num_cpus."""
@@ -233,21 +219,6 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device, env=None) -> 
                         min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
                         skip_special_tokens=cfg.reward.skip_special_tokens, tool_workers=a.tool_workers,
                         asynchronous=cfg.rollout.async_mode, round_image_mb=a.round_image_mb)
-
-
-ROLLOUT_ENGINES = {"hf": "rllava.engine.inference.hf:HFRolloutEngine",  # rollout.name -> its class (lazily:
-                   "vllm": "rllava.engine.inference.vllm:VLLMRolloutEngine",  # vLLM and SGLang are optional
-                   "sglang": "rllava.engine.inference.sglang:SGLangRolloutEngine"}  # extras)
-
-
-def build_rollout_engine(cfg: PPOConfig, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
-                         device: torch.device, model=None, **overrides):
-    """rollout.name's engine, reading its own keys: `hf` samples with the training model, `vllm` / `sglang` hold a copy
-    synced before each rollout. `model`: another config than actor.model; `overrides`: over rollout.vllm / sglang's."""
-    module, name = ROLLOUT_ENGINES[cfg.rollout.name].split(":")
-    return getattr(importlib.import_module(module), name).from_config(
-        cfg, pad_token_id=pad_token_id, stop_token_ids=stop_token_ids, banned_token_ids=banned_token_ids,
-        device=device, model=model, **overrides)
 
 
 def _schedule(cfg: PPOConfig, num_steps: int, role, n: int) -> tuple[int, int]:

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from rllava.agent import tools as T
 from rllava.config import ConfigError, load_config
+from rllava.engine.inference import base
 from rllava.engine.inference.base import Completion
 from rllava.train import builders as B
 from rllava.train.pipeline import agentic, rlvr
@@ -45,8 +46,8 @@ class ShortTurns:
 @pytest.fixture
 def short_turns(monkeypatch):
     """Every turn of the random tiny model a complete one (6 tokens and EOS)."""
-    build = B.build_rollout_engine
-    monkeypatch.setattr(B, "build_rollout_engine", lambda cfg, pad, stop, *a, **kw: ShortTurns(
+    build = base.build_rollout_engine
+    monkeypatch.setattr(base, "build_rollout_engine", lambda cfg, pad, stop, *a, **kw: ShortTurns(
         build(cfg, pad, stop, *a, **kw), stop[0]))
 
 

@@ -10,7 +10,7 @@ from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM, StaticCach
 
 from rllava.config import ConfigError, load_config
 from rllava.data.protocol import Sample, collate
-from rllava.engine.inference.base import GenerationRequest, SamplingParams
+from rllava.engine.inference.base import GenerationRequest, SamplingParams, build_rollout_engine
 from rllava.engine.inference.hf import HFRolloutEngine, static_cache_ok
 from rllava.model.forward import token_logprobs
 from rllava.model.loader import load_model
@@ -18,7 +18,6 @@ from rllava.model.modular import CACHE_KWARG
 from rllava.model.processor import get_tokenizer, load_processor
 from rllava.model.tiny import build_tiny
 from rllava.roles.rollout import Rollout
-from rllava.train import builders as B
 
 ARCHS = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "tinyllava"]
 
@@ -124,13 +123,13 @@ def test_the_key_reaches_the_engine_and_compiled_needs_cuda():
     check for trainer.device=cpu, the builder for a device that resolved to the CPU), and with a sharded train
     engine (not built for it yet); unknown names are refused."""
     cpu = torch.device("cpu")
-    engine = B.build_rollout_engine(load_config(["rollout.hf_decode=static"]), 0, [1], [], cpu)
+    engine = build_rollout_engine(load_config(["rollout.hf_decode=static"]), 0, [1], [], cpu)
     assert engine.decode == "static"
-    assert B.build_rollout_engine(load_config([]), 0, [1], [], cpu).decode == "eager"
+    assert build_rollout_engine(load_config([]), 0, [1], [], cpu).decode == "eager"
     with pytest.raises(ConfigError, match="rollout.hf_decode=compiled"):
         load_config(["rollout.hf_decode=compiled", "trainer.device=cpu"])
     with pytest.raises(ConfigError, match="rollout.hf_decode=compiled"):
-        B.build_rollout_engine(load_config(["rollout.hf_decode=compiled"]), 0, [1], [], cpu)
+        build_rollout_engine(load_config(["rollout.hf_decode=compiled"]), 0, [1], [], cpu)
     with pytest.raises(ConfigError, match="rollout.hf_decode=compiled with the fsdp2 engine"):
         load_config(["rollout.hf_decode=compiled", "trainer.device=cuda", "actor.strategy=fsdp2"])
     assert load_config(["rollout.hf_decode=compiled", "trainer.device=cuda"]).rollout.hf_decode == "compiled"

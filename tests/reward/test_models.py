@@ -221,7 +221,7 @@ def test_judge_generates_through_the_rollout_engine(tmp_path, tiny_model_dir):
 
     from rllava.engine.inference.hf import HFRolloutEngine
     from rllava.model.processor import get_tokenizer, load_processor
-    from rllava.train.builders import VISION_PLACEHOLDERS
+    from rllava.engine.inference.base import VISION_PLACEHOLDERS
 
     (tmp_path / "judge.jinja").write_text("Question: {{ prompt }}\nTruth: {{ ground_truth }} ({{ level }})\n"
                                           "Answer: {{ response }}\nIs the answer right?")

@@ -16,6 +16,7 @@ from typing import Iterator, Protocol
 import torch
 
 from rllava.errors import RllavaError
+from rllava.model.processor import get_tokenizer
 
 
 @dataclass(frozen=True)
@@ -145,3 +146,29 @@ def generate_context(engine: RolloutEngine, train_engine):
             yield engine
         finally:
             engine.offload()
+
+
+ROLLOUT_ENGINES = {"hf": "rllava.engine.inference.hf:HFRolloutEngine",  # rollout.name -> its class (lazily:
+                   "vllm": "rllava.engine.inference.vllm:VLLMRolloutEngine",  # vLLM and SGLang are optional
+                   "sglang": "rllava.engine.inference.sglang:SGLangRolloutEngine"}  # extras)
+VISION_PLACEHOLDERS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>"]
+
+
+def build_rollout_engine(cfg, pad_token_id: int, stop_token_ids: list[int], banned_token_ids: list[int],
+                         device: torch.device, model=None, **overrides) -> RolloutEngine:
+    """rollout.name's engine, reading its own keys: `hf` samples with the training model, `vllm` / `sglang` hold a copy
+    synced before each rollout. `model`: another config than actor.model; `overrides`: over rollout.vllm / sglang's."""
+    module, name = ROLLOUT_ENGINES[cfg.rollout.name].split(":")
+    return getattr(importlib.import_module(module), name).from_config(
+        cfg, pad_token_id=pad_token_id, stop_token_ids=stop_token_ids, banned_token_ids=banned_token_ids,
+        device=device, model=model, **overrides)
+
+
+def engine_for(cfg, processor, device: torch.device, model=None, ignore_eos: bool = False) -> RolloutEngine:
+    """The rollout engine for the model of `processor`: its EOS ends a response (unless `ignore_eos`), vision
+    placeholders are never sampled. `model`: another model's config than the policy's (a judge)."""
+    tok = get_tokenizer(processor)
+    vocab = tok.get_vocab()
+    banned = [vocab[t] for t in VISION_PLACEHOLDERS if t in vocab]
+    return build_rollout_engine(cfg, tok.pad_token_id, [] if ignore_eos else [tok.eos_token_id], banned, device,
+                                model=model)
