@@ -6,12 +6,14 @@
 - An override whose value has a comma outside brackets and quotes is an axis, one value per comma; any other is
   fixed. A value that itself holds commas is bracketed or quoted as on the training command line:
   `data.train_files=[a.jsonl,b.jsonl],[c.jsonl]` is an axis of two lists, `k="a,b"` one string. Every point is
-  checked by the config loader before the first run starts.
+  checked before the first run starts: by the config loader, then its registered names (estimator, losses, loss
+  terms; algorithm.plugins imported first) by the run's own start-up lookup (rllava.train.builders.named_algorithm).
 - Each point runs through the normal CLI (`python -m rllava.train.pipeline.<pipeline> config=... k=v ...`), one
   after another, into OUT/<name>, where OUT is the run folder of the config (RLLaVA's layout:
-  <trainer.outputs_dir>/<project_name>/<experiment_name>; `--out DIR` sets trainer.outputs_dir) and <name> is the
-  point's values, e.g. `adv_estimator=grpo+seed=1`; its stdout and stderr are appended to OUT/<name>/train.log.
-  The sweep sets experiment_name (<the config's>/<name>), resume and overwrite itself.
+  <trainer.outputs_dir>/<project_name>/<experiment_name>; `--out DIR` sets trainer.outputs_dir, a fixed
+  trainer.experiment_name=NAME the last part) and <name> is the point's values, e.g. `adv_estimator=grpo+seed=1`;
+  its stdout and stderr are appended to OUT/<name>/train.log. The sweep sets each run's experiment_name
+  (<NAME>/<name>), resume and overwrite itself.
 - Launched again, the sweep skips a point whose dir holds `final/` (and stops with one line if that run's config
   differs from the point's), resumes one that holds checkpoints (trainer.resume=auto) and restarts one that holds
   a run's outputs but no checkpoint (trainer.overwrite=true).
@@ -42,8 +44,9 @@ from rllava.commands.compare import compare, config_changes, flat_config, short_
 from rllava.config import config_to_yaml, load_config
 from rllava.errors import RllavaError
 
-SET_BY_SWEEP = ("trainer.experiment_name", "trainer.resume", "trainer.overwrite",
-                "trainer.save_checkpoint_path", "trainer.load_checkpoint_path")
+SET_BY_SWEEP = ("trainer.resume", "trainer.overwrite", "trainer.save_checkpoint_path", "trainer.load_checkpoint_path")
+ONE_VALUE = {"config": "one config file per sweep; sweep over its keys instead",
+             "trainer.experiment_name": "names the sweep's folder (each point runs in <it>/<name>): give one value"}
 SEED_KEYS = ("trainer.seed", "data.seed", "rollout.seed")  # axes averaged over by the final compare
 PIPELINES = ("rlvr", "sft", "sft_rl", "agentic")
 
@@ -96,8 +99,8 @@ def expand(args: list[str]) -> tuple[list[str], dict[str, list[str]]]:
             fixed.append(arg)
         elif not all(values):
             raise RllavaError(f"{arg}: an empty value between commas (quote a value that holds a comma)")
-        elif key == "config":
-            raise RllavaError(f"{arg}: one config file per sweep; sweep over its keys instead")
+        elif key in ONE_VALUE:
+            raise RllavaError(f"{arg}: {ONE_VALUE[key]}")
         else:
             axes[key] = values
     return fixed, axes
@@ -111,15 +114,18 @@ def point_name(values: dict[str, str]) -> str:
     return re.sub(r"[^A-Za-z0-9._=+@-]+", "-", "+".join(parts)) or "run"
 
 
-def plan(fixed: list[str], axes: dict[str, list[str]]) -> tuple[str, list[Point]]:
-    """Every point of the grid, its config checked, its dir and what to do there; (sweep dir, points)."""
+def plan(fixed: list[str], axes: dict[str, list[str]], pipeline: str = "rlvr") -> tuple[str, list[Point]]:
+    """Every point of the grid, its config checked (the loader's checks, then the registered names as the run's
+    start-up looks them up: `named_algorithm`), its dir and what to do there; (sweep dir, points)."""
     from rllava.train import checkpoint as C  # torch: only once the grid parses
-    from rllava.train.builders import run_outputs_dir
+    from rllava.train.builders import named_algorithm, run_outputs_dir
     from rllava.train import outputs as O
 
     def checked(args: list[str], name: str):
         try:
-            return load_config(args)
+            cfg = load_config(args)
+            named_algorithm(cfg, sft=pipeline == "sft")
+            return cfg
         except RllavaError as e:
             raise RllavaError(f"point {name}: {e}") from e
 
@@ -137,6 +143,7 @@ def plan(fixed: list[str], axes: dict[str, list[str]]) -> tuple[str, list[Point]
             cfg = checked(args, name)
             out = out or run_outputs_dir(cfg)  # the sweep dir: the first point's run folder
             run_dir = os.path.join(run_outputs_dir(cfg), name)
+            args = [a for a in args if not a.startswith("trainer.experiment_name=")]  # the sweep's: now the point's
             args.append(f"trainer.experiment_name={cfg.trainer.experiment_name}/{name}")
             point = Point(name, args, run_dir)
             if os.path.isdir(os.path.join(run_dir, "final")):
@@ -205,7 +212,7 @@ def sweep(args: list[str], out: str | None = None, parallel: bool = False, pipel
         if any(a.startswith("trainer.outputs_dir=") for a in fixed):
             raise RllavaError("--out sets trainer.outputs_dir: give one of them")
         fixed.append(f"trainer.outputs_dir={out}")
-    out, points = plan(fixed, axes)
+    out, points = plan(fixed, axes, pipeline)
     gpus = visible_gpus() if parallel else []
     if parallel and not gpus:
         raise RllavaError("--parallel runs one run per GPU and this machine shows none (CUDA_VISIBLE_DEVICES, "

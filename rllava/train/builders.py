@@ -295,8 +295,7 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
     engine = engine or build_engine(cfg, model, device, num_steps, sft=sft)
     mini, _ = _schedule(cfg, num_steps, a, 1 if sft else cfg.rollout.n)
     model = engine.model
-    load_plugins(cfg.algorithm.plugins)
-    algorithm = build_algorithm(cfg.algorithm, a, loss_mode="sft" if sft else None, discount=cfg.rollout.discount)
+    algorithm, loss_terms = named_algorithm(cfg, sft=sft)
     scorers = [] if sft else build_scorers(cfg, Parts(cfg=cfg, policy=model, engine=engine, processor=processor,
                                                       device=device, steps=num_steps, algorithm=algorithm))
     return Actor(model, engine, algorithm, ppo_epochs=a.ppo_epochs, scorers=scorers, mini_batch_size=mini,
@@ -307,8 +306,25 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
                  entropy_coeff=a.entropy_coeff, **_rollout_is(cfg, sft), **_actor_batching(cfg),
                  expert=None if sft or algorithm.loss_name not in HYBRID_LOSSES else ExpertLoss(
                      algorithm.loss_name, cfg.algorithm.enable_phi_function, cfg.algorithm.use_token_level_loss_in_sft),
-                 loss_terms={} if sft else {name: (lookup(LOSS_TERMS, name, "actor.loss_terms"), float(coef))
-                                            for name, coef in a.loss_terms.items()})
+                 loss_terms=loss_terms)
+
+
+def named_algorithm(cfg: PPOConfig, *, sft: bool = False) -> tuple:
+    """(the algorithm, actor.loss_terms as {name: (fn, coef)}) the config names. algorithm.plugins are imported
+    first, so their registrations count (estimators, losses, loss terms, scorers); then each registered name the
+    run uses is looked up: the estimator and the policy loss (`build_algorithm`) and, in RL, the loss terms and
+    algorithm.distill.loss (with a teacher). A name not registered is one line naming its key, the registered
+    names and the closest. No model is needed: build_actor starts with it, and rllava.commands.sweep checks every
+    point with it before the first run."""
+    load_plugins(cfg.algorithm.plugins)
+    algorithm = build_algorithm(cfg.algorithm, cfg.actor, loss_mode="sft" if sft else None,
+                                discount=cfg.rollout.discount)
+    if sft:
+        return algorithm, {}
+    if cfg.algorithm.distill.on:
+        distill_loss(cfg)
+    return algorithm, {name: (lookup(LOSS_TERMS, name, "actor.loss_terms"), float(coef))
+                       for name, coef in cfg.actor.loss_terms.items()}
 
 
 def _actor_batching(cfg: PPOConfig) -> dict:

@@ -187,7 +187,8 @@ def test_sweep_grid_parsing():
         "model_path=Qwen2-VL-2B+train_files=-a-b-"
     assert S.command("sft_rl", ["k=v"]) == [sys.executable, "-m", "rllava.train.pipeline.sft_rl", "k=v"]
     assert all(importlib.util.find_spec(f"rllava.train.pipeline.{p}") for p in S.PIPELINES)
-    for args, message in ((["trainer.experiment_name=a,b"], "trainer.experiment_name is set by the sweep"),
+    for args, message in ((["trainer.resume=auto"], "trainer.resume is set by the sweep"),
+                          (["trainer.experiment_name=a,b"], "trainer.experiment_name=a,b: names the sweep's folder"),
                           (["trainer.seed=1,2", "trainer.seed=3"], "trainer.seed is given twice"),
                           (["trainer.seed=1,"], "an empty value between commas"),
                           (["config=a.yaml,b.yaml"], "one config file per sweep"),
@@ -301,12 +302,43 @@ def test_sweep_bad_point_fails_before_any_run(tmp_path, fake_pipeline, capsys):
     assert not out.exists()
 
 
+def test_sweep_unregistered_name_on_a_later_point_fails_before_any_run(tmp_path, fake_pipeline, capsys):
+    """Registry names are checked with each point's config before the first run (docs/experiments.md, "Every
+    point's config is built and checked before the first run starts"), by the lookup the run's own start-up does
+    (the did-you-mean of rllava.algorithms.registry.lookup); algorithm.plugins are imported first, so the names
+    they register resolve."""
+    plugin = tmp_path / "mine.py"
+    plugin.write_text("from rllava.algorithms.registry import register_adv_estimator, register_loss_term\n"
+                      "@register_adv_estimator('my_rloo')\n"
+                      "def my_rloo(scores, group_ids, mask):\n    return scores[:, None] * mask\n"
+                      "@register_loss_term('my_term')\n"
+                      "def my_term(inputs):\n    return inputs.logprobs * 0, {}\n")
+    out, base = tmp_path / "sweep", ["config=examples/tasks/counting/tiny_cpu.yaml", f"algorithm.plugins=[{plugin}]"]
+    for axis, line, close in (
+            ("algorithm.adv_estimator=grpo,rlooo", "point adv_estimator=rlooo: algorithm.adv_estimator='rlooo'",
+             "rloo"),
+            ("actor.policy_loss.loss_mode=vanilla,gsop", "point loss_mode=gsop: actor.policy_loss.loss_mode='gsop'",
+             "gspo"),
+            ("actor.loss_terms={my_term: 0.1},{my_trem: 0.1}", "point loss_terms=-my_trem-0.1-: actor.loss_terms="
+             "'my_trem' is not registered (registered: my_term)", "my_term")):
+        assert _exit(S.main, [*base, axis, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"rllava: error: {line}") and "is not registered" in err and err.count("\n") == 1
+        assert err.endswith(f"; did you mean {close!r}?\n"), err
+        assert not out.exists()  # nothing ran, not even the first point
+    assert _exit(S.main, [*base, "algorithm.adv_estimator=grpo,my_rloo", "actor.loss_terms={my_term: 0.1}",
+                          "trainer.seed=1", "--out", str(out)]) == 0
+    assert len(fake_pipeline(str(out / "rllava" / "counting_tiny_cpu"))) == 2
+
+
 # --- sweep: real 2-step runs of a 2 x 2 grid ------------------------------------------------------------------
 
 def test_sweep_two_by_two_grid_then_relaunch_skips_it(tmp_path, tiny_model_dir, counting_dir, monkeypatch, capsys):
-    """grpo/rloo x seeds 1/2, two at a time (the --parallel path, two fake GPUs on a CPU), each a real
-    `python -m rllava.train.pipeline.rlvr` subprocess; the table's numbers are the mean ± std of the runs' own
-    final validation metrics; launched again, nothing runs."""
+    """The sweep of README.md ("sweep") and docs/experiments.md L6-7, scaled down: grpo/rloo x seeds 1/2 with
+    `trainer.experiment_name=estimators`, into outputs/rllava/estimators/<name>/ as the docs say, two at a time
+    (the --parallel path, two fake GPUs on a CPU), each a real `python -m rllava.train.pipeline.rlvr` subprocess;
+    the table's numbers are the mean ± std of the runs' own final validation metrics; launched again, nothing
+    runs."""
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(S, "visible_gpus", lambda: ["0", "1"])
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -319,8 +351,9 @@ def test_sweep_two_by_two_grid_then_relaunch_skips_it(tmp_path, tiny_model_dir, 
             "data.max_samples=4", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2",
             "data.val_batch_size=8", "data.max_response_length=4", "trainer.max_steps=2", "trainer.val_freq=2",
             "trainer.val_greedy=false", "trainer.logger=[jsonl]", f"reward.reward_function={reward}:compute_score",
-            "algorithm.adv_estimator=grpo,rloo", "trainer.seed=1,2", "--out", str(tmp_path / "outputs")]
-    out = str(tmp_path / "outputs" / "rllava" / "counting_tiny_cpu")  # the config's run folder
+            "algorithm.adv_estimator=grpo,rloo", "trainer.seed=1,2", "trainer.experiment_name=estimators",
+            "--out", str(tmp_path / "outputs")]
+    out = str(tmp_path / "outputs" / "rllava" / "estimators")  # <outputs_dir>/<project_name>/<the sweep's name>
     assert _exit(S.main, [*args, "--parallel"]) == 0
     printed = capsys.readouterr().out
     names = ["adv_estimator=grpo+seed=1", "adv_estimator=grpo+seed=2", "adv_estimator=rloo+seed=1",
@@ -329,6 +362,9 @@ def test_sweep_two_by_two_grid_then_relaunch_skips_it(tmp_path, tiny_model_dir, 
     for name in names:
         run = os.path.join(out, name)
         assert os.path.isdir(os.path.join(run, "final")), open(os.path.join(run, "train.log")).read()[-3000:]
+        launched = open(os.path.join(run, "train.log")).readline()  # the `#` line: the command, one name given
+        assert launched.count("trainer.experiment_name=") == 1
+        assert f"trainer.experiment_name=estimators/{name}" in launched
         assert [r["step"] for r in _rows(run) if "reward/mean" in r] == [1, 2]
         elapsed = [r["time/elapsed_s"] for r in _rows(run)]  # on every row, never going back
         assert len(elapsed) == len(_rows(run)) and elapsed == sorted(elapsed) and elapsed[-1] > 0
