@@ -160,7 +160,7 @@ class DataConfig:
 
 @dataclass
 class KLControlConfig:
-    type: str = "fixed"  # KL-in-reward coefficient controller: fixed | adaptive
+    type: str = "fixed"  # KL-in-reward coefficient controller: fixed | adaptive (by the whole batch's KL, all ranks)
     kl_coef: float = 0.001  # (initial) KL coefficient when algorithm.use_kl_in_reward
     horizon: int = 10000  # adaptive controller horizon
     target_kl: float = 0.1  # adaptive controller target KL
@@ -352,7 +352,7 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam betas (RLLaVA: a tuple)
     weight_decay: float = 1e-2  # decoupled weight decay
     strategy: str = "adamw"  # optimizer: adamw (RLLaVA's adamw_bf16 is not available yet)
-    lr_warmup_ratio: float = 0.0  # warmup steps as a fraction of training steps
+    lr_warmup_ratio: float = 0.0  # warmup as a fraction of the run's optimizer steps (each rank's: steps x epochs x mini-batches)
     lr_warmup_steps: Optional[int] = None  # warmup steps; overrides lr_warmup_ratio when set
     lr_scheduler_type: str = "constant"  # constant|linear|cosine|constant_with_warmup
     min_lr_ratio: Optional[float] = None  # cosine only: the LR floor as a fraction of lr; None = decays to 0
@@ -850,8 +850,8 @@ class RewardConfig:
             return
         if self.reward_function:
             p.append(f"{prefix}.reward_function and {prefix}.reward_functions are both set: keep one "
-                     f"({prefix}.reward_function=null drops a config file's; {{function: {self.reward_function}, "
-                     "weight: 1.0}} in reward_functions is the same reward)")
+                     f"({{function: {self.reward_function}, weight: 1.0}} in reward_functions is the same reward; "
+                     "either one on the command line replaces the config file's other)")
         if self.reward_function_kwargs:
             p.append(f"{prefix}.reward_function_kwargs is for {prefix}.reward_function: give each entry of "
                      f"{prefix}.reward_functions its own kwargs: {{function: ..., kwargs: {{...}}}}")

@@ -1,6 +1,9 @@
 """The Scoring stage (rllava.reward.scoring): several weighted rewards, the fields a reward can read, and what a
 failing reward does (reward.strict / fallback_score / on_error)."""
 
+import os
+import re
+
 import pytest
 import torch
 from PIL import Image
@@ -13,6 +16,7 @@ from rllava.reward.function import RewardError, RewardFunction
 from rllava.reward.scoring import Scoring
 from rllava.train.builders import build_reward
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RED, BLUE = Image.new("RGB", (4, 2), (200, 10, 30)), Image.new("RGB", (6, 6), (0, 0, 250))
 
 
@@ -98,6 +102,25 @@ def test_single_function_form_is_unchanged(files):
 def test_start_up_errors(args, message):
     with pytest.raises(ConfigError, match=message):
         load_config(args)
+
+
+def test_readme_weighted_rewards_example_replaces_a_shipped_configs_function(tmp_path):
+    """README's `reward.reward_functions=[...]`, as written, over a shipped config that holds reward.reward_function
+    (examples/tasks/counting/tiny_cpu.yaml L38): the command line's list replaces the file's function, and a
+    command-line function a file's list (issue 62 item 10: it was 'both set'); both on one command line stay an
+    error, whose example entry has no stray brace (it read `weight: 1.0}}`)."""
+    (example,) = re.findall(r"`(reward\.reward_functions=\[.*?\])`\n", open(os.path.join(REPO, "README.md")).read())
+    cfg = load_config([f"config={REPO}/examples/tasks/counting/tiny_cpu.yaml", example])
+    assert cfg.reward.reward_function is None
+    assert cfg.reward.reward_functions == [{"function": "my_task.py:fmt", "weight": 0.2},
+                                           {"function": "my_task.py:acc", "weight": 1.0}]
+    (tmp_path / "c.yaml").write_text("reward:\n  reward_functions: [{function: a.py:f, weight: 0.5}]\n")
+    cfg = load_config([f"config={tmp_path}/c.yaml", "reward.reward_function=b.py:g"])
+    assert (cfg.reward.reward_function, cfg.reward.reward_functions) == ("b.py:g", [])
+    with pytest.raises(ConfigError) as e:
+        load_config(["reward.reward_function=a.py:f", "reward.reward_functions=[{function: b.py:g}]"])
+    assert "({function: a.py:f, weight: 1.0} in reward_functions is the same reward;" in str(e.value)
+    assert "}}" not in str(e.value)
 
 
 def test_error_policy_of_strict_fallback_and_on_error():
