@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 from collections.abc import Mapping
+from functools import partial
 
 import datasets
 
@@ -230,10 +231,13 @@ def with_encoded_columns(ds: datasets.Dataset, columns: list[str], pickled: bool
     """`ds` reading its JSON-text (or `pickled`) `columns` back as their values (a format transform `select` keeps)."""
     if not columns:
         return ds
-    decode = pickle.loads if pickled else json.loads
-    ds.set_transform(lambda batch: {k: ([None if v is None else decode(v) for v in vs] if k in columns else vs)
-                                    for k, vs in batch.items()})
+    ds.set_transform(partial(_decode_columns, columns, pickled))  # datasets fingerprints it: no closure (unhashable)
     return ds
+
+
+def _decode_columns(columns: list[str], pickled: bool, batch: dict) -> dict:
+    decode = pickle.loads if pickled else json.loads
+    return {k: ([None if v is None else decode(v) for v in vs] if k in columns else vs) for k, vs in batch.items()}
 
 
 def _pick_split(loaded, split: str | None, spec: str) -> datasets.Dataset:

@@ -241,3 +241,12 @@ def test_an_edited_file_is_read_again(tmp_path):
     assert load_records(spec)[0]["answer"] == "2"
     write_jsonl(tmp_path / "train.jsonl", [{"problem": "1+1?", "answer": "two"}])
     assert load_records(spec)[0]["answer"] == "two"
+
+
+def test_decoded_columns_get_a_fingerprint_not_a_random_hash(tmp_path):
+    """A JSON-encoded column's decoding transform is hashable (datasets/fingerprint.py `update_fingerprint`: an
+    unhashable transform gets `generate_random_fingerprint()` and a multi-line "couldn't be hashed" warning, which
+    the closure over json.loads raised on every run): the same file loads with the same fingerprint twice."""
+    path = write_jsonl(tmp_path / "train.jsonl", [{"problem": "a", "answer": [1, 2]}, {"problem": "b", "answer": 3}])
+    first, second = load_records(path), load_records(path)
+    assert first._fingerprint == second._fingerprint and first[0]["answer"] == [1, 2]
