@@ -5,7 +5,9 @@ stage (Ziegler et al. 2019, arXiv:1909.08593; InstructGPT):
     r_t = -beta * KL_t + [t is the last response token] * score          KL_t = kl_penalty(logp_old, logp_ref)
 
 (`algorithm.kl_penalty=full`: the exact KL(pi_old || pi_ref) over the vocabulary, `Reference.full_kl`), and beta
-is fixed (`algorithm.kl_ctrl.type=fixed`) or adapted towards `target_kl` (`adaptive`):
+is fixed (`algorithm.kl_ctrl.type=fixed`) or adapted towards `target_kl` (`adaptive`) by the whole batch of all
+ranks, KL its token mean and n_steps its sequences (verl/trainer/ppo/ray_trainer.py@b178a3c `apply_kl_penalty`
+L100-104, whose KL is the mean of each sequence's token mean), so every rank holds the one-process run's beta:
 
     e = clip(KL / target_kl - 1, -0.2, 0.2);   beta <- beta * (1 + e * n_steps / horizon)
 """
@@ -14,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from rllava.algorithms.losses import kl_penalty, masked_mean
+from rllava import distributed as D
+from rllava.algorithms.losses import kl_penalty
 
 
 def outcome_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -49,13 +52,14 @@ class KLController:
 
     def penalize(self, scores: torch.Tensor, mask: torch.Tensor, old_logprobs: torch.Tensor,
                  ref_logprobs: torch.Tensor, kl: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-        """(token rewards [B, T], metrics); beta moves after it is used, by one step of B sequences. `kl` [B, T]:
-        the KL itself when it is not estimated from the two log-probs (estimator `full`, over the vocabulary)."""
+        """(token rewards [B, T] of this rank's rows, metrics); then beta moves by the batch of all ranks (a
+        collective). `kl` [B, T]: the KL itself when not estimated from the log-probs (`full`, over the vocabulary)."""
         kl = (kl_penalty(old_logprobs, ref_logprobs, self.estimator) if kl is None else kl) * mask
         token_rewards = outcome_token_rewards(scores, mask) - self.value * kl
-        current = masked_mean(kl, mask).item()
+        total, tokens, rows = D.all_sum([float(kl.sum()), float(mask.sum()), float(len(scores))])
+        current = total / max(tokens, 1.0)
         metrics = {"actor/reward_kl": current, "actor/reward_kl_coef": self.value}
-        if self.kind == "adaptive":  # the module docstring's e, with n_steps = len(scores)
+        if self.kind == "adaptive":  # the module docstring's e, with n_steps = the rows of all ranks
             error = min(max(current / self.target_kl - 1.0, -0.2), 0.2)
-            self.value *= 1.0 + error * len(scores) / self.horizon
+            self.value *= 1.0 + error * rows / self.horizon
         return token_rewards, metrics

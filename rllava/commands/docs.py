@@ -17,6 +17,7 @@ from dataclasses import MISSING, fields, is_dataclass
 from rllava.algorithms import correction as C
 from rllava.algorithms import distill as Dl
 from rllava.algorithms import hybrid as H
+from rllava.algorithms import kl as K
 from rllava.algorithms import ppo as _ppo  # noqa: F401  (registers the built-in estimators and losses)
 from rllava.algorithms.hybrid import HYBRID_LOSS_KEYS
 from rllava.algorithms.registry import ADV_ESTIMATORS, DISTILL_LOSSES, POLICY_LOSSES
@@ -146,6 +147,17 @@ def _correction_section() -> list[str]:
             .replace("\n", " "), "", "| function | reads | formula |", "|---|---|---|", *rows, "", *refs, ""]
 
 
+def _kl_section() -> list[str]:
+    """KL in the reward (`rllava.algorithms.kl`): its module docstring, the indented formulas as code blocks."""
+    lines = ["## KL in the reward (`algorithm.use_kl_in_reward`, `algorithm.kl_ctrl`)", ""]
+    for part in K.__doc__.split("\n\n"):
+        if part.startswith("    "):
+            lines += ["```", part.strip("\n"), "```", ""]
+        else:
+            lines += [" ".join(part.split()), ""]
+    return lines
+
+
 def _distill_section() -> list[str]:
     """On-policy distillation (`rllava.algorithms.distill`): the module's formula, then one row per registered loss."""
     doc = Dl.__doc__.split("\n\n")
@@ -175,7 +187,7 @@ def render_algorithms() -> str:
         "`@register_policy_loss` or `@register_ppo` in a file listed in `algorithm.plugins`.", "",
         "## Advantage estimators (`algorithm.adv_estimator`)", "", head, *_rows(ADV_ESTIMATORS), "",
         "## Policy losses (`actor.policy_loss.loss_mode`)", "", head, *_rows(POLICY_LOSSES), "",
-        *_hybrid_section(), *_correction_section(), *_distill_section(), *_reference_section(),
+        *_hybrid_section(), *_correction_section(), *_kl_section(), *_distill_section(), *_reference_section(),
     ])
 
 

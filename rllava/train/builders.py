@@ -222,10 +222,12 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device, env=None) -> 
 
 
 def _schedule(cfg: PPOConfig, num_steps: int, role, n: int) -> tuple[int, int]:
-    """(this rank's sequences per mini-batch, steps x epochs x mini-batches per step: the LR schedule's length) of
-    `role` (actor or critic config) with `n` sequences per prompt; RLLaVA counts prompts per mini-batch, all ranks."""
+    """(this rank's sequences per mini-batch, the LR schedule's length) of `role` (actor or critic config), `n`
+    sequences per prompt (RLLaVA counts prompts per batch and mini-batch, all ranks): the optimizer steps each rank
+    takes, steps x epochs x ceil(its rows / mini), whatever the world size (verl's schedule spans the steps its
+    scheduler takes on each rank: verl/workers/fsdp_workers.py@b178a3c L579-586, L921)."""
     mini = role.ppo_mini_batch_size * n // D.world_size()
-    return mini, num_steps * role.ppo_epochs * math.ceil(cfg.data.train_batch_size * n / mini)
+    return mini, num_steps * role.ppo_epochs * math.ceil(cfg.data.train_batch_size // D.world_size() * n / mini)
 
 
 def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None, *, updates: int,

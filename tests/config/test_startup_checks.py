@@ -181,6 +181,20 @@ def test_cosine_reads_num_cycles_and_min_lr_ratio():
     assert min(floor) >= 0.5 - 1e-6 and floor[-1] < 0.55
 
 
+@pytest.mark.parametrize("world", [1, 8])
+def test_lr_schedule_counts_the_optimizer_steps_each_rank_takes(monkeypatch, world):
+    """Batch 128 prompts, mini-batches of 32, n = 8, 100 steps: each of W ranks holds 1024 / W rows in mini-batches
+    of 256 / W, 4 optimizer steps a step, 400 in all, which the schedule plans on 1 rank or 8 (it planned 3,200 on
+    8: 1/8 of a decay, warmup_ratio=0.1 over 80 % of the run). verl's scheduler runs over the steps it takes on each
+    rank (verl/workers/fsdp_workers.py@b178a3c L579-586, L921). Critic and SFT (n = 1) count alike."""
+    monkeypatch.setattr(B.D, "world_size", lambda: world)
+    cfg = load_config(["data.train_batch_size=128", "actor.ppo_mini_batch_size=32", "rollout.n=8",
+                       "critic.model.model_path=m", "critic.ppo_mini_batch_size=32"])
+    for role in (cfg.actor, cfg.critic):
+        assert B._schedule(cfg, 100, role, 8) == (256 // world, 400)
+    assert B._schedule(cfg, 100, cfg.actor, 1) == (32 // world, 400)
+
+
 def test_validation_off_loads_no_val_set():
     off = load_config(["trainer.val_before_train=false", "trainer.val_freq=-1"])
     assert not B.validates(off)
