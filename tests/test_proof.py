@@ -155,6 +155,35 @@ def test_run_methods_runs_each_once_with_its_keys_and_processes(tmp_path, monkey
     assert calls[-1] == ("grpo", (), 1) and grpo["method"] == "grpo"
 
 
+@pytest.mark.parametrize("flags, sft, rl", [
+    ([], [], []),  # the task configs' own budgets (tiny_cpu_sft.yaml, tiny_cpu.yaml)
+    (["--sft-steps", "3", "--rl-steps", "4", "--val-freq", "2"], ["trainer.max_steps=3"],
+     ["trainer.max_steps=4", "trainer.val_freq=2"]),
+    (["--hybrids", "--methods", "grpo", "--rl-steps", "4"], [], ["trainer.max_steps=4", "trainer.val_freq=25"]),
+])
+def test_the_step_flags_reach_every_task_sets_runs(tmp_path, monkeypatch, flags, sft, rl):
+    """--sft-steps, --rl-steps and --val-freq reach the SFT and RL command lines of the task rows as they reach
+    --hybrids' (issue 62: a "quick" `proof --rl-steps ...` of math ran the configs' full 200/160 steps); without
+    them the task rows keep the configs' budgets (no trainer.max_steps given) and --hybrids its 100 / every 25.
+    The runs themselves are faked (their command lines recorded)."""
+    import rllava.commands.proof as P
+
+    def run(module, args, processes=1):
+        runs.append((module.rsplit(".", 1)[1], [a for a in args if a.startswith(("trainer.max_steps=",
+                                                                                   "trainer.val_freq="))]))
+        return 1.0
+
+    runs = []
+    monkeypatch.setattr(P, "_run", run)
+    monkeypatch.setattr(P, "prepare", lambda task, out, seed=0, **kw: os.makedirs(out, exist_ok=True) or [])
+    monkeypatch.setattr(P, "read_metrics", lambda path: _rows())
+    monkeypatch.setattr(P, "plot_task", lambda task, rows, path: None)
+    (tmp_path / "grpo").mkdir()  # --hybrids: where its run would have written
+    P.main(["--out", str(tmp_path), "--tasks", "counting", "math", *flags])
+    tasks = 1 if "--hybrids" in flags else 2  # the multi-run modes run on the first task
+    assert runs == [("sft", [*sft, "trainer.val_freq=0"]), ("rlvr", rl)] * tasks
+
+
 def test_distill_table_rows_and_the_step_opd_reaches_grpos_end():
     from rllava.commands.proof import distill_table
 

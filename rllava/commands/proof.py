@@ -1,6 +1,7 @@
 """`make proof`: on each task, GRPO visibly improves an SFT-warmed tiny model on held-out data, on a CPU.
 
     python -m rllava.commands.proof --out outputs/proof [--tasks counting grounding math ovd agent_search] [--seed 0]
+        [--sft-steps N] [--rl-steps N] [--val-freq N]   # default: the configs' budgets and evaluation interval
 
 For each task: build a tiny random VLM (`rllava.model.tiny`, `Task.arch`) and its synthetic set
 (`rllava.data.synthetic TASK`, 4000 train / 200 held out), warm the model up with SFT on the records'
@@ -391,13 +392,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--teacher-steps", type=int, default=150)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--methods", nargs="+", default=list(HYBRID_METHODS), choices=list(HYBRID_METHODS))
-    parser.add_argument("--sft-steps", type=int, default=None)
-    parser.add_argument("--rl-steps", type=int, default=100)
-    parser.add_argument("--val-freq", type=int, default=25)
+    parser.add_argument("--sft-steps", type=int, help="SFT steps of each warm-up (default: the task's "
+                        "tiny_cpu_sft.yaml budget)")
+    parser.add_argument("--rl-steps", type=int, help="RL steps of each run (default: the task's tiny_cpu.yaml "
+                        "budget; 100 with --hybrids, --async, --distill)")
+    parser.add_argument("--val-freq", type=int, help="held-out evaluation every N RL steps (default: the task's "
+                        "tiny_cpu.yaml; 25 with --hybrids, --async, --distill)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    steps = dict(sft_steps=args.sft_steps, rl_steps=args.rl_steps, val_freq=args.val_freq)
     if args.async_ or args.hybrids or args.distill:  # several runs from one warm-up on the first task
-        task, steps = TASKS[args.tasks[0]], dict(sft_steps=args.sft_steps, rl_steps=args.rl_steps, val_freq=args.val_freq)
+        task, steps = TASKS[args.tasks[0]], dict(steps, rl_steps=args.rl_steps or 100, val_freq=args.val_freq or 25)
         if args.distill:
             name, what, table = "distill.md", "GRPO and on-policy distillation from one student warm-up", \
                 distill_table(*run_distill(task, args.out, teacher_steps=args.teacher_steps, seed=args.seed, **steps))
@@ -410,14 +415,14 @@ def main(argv: list[str] | None = None) -> None:
             name, what, table = "hybrids.md", "GRPO and the SFT+RL hybrids from one warm-up", hybrids_table(
                 run_hybrids(task, args.out, methods=args.methods, seed=args.seed, **steps))
         with open(os.path.join(args.out, name), "w") as f:
-            f.write(f"# {task.name}: {what} ({args.sft_steps or 'default'} SFT steps), {args.rl_steps} RL steps "
+            f.write(f"# {task.name}: {what} ({args.sft_steps or 'default'} SFT steps), {steps['rl_steps']} RL steps "
                     f"each\n\n{table}\n")
         print(f"\n{table}", flush=True)
         return
     for name in args.tasks:
         task = TASKS[name]
         try:
-            s = run_task(task, os.path.join(args.out, name), seed=args.seed)
+            s = run_task(task, os.path.join(args.out, name), seed=args.seed, **steps)
         except subprocess.CalledProcessError as e:
             parser.exit(1, f"proof: a {name} training run failed (exit status {e.returncode}); its output is above\n")
         plot_task(task, read_metrics(os.path.join(s["outputs"], "grpo")), os.path.join(args.out, f"{name}.png"))
