@@ -225,3 +225,16 @@ def test_distillation_reaches_grpos_end_in_a_third_of_the_steps(tmp_path):
     print(distill_table(teacher, [grpo, opd]))
     reached = next((step for step, v in opd["curve"] if step > 0 and v >= grpo["sampled_after"]), None)
     assert reached is not None and reached <= 33 and opd["sampled_after"] >= teacher["sampled_before"] - 3
+
+
+@pytest.mark.parametrize("flags, mode", [(["--seeds", "3"], "--async"), (["--methods", "grpo"], "--hybrids"),
+                                         (["--teacher-steps", "5"], "--distill")])
+def test_a_modes_flag_without_its_mode_is_refused_in_one_line(tmp_path, capsys, flags, mode):
+    """--seeds, --methods and --teacher-steps change only their mode's runs: given to the task rows they are a
+    one-line refusal before anything runs (issue 62: a flag works for every task set or is refused)."""
+    from rllava.commands.proof import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "out"), "--tasks", "counting", *flags])
+    assert e.value.code == 2 and capsys.readouterr().err == f"proof: {flags[0]} applies to {mode} runs only\n"
+    assert not (tmp_path / "out").exists()

@@ -389,9 +389,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--distill", action="store_true", help="GRPO and on-policy distillation from a teacher "
                         "warmed --teacher-steps SFT steps, from one student warm-up on the first of --tasks; writes "
                         "OUT/distill.md")
-    parser.add_argument("--teacher-steps", type=int, default=150)
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    parser.add_argument("--methods", nargs="+", default=list(HYBRID_METHODS), choices=list(HYBRID_METHODS))
+    parser.add_argument("--teacher-steps", type=int, help="with --distill (default 150)")
+    parser.add_argument("--seeds", nargs="+", type=int, help="with --async (default 0 1)")
+    parser.add_argument("--methods", nargs="+", choices=list(HYBRID_METHODS), help="with --hybrids (default: all)")
     parser.add_argument("--sft-steps", type=int, help="SFT steps of each warm-up (default: the task's "
                         "tiny_cpu_sft.yaml budget)")
     parser.add_argument("--rl-steps", type=int, help="RL steps of each run (default: the task's tiny_cpu.yaml "
@@ -399,6 +399,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--val-freq", type=int, help="held-out evaluation every N RL steps (default: the task's "
                         "tiny_cpu.yaml; 25 with --hybrids, --async, --distill)")
     args = parser.parse_args(argv)
+    for flag, value, mode, default in (("--teacher-steps", "teacher_steps", "distill", 150),
+                                       ("--seeds", "seeds", "async_", [0, 1]),
+                                       ("--methods", "methods", "hybrids", list(HYBRID_METHODS))):
+        if getattr(args, value) is not None and not getattr(args, mode):  # a flag works, or it is refused
+            parser.exit(2, f"proof: {flag} applies to --{mode.rstrip('_')} runs only\n")
+        if getattr(args, value) is None:
+            setattr(args, value, default)
     os.makedirs(args.out, exist_ok=True)
     steps = dict(sft_steps=args.sft_steps, rl_steps=args.rl_steps, val_freq=args.val_freq)
     if args.async_ or args.hybrids or args.distill:  # several runs from one warm-up on the first task
