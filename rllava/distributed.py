@@ -83,9 +83,12 @@ def init(device: str = "auto") -> torch.device:
 
 def group_of_one(device: torch.device) -> None:
     """A process group of one (an in-memory store: no port, nothing to clean up), so `python -m ...
-    actor.strategy=fsdp2` without torchrun runs the sharded engine instead of dying in the env:// rendezvous."""
+    actor.strategy=fsdp2` (or deepspeed) without torchrun runs the sharded engine instead of dying in the env://
+    rendezvous; with the environment torchrun gives a world of one (DeepSpeed asserts LOCAL_RANK is set)."""
     global _joined
     if not dist.is_initialized():
+        for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+            os.environ.setdefault(k, v)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
                                 world_size=1)
         _joined = True

@@ -26,10 +26,12 @@ DeepSpeed clips at max_grad_norm and skips a step whose norm is not finite; `ski
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
 
 import torch
 
+from rllava import distributed as D
 from rllava.engine.train.checkpoint import init_optimizer_state
 from rllava.errors import ConfigError
 from rllava.model.forward import FSDP_FORWARD_METHOD, _token_logprobs
@@ -69,19 +71,28 @@ class LogprobForward(torch.nn.Module):
         return _token_logprobs(self.model, batch, **kwargs)
 
 
-def _init_single_process(device: torch.device) -> None:
-    """DeepSpeed needs a process group even for one rank: a local one when not under torchrun."""
-    if not torch.distributed.is_initialized():
-        for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-            os.environ.setdefault(k, v)
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 20000))
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+def ops_to_build(deepspeed, cpu_adam: bool) -> list[str]:
+    """The C++ ops DeepSpeed will compile before this run starts (JIT, with ninja: minutes), since neither the
+    install (DS_BUILD_OPS=1) nor an earlier run left them built (torch's extension cache, TORCH_EXTENSIONS_DIR): a
+    CPU's shared-memory collectives (deepspeed/comm/torch.py `build_shm_op`) and, for ZeRO-Offload, cpu_adam."""
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.git_version_info import installed_ops
+    from torch.utils.cpp_extension import _get_build_directory
+
+    names = []
+    for kind in ("ShareMemCommBuilder", "CPUAdamBuilder")[:1 + cpu_adam]:
+        builder = get_accelerator().create_op_builder(kind)  # None where the accelerator has no such op
+        if builder is None or installed_ops.get(builder.NAME) or not deepspeed.ops.__compatible_ops__.get(builder.NAME):
+            continue
+        if not os.path.exists(os.path.join(_get_build_directory(builder.NAME, False), f"{builder.NAME}.so")):
+            names.append(builder.NAME)
+    return names
 
 
 def _wrap(deepspeed, model: torch.nn.Module, config: dict, device: torch.device, **kwargs):
     """deepspeed.initialize around `model` (a policy: around its log-prob forward, installed as its forward
     method); returns (the module the roles call, the DeepSpeed engine)."""
-    _init_single_process(device)
+    D.group_of_one(device)  # DeepSpeed needs a process group even for one rank (plain `python -m`)
     policy = not hasattr(model, "value_head")
     module = model
     if policy:
@@ -112,6 +123,12 @@ class DeepSpeedEngine:
     def prepare(self, model, make_optimizer, make_scheduler):
         """deepspeed.initialize with our AdamW (DeepSpeedCPUAdam over CPU masters when offloading) and LR
         schedule; `self.optimizer` is the torch optimizer over this rank's flat fp32 partitions."""
+        building = ops_to_build(self.deepspeed, self.cfg.enable_cpu_offload)
+        if building and D.is_main():
+            from torch.utils.cpp_extension import get_default_build_root
+
+            print(f"rllava: DeepSpeed compiles {' and '.join(building)} first (C++, about 3 minutes; once: kept in "
+                  f"{get_default_build_root()})", file=sys.stderr, flush=True)
         model.to(self.device)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(params)
