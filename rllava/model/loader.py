@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import re
 
 import torch
 from safetensors import SafetensorError
@@ -18,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 import rllava.model.modular  # noqa: F401  registers the modular VLM (model_type rllava_modular) with the Auto classes
 from rllava.errors import RllavaError
 from rllava.model import ulysses
+from rllava.model.hub import is_hub_id, local_copy
 from rllava.model.processor import load_processor, with_pixel_bounds
 
 log = logging.getLogger(__name__)
@@ -46,14 +46,18 @@ def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdp
     class to load with (a reward model's AutoModelForSequenceClassification); default `auto_class(config)`."""
     if not path:
         raise ModelLoadError(f"{_path_key(key)} is not set")
-    local = not re.fullmatch(r"[\w.-]+/[\w.-]+", path) or path.startswith((".", "~"))  # a hub id is org/name
-    if local and not os.path.isdir(path):
-        raise ModelLoadError(f"{_path_key(key)}={path!r}: no such local directory (a hub id is written org/name)")
+    hub = is_hub_id(path)
+    if not hub and not os.path.isdir(path):
+        raise ModelLoadError(f"{_path_key(key)}={path!r}: no such local directory (a hub id is written org/name, "
+                             "and no folder org/ here)")
+    source = local_copy(path)  # a hub id while the hub is out of reach: the local hub cache's copy
+    if not source:
+        raise _unreachable(key, path)
     try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
         for k, v in (override_config or {}).items():
             setattr(config, k, v)
-        return (auto or auto_class(config)).from_pretrained(path, config=config, dtype=dtype,
+        return (auto or auto_class(config)).from_pretrained(source, config=config, dtype=dtype,
                                                   attn_implementation=attn_implementation,
                                                   trust_remote_code=trust_remote_code)
     except SafetensorError as e:  # a truncated download, a disk that filled up while it was written
@@ -61,14 +65,17 @@ def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdp
                              "save the model again") from e
     except (OSError, ValueError, ImportError) as e:
         text = f"{type(e).__name__} {e} {e.__cause__!r}"  # offline: the hub out of reach, not a broken model
-        offline = any(m in text for m in ("couldn't connect", "LocalEntryNotFoundError", "offline mode",
-                                          "ConnectionError", "ConnectTimeout", "Max retries exceeded"))
-        if not local and not os.path.isdir(path) and offline:
-            raise ModelLoadError(f"{_path_key(key)}={path!r}: no such local directory, and the hub could not be "
-                                 "reached to download it (offline, HF_HUB_OFFLINE=1 or a proxy): give the model's "
-                                 "local directory, or download it where the hub is reachable") from e
+        if hub and any(m in text for m in ("couldn't connect", "LocalEntryNotFoundError", "offline mode",
+                                           "ConnectionError", "ConnectTimeout", "Max retries exceeded")):
+            raise _unreachable(key, path) from e
         raise ModelLoadError(f"{_path_key(key)}={path!r} could not be loaded: {type(e).__name__}: "
                              f"{str(e).splitlines()[0]}") from e
+
+
+def _unreachable(key: str, path: str) -> ModelLoadError:
+    return ModelLoadError(f"{_path_key(key)}={path!r}: no such local directory, and the hub could not be reached to "
+                          "download it (offline, HF_HUB_OFFLINE=1 or a proxy): give the model's local directory, or "
+                          "download it where the hub is reachable")
 
 
 def _path_key(key: str) -> str:

@@ -20,6 +20,8 @@ from functools import cache
 import transformers
 from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
+from rllava.model.hub import local_copy
+
 # each Qwen-VL model's standard processor class (the one its checkpoint names)
 STANDARD_CLASSES = {"Qwen2VLProcessor": "qwen2_vl", "Qwen2_5_VLProcessor": "qwen2_5_vl", "Qwen3VLProcessor": "qwen3_vl"}
 # the names `image_only_processor_class` gives them
@@ -97,7 +99,11 @@ def _read_json(path: str) -> dict:
 
 
 def load_processor(path: str, trust_remote_code: bool = False):
-    """Processor (or tokenizer for text-only models) for the checkpoint directory `path`."""
+    """Processor (or tokenizer for text-only models) for the checkpoint directory (or hub id) `path`; a hub id while
+    the hub is out of reach from the local hub cache's copy (`rllava.model.hub`)."""
+    path = local_copy(path)
+    if not path:
+        raise OSError("not in the local hub cache, and the hub cannot be reached to download it")
     processor_config = _read_json(os.path.join(path, "processor_config.json"))
     processor_class = processor_config.get("processor_class")
     if processor_class in IMAGE_ONLY_CLASSES:  # saved by an rllava before the export named the standard class

@@ -200,3 +200,61 @@ def test_the_export_keeps_the_trainings_pixel_bounds(tmp_path, arch):
     pixels = reloaded.image_processor(images=[Image.new("RGB", (640, 480))], return_tensors="pt")["image_grid_thw"]
     patch = reloaded.image_processor.patch_size
     assert int(pixels.prod()) * patch * patch <= 12544  # a 640 x 480 image comes out within the trained bound
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """The hub out of reach (no HF_HUB_OFFLINE: no connection can be made), and any hub request a test failure.
+    huggingface_hub's client (utils/_http.py `http_backoff`: max_retries=5, base_wait_time=1, max_wait_time=8)
+    would otherwise retry each file 1 + 2 + 4 + 8 + 8 s, printing a line each time, before it fails."""
+    import socket
+
+    import huggingface_hub.constants
+    import huggingface_hub.utils._http
+
+    from rllava.model import hub
+
+    def refuse(*args, **kwargs):
+        raise OSError("network is unreachable")
+
+    def asked_the_hub(*args, **kwargs):
+        raise AssertionError("a request went to the hub")
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(huggingface_hub.utils._http, "_http_backoff_base", asked_the_hub)
+    for k in hub.PROXIES:
+        monkeypatch.delenv(k, raising=False)
+    hub.hub_reachable.cache_clear()
+    yield
+    hub.hub_reachable.cache_clear()
+
+
+def test_hub_looking_paths_fail_at_once_and_a_cached_hub_id_loads_offline(tmp_path, monkeypatch, tiny_model_dir,
+                                                                          no_network):
+    """Issue 62 item 7: `outputs/nomodel` (an `outputs/` folder here) is a missing local directory, and a hub id not
+    in the cache while the hub is out of reach cannot be downloaded: both one line, with no request to the hub. A
+    hub id in the local hub cache loads from it, model and processor, without the hub."""
+    import shutil
+
+    import huggingface_hub.constants
+
+    from rllava.model.loader import ModelLoadError, load_model
+    from rllava.model.processor import load_processor
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    with pytest.raises(ModelLoadError, match=r"^actor.model.model_path='outputs/nomodel': no such local directory"):
+        load_model("outputs/nomodel", dtype=torch.float32)
+    with pytest.raises(ModelLoadError, match=r"^actor.model.model_path='Qwen/Qwen2.5-VL-3B-Instruct': no such local "
+                                             r"directory, and the hub could not be reached to download it"):
+        load_model("Qwen/Qwen2.5-VL-3B-Instruct", dtype=torch.float32)
+    with pytest.raises(OSError, match="not in the local hub cache, and the hub cannot be reached"):
+        load_processor("Qwen/Qwen2.5-VL-3B-Instruct")
+    repo = tmp_path / "hub" / "models--rllava-tests--tiny"  # the hub cache's layout: refs/main -> snapshots/<rev>
+    shutil.copytree(tiny_model_dir, repo / "snapshots" / "0123abcd")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    model = load_model("rllava-tests/tiny", dtype=torch.float32)
+    assert model.config.model_type == "qwen2_vl" and load_processor("rllava-tests/tiny").tokenizer is not None
