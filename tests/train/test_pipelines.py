@@ -145,7 +145,7 @@ def test_under_torchrun_the_one_line_ends_the_failure_summary(tmp_path, tiny_mod
     lines = [line for line in res.stderr.splitlines() if line.strip() and not set(line.strip()) <= {"="}]
     assert res.returncode != 0 and "exitcode  : 2" in res.stderr, res.stderr[-3000:]
     assert lines[-1] == ("  traceback : rllava: error: actor.model.model_path='/no/such/model': no such local "
-                         "directory (a hub id is written org/name)"), res.stderr[-3000:]
+                         "directory (a hub id is written org/name, and no folder org/ here)"), res.stderr[-3000:]
 
 
 def test_a_config_error_comes_before_torch_is_imported():
