@@ -268,6 +268,35 @@ def test_judge_unparsable_verdicts_follow_strict(tmp_path, tiny_model_dir):
     assert scores.tolist() == [-1.0, -1.0] and zero.errors == 2 and "sample 10" in zero.last_error
 
 
+def test_judge_without_a_verdict_on_every_sample_stops_the_run_even_with_on_error_zero():
+    """docs/reward_models.md ("The judge") as the behaviour is (issue 62 item 9): with `reward.on_error=zero` a
+    judge's answer without a verdict scores that sample 0 and counts in reward/errors; a judge without a verdict on
+    every sample of a call stops the run, as any reward failing on every sample does (rllava.reward.scoring: its
+    template or verdict does not fit what it writes, and all-zero rewards give every advantage 0)."""
+    import jinja2
+    from types import SimpleNamespace
+
+    from rllava.reward.scoring import Scoring
+
+    def judge(answers):
+        engine = SimpleNamespace(load=lambda model: None, offload=lambda: None)
+        rollout = SimpleNamespace(processor=object(), engine=engine,
+                                  generate=lambda samples, sampling: [SimpleNamespace(response=a) for a in answers])
+        strict, fallback = load_config(["reward.on_error=zero"]).reward.error_policy()
+        source = JudgeReward("reward.judge", None, rollout, jinja2.Template("{{ response }}"), "t.jinja", 8,
+                             verdict=r"Verdict: (\w+)", labels={"yes": 1, "no": 0}, strict=strict,
+                             fallback_score=fallback)
+        return Scoring([("judge", 1.0, source)], strict=strict, fallback_score=fallback)
+
+    some = judge(["Verdict: yes", "I think it is right"])
+    scores, _ = some.score([_traj("3", index=0), _traj("4", index=1)])
+    assert scores.tolist() == [1.0, 0.0] and some.errors == 1
+    with pytest.raises(RewardError, match=r"^reward judge: all 2 samples of this call failed \(last: reward.judge, "
+                                          r"sample 1: no verdict: 'Verdict: \(\\\\w\+\)' does not match; the judge "
+                                          r"wrote 'Right.'\)"):
+        judge(["Looks fine", "Right."]).score([_traj("3", index=0), _traj("4", index=1)])
+
+
 # --------------------------------------------------------------------------------------------------- embedding
 
 
