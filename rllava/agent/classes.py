@@ -133,6 +133,7 @@ class ClassToolsEnv(ToolEnv):
         if answer_of(text, self.answer_tag) is not None:
             return Observation(done=True)
         for name, tool in self.tools.items():
+            call = None
             try:
                 call = tool.extract_tool_call(text)
                 if call is None:
@@ -142,7 +143,8 @@ class ClassToolsEnv(ToolEnv):
                 out, ok = result if isinstance(result, tuple) and len(result) == 2 else (result, True)
                 obs = _observation(out)
             except Exception as e:  # the model's text reached a tool that could not take it: it reads why
-                return self._error(state, f"{name} failed: {type(e).__name__}: {e}")
+                return self._raised(state, name, call, e)
+            self.worked.add(name)
             return obs if ok else self._error(state, obs.text or f"{name} failed")
         return Observation(done=True)
 
@@ -173,16 +175,18 @@ class ClassEnv(ToolEnv):
     def step(self, state: AgentState, text: str) -> Observation:
         if answer_of(text, self.answer_tag) is not None:
             return Observation(done=True)
-        env, name = state.memory["env"], self.cls.__name__
+        env, name, action = state.memory["env"], self.cls.__name__, None
         try:
             action = env.extract_action(text)
             if action is None:
                 return Observation(done=True)
             state.calls.append((name, action))
             obs, reward, done, _info = env.step(action)
-            return _observation(obs, float(reward or 0.0), bool(done))
+            obs = _observation(obs, float(reward or 0.0), bool(done))
         except Exception as e:  # the model's action broke the environment: it reads why, the step goes on
-            return self._error(state, f"{name} failed: {type(e).__name__}: {e}")
+            return self._raised(state, name, action, e)
+        self.worked.add(name)
+        return obs
 
     def step_reward(self, obs: Observation) -> float:
         """The environment's own step reward, as RLLaVA sums it into `step_reward` (0 where its step raised)."""

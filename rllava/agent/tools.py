@@ -4,21 +4,29 @@
 
 A tool is registered by name (`@register_tool("zoom")`): a function `fn(args, state) -> Observation`, or a class whose
 instances are one, built with `rollout.agent.tool_kwargs.<name>.*`; `rollout.agent.tools` picks them. A tool rejects
-its arguments by raising `ToolError`; any exception it raises becomes an error observation the model reads next turn
-(never a crash of the step), and the calling turn is credited `rollout.agent.invalid_call_penalty` (negative)."""
+its arguments by raising `ToolError`; any exception it raises becomes an error observation the model reads next turn,
+and the calling turn is credited `rollout.agent.invalid_call_penalty` (negative). Any other exception is a bug of the
+tool, not of the model: the first of each kind is also a warning line naming the tool, the call and the line that
+raised, and a tool whose first BROKEN_AFTER calls all raised stops the run with that line (docs/agents.md, "Tools")."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
+import threading
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rllava.algorithms.registry import _register
 from rllava.data.protocol import Sample
-from rllava.errors import ConfigError
+from rllava.errors import ConfigError, RllavaError
 
+log = logging.getLogger(__name__)
 TOOLS: dict[str, Callable] = {}
+BROKEN_AFTER = 8  # a tool whose first calls all raised (none ran or rejected its arguments) is broken
 
 
 def register_tool(name: str):
@@ -28,6 +36,12 @@ def register_tool(name: str):
 
 class ToolError(Exception):
     """A tool call the tool cannot run (bad arguments): its message is what the model reads."""
+
+
+def _raised_at(e: BaseException) -> str:
+    """`file.py:line` where `e` was raised (the innermost frame)."""
+    frame = traceback.extract_tb(e.__traceback__)[-1]
+    return f"{os.path.basename(frame.filename)}:{frame.lineno}"
 
 
 @dataclass
@@ -99,6 +113,7 @@ class ToolEnv:
                  invalid_call_penalty: float = 0.0):
         self.tools, self.parse, self.answer_tag = tools, PARSERS[tool_format], answer_tag
         self.invalid_call_penalty = invalid_call_penalty
+        self.lock, self.raised, self.worked, self.warned = threading.Lock(), {}, set(), set()
 
     def reset(self, sample: Sample, model_sizes: list[tuple[int, int]] | None = None) -> AgentState:
         return AgentState(sample, images=list(sample.images), model_sizes=list(model_sizes or []))
@@ -115,12 +130,32 @@ class ToolEnv:
         try:
             obs = self.tools[name](args, state)
         except ToolError as e:
+            self.worked.add(name)  # it ran its own checks
             return self._error(state, f"{name}: {e}")
         except Exception as e:  # a tool's bug or a hostile argument: the model reads it, the step goes on
-            return self._error(state, f"{name} failed: {type(e).__name__}: {e}")
+            return self._raised(state, name, args, e)
         if not isinstance(obs, Observation):
             return self._error(state, f"{name} returned {type(obs).__name__}, not an Observation")
+        self.worked.add(name)
         return obs
+
+    def _raised(self, state: AgentState, name: str, call, e: Exception) -> Observation:
+        """The error observation for tool `name` raising `e` on `call`. The first `e` of its kind is also a warning
+        line, and the BROKEN_AFTER-th call of a tool that never ran without raising stops the run."""
+        where = _raised_at(e)
+        line = f"the {name} tool raised {type(e).__name__}: {e} ({where}) on the call {str(call)[:80]!r}"
+        with self.lock:
+            self.raised[name] = self.raised.get(name, 0) + 1
+            broken = name not in self.worked and self.raised[name] == BROKEN_AFTER
+            first = (name, type(e), where) not in self.warned
+            self.warned.add((name, type(e), where))
+        if broken:
+            raise RllavaError(f"{line}, as on each of its first {BROKEN_AFTER} calls: fix the tool (a call it "
+                             "rejects raises ToolError, which the model reads)") from e
+        if first:
+            log.warning("%s; the model reads it as an error observation (raise ToolError for a call the tool "
+                        "rejects)", line)
+        return self._error(state, f"{name} failed: {type(e).__name__}: {e}")
 
     def step_reward(self, obs: Observation) -> float:
         """RLLaVA's step reward (AgentSearchEnv, AgentCodeEnv), summed into `step_reward`: 1 if the call ran, else 0."""
@@ -149,8 +184,9 @@ def build_tools(names: list[str], kwargs: dict[str, dict]) -> dict[str, Callable
                 tools[name] = fn(**options)
             except ConfigError:
                 raise  # already names its key
-            except (TypeError, ValueError, OSError) as e:
-                raise ConfigError(f"rollout.agent.tool_kwargs.{name}: {e}") from e
+            except Exception as e:  # bad options, or a bug in the tool's __init__
+                raise ConfigError(f"rollout.agent.tool_kwargs.{name}: building the {name} tool raised "
+                                  f"{type(e).__name__}: {e} ({_raised_at(e)})") from e
         elif options:
             raise ConfigError(f"rollout.agent.tool_kwargs.{name}: the {name} tool takes no options")
         else:

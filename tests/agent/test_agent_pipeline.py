@@ -160,6 +160,52 @@ def test_a_tool_from_a_users_file(tmp_path):
         T.build_tools(["zoom"], {"zoom": {"x": 1}})
 
 
+def test_the_docs_custom_tool_runs_as_copied_and_a_raising_tool_is_named(tmp_path, caplog):
+    """docs/agents.md's `my_tools.py` as written (issue 62 item 8: it lacked `import json`, and the NameError of
+    its __init__ was a traceback): it builds from tool_kwargs and answers; without the import, building it is one
+    line naming the tool and the line. A tool raising on its calls: the model reads the error each time (as verl's
+    tool_agent_loop.py L431-435 and verifiers' envs/tool_env.py L66-69 return it), the user reads one warning line
+    naming the tool, the call and the line, and the BROKEN_AFTER-th call of a tool that never ran stops the run."""
+    import re
+
+    from rllava.algorithms.ppo import load_plugins
+    from rllava.errors import RllavaError
+
+    (snippet,) = re.findall(r"```python\n(# my_tools.py.*?)```", open(os.path.join(REPO, "docs", "agents.md")).read(),
+                            re.DOTALL)
+    (tmp_path / "my_tools.py").write_text(snippet)
+    (tmp_path / "facts.json").write_text(json.dumps({"paris": "the capital of France"}))
+    load_plugins([str(tmp_path / "my_tools.py")], key="rollout.agent.plugins")
+    env = T.ToolEnv(T.build_tools(["lookup"], {"lookup": {"table": str(tmp_path / "facts.json")}}))
+    assert env.step(T.AgentState(None), "<lookup>paris</lookup>").text == "the capital of France"
+    assert env.step(T.AgentState(None), "<lookup>rome</lookup>").text == "Error: lookup: no entry 'rome'"
+    broken = snippet.replace("import json\n", "").replace('"lookup"', '"lookup_unimported"')
+    (tmp_path / "broken.py").write_text(broken)
+    load_plugins([str(tmp_path / "broken.py")], key="rollout.agent.plugins")
+    with pytest.raises(ConfigError) as e:
+        T.build_tools(["lookup_unimported"], {"lookup_unimported": {"table": str(tmp_path / "facts.json")}})
+    line = 1 + broken.splitlines().index("            self.facts = json.load(f)")
+    assert str(e.value) == ("rollout.agent.tool_kwargs.lookup_unimported: building the lookup_unimported tool raised "
+                            f"NameError: name 'json' is not defined (broken.py:{line})")
+
+    def crash(args, state):
+        return {}[args]
+
+    env, state = T.ToolEnv({"crash": crash}), T.AgentState(None)
+    with caplog.at_level("WARNING", logger="rllava.agent.tools"):
+        texts = [env.step(state, f"<crash>k{i}</crash>").text for i in range(T.BROKEN_AFTER - 1)]
+    assert texts == [f"Error: crash failed: KeyError: 'k{i}'" for i in range(T.BROKEN_AFTER - 1)]
+    at = f"test_agent_pipeline.py:{crash.__code__.co_firstlineno + 1}"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the crash tool raised KeyError: 'k0' ({at}) on the call 'k0'; the model reads it as an error observation "
+        "(raise ToolError for a call the tool rejects)"]
+    with pytest.raises(RllavaError, match=rf"^the crash tool raised KeyError: 'k7' \({at}\) on the call 'k7', as on "
+                                          r"each of its first 8 calls: fix the tool"):
+        env.step(state, "<crash>k7</crash>")
+    env.worked.add("crash")  # a tool that ran once is not broken: its errors stay observations
+    assert env.step(state, "<crash>k8</crash>").error and state.failed_calls == 8
+
+
 @pytest.mark.parametrize("args, message", [
     (["rollout.agent.tools=[zoom]", "rollout.agent.tool_format=xml"],
      "rollout.agent.tool_format=xml is not one of: tags, json, fenced"),
