@@ -1,6 +1,5 @@
-"""Local path or Hugging Face hub id, and whether the hub can be asked: checked before anything loads, because the
-hub's client retries each file for ~30 s (11 lines of messages) when the network is down, and `outputs/nomodel`
-(a missing local folder) reads like a hub id `org/name`."""
+"""Local path or hub id, checked before anything loads: offline, the hub's client retries each file for ~30 s (11
+lines) before it fails, and `outputs/nomodel` (a missing local folder) reads like a hub id `org/name`."""
 
 from __future__ import annotations
 
@@ -14,33 +13,29 @@ PROXIES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 
 
 def is_hub_id(path: str) -> bool:
-    """`org/name` that is no local path: not `./...` or `~/...`, and `org` no folder here (`outputs/nomodel` with an
-    `outputs/` here is a local path, missing)."""
+    """`org/name`, not `./...` or `~/...`, and no folder `org` here (`outputs/nomodel` is a local path)."""
     return (re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None and not path.startswith((".", "~"))
             and not os.path.exists(path.split("/")[0]))
 
 
 @cache
 def hub_reachable() -> bool:
-    """Not HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE), and the hub's host (HF_ENDPOINT) accepts a connection within
-    3 s; through a proxy (HTTPS_PROXY, ALL_PROXY) the hub is taken as reachable. Asked once a process."""
+    """Not HF_HUB_OFFLINE, and the hub's host (HF_ENDPOINT) takes a connection within 3 s (behind a proxy: taken
+    as reachable). Asked once a process."""
     from huggingface_hub import constants
 
-    if constants.is_offline_mode():
-        return False
-    if any(os.environ.get(k) for k in PROXIES):
-        return True
     url = urlparse(constants.ENDPOINT)
     try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=3).close()
+        if not (constants.is_offline_mode() or any(os.environ.get(k) for k in PROXIES)):
+            socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), 3).close()
     except OSError:
         return False
-    return True
+    return not constants.is_offline_mode()
 
 
 def local_copy(path: str) -> str:
-    """`path` itself; for a hub id while the hub is out of reach, its folder in the local hub cache (a model
-    downloaded before loads from it, without the hub), or "" when it was never downloaded."""
+    """`path`; for a hub id while the hub is out of reach, its folder in the local hub cache (a model downloaded
+    before loads from it), or "" when it was never downloaded."""
     if not is_hub_id(path) or hub_reachable():
         return path
     from huggingface_hub import try_to_load_from_cache

@@ -46,13 +46,14 @@ def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdp
     class to load with (a reward model's AutoModelForSequenceClassification); default `auto_class(config)`."""
     if not path:
         raise ModelLoadError(f"{_path_key(key)} is not set")
-    hub = is_hub_id(path)
-    if not hub and not os.path.isdir(path):
+    if not is_hub_id(path) and not os.path.isdir(path):
         raise ModelLoadError(f"{_path_key(key)}={path!r}: no such local directory (a hub id is written org/name, "
                              "and no folder org/ here)")
     source = local_copy(path)  # a hub id while the hub is out of reach: the local hub cache's copy
     if not source:
-        raise _unreachable(key, path)
+        raise ModelLoadError(f"{_path_key(key)}={path!r}: no such local directory, and the hub could not be reached "
+                             "to download it (offline, HF_HUB_OFFLINE=1 or a proxy): give the model's local directory, "
+                             "or download it where the hub is reachable")
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
         for k, v in (override_config or {}).items():
@@ -64,18 +65,8 @@ def load_model(path: str, *, dtype: torch.dtype, attn_implementation: str = "sdp
         raise ModelLoadError(f"{_path_key(key)}={path!r}: the weights are truncated or corrupt ({e}): download or "
                              "save the model again") from e
     except (OSError, ValueError, ImportError) as e:
-        text = f"{type(e).__name__} {e} {e.__cause__!r}"  # offline: the hub out of reach, not a broken model
-        if hub and any(m in text for m in ("couldn't connect", "LocalEntryNotFoundError", "offline mode",
-                                           "ConnectionError", "ConnectTimeout", "Max retries exceeded")):
-            raise _unreachable(key, path) from e
         raise ModelLoadError(f"{_path_key(key)}={path!r} could not be loaded: {type(e).__name__}: "
                              f"{str(e).splitlines()[0]}") from e
-
-
-def _unreachable(key: str, path: str) -> ModelLoadError:
-    return ModelLoadError(f"{_path_key(key)}={path!r}: no such local directory, and the hub could not be reached to "
-                          "download it (offline, HF_HUB_OFFLINE=1 or a proxy): give the model's local directory, or "
-                          "download it where the hub is reachable")
 
 
 def _path_key(key: str) -> str:
