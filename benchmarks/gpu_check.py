@@ -12,6 +12,12 @@ Models: random-init Qwen2.5-VL-3B and Qwen3-VL-4B built from their published con
 `save_pretrained` (under --root, reused by the second engine and by a rerun) and loaded by the run; bf16, sdpa,
 gradient checkpointing, HF rollout.
 Engines: `actor.strategy=single`, and `fsdp2` as one rank (rllava's own world-of-one process group, no torchrun).
+`--engines accelerate` (issue 56): `actor.strategy=accelerate` with Accelerate's FSDP2 plugin (the file
+ACCELERATE_FSDP2: bf16, fsdp_version 2, TRANSFORMER_BASED_WRAP), its process as a torchrun of one (LOCAL_RANK=0:
+Accelerate picks FSDP under a launcher only). It checks the path the CPU tests emulate: 3 steps finish (HF
+generate on the gathered root, the update, the optimizer step), and the logprob gap stays that of the fsdp2 row
+(bf16 noise; a gap near 1 or a crash in the rollout is the sharded root of issue 56 back):
+    python benchmarks/gpu_check.py --models qwen2.5-vl-3b --engines fsdp2 accelerate --out accelerate.md
 
 Sizes: 4 prompts x rollout.n 4 = 16 sequences a step, prompt <= 256 tokens (a 224 px image: 64 image tokens on
 Qwen2.5-VL), response 128 tokens (random weights rarely stop early); mini-batch 2 prompts (two optimizer steps a
@@ -87,6 +93,9 @@ SCENARIOS = {"check": (list(MODELS), ["tiny-qwen2.5-vl"], ENGINES, None, (224,))
              "rllava24": (["qwen3-vl-4b"], ["tiny-qwen3-vl"], ("auto",), 24, (448, 512, 576, 640)),
              "research": (["qwen2.5-vl-3b"], ["tiny-qwen2.5-vl"], ("auto",), None, (512,))}
 GiB = 1024 ** 3
+ACCELERATE_FSDP2 = ("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nmixed_precision: bf16\n"
+                    "num_processes: 1\nnum_machines: 1\nfsdp_config:\n  fsdp_version: 2\n"
+                    "  fsdp_reshard_after_forward: true\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n")
 MAX_EVENTS = 4_000_000  # --trace's ring of allocation events (a phase with more: the replay says it is cut)
 
 
@@ -319,7 +328,13 @@ def config_keys(model_path: str, root: str, engine: str, device: str, tiny: bool
                 steps: int | None, extra) -> list[str]:
     run_dir = run_path(root, scenario, os.path.basename(model_path), engine)
     data = {"train": os.path.join(root, f"data-{scenario}", "train.jsonl")}
-    return [*overrides(model_path, data, run_dir, engine, device, tiny, scenario),
+    accelerate = []
+    if engine == "accelerate":
+        accelerate = [f"trainer.accelerate_config={os.path.join(root, 'accelerate_fsdp2.yaml')}"]
+        os.makedirs(root, exist_ok=True)
+        with open(os.path.join(root, "accelerate_fsdp2.yaml"), "w") as f:
+            f.write(ACCELERATE_FSDP2)
+    return [*overrides(model_path, data, run_dir, engine, device, tiny, scenario), *accelerate,
             *([f"trainer.max_steps={steps}"] if steps else []), *extra]
 
 
@@ -351,6 +366,8 @@ def _run_one(model: str, engine: str, root: str, device: str, tiny: bool, scenar
     planned = planned_peaks(cfg, scenario, device) if planned else {}
 
     cuda = device == "cuda"
+    if engine == "accelerate" and cuda:
+        os.environ.setdefault("LOCAL_RANK", "0")  # a torchrun of one: Accelerate's FSDP (see the docstring)
     result = {"model": model, "engine": engine, "scenario": scenario, "planned": planned, "steps": 0}
     peaks, params = PhasePeaks(cuda, trace, out and os.path.join(os.path.dirname(out), "trace.txt")), []
 
@@ -531,7 +548,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--out", default="gpu_check.md")
     p.add_argument("--scenario", default="check", choices=list(SCENARIOS))
     p.add_argument("--models", nargs="+", default=None, help="default: the scenario's (see the docstring)")
-    p.add_argument("--engines", nargs="+", default=None, choices=(*ENGINES, "auto"))
+    p.add_argument("--engines", nargs="+", default=None, choices=(*ENGINES, "auto", "accelerate"))
     p.add_argument("--tiny", action="store_true", help="rllava.model.tiny's models, 1 step (the fast test)")
     p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
     p.add_argument("--root", default=None, help="models, data and runs go here (default: a temporary directory)")

@@ -40,6 +40,8 @@
 #
 # 2026-11-28 (H200): benchmarks/gpu_issue46.sh ran the three in one call (docs/performance.md, "second pass").
 # Next GPU: rllava24's step time alone, and TRL's side with two steps alone (see there).
+# Issue 56 (actor.strategy=accelerate, Accelerate's FSDP2 plugin, never run on a GPU yet), ~3 min:
+#     bash benchmarks/gpu_check.sh --models qwen2.5-vl-3b --engines fsdp2 accelerate
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}

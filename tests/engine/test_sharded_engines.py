@@ -304,6 +304,14 @@ def test_accelerate_matches_fsdp2_and_starts_under_accelerate_launch(tmp_path, t
     assert [json.loads(line)["step"] for line in open(out / "metrics.jsonl")] == [1]
 
 
+def _accelerate_config(path, mixed_precision: str = "bf16"):
+    """An `accelerate config` file for Accelerate's FSDP2 plugin, its layers wrapped by class (`_no_split_modules`)."""
+    path.write_text(f"compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nmixed_precision: '{mixed_precision}'"
+                    "\nnum_processes: 2\nnum_machines: 1\nfsdp_config:\n  fsdp_version: 2\n"
+                    "  fsdp_reshard_after_forward: true\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n")
+    return path
+
+
 def test_accelerate_config_file_becomes_accelerates_environment(tmp_path, monkeypatch):
     """trainer.accelerate_config: the file `accelerate config` writes, turned into the environment `accelerate
     launch --config_file` would give (Accelerate's own launcher code); a missing file is one line; Accelerate's
@@ -314,10 +322,7 @@ def test_accelerate_config_file_becomes_accelerates_environment(tmp_path, monkey
     from rllava.engine.train.accelerate import AccelerateEngine, accelerate_env
     from rllava.errors import ConfigError
 
-    path = tmp_path / "fsdp2.yaml"
-    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nmixed_precision: bf16\n"
-                    "num_processes: 2\nnum_machines: 1\nfsdp_config:\n  fsdp_version: 2\n"
-                    "  fsdp_reshard_after_forward: true\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n")
+    path = _accelerate_config(tmp_path / "fsdp2.yaml")
     env = accelerate_env(str(path))
     assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2", env
     assert env["ACCELERATE_MIXED_PRECISION"] == "bf16", env
@@ -336,3 +341,69 @@ def test_accelerate_config_file_becomes_accelerates_environment(tmp_path, monkey
         with pytest.raises(ConfigError, match=f"^{source} config: Accelerate's DeepSpeed plugin .* actor.strategy="
                                               "deepspeed"):
             AccelerateEngine(torch.device("cpu"), 1.0, config_file=config)
+
+
+def test_accelerate_refuses_fp16_and_fsdp1(tmp_path, monkeypatch):
+    """Accelerate's fp16 is autocast plus a GradScaler that scales the loss in `accelerator.backward` and unscales
+    it before clipping and stepping (accelerate 1.15 accelerator.py L565-584, L2856-2857, L2946-2955); rllava runs
+    its own backward and step, so fp16 would train unscaled fp16 gradients: refused in one line naming the setting
+    and bf16 (before: accepted; on CPU Accelerate itself runs fp16 without autocast, silently fp32). FSDP1
+    (`fsdp_version` absent: Accelerate's default, 1) is refused the same way: the FSDP2 engine's rollout and state
+    dicts do not serve its flat parameters (Accelerate picks FSDP on GPUs only: stubbed, its plugin real)."""
+    import accelerate
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    from rllava.engine.train.accelerate import AccelerateEngine
+    from rllava.errors import ConfigError
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    try:
+        with pytest.raises(ConfigError, match="^trainer.accelerate_config's config: mixed_precision: fp16 .* "
+                                              "use mixed_precision: bf16$"):
+            AccelerateEngine(torch.device("cpu"), 1.0,
+                             config_file=str(_accelerate_config(tmp_path / "fp16.yaml", "fp16")))
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)  # Accelerate's process-wide state: as it was
+    fsdp1 = tmp_path / "fsdp1.yaml"
+    fsdp1.write_text(_accelerate_config(tmp_path / "x.yaml").read_text().replace(  # (FSDP1's sync needs a GPU)
+        "  fsdp_version: 2\n", "  fsdp_sync_module_states: false\n  fsdp_cpu_ram_efficient_loading: false\n"))
+    monkeypatch.setattr(accelerate, "Accelerator", lambda **kw: types.SimpleNamespace(mixed_precision="bf16",
+        state=types.SimpleNamespace(distributed_type=types.SimpleNamespace(value="FSDP"),
+                                    fsdp_plugin=FullyShardedDataParallelPlugin())))
+    with pytest.raises(ConfigError, match="^trainer.accelerate_config's config: fsdp_version 1 .* "
+                                          "set fsdp_config.fsdp_version: 2$"):
+        AccelerateEngine(torch.device("cpu"), 1.0, config_file=str(fsdp1))
+
+
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_accelerate_fsdp2_rolls_out_trains_and_saves_as_the_unsharded_model(tmp_path, tiny_model_dir, nproc):
+    """actor.strategy=accelerate with Accelerate's FSDP2 plugin, prepared by Accelerate's own code on CPU
+    (accelerate_worker.py), against the same model unsharded: HF generate's greedy tokens and their log-probs,
+    before and after an SGD step; the old log-probs, the gradient norm and the trained weights; the checkpoint's.
+    Before: the first rollout died in `aten.convolution got mixed torch.Tensor and DTensor`: rollout_phase
+    gathered the units inside the inner model, not the root Accelerate shards (rllava's LogprobForward, which
+    holds the patch embedding, the embeddings and the head). Accelerate's wrap policy reads the root's
+    `_no_split_modules` (accelerate 1.15 utils/fsdp_utils.py L941-946, then fully_shard per match L853-855 and on
+    the root L881-885): the decoder layers and vision blocks are units (before: none, one unit for the model).
+    After the rollout the root stays gathered after a forward, as Accelerate sets it (L881-885), the units not."""
+    from rllava.engine.train.checkpoint import load_weights
+
+    _run(nproc, tiny_model_dir, tmp_path, _accelerate_config(tmp_path / "fsdp2.yaml", "no"),
+         worker=os.path.join(HERE, "accelerate_worker.py"))
+    result = _result(tmp_path)
+    single, acc = result["single"], result["accelerate"]
+    assert acc["units"] == ["", "model.model.language_model.layers.0", "model.model.language_model.layers.1",
+                            "model.model.visual.blocks.0", "model.model.visual.blocks.1"]
+    assert acc["sharded after a forward"] == (False, True)
+    assert not torch.equal(single["first"][0], single["second"][0])  # the step changed a response
+    for rollout in ("first", "second"):  # (tokens, their log-probs)
+        assert torch.equal(acc[rollout][0], single[rollout][0]), rollout
+        torch.testing.assert_close(acc[rollout][1], single[rollout][1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(acc["old"], single["old"], atol=1e-5, rtol=0)
+    assert abs(acc["grad_norm"] - single["grad_norm"]) < 1e-4 * single["grad_norm"]
+    saved = {k: torch.zeros_like(v) for k, v in single["weights"].items()}
+    load_weights(saved, str(tmp_path / "dcp"))  # the inner model's names: a checkpoint of any engine
+    for k, v in single["weights"].items():
+        torch.testing.assert_close(acc["weights"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+        torch.testing.assert_close(saved[k], v, rtol=1e-5, atol=1e-6, msg=k)

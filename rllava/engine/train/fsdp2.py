@@ -51,9 +51,7 @@ def mixed_precision_policy(spec: dict | None) -> MixedPrecisionPolicy:
 def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The submodules to shard one by one: instances of the classes any HF model inside lists as
     `_no_split_modules` (decoder layers, vision blocks), innermost first."""
-    names = set()
-    for m in model.modules():
-        names.update(getattr(m, "_no_split_modules", None) or [])
+    names = {name for m in model.modules() for name in getattr(m, "_no_split_modules", None) or []}
     return [m for m in model.modules() if type(m).__name__ in names and m is not model]
 
 
@@ -88,11 +86,11 @@ class FSDP2Engine:
         self.reshard_after_forward = reshard_after_forward
         # offload_params is RLLaVA's FSDP2 switch for CPUOffloadPolicy (its enable_cpu_offload is FSDP1's): the same
         self.offload_optimizer, self.cpu_optimizer = offload_optimizer, cpu_optimizer or offload_params
-        self.model = self.optimizer = self.scheduler = None
+        self.model = self.optimizer = self.scheduler = self.root = None  # root: the module FSDP2 sharded last
 
     def prepare(self, model, make_optimizer, make_scheduler):
-        self.model = shard_model(model, self.device, mp=self.mp, cpu_offload=self.cpu_optimizer,
-                                 reshard_after_forward=self.reshard_after_forward)
+        self.model = self.root = shard_model(model, self.device, mp=self.mp, cpu_offload=self.cpu_optimizer,
+                                             reshard_after_forward=self.reshard_after_forward)
         self.optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad])
         self.scheduler = make_scheduler(self.optimizer)
         return self.model
@@ -109,22 +107,27 @@ class FSDP2Engine:
 
     @contextmanager
     def rollout_phase(self, shares_model: bool):
-        """HF generate (`shares_model`): every unit gathered once for the whole rollout (ranks run different numbers
-        of forwards, which would desynchronise per-forward all-gathers). A separate rollout engine: nothing to do
-        (with CPU offload the shards are on the host already)."""
+        """HF generate (`shares_model`): every unit under the root gathered once for the whole rollout (ranks run
+        different numbers of forwards, which would desynchronise per-forward all-gathers), then set back to its
+        `reshards_after_forward`. A separate rollout engine: nothing to do (with CPU offload the shards are on the
+        host already)."""
         if shares_model:
-            units = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+            units = [m for m in self.root.modules() if isinstance(m, FSDPModule)]
             for m in units:
-                m.set_reshard_after_forward(False)
+                m.set_reshard_after_forward(False, recurse=False)
                 m.unshard()
             try:
                 yield
             finally:
                 for m in units:
                     m.reshard()
-                    m.set_reshard_after_forward(self.reshard_after_forward)
+                    m.set_reshard_after_forward(self.reshards_after_forward(m), recurse=False)
         else:
             yield
+
+    def reshards_after_forward(self, unit: FSDPModule) -> bool:
+        """`unit`'s setting outside rollouts: shard_model gives every unit actor.fsdp.reshard_after_forward."""
+        return self.reshard_after_forward
 
     def state_dict(self) -> dict:
         """Sharded model + optimizer state (DTensors) for torch.distributed.checkpoint, which reshards on load."""
