@@ -10,7 +10,7 @@ pixels are exactly columns x1..x2-1 and rows y1..y2-1.
 
 counting (CLEVR-count-like): 1-5 shapes and a fixed question (the count is only in the image), each count equally
 often when n is a multiple of 5. 112 px images, radius 11-16 px (scaled with --size): measured learnable by a
-4.5 M-parameter Qwen2-VL on CPU (docs/cpu_learning.md).
+4.75 M-parameter Qwen2-VL on CPU (docs/cpu_learning.md).
     {"images": ["images/train_00000.png"], "problem": "<image>How many shapes are in the image?",
      "answer": "3", "solution": "<answer>3</answer>"}
 

@@ -7,7 +7,7 @@ writes a real Hugging Face checkpoint (config, safetensors weights, tokenizer, p
 `save_pretrained`, which `actor.model.model_path=DIR` loads through the same Auto classes as a real Qwen checkpoint.
 The tokenizer is a byte-level BPE trained here on generated text (no hub download), with Qwen's special tokens, so
 chat templates and image placeholders behave as in the real models. Sizes (docs/cpu_learning.md): `demo` = 4 text
-layers, hidden 256, vision depth 4, embed 128 (~4.5 M parameters; learns the synthetic counting task on CPU);
+layers, hidden 256, vision depth 4, embed 128 (4.75 M parameters as Qwen2-VL; learns the counting task on CPU);
 `small` = 2 layers, hidden 128 (~1 M; for fast tests only); `wide` = the demo's depths at 4x its widths (benchmarks).
 
 The vision tower's weight matrices are drawn with std VISION_INIT_STD = 0.2 instead of the config's 0.02: at widths

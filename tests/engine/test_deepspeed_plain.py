@@ -16,6 +16,24 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow  # ~11 s of CPU: importing DeepSpeed in a fresh process
+def test_no_accelerator_guess_on_a_cpu():
+    """Any rllava command that saves a model imports DeepSpeed (accelerate's `extract_model_from_parallel`, in
+    transformers' save_pretrained), whose accelerator detection warns "Setting accelerator to CPU" when no CUDA is
+    found (deepspeed/accelerator/real_accelerator.py `get_accelerator`) unless DS_ACCELERATOR names one: rllava.model
+    names the CPU first (issue 62 item 11). On a GPU machine the detection runs as DeepSpeed's."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine: DeepSpeed detects it itself")
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    res = subprocess.run([sys.executable, "-c", "import rllava.model.tiny, deepspeed; "
+                          "from deepspeed.accelerator import get_accelerator; print(get_accelerator()._name)"],
+                         capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert res.returncode == 0 and res.stdout.split()[-1] == "cpu", res.stderr[-2000:]
+    assert "Setting accelerator" not in res.stdout + res.stderr
+
+
 @pytest.mark.slow  # ~50 s (minutes more on a machine that never built DeepSpeed's ops)
 def test_plain_python_runs_deepspeed_as_a_world_of_one(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
                                                         monkeypatch):

@@ -71,3 +71,18 @@ def test_standard_processor_layout_falls_back_without_torchvision(tmp_path, tiny
     enc = processor(text=["<|vision_start|><|image_pad|><|vision_end|>hi"], images=[Image.new("RGB", (56, 56))],
                     return_tensors="pt")
     assert enc["image_grid_thw"].tolist() == [[1, 4, 4]]
+
+
+def test_the_demo_models_sizes_are_what_the_docs_say():
+    """docs/proof.md's parameter counts (it said 4.5 M for the demo Qwen2-VL, which has 4.75 M: issue 62 item 11),
+    counted on the meta device from `rllava.model.tiny`'s own configs."""
+    from rllava.model.tiny import SIZES, _model_and_processor, build_tokenizer
+
+    tok, counts = build_tokenizer(), {}
+    for arch in ("qwen2_vl", "qwen3_vl"):
+        config, model_cls, _ = _model_and_processor(arch, tok, SIZES["demo"])
+        with torch.device("meta"):
+            counts[arch] = sum(p.numel() for p in model_cls(config).parameters())
+    proof = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "proof.md")).read()
+    assert (f"({counts['qwen2_vl'] / 1e6:.2f} M parameters for Qwen2-VL, {counts['qwen3_vl'] / 1e6:.2f} M for "
+            "Qwen3-VL)") in " ".join(proof.split())

@@ -49,7 +49,9 @@ def test_tensorboard_console_samples_and_plots(tmp_path, tiny_model_dir, countin
                "trainer.samples_freq=1", "trainer.samples_to_log=3", "trainer.val_generations_to_log=2"])
     steps = [r for r in _rows(out) if "reward/mean" in r]
 
-    # tensorboard: real event files, read back with tensorboard's own reader
+    # tensorboard: real event files, read back with tensorboard's own reader, in the run's folder as README says
+    # (it said `<outputs_dir>/tensorboard`, i.e. beside the project folders: issue 62 item 11)
+    assert "`tensorboard` (`tensorboard/` in the run's folder" in open(os.path.join(REPO, "README.md")).read()
     logged = _scalars(os.path.join(out, "tensorboard"), "reward/mean")
     assert [s for s, _ in logged] == [1, 2]
     assert [v for _, v in logged] == pytest.approx([r["reward/mean"] for r in steps], rel=1e-6)
