@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import re
-import threading
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -113,7 +112,7 @@ class ToolEnv:
                  invalid_call_penalty: float = 0.0):
         self.tools, self.parse, self.answer_tag = tools, PARSERS[tool_format], answer_tag
         self.invalid_call_penalty = invalid_call_penalty
-        self.lock, self.raised, self.worked, self.warned = threading.Lock(), {}, set(), set()
+        self.raised, self.worked, self.warned = {}, set(), set()  # per tool: calls that raised; ran once; warned
 
     def reset(self, sample: Sample, model_sizes: list[tuple[int, int]] | None = None) -> AgentState:
         return AgentState(sample, images=list(sample.images), model_sizes=list(model_sizes or []))
@@ -144,15 +143,12 @@ class ToolEnv:
         line, and the BROKEN_AFTER-th call of a tool that never ran without raising stops the run."""
         where = _raised_at(e)
         line = f"the {name} tool raised {type(e).__name__}: {e} ({where}) on the call {str(call)[:80]!r}"
-        with self.lock:
-            self.raised[name] = self.raised.get(name, 0) + 1
-            broken = name not in self.worked and self.raised[name] == BROKEN_AFTER
-            first = (name, type(e), where) not in self.warned
-            self.warned.add((name, type(e), where))
-        if broken:
+        self.raised[name] = self.raised.get(name, 0) + 1  # (tool threads: a count off by one at most)
+        if name not in self.worked and self.raised[name] >= BROKEN_AFTER:
             raise RllavaError(f"{line}, as on each of its first {BROKEN_AFTER} calls: fix the tool (a call it "
-                             "rejects raises ToolError, which the model reads)") from e
-        if first:
+                              "rejects raises ToolError, which the model reads)") from e
+        if (name, type(e), where) not in self.warned:
+            self.warned.add((name, type(e), where))
             log.warning("%s; the model reads it as an error observation (raise ToolError for a call the tool "
                         "rejects)", line)
         return self._error(state, f"{name} failed: {type(e).__name__}: {e}")

@@ -150,11 +150,6 @@ def _merge(base: DictConfig, overrides: dict[str, Any], source: str) -> None:
     raise ConfigError(problems or f"cannot merge config ({source}): {str(first_error).splitlines()[0]}")
 
 
-# the two forms of the reward: one given on the command line replaces the config file's other form (README's
-# `reward.reward_functions=[...]` over a config holding reward.reward_function); both in one source stay an error
-REWARD_FORMS = {"reward.reward_functions": ("reward.reward_function", None),
-                "reward.reward_function": ("reward.reward_functions", [])}
-
 EXAMPLES = os.path.realpath(os.path.abspath(os.path.join(__file__, "..", "..", "..", "examples")))
 
 
@@ -216,8 +211,9 @@ def load_config(args: Optional[Sequence[str]] = None) -> PPOConfig:
         except OmegaConfBaseException as e:
             raise ConfigError(f"cannot parse the command-line override '{item}': {' '.join(str(e).split())}") from None
     from_cli = _overrides(cli, COMMAND_LINE)
-    for key, (other, unset) in REWARD_FORMS.items():
-        if key in from_cli and other not in from_cli:
+    for key, other, unset in (("reward.reward_functions", "reward.reward_function", None),  # either reward form on
+                              ("reward.reward_function", "reward.reward_functions", [])):  # the command line
+        if key in from_cli and other not in from_cli:  # replaces a config file's other (README's reward_functions=[])
             OmegaConf.update(cfg, other, unset, merge=False)
     _merge(cfg, from_cli, COMMAND_LINE)
     token = USER_KEYS.set(said | set(from_cli))  # warnings about ignored keys: only for these

@@ -1,6 +1,5 @@
-"""Models: loading, forward passes, tiny builds. Without CUDA, DeepSpeed is told the CPU (DS_ACCELERATOR=cpu) before
-accelerate imports it, as it does whenever transformers saves a model: else every command warns that it guessed."""
-
+"""Without CUDA, DeepSpeed is told the CPU (DS_ACCELERATOR) before accelerate imports it, which it does whenever
+transformers saves a model: else every command that saves one warns that DeepSpeed guessed the CPU."""
 import os
 
 import torch

@@ -69,13 +69,10 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def quiet_libraries() -> None:
-    """No library noise at start-up: DeepSpeed's accelerator guess on a machine without CUDA (it is imported
-    by transformers when a model is saved), datasets' per-file progress bars; rllava's warnings in one line."""
+    """No library noise at start-up: datasets' per-file progress bars (DeepSpeed's accelerator guess: rllava.model);
+    rllava's warnings in one line."""
     import datasets
-    import torch
 
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     datasets.disable_progress_bars()
     warnings.formatwarning = _one_line_warning
 

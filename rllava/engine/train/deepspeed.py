@@ -79,14 +79,10 @@ def ops_to_build(deepspeed, cpu_adam: bool) -> list[str]:
     from deepspeed.git_version_info import installed_ops
     from torch.utils.cpp_extension import _get_build_directory
 
-    names = []
-    for kind in ("ShareMemCommBuilder", "CPUAdamBuilder")[:1 + cpu_adam]:
-        builder = get_accelerator().create_op_builder(kind)  # None where the accelerator has no such op
-        if builder is None or installed_ops.get(builder.NAME) or not deepspeed.ops.__compatible_ops__.get(builder.NAME):
-            continue
-        if not os.path.exists(os.path.join(_get_build_directory(builder.NAME, False), f"{builder.NAME}.so")):
-            names.append(builder.NAME)
-    return names
+    kinds = ("ShareMemCommBuilder", "CPUAdamBuilder")[:1 + cpu_adam]
+    builders = [b for b in map(get_accelerator().create_op_builder, kinds) if b is not None]  # None: not here
+    return [b.NAME for b in builders if deepspeed.ops.__compatible_ops__.get(b.NAME) and not installed_ops.get(b.NAME)
+            and not os.path.exists(os.path.join(_get_build_directory(b.NAME, False), f"{b.NAME}.so"))]
 
 
 def _wrap(deepspeed, model: torch.nn.Module, config: dict, device: torch.device, **kwargs):
@@ -125,10 +121,8 @@ class DeepSpeedEngine:
         schedule; `self.optimizer` is the torch optimizer over this rank's flat fp32 partitions."""
         building = ops_to_build(self.deepspeed, self.cfg.enable_cpu_offload)
         if building and D.is_main():
-            from torch.utils.cpp_extension import get_default_build_root
-
-            print(f"rllava: DeepSpeed compiles {' and '.join(building)} first (C++, about 3 minutes; once: kept in "
-                  f"{get_default_build_root()})", file=sys.stderr, flush=True)
+            print(f"rllava: DeepSpeed compiles {' and '.join(building)} first (C++, about 3 minutes; once: torch's "
+                  "extension cache keeps them for later runs)", file=sys.stderr, flush=True)
         model.to(self.device)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = make_optimizer(params)
