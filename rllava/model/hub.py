@@ -1,4 +1,4 @@
-"""Local path or hub id, checked before anything loads: offline, the hub's client retries each file for ~30 s (11
+"""Local path or hub id, told apart before anything loads: offline, the hub's client retries each file for ~30 s (11
 lines) before it fails, and `outputs/nomodel` (a missing local folder) reads like a hub id `org/name`."""
 
 from __future__ import annotations
