@@ -238,9 +238,15 @@ def take(hidden: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, target: t
     return hidden[rows[sel], cols[sel] - rank * _current.length // n], Local(target, sel)
 
 
+# A row's value where it has none of a field (and its padding's): collate leaves these None on a rank with no such row
+# (expert token, demonstration, agent turn; sampled token: a rollout engine gives every one's log-prob or none)
+_NONE = {"off_policy_mask": 0, "sft_only": False, "turn_index": -1, "turn_anchors": -1, "turn_rewards": 0,
+         "rollout_logprobs": 0}
+
+
 def union(batch):
     """(the group's rows, this rank's among them, each rank's): every rank's batch in rank order, 2-D tensors
-    right-padded to the longest (turn ids with -1), group ids kept apart; without a group (batch, all, [all])."""
+    right-padded to the longest (`_NONE`), group ids kept apart; without a group (batch, all, [all])."""
     if _group is None:
         return batch, slice(None), [slice(None)]
     parts, out = [None] * _group[2], {}
@@ -251,11 +257,13 @@ def union(batch):
         p.group_ids = p.group_ids + k * step
     for f in fields(batch):
         values = [getattr(p, f.name) for p in parts]
-        if isinstance(values[0], torch.Tensor):
-            fill = -1 if f.name in ("turn_index", "turn_anchors") else 0
-            out[f.name] = torch.cat([torch.nn.functional.pad(v, (0, T - v.shape[1]), value=fill) if v.dim() == 2
-                                     else v for v in values])
-        else:
-            out[f.name] = [x for v in values for x in v] if isinstance(values[0], list) else values[0]
+        out[f.name] = like = next((v for v in values if v is not None), None)
+        if isinstance(like, list):
+            out[f.name] = [x for v in values for x in v]
+        elif isinstance(like, torch.Tensor):  # a rank's None: what its rows hold, as in one process's collate
+            values = [torch.full((len(p), p.input_ids.shape[1])[:like.dim()], _NONE[f.name], dtype=like.dtype)
+                      if v is None else v for p, v in zip(parts, values)]
+            out[f.name] = torch.cat([torch.nn.functional.pad(v, (0, T - v.shape[1]), value=_NONE.get(f.name, 0))
+                                     if v.dim() == 2 else v for v in values])
     parts = [slice(sum(sizes[:k]), sum(sizes[:k + 1])) for k in range(len(sizes))]
     return type(batch)(**out), parts[_group[1]], parts

@@ -19,7 +19,7 @@ from rllava.algorithms.losses import LossInputs, aggregate, kl_penalty, masked_m
 from rllava.data.protocol import Batch
 from rllava.model import ulysses
 from rllava.model.forward import LOGPROB_CHUNK, token_logprobs
-from rllava.roles.batching import MeanMetrics, MicroBatching, compute_logprobs, mini_batches
+from rllava.roles.batching import MeanMetrics, MicroBatching, compute_logprobs, logged_scale, mini_batches
 from rllava.roles.teacher import Teachers
 
 
@@ -139,14 +139,14 @@ class Actor:
         """Stage 4: optimise the loss's terms over the batch; returns averaged metrics. A hybrid's batch (expert
         tokens in `off_policy_mask`) optimises rl_coef L_RL + sft_coef L_SFT, each normalised over its own tokens."""
         self.model.train()
-        batch, _, shares = ulysses.union(batch)  # sequence parallelism: the group's rows, each rank a part of each row
+        batch, own, shares = ulysses.union(batch)  # sequence parallelism: the group's rows, each rank a part of each
         metrics, masks = MeanMetrics(), self._masks(batch)
         full = self.distill is not None and self.distill.full  # the teachers run inside the update
         with self.engine.update_phase(), self.distill.teachers.resident() if full else nullcontext():
             for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, *masks, parts=shares):
-                # the exact KL runs one teacher's forward per micro-batch: the rows by teacher first
-                parts = list(self.distill.teachers.route(batch, mini).values()) if full else [mini]
-                for rows in [r for part in parts for r in self.micro_batching.split(batch, part)]:
+                micros, split = self._micro_batches(batch, mini), partial(self._micro_batches, batch)
+                norm = {**norm, "logged": logged_scale(len(micros), split, mini, range(len(batch))[own])}
+                for rows in micros:
                     micro = batch.select(rows)
                     rl, sft = self._masks(micro)  # which terms have tokens, read on the host: no wait on the device
                     has = (bool(rl.any()), sft is not None and bool(sft.any()))
@@ -154,11 +154,19 @@ class Actor:
                 metrics.add({"actor/grad_norm": self.engine.optimizer_step()})
         return metrics.means()
 
+    def _micro_batches(self, batch: Batch, rows: list[int]) -> list[list[int]]:
+        """`rows` in micro-batches (the exact KL to the teachers runs one teacher's forward in each: by teacher)."""
+        full = self.distill is not None and self.distill.full
+        parts = list(self.distill.teachers.route(batch, rows).values()) if full else [rows]
+        return [r for part in parts for r in self.micro_batching.split(batch, part)]
+
     def _masks(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(tokens of the RL term, tokens of a hybrid's SFT term or None), each [B, T]."""
-        if self.expert is not None and batch.off_policy_mask is not None:
-            return self.expert.masks(batch.loss_mask, batch.off_policy_mask)
-        return batch.loss_mask, None
+        """(tokens of the RL term, tokens of a hybrid's SFT term or None), each [B, T]. A hybrid's rows without
+        expert tokens have an empty SFT mask, not None: every rank counts the same normalisers (`mini_batches`)."""
+        if self.expert is None:
+            return batch.loss_mask, None
+        off = batch.off_policy_mask if batch.off_policy_mask is not None else torch.zeros_like(batch.loss_mask)
+        return self.expert.masks(batch.loss_mask, off)
 
     def _rollout_correction(self, micro: Batch, mask: torch.Tensor, old: torch.Tensor):
         """(RL-term mask less the rejected tokens, the RL term's IS weights or None, the distillation term's or None,
@@ -231,6 +239,11 @@ def _agg(agg: dict, norm: dict) -> dict:
     return dict(agg, num_tokens=norm["num_tokens"], num_seqs=norm["num_seqs"])
 
 
+def _logged(loss: torch.Tensor, norm: dict) -> torch.Tensor:
+    """A term's loss as logged: x the update's `logged_scale` (rllava.roles.batching)."""
+    return loss.detach() * norm.get("logged", 1.0)
+
+
 def policy_term(algorithm, inp: LossInputs, norm: dict, agg: dict):
     """The configured policy loss (`actor.policy_loss.loss_mode`) on the RL term's tokens, times the rollout
     correction's IS weights; its metrics, the correction's, pg_loss and the entropy."""
@@ -238,7 +251,7 @@ def policy_term(algorithm, inp: LossInputs, norm: dict, agg: dict):
     if inp.rl_weights is not None:
         per_token = per_token * inp.rl_weights
     pg_loss = aggregate(per_token, inp.mask, **_agg(agg, norm))
-    return pg_loss, {**{f"actor/{k}": v for k, v in metrics.items()}, "actor/pg_loss": pg_loss.detach(),
+    return pg_loss, {**{f"actor/{k}": v for k, v in metrics.items()}, "actor/pg_loss": _logged(pg_loss, norm),
                      "actor/entropy": masked_mean(inp.entropy.detach(), inp.mask)}
 
 
@@ -267,7 +280,7 @@ def distill_term(distill: Distillation, inp: LossInputs, norm: dict, agg: dict):
     w = 1.0 if inp.distill_weights is None else inp.distill_weights
     loss = aggregate(distill.fn(inp) * w, inp.mask, **_agg(agg, norm))
     kl = inp.full_kl["teacher"] if distill.full else inp.old_logprobs - inp.need("teacher_logprobs", "distill")
-    return loss, {"actor/distill_loss": loss.detach(), "distill/reverse_kl": masked_mean(kl.detach(), inp.mask)}
+    return loss, {"actor/distill_loss": _logged(loss, norm), "distill/reverse_kl": masked_mean(kl.detach(), inp.mask)}
 
 
 def entropy_term(inp: LossInputs, norm: dict, agg: dict):
@@ -279,4 +292,4 @@ def registered_term(name: str, fn: Callable, inp: LossInputs, norm: dict, agg: d
     """A term of `actor.loss_terms` (`rllava.algorithms.registry.register_loss_term`) on the RL term's tokens."""
     per_token, metrics = fn(inp)
     loss = aggregate(per_token, inp.mask, **_agg(agg, norm))
-    return loss, {f"actor/{name}": loss.detach(), **{f"actor/{name}/{k}": v for k, v in metrics.items()}}
+    return loss, {f"actor/{name}": _logged(loss, norm), **{f"actor/{name}/{k}": v for k, v in metrics.items()}}

@@ -130,6 +130,16 @@ def mini_batches(batch: Batch, epochs: int, size: int, rl_mask: torch.Tensor | N
             yield mini, dict(zip(("num_tokens", "num_seqs", "sft_tokens", "sft_seqs"), norm))
 
 
+def logged_scale(micros: int, split, mini: list[int], own: range) -> float:
+    """The factor on a micro-batch's loss as logged (actor/pg_loss, critic/vf_loss; `MeanMetrics` averages them): under
+    sequence parallelism m' = `micros`, the group's rows' count, over m = what `split` makes of this rank's own rows
+    of `mini` (size 1's); else 1. The group's m' shares s of a normaliser N x as large (`mini_batches`) log sum(s)/m';
+    at size 1 N ranks' m shares, N x as large, average to sum(s)/m (verl: any size, workers/actor/dp_actor.py L662)."""
+    if ulysses.size() == 1:
+        return 1.0
+    return micros / len(split([i for i in mini if i in own]))
+
+
 class MeanMetrics:
     """Averages named scalars over the micro-/mini-batches of one update. Tensors stay on the device until
     `means()`: reading one (`.item()`) would make the host wait for the device after every micro-batch."""

@@ -12,7 +12,7 @@ from rllava.algorithms.kl import token_rewards_of
 from rllava.algorithms.losses import aggregate, masked_mean, value_loss
 from rllava.data.protocol import Batch
 from rllava.model import ulysses
-from rllava.roles.batching import MeanMetrics, MicroBatching, forward_in_chunks, mini_batches
+from rllava.roles.batching import MeanMetrics, MicroBatching, forward_in_chunks, logged_scale, mini_batches
 
 
 class Critic:
@@ -35,14 +35,17 @@ class Critic:
 
     def update(self, batch: Batch) -> dict[str, float]:
         """Fit V to the returns of this batch; returns averaged `critic/*` metrics."""
-        batch, _, parts = ulysses.union(batch)  # sequence parallelism: the group's rows (Actor.update)
+        batch, own, parts = ulysses.union(batch)  # sequence parallelism: the group's rows (Actor.update)
         old_values = batch.need("values")
         _, returns = gae_returns(token_rewards_of(batch), old_values, batch.loss_mask, gamma=self.gamma, lam=self.lam)
         self.model.train()
         metrics = MeanMetrics()
         with self.engine.update_phase():  # Adam's state on the device only in here (offload_optimizer)
             for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, parts=parts):
-                for rows in self.micro_batching.split(batch, mini):
+                micros = self.micro_batching.split(batch, mini)
+                scale = logged_scale(len(micros), lambda rows: self.micro_batching.split(batch, rows), mini,
+                                     range(len(batch))[own])
+                for rows in micros:
                     micro = batch.select(rows).to(self.engine.device)
                     T = micro.input_ids.shape[1]
                     vpred = self.model(micro, **self.micro_batching.layout)
@@ -51,8 +54,7 @@ class Critic:
                                                      cliprange=self.cliprange_value)
                     loss = aggregate(per_token, micro.loss_mask, self.agg_mode, max_len=T, **norm)
                     self.engine.backward(loss)
-                    metrics.add({"critic/vf_loss": loss.detach() * ulysses.size(),  # N x the micro-batches: x N, as at size 1
-                                 "critic/vf_clipfrac": clipfrac,
+                    metrics.add({"critic/vf_loss": loss.detach() * scale, "critic/vf_clipfrac": clipfrac,
                                  "critic/vpred_mean": masked_mean(vpred.detach(), micro.loss_mask)})
                 metrics.add({"critic/grad_norm": self.engine.optimizer_step()})
         return {**metrics.means(), "critic/returns_mean": masked_mean(returns, batch.loss_mask).item()}

@@ -123,6 +123,57 @@ def test_ulysses_on_two_ranks_matches_one_process(tmp_path, tiny_model_dir, stra
         torch.testing.assert_close(sp["weights"][k], v, rtol=1e-5, atol=1e-6, msg=k)
 
 
+def _same(a: dict, b: dict, what: str, skip=()) -> None:
+    """Metrics `a` and `b` alike: the same names, each value within float32 noise."""
+    assert a.keys() == b.keys(), (what, sorted(a.keys() ^ b.keys()))
+    for k in sorted(set(a) - set(skip)):
+        assert abs(a[k] - b[k]) <= 1e-5 * max(1.0, abs(a[k])), (what, k, a[k], b[k])
+
+
+@pytest.mark.slow  # ~100 s (luffy), ~160 s (hpt): one process, then two ranks
+@pytest.mark.parametrize("hybrid", ["luffy", "hpt"])
+def test_ulysses_trains_a_hybrid_whose_expert_rows_are_all_on_one_rank(tmp_path, tiny_model_dir, hybrid):
+    """actor.model.ulysses_size=2 when rank 1 holds every expert row and rank 0 none, so that collate leaves
+    off_policy_mask and sft_only None on rank 0 and (luffy: nothing of rank 1's sampled) rollout_logprobs None on
+    rank 1 (tests/engine/actor_worker.py `six_rows`): the step's loss, the weights after it and every logged
+    per-token metric (LUFFY's off-policy ones and its rollout IS, HPT's SFT NLL) are one process's on the same 6 rows,
+    as verl's Ulysses group trains on every field of its ranks' rows (volcengine/verl@b178a3c
+    verl/workers/sharding_manager/fsdp_ulysses.py L52-62, protocol.py L1242-1253: all-gathered, each rank's tensors
+    all present); one process's numbers are the references' (LUFFY's mix_core_alg.py L59-155, HPT's mix_actor.py
+    L135-165: tests/algorithms/test_parity_hybrids.py). Before, union took rank 0's None:
+    HPT's SFT term vanished; LUFFY's run died in it (rank 0's rollout log-probs beside rank 1's None). HPT also on
+    two data-parallel ranks (ulysses_size=1): before, rank 0 counted no SFT normalisers and the all-reduce hung."""
+    worker = os.path.join(HERE, "actor_worker.py")
+    _run(1, tiny_model_dir, tmp_path / "single", "single", "1", "padded", hybrid, worker=worker)
+    single = _result(tmp_path / "single")
+    assert {"hpt": "actor/sft_nll", "luffy": "actor/off_policy_prob"}[hybrid] in single["metrics"]
+    for sp in ("2", "1") if hybrid == "hpt" else ("2",):
+        _run(2, tiny_model_dir, tmp_path / sp, "fsdp2", sp, "padded", hybrid, worker=worker)
+        got = _result(tmp_path / sp)
+        assert abs(got["loss"] - single["loss"]) < 1e-5 * abs(single["loss"]), (sp, got["loss"], single["loss"])
+        for k, v in single["weights"].items():  # SGD at lr 1: the weights after the step are before - gradient
+            torch.testing.assert_close(got["weights"][k], v, rtol=1e-4, atol=1e-6, msg=k)
+        if sp == "2":  # (a logged loss is a mean over each rank's micro-batches: see the next test)
+            _same(single["metrics"], got["metrics"], hybrid, skip=["actor/pg_loss"])
+
+
+@pytest.mark.slow  # ~130 s: two runs on two ranks
+def test_ulysses_logs_the_actor_metrics_of_sp1(tmp_path, tiny_model_dir):
+    """actor.model.ulysses_size=2 logs what the same two ranks log at size 1, actor/pg_loss too (0.026 here; the
+    group's 6 micro-batches were each a share of a normaliser 2 x as large, where each rank ran 3: it was logged at
+    1/2), as verl logs the same metrics with or without sequence parallelism (volcengine/verl@b178a3c
+    verl/workers/actor/dp_actor.py L662, no factor of ulysses_sequence_parallel_size): PPO on `six_rows`, 3
+    micro-batches of a row per rank. (test_ulysses_pipeline_takes_the_steps_of_sp1: the group's rows in one
+    micro-batch, as each rank's were: x 1, not x 2.)"""
+    worker = os.path.join(HERE, "actor_worker.py")
+    runs = {}
+    for sp in ("1", "2"):
+        _run(2, tiny_model_dir, tmp_path / sp, "fsdp2", sp, "padded", "ppo", worker=worker)
+        runs[sp] = _result(tmp_path / sp)["metrics"]
+    assert abs(runs["1"]["actor/pg_loss"]) > 1e-2
+    _same(runs["1"], runs["2"], "sp=2 against sp=1")
+
+
 def _rlvr_on_ranks(nproc: int, out, model: str, reward: str, *extra: str) -> subprocess.CompletedProcess:
     """`torchrun --nproc_per_node=nproc -m rllava.train.pipeline.rlvr` on the tiny counting config: 4 prompts a
     step, 2 per mini-batch, 2 steps, KL in the loss, one metrics file; `extra` keys last."""
