@@ -5,6 +5,11 @@ class RllavaError(ValueError):
     pass
 
 
+class RunFinished(Exception):
+    """Not an error: the run asked for finished before and nothing is left to do (rllava.train.outputs); the
+    command line prints this line and exits 0."""
+
+
 class ConfigError(RllavaError):
     """A config key or value is wrong. The message names the key, the value, the choices and the fix."""
 

@@ -193,8 +193,10 @@ def test_runtime_unwritable_dir_and_an_earlier_runs_outputs(run, tmp_path):
     assert code == 2 and "is not writable" in one_line(err)
     assert run()[0] == 0
     config = (tmp_path / "run" / "config.yaml").read_text()
-    code, err = run("actor.optim.lr=1e-4")  # another run into the same dir: stopped before writing anything
-    assert code == 2 and "already holds another run's outputs" in one_line(err)
+    code, err = run("actor.optim.lr=1e-4")  # another run into the same dir: stopped before writing anything,
+    # naming the key that makes it another run (before: "already holds another run's outputs", no key named)
+    assert code == 2 and "this command changes actor.optim.lr: 0.0003 -> 0.0001: choose another " \
+                         "trainer.experiment_name" in one_line(err)
     assert (tmp_path / "run" / "config.yaml").read_text() == config
     assert run("actor.optim.lr=1e-4", "trainer.overwrite=true")[0] == 0
 
@@ -210,6 +212,20 @@ def test_runtime_reward_failures_name_the_function_and_sample(run, tmp_path, bod
     code, err = run(f"reward.reward_function={tmp_path}/r.py:compute_score", "reward.timeout=1")
     assert code == 2 and "compute_score" in one_line(err) and expect in one_line(err)
     assert not (tmp_path / "run" / "final").exists()
+
+
+def test_runtime_a_reward_past_float32_names_the_file_and_the_value(run, tmp_path, caplog):
+    """1e39 is a finite float but inf in float32, what the rewards train in (torch.finfo(torch.float32).max =
+    3.4028e38): the sample's warning names the reward file and the value returned (before: "reward compute_score,
+    sample I: inf is not a finite number", neither)."""
+    (tmp_path / "r.py").write_text("calls = []\ndef compute_score(response, ground_truth):\n"
+                                   "    calls.append(1)\n    return 1e39 if len(calls) == 1 else 0.0\n")
+    code, err = run(f"reward.reward_function={tmp_path}/r.py:compute_score")
+    assert code == 0, err[-2000:]
+    warned = [r.getMessage() for r in caplog.records if "1e+39" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(f"reward function {tmp_path}/r.py:compute_score, sample "), warned
+    assert warned[0].endswith(": returned overall=1e+39: expected a finite number (float32, |x| <= 3.4e38): scored 0 "
+                              "(reward.strict=false)"), warned
 
 
 def test_runtime_sigint_mid_step_exits_130(tmp_path, tiny_model_dir, counting_dir):

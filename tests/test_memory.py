@@ -132,6 +132,8 @@ def test_kv_cache_is_counted_from_the_config(tiny_model_dir):
 def test_cli_prints_the_table(tiny_model_dir, capsys):
     memory.main([f"config={TINY_CPU}", f"actor.model.model_path={tiny_model_dir}", "--gpu-memory", "24GiB"])
     out = capsys.readouterr().out
+    assumed, head = out.splitlines()[:2]  # what it planned for, in one line above the table
+    assert assumed.startswith("planned for: actor.strategy=auto -> single on 1 cuda rank(s)") and "phase" in head
     for word in ("phase", "parameters", "kv_cache", "rollout", "old log-prob", "update", "optimizer", "fits"):
         assert word in out
     assert "of 24.00 GiB: fits" in out
@@ -353,6 +355,26 @@ def test_distillation_teachers_are_resident_in_every_phase_with_a_pass_for_a_sam
     assert any("algorithm.distill.loss=full" in line for line in planner.unplanned(routed))
     with pytest.raises(RllavaError, match="algorithm.distill.teacher_path='/no/such'"):
         planner.plan(_cfg(tiny_model_dir, "algorithm.distill.teacher_path=/no/such"), device="cpu")
+
+
+@pytest.mark.parametrize("overrides, world, expect", [
+    ([], 1, "actor.strategy=auto -> fsdp2 on 1 cuda rank(s) (--world-size), weights, gradients and Adam states on "
+            "the host (actor.fsdp offload switches), weights bfloat16, FSDP2 compute bfloat16, gradient reduce "
+            "bfloat16, rollout.name=hf"),
+    (["actor.strategy=fsdp2", "actor.fsdp.enable_cpu_offload=false", "actor.fsdp.offload_params=false",
+      "actor.fsdp.offload_optimizer=false", "actor.fsdp.mixed_precision={param_dtype: bf16, reduce_dtype: fp32}"], 8,
+     "actor.strategy=fsdp2 -> fsdp2 on 8 cuda rank(s) (--world-size), nothing on the host (actor.fsdp offload "
+     "switches), weights bfloat16, FSDP2 compute bfloat16, gradient reduce float32, rollout.name=hf"),
+    (["actor.strategy=single", "actor.fsdp.offload_params=false"], 1,
+     "actor.strategy=single -> single on 1 cuda rank(s) (--world-size), the optimizer step on the host"),
+])
+def test_the_plan_says_what_it_assumes(overrides, world, expect):
+    """RLLaVA's examples/config.yaml with a 4B model (issue 56): its actor.fsdp switches (enable_cpu_offload,
+    offload_params, offload_optimizer all true, L48-52) make auto FSDP2 with the shards, gradients and Adam on the
+    host (CPUOffloadPolicy, as planner.step_of plans it), weights in bfloat16 on a GPU (torch_dtype null); the
+    line names that, or what the switches change (before: only the table and "fits")."""
+    cfg = load_config(["config=examples/config.yaml", "actor.model.model_path=Qwen/Qwen3-VL-4B-Instruct", *overrides])
+    assert memory.assumptions(cfg, world).startswith(f"planned for: {expect}")
 
 
 @pytest.mark.slow  # ~25 s on this CPU: a 4B model's plan

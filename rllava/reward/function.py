@@ -41,7 +41,6 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import logging
-import math
 import os
 import sys
 from functools import partial
@@ -54,6 +53,7 @@ from rllava.errors import RllavaError
 from rllava.reward.guard import make_runner
 
 log = logging.getLogger(__name__)
+FLOAT32_MAX = torch.finfo(torch.float32).max
 HEAVY = ("images", "videos")  # PIL: given to a function only when it names them (see the module docstring)
 
 
@@ -171,15 +171,16 @@ def sample_fields(t: Trajectory, heavy=()) -> dict:
 
 
 def _as_scores(result: Any) -> dict[str, float] | str:
-    """A float or a dict with `overall` -> {name: float}; anything else -> what is wrong with it (one line)."""
+    """A float or a dict with `overall` -> {name: float}; anything else -> what is wrong with it (one line). The
+    scores train as float32: a number past its range (|x| > 3.4e38, e.g. 1e39) would be inf there, so it fails too."""
     if isinstance(result, dict) and "overall" not in result:
         return f"returned a dict without 'overall' (keys {sorted(map(str, result))})"
     items = result.items() if isinstance(result, dict) else [("overall", result)]
     scores = {}
     for k, v in items:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not abs(float(v)) <= FLOAT32_MAX:
             shown = repr(v) if len(repr(v)) <= 60 else repr(v)[:57] + "..."
-            return f"returned {k}={shown}: expected a finite number"
+            return f"returned {k}={shown}: expected a finite number (float32, |x| <= 3.4e38)"
         scores[k] = float(v)
     return scores
 

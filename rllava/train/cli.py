@@ -1,6 +1,6 @@
 """Command-line entry shared by the pipelines: config from `config=FILE k=v ...`, one-line errors, exit codes.
 
-    0    the run finished (final/ written)
+    0    the run finished (final/ written), or had finished before and nothing is left to do (one line says so)
     2    a user error: one line `rllava: error: ...` (bad config, data, reward file, model, checkpoint, a full or
          unwritable disk). RLLAVA_DEBUG=1 prints the traceback as well.
     130  interrupted (Ctrl-C / SIGINT), one line; checkpoints already written stay, final/ is not written
@@ -21,7 +21,7 @@ import warnings
 from typing import Callable
 
 from rllava.config import load_config  # no torch: `check_config` runs before the pipeline imports it
-from rllava.errors import RllavaError, first_failure
+from rllava.errors import RllavaError, RunFinished, first_failure
 
 # OSErrors that are the machine's state, not a bug: reported as one line naming the path.
 _FULL = "free some space there or point trainer.outputs_dir elsewhere"
@@ -161,6 +161,9 @@ def run_cli(train: Callable, argv: list[str] | None = None) -> None:
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv)
         outputs_dir = train(cfg)
+    except RunFinished as e:  # the same run asked again, finished: its line, exit 0
+        if main:
+            print(e, flush=True)
     except BaseException as e:  # noqa: BLE001  DCP's CheckpointException is a BaseException
         interrupted = isinstance(e, KeyboardInterrupt)
         message = None if interrupted or isinstance(e, SystemExit) else user_message(e)

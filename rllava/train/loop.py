@@ -100,9 +100,10 @@ def build_run(cfg, *, role: str = "rl", given: Given | None = None) -> Run:
     validates. `role`: "rl", "sft" or "rollout" (an async run's rollout rank: frozen policy, no Actor); no writes."""
     given, sft, serving = given or Given(), role == "sft", role == "rollout"
     outputs_dir = B.run_outputs_dir(cfg)
-    # the trainers check outputs_dir and find the checkpoint; a rollout rank reads its own (async_rl.serve)
-    resume_from = None if serving else C.find_resume(cfg, outputs_dir)  # a bad path fails here, before any write
-    fresh = not serving and O.check_outputs(cfg, outputs_dir, resume_from)  # another run's outputs there: one line
+    # every rank checks outputs_dir (a finished run ends them all: RunFinished) and finds the checkpoint
+    resume_from = C.find_resume(cfg, outputs_dir)  # a bad path fails here, before any write
+    fresh = O.check_outputs(cfg, outputs_dir, resume_from) and not serving  # another run's outputs there: one line
+    resume_from = None if serving else resume_from  # a rollout rank reads its own (async_rl.serve)
     # the reward file first: a typo in it fails in a second, not after loading the model
     scores = cfg.reward.reward_function or cfg.reward.reward_functions or cfg.reward.model.model_path
     reward = B.build_reward(cfg) if not sft or (cfg.data.val_files and scores) else None

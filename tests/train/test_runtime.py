@@ -65,8 +65,9 @@ def test_outputs_dir_belongs_to_one_run(tmp_path, tiny_model_dir, counting_dir, 
     assert "config.yaml" in before and any(k.startswith("final") for k in before)
 
     _fails(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=2"), capsys,
-           f"{out} already holds another run's outputs (config.yaml, metrics.jsonl, samples.jsonl, final): "
-           "choose another trainer.experiment_name (or outputs_dir), or set trainer.overwrite=true")
+           f"{out} holds this run, finished at step 1 (its model: {out}/final); to the new length it kept no "
+           "checkpoint to go on from (trainer.save_freq keeps them): choose another trainer.experiment_name (or "
+           "outputs_dir), or set trainer.overwrite=true to run it again")
     _fails(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.overwrite=true",
                  f"data.train_files={tmp_path}/missing.jsonl"), capsys, "missing.jsonl")
     assert _snapshot(out) == before  # neither start rewrote config.yaml or appended to metrics.jsonl
@@ -86,14 +87,54 @@ def test_resume_continues_the_same_run_only(tmp_path, tiny_model_dir, counting_d
     rlvr.main(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.save_freq=1"))
     _fails(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.save_freq=1", "trainer.max_steps=2",
                  "data.seed=7"), capsys, "holds a run this config does not continue (data.seed: 1 -> 7)")
-    _fails(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.resume=none"), capsys,
-           "(its checkpoints: trainer.resume=auto continues it)")
+    _fails(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.resume=none", "trainer.max_steps=2"),
+           capsys, "to the new length trainer.resume=auto goes on from its checkpoint at step 1")
     rlvr.main(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.save_freq=1", "trainer.max_steps=2"))
     assert _steps(out) == [1, 2]
     root = os.path.join(out, "checkpoints")
     rlvr.main(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.resume=none", "trainer.overwrite=true",
                     "trainer.save_freq=1", "trainer.save_limit=1"))
     assert [s for s, _ in C.list_checkpoints(root)] == [1] and _steps(out) == [1]
+
+
+def test_the_same_command_on_a_finished_run_says_so_and_exits_0(tmp_path, tiny_model_dir, counting_dir,
+                                                                 distinct_reward, capsys):
+    """The command of a finished run, run again (`python -m`, the real command line): exit 0 and one line saying it
+    finished, at which step, where final/ is and what would go on, nothing rewritten (before: exit 2, "already holds
+    another run's outputs ... choose another trainer.experiment_name"); a larger trainer.max_steps goes on from its
+    checkpoint; a smaller one is another run, named."""
+    out = str(tmp_path / "run")
+    args = _args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.save_freq=1")
+    rlvr.main(args)
+    before = _snapshot(out)
+    again = subprocess.run([sys.executable, "-m", "rllava.train.pipeline.rlvr", *args], capture_output=True,
+                           text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert again.returncode == 0 and again.stderr.count("rllava: error") == 0, again.stderr[-2000:]
+    assert (f"{out} holds this run, finished at step 1 (its model: {out}/final): nothing left to do. "
+            "trainer.overwrite=true starts it over; a larger trainer.max_steps or trainer.total_epochs goes on from "
+            "its checkpoint at step 1") in again.stdout, again.stdout[-2000:]
+    assert _snapshot(out) == before
+    rlvr.main([*args, "trainer.max_steps=2"])
+    assert _steps(out) == [1, 2]
+    _fails(args, capsys, f"{out} holds this run, finished at step 2 (its model: {out}/final); this command changes "
+                         "trainer.max_steps: 2 -> 1: choose another trainer.experiment_name")
+
+
+def test_a_run_failing_before_its_first_step_has_not_begun(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
+                                                           capsys):
+    """A reward raising at the validation before the first step leaves config.yaml and metrics.jsonl; the run
+    with the reward fixed (another reward.reward_function, a key that names the run) starts there, one line
+    saying so (before: refused, "holds a run this config does not continue"; docs/troubleshooting.md: nothing is
+    written before a run really starts, and what a run that took no step wrote is not a run)."""
+    out, broken = str(tmp_path / "run"), tmp_path / "broken.py"
+    broken.write_text("def compute_score(response, ground_truth):\n    raise KeyError('box')\n")
+    validated = ("trainer.val_before_train=true", f"data.val_files={counting_dir}/val.jsonl")
+    _fails(_args(tiny_model_dir, counting_dir, out, f"{broken}:compute_score", *validated), capsys,
+           "raised KeyError: 'box'")
+    assert {"config.yaml", "metrics.jsonl"} <= set(os.listdir(out))
+    rlvr.main(_args(tiny_model_dir, counting_dir, out, distinct_reward, *validated))
+    assert f"{out} holds a run stopped before its first step: starting over there" in capsys.readouterr().out
+    assert _steps(out) == [1] and distinct_reward.split(":")[0] in open(os.path.join(out, "config.yaml")).read()
 
 
 def test_unwritable_outputs_dir_is_one_line(tmp_path, tiny_model_dir, counting_dir, distinct_reward, capsys):

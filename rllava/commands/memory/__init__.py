@@ -89,6 +89,32 @@ def table(rows: list[dict], gpu_bytes: int | None) -> str:
                                   "and the allocator's cache)"])
 
 
+def assumptions(cfg, world: int, device: str = "cuda") -> str:
+    """The line above the table: the engine actor.strategy makes on `world` ranks of `device`, what its offload
+    switches put on the host (as `planner.step_of` reads them), the weights' dtype and FSDP2's compute and gradient
+    reduction dtypes (actor.fsdp.mixed_precision; unset: the weights'), the rollout engine."""
+    import torch
+
+    from rllava.config.schema import resolve_strategy
+    from rllava.engine.train.fsdp2 import mixed_precision_policy
+    from rllava.model.loader import resolve_dtype
+
+    a, f = cfg.actor, cfg.actor.fsdp
+    strategy = resolve_strategy(a.strategy, world, f, device)
+    weights = resolve_dtype(a.model.torch_dtype, torch.device(device))
+    dtypes = f"weights {str(weights)[6:]}"
+    if strategy != "single":
+        mp = mixed_precision_policy(f.mixed_precision)
+        compute = mp.param_dtype or weights
+        dtypes += f", FSDP2 compute {str(compute)[6:]}, gradient reduce {str(mp.reduce_dtype or compute)[6:]}"
+    if f.enable_cpu_offload or (strategy != "single" and f.offload_params):
+        host = "weights, gradients and Adam states" if strategy != "single" else "the optimizer step"
+    else:
+        host = "Adam states between updates" if f.offload_optimizer else "nothing"
+    return (f"planned for: actor.strategy={a.strategy} -> {strategy} on {world} {device} rank(s) (--world-size), "
+            f"{host} on the host (actor.fsdp offload switches), {dtypes}, rollout.name={cfg.rollout.name}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rllava.commands.memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="config=FILE and key=value overrides, as for training")
@@ -105,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         for what in planner.unplanned(cfg):
             print(f"note: {what}")
         rows = planner.plan(cfg, gpu, world=args.world_size)
+        print(assumptions(cfg, args.world_size))
         print(table(rows, gpu))
         if gpu and max(r["peak"] for r in rows) > gpu:
             print("changes, each planned again:")
