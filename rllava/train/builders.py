@@ -23,10 +23,11 @@ from rllava.agent.tools import ToolEnv, build_tools
 from rllava.algorithms.hybrid import HYBRID_LOSSES
 from rllava.algorithms.kl import KLController
 from rllava.algorithms.ppo import build_algorithm, load_plugins
-from rllava.algorithms.registry import DISTILL_LOSSES, LOSS_TERMS, lookup
+from rllava.algorithms.registry import DISTILL_LOSSES, LOSS_TERMS, lookup, register_scorer
 from rllava.config import ConfigError, ModelConfig, PPOConfig
 from rllava.config.schema import agent_on, resolve_strategy, run_dir
 from rllava.data.dataset import PromptDataset
+from rllava.data.protocol import Batch
 from rllava.data.sampler import EpochSampler
 from rllava.engine.inference.base import SamplingParams, build_rollout_engine, engine_for
 from rllava.engine.train.base import TrainEngine
@@ -43,6 +44,7 @@ from rllava.roles.critic import Critic
 from rllava.roles.reference import Reference, weight_shapes
 from rllava.roles.rollout import Rollout
 from rllava.roles.teacher import DEFAULT, EngineTeacher, Teachers, layout_mismatch, tokenizer_mismatch
+from rllava.train.scorers import Parts, Scorer, build_scorers
 from rllava.train.tracker import Tracker
 
 log = logging.getLogger(__name__)
@@ -291,8 +293,6 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
                 processor=None, engine: TrainEngine | None = None) -> Actor:
     """The Actor around `model` (its engine: `engine`, else `build_engine`'s) with, in RL, the run's scorers (their
     frozen copies shard like the engine); `sft=True`: one reference response per prompt, the `sft` loss (NLL), T=1."""
-    from rllava.train.scorers import Parts, build_scorers  # which imports this module
-
     a = cfg.actor
     engine = engine or build_engine(cfg, model, device, num_steps, sft=sft)
     mini, _ = _schedule(cfg, num_steps, a, 1 if sft else cfg.rollout.n)
@@ -459,3 +459,47 @@ def build_kl_controller(cfg: PPOConfig) -> KLController | None:
         return None
     k = cfg.algorithm.kl_ctrl
     return KLController(k.type, k.kl_coef, estimator=cfg.algorithm.kl_penalty, target_kl=k.target_kl, horizon=k.horizon)
+
+
+# ---- the built-in scorers (rllava.train.scorers), in the order learn runs them: each beside its role's builder ----
+@register_scorer("reference")
+def reference_scorer(cfg, parts: Parts) -> Scorer | None:
+    ref = build_reference_role(cfg, parts.policy, parts.device, parts.engine)
+    return None if ref is None else Scorer(  # resets move the reference: exact resume needs its weights
+        "ref_logprobs", ref.compute_logprobs, "ref", role=ref, engines={"ref": ref} if ref.reset_freq else {},
+        after_update=lambda batch, step: ref.after_update(parts.policy, step))
+
+
+@register_scorer("teachers")
+def teachers_scorer(cfg, parts: Parts) -> Scorer | None:
+    """On-policy distillation (algorithm.distill): the teachers score the samples before the update (a sampled
+    loss) or inside it (loss=full: the Actor runs them); the Actor adds the dense term either way."""
+    distill = build_distillation(cfg, parts.processor, parts.policy, parts.device, parts.engine)
+    if distill is None:
+        return None
+    before = distill.needs("teacher_logprobs")
+    return Scorer("teacher_logprobs", distill.teachers.compute_logprobs, "teacher", role=distill,
+                  when=lambda batch: before)
+
+
+@register_scorer("critic")
+def critic_scorer(cfg, parts: Parts) -> Scorer | None:
+    c = build_critic(cfg, parts.device, parts.steps, parts.algorithm)
+    return None if c is None else Scorer("values", c.compute_values, "values", role=c, engines={"critic": c.engine},
+                                         after_update=lambda batch, step: c.update(batch))  # its own, same batch
+
+
+@register_scorer("kl_in_reward")
+def kl_in_reward_scorer(cfg, parts: Parts) -> Scorer | None:
+    """r_t - beta * KL(pi_old || pi_ref)_t, beta from algorithm.kl_ctrl (fixed or adaptive); the exact KL over the
+    vocabulary with algorithm.kl_penalty=full (the reference's hidden states, then the policy's forward)."""
+    ctrl, ref = build_kl_controller(cfg), parts.built.get("ref_logprobs")
+    if ctrl is None:
+        return None
+
+    def score(batch: Batch):
+        exact = ref.role.full_kl(batch, parts.policy) if ctrl.estimator == "full" else None
+        return ctrl.penalize(batch.scores, batch.loss_mask, batch.old_logprobs, batch.ref_logprobs, exact)
+
+    return Scorer("token_rewards", score, "kl_in_reward", reads=("old_logprobs",), role=ctrl,
+                  states={"kl_ctrl": ctrl})

@@ -15,7 +15,8 @@ file of `algorithm.plugins`, with no edit to the pipeline (docs/custom_task.md):
         prm = load_frozen(path, parts.device, key="my_prm", engine=parts.engine)  # rllava.model.loader
         return Scorer("token_rewards", lambda batch: ..., "prm")  # the field, its value, the timer
 
-A scorer sees the fields the scorers before it filled (the built-in ones come first, in the order above).
+A scorer sees the fields the scorers before it filled (the built-in ones come first, in the order above; they are
+registered in rllava.train.builders, each beside the builder of the role it runs).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from rllava.algorithms.registry import SCORERS, register_scorer
 from rllava.data.protocol import Batch
 from rllava.errors import ConfigError
 from rllava.roles.rollout import logprob_gap_metrics
-from rllava.train import builders as B  # builders imports this module only inside build_actor: no cycle
 
 
 @dataclass(kw_only=True)
@@ -92,50 +92,6 @@ def old_logprobs(actor) -> Scorer:
         return batch.old_logprobs, logprob_gap_metrics(batch)  # engine vs trainer on the sampled tokens
 
     return Scorer("old_logprobs", score, "old_logprob", when=lambda batch: reads or actor.needs_old_logprobs(batch))
-
-
-# ---- the built-in scorers, in the order learn runs them -------------------------------------------------------
-@register_scorer("reference")
-def reference(cfg, parts: Parts) -> Scorer | None:
-    ref = B.build_reference_role(cfg, parts.policy, parts.device, parts.engine)
-    return None if ref is None else Scorer(  # resets move the reference: exact resume needs its weights
-        "ref_logprobs", ref.compute_logprobs, "ref", role=ref, engines={"ref": ref} if ref.reset_freq else {},
-        after_update=lambda batch, step: ref.after_update(parts.policy, step))
-
-
-@register_scorer("teachers")
-def teachers(cfg, parts: Parts) -> Scorer | None:
-    """On-policy distillation (algorithm.distill): the teachers score the samples before the update (a sampled
-    loss) or inside it (loss=full: the Actor runs them); the Actor adds the dense term either way."""
-    distill = B.build_distillation(cfg, parts.processor, parts.policy, parts.device, parts.engine)
-    if distill is None:
-        return None
-    before = distill.needs("teacher_logprobs")
-    return Scorer("teacher_logprobs", distill.teachers.compute_logprobs, "teacher", role=distill,
-                  when=lambda batch: before)
-
-
-@register_scorer("critic")
-def critic(cfg, parts: Parts) -> Scorer | None:
-    c = B.build_critic(cfg, parts.device, parts.steps, parts.algorithm)
-    return None if c is None else Scorer("values", c.compute_values, "values", role=c, engines={"critic": c.engine},
-                                         after_update=lambda batch, step: c.update(batch))  # its own, same batch
-
-
-@register_scorer("kl_in_reward")
-def kl_in_reward(cfg, parts: Parts) -> Scorer | None:
-    """r_t - beta * KL(pi_old || pi_ref)_t, beta from algorithm.kl_ctrl (fixed or adaptive); the exact KL over the
-    vocabulary with algorithm.kl_penalty=full (the reference's hidden states, then the policy's forward)."""
-    ctrl, ref = B.build_kl_controller(cfg), parts.built.get("ref_logprobs")
-    if ctrl is None:
-        return None
-
-    def score(batch: Batch):
-        exact = ref.role.full_kl(batch, parts.policy) if ctrl.estimator == "full" else None
-        return ctrl.penalize(batch.scores, batch.loss_mask, batch.old_logprobs, batch.ref_logprobs, exact)
-
-    return Scorer("token_rewards", score, "kl_in_reward", reads=("old_logprobs",), role=ctrl,
-                  states={"kl_ctrl": ctrl})
 
 
 __all__ = ["Parts", "Scorer", "build_scorers", "old_logprobs", "register_scorer"]
