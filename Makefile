@@ -6,7 +6,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test test-slow demo proof size clean
+FLOOR ?= .venv-floor
+# make test-floor: the lowest versions pyproject.toml allows (tests/floors.py: name==floor for the dependencies and
+# the test/accelerate extras) in a venv of their own, then a smoke subset of the tests on them: a model of each
+# family, the modular VLM, LoRA, data, video, task rewards, search, tensorboard, the planner, the HF cache, Accelerate,
+# the command line. ~15 min on 2 busy cores: not in CI (its budget would not hold it).
+SMOKE := tests/model/test_modular.py tests/model/test_tiny.py tests/model/test_lora.py tests/data/test_dataset.py \
+	tests/data/test_video.py tests/reward/test_task_rewards.py tests/agent/test_search.py \
+	tests/train/test_observability.py::test_tensorboard_console_samples_and_plots \
+	tests/test_memory.py::test_cli_prints_the_table tests/engine/test_hf_static_cache.py
+
+.PHONY: install test test-slow test-floor demo proof size clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,6 +31,17 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+test-floor:
+	test -x $(FLOOR)/bin/python || python3 -m venv $(FLOOR)
+	python3 tests/floors.py > $(FLOOR)/floors.txt
+	$(FLOOR)/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(FLOOR)/bin/python -m pip install -q --disable-pip-version-check -c $(FLOOR)/floors.txt -e ".[test,accelerate]"
+	$(FLOOR)/bin/python -m pip freeze | grep -iE "^($$(sed 's/==.*//; s/-/[-_]/g' $(FLOOR)/floors.txt | paste -sd'|'))=="
+	$(FLOOR)/bin/python -m pytest -q $(SMOKE)
+	$(FLOOR)/bin/python -m pytest -q tests/engine/test_sharded_engines.py -k "accelerate and not launch and not ranks"
+	$(FLOOR)/bin/python -m pytest -q tests/test_bad_inputs.py tests/train/test_runtime.py -k \
+		"test_config or reward_spec or belongs_to_one_run or finished_run or first_step"
 
 demo: $(STAMP)
 	$(PY) -m rllava.commands.demo --out outputs/demo

@@ -144,21 +144,23 @@ def test_markers_must_match_the_images(write, processor):
 
 def test_a_template_that_drops_an_image_is_caught_at_encoding(write, processor):
     """A chat template that renders no image placeholder, or a message with more image parts than images: the
-    processor's own error, named with the record instead of surfacing from deep inside a rollout."""
+    processor's own error, named with the record instead of surfacing from deep inside a rollout. (transformers
+    < 5.23 encodes a prompt without placeholders: rllava's own check names the record then.)"""
     path = write([{"problem": "<image>q", "answer": "1", "images": ["a.png"]}] * 2)
     ds = PromptDataset(path, _cfg(), processor)
     sample = ds[1]
     dropping = processor.chat_template.replace("<|vision_start|><|image_pad|><|vision_end|>", "")
     original, processor.chat_template = processor.chat_template, dropping
     try:
-        with pytest.raises(DataError, match=rf"^{path} record 1: the processor cannot encode the prompt with its 1 "
-                                            r"image\(s\) \(ValueError: .*Found total 0 <\|image_pad\|> tokens and 1"):
+        with pytest.raises(DataError, match=rf"^{path} record 1: (the processor cannot encode the prompt with its 1 "
+                                            r"image\(s\) \(ValueError: .*Found total 0 <\|image_pad\|> tokens and 1|"
+                                            r"the encoded prompt has 0 image placeholder tokens but its 1 image)"):
             encode_prompt(processor, sample)
     finally:
         processor.chat_template = original
     sample.messages[0]["content"].insert(0, {"type": "image"})  # two image parts, one image
     with pytest.raises(DataError, match=rf"^{path} record 1: the processor cannot encode the prompt with its 1 "
-                                        r"image\(s\) \(\w+Error: "):
+                                        r"image\(s\) \(\w+: "):  # transformers 5.20: a StopIteration
         encode_prompt(processor, sample)
 
 
