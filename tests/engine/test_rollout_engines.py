@@ -2,7 +2,9 @@
 
 The fakes implement only the calls rllava makes, with the real signatures: vLLM 0.33 (`vllm.LLM`,
 `LLM.generate(prompts, sampling_params, *, use_tqdm)`, `sleep(level)`, `wake_up(tags)`, `reset_prefix_cache()`,
-`collective_rpc(method, timeout, args, kwargs)` calling `method(worker, *args)`; `RequestOutput.outputs` of
+`reset_mm_cache()`, `llm_engine.reset_encoder_cache()`, `collective_rpc(method, timeout, args, kwargs)` calling the
+worker's method of that name, `Worker.reload_weights(weights_iterator, weights_path, is_checkpoint_format)`,
+`vllm.platforms.current_platform.is_sleep_mode_available()`; `RequestOutput.outputs` of
 `CompletionOutput(token_ids, logprobs: list[dict[int, Logprob]], finish_reason)`) and SGLang 0.5
 (`sglang.Engine(**server_args)`, `generate(input_ids=, sampling_params=, return_logprob=, image_data=, ...)` ->
 dicts with `output_ids` and `meta_info`, `update_weights_from_tensor(named_tensors, load_format, flush_cache)`,
@@ -70,16 +72,15 @@ def fake_vllm(log: list, image_pad: int | None = None):
             self.__dict__.update(kwargs)
 
     class Worker:  # WorkerWrapperBase forwards attribute access to the GPU worker
-        def __init__(self):
-            self.model_runner = types.SimpleNamespace(model=types.SimpleNamespace(load_weights=self.load_weights))
-
-        def load_weights(self, weights):
-            log.append(("load_weights", [(n, t.clone()) for n, t in weights]))
+        def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
+            assert is_checkpoint_format and weights_path is None
+            log.append(("reload_weights", [(n, t.clone()) for n, t in weights_iterator]))
 
     class LLM:
         def __init__(self, model, **kwargs):
             log.append(("LLM", model, kwargs))
             self.worker = Worker()
+            self.llm_engine = types.SimpleNamespace(reset_encoder_cache=lambda: log.append(("reset_encoder_cache",)))
 
         def sleep(self, level=1):
             log.append(("sleep", level))
@@ -90,8 +91,11 @@ def fake_vllm(log: list, image_pad: int | None = None):
         def reset_prefix_cache(self, reset_running_requests=False, reset_connector=False):
             log.append(("reset_prefix_cache",))
 
+        def reset_mm_cache(self):
+            log.append(("reset_mm_cache",))
+
         def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-            return [method(self.worker, *args, **(kwargs or {}))]
+            return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
         def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
                      tokenization_kwargs=None):
@@ -115,6 +119,8 @@ def fake_vllm(log: list, image_pad: int | None = None):
             return outs
 
     mod.LLM, mod.SamplingParams = LLM, SamplingParams
+    mod.platforms = types.SimpleNamespace(current_platform=types.SimpleNamespace(  # a GPU platform
+        device_type="cuda", is_sleep_mode_available=lambda: True))
     return mod
 
 
@@ -189,11 +195,19 @@ def _sample(i, n_images):
     return Sample(index=i, messages=[{"role": "user", "content": content}], images=images, ground_truth="1")
 
 
+def _install(monkeypatch, name, log, image_pad):
+    """The fake package (and vLLM's `vllm.platforms`) in sys.modules, as `import` finds them."""
+    fake = (fake_vllm if name == "vllm" else fake_sglang)(log, image_pad)
+    monkeypatch.setitem(sys.modules, name, fake)
+    if name == "vllm":
+        monkeypatch.setitem(sys.modules, "vllm.platforms", fake.platforms)
+
+
 def _engine(monkeypatch, name, model_dir, *extra):
     log = []
     processor = load_processor(model_dir)
     image_pad = get_tokenizer(processor).convert_tokens_to_ids("<|image_pad|>")
-    monkeypatch.setitem(sys.modules, name, (fake_vllm if name == "vllm" else fake_sglang)(log, image_pad))
+    _install(monkeypatch, name, log, image_pad)
     rollout = B.build_rollout(_cfg(model_dir, name, *extra), processor, torch.device("cpu"))
     return rollout, processor, log
 
@@ -203,7 +217,7 @@ def _teacher(monkeypatch, name, model_dir, **kwargs):
     log = []
     processor = load_processor(model_dir)
     image_pad = get_tokenizer(processor).convert_tokens_to_ids("<|image_pad|>")
-    monkeypatch.setitem(sys.modules, name, (fake_vllm if name == "vllm" else fake_sglang)(log, image_pad))
+    _install(monkeypatch, name, log, image_pad)
     common = dict(model_path=model_dir, stop_token_ids=[], banned_token_ids=[], tensor_parallel_size=1, seed=0,
                   load_format="auto", bucket_mb=64)
     if name == "vllm":
@@ -326,11 +340,11 @@ def test_load_pushes_current_weights_and_offload_wraps_rollout(monkeypatch, tiny
     train = FakeTrainEngine(model, log)
     with generate_context(rollout.engine, train):
         rollout.generate([_sample(0, 0)], SamplingParams(n=1))
-    if name == "vllm":
-        pushed = [w for e in log if e[0] == "load_weights" for w in e[1]]
-        assert _events(log) == [("train_offload", False), ("wake_up", ["weights"])] + \
-               ["load_weights"] * len([e for e in log if e[0] == "load_weights"]) + \
-               [("wake_up", ["kv_cache"]), "reset_prefix_cache", "generate", ("sleep", 1), "train_back"]
+    if name == "vllm":  # one in-place reload of every weight; then no cache of the old weights is left
+        pushed = [w for e in log if e[0] == "reload_weights" for w in e[1]]
+        assert _events(log) == [("train_offload", False), ("wake_up", ["weights"]), "reload_weights",
+                                ("wake_up", ["kv_cache"]), "reset_prefix_cache", "reset_mm_cache",
+                                "reset_encoder_cache", "generate", ("sleep", 1), "train_back"]
     else:
         updates = [e for e in log if e[0] == "update_weights_from_tensor"]
         pushed = [w for e in updates for w in e[1]]
@@ -388,7 +402,7 @@ def test_async_mode_keeps_the_engine_awake(monkeypatch, tiny_model_dir, name):
             rollout.generate([_sample(0, 0)], SamplingParams(n=1))
     events = [e[0] if isinstance(e, tuple) else e for e in _events(log)]
     assert not set(events) & {"sleep", "wake_up", "resume_memory_occupation", "release_memory_occupation"}
-    assert ("load_weights" if name == "vllm" else "update_weights_from_tensor") in events
+    assert ("reload_weights" if name == "vllm" else "update_weights_from_tensor") in events
 
 
 # ----------------------------------------------------------------------------------------------- scoring (teachers)

@@ -6,9 +6,21 @@ Written against vLLM 0.33 (V1 engine; the calls below exist since 0.10):
   this process (no engine-core subprocess; `VLLM_ENABLE_V1_MULTIPROCESSING=0`), under torchrun's ranks, as TRL's
   `vllm_mode="colocate"` and verl's SPMD rollout do. `rollout.tensor_parallel_size` consecutive ranks form one
   tensor-parallel engine: they pool their prompts, each generates them all, and each keeps its own share.
+  A platform without sleep mode (vLLM's CPU backend: `current_platform.is_sleep_mode_available()` is False, and
+  `enable_sleep_mode=True` is refused, vllm/config/model.py) gets `enable_sleep_mode=False`: the engine stays
+  resident, as with rollout.async_mode, and says so once.
 - `load(model)`: `wake_up(tags=["weights"])`; the policy's current weights (LoRA merged) by HF name through
-  `collective_rpc(fn)` (`fn(worker)` in this process: `worker.model_runner.model.load_weights(weights)` maps HF
-  names to vLLM's fused layers); `wake_up(tags=["kv_cache"])`. `offload()`: `sleep(level=1)` frees the KV cache
+  `collective_rpc("reload_weights", weights_iterator=..., is_checkpoint_format=True)`, vLLM's in-place layerwise
+  reload (vllm/model_executor/model_loader/reload/inplace.py, what its IPC / NCCL weight-transfer engines do between
+  `start_weight_update` and `finish_weight_update`): each layer is restored to its checkpoint layout, fed through
+  `model.load_weights` (HF names to vLLM's fused qkv / gate_up layers), processed again once all its weights are in
+  (`process_weights_after_loading`) and copied into the kernel tensors. A plain `load_weights` cannot serve every
+  layout: the CPU backend repacks each linear layer at load time (its `weight` becomes shape (0,), the packed copy
+  lives in `layer.cpu_linear`; vllm/model_executor/layers/utils.py `dispatch_cpu_unquantized_gemm`). Then
+  `wake_up(tags=["kv_cache"])`, and every cache of the old weights goes: the prefix cache, the multimodal caches
+  (`reset_mm_cache`) and the encoder cache of vision features, in the scheduler and the runner
+  (`llm_engine.reset_encoder_cache`, vllm/v1/engine/core.py: "called when model weights are updated to ensure stale
+  vision embeddings computed with old weights are not reused"). `offload()`: `sleep(level=1)` frees the KV cache
   and moves weights to the CPU.
 - `generate`: `{"prompt_token_ids", "multi_modal_data"}` prompts (vLLM's processor expands the placeholders),
   `SamplingParams(logprobs=0)` returns the sampled token's log-prob, after temperature
@@ -40,9 +52,12 @@ Written against vLLM 0.33 (V1 engine; the calls below exist since 0.10):
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import random
 import socket
+from functools import cache
 
 import torch
 import torch.distributed as dist
@@ -53,11 +68,13 @@ from rllava.engine.inference.base import (ColocatedEngine, Completion, Generatio
 from rllava.errors import ConfigError
 
 BAN = -100.0  # logit bias that keeps a token from being sampled (exp(-100) ~ 1e-44; OpenAI's bound)
+log = logging.getLogger(__name__)
 
 
-def _load_weights(worker, weights):
-    """Runs on the vLLM worker (here: in this process): HF-named tensors into the model's own layout."""
-    worker.model_runner.model.load_weights(weights=weights)
+@cache
+def _resident(platform: str) -> None:
+    log.warning("rollout.name=vllm: vLLM has no sleep mode on %s: its engine stays resident (weights and KV cache "
+                "kept between rollouts, as with rollout.async_mode)", platform)
 
 
 class VLLMRolloutEngine(ColocatedEngine):
@@ -106,10 +123,14 @@ class VLLMRolloutEngine(ColocatedEngine):
             seed = shared[0]
         else:
             seed += int(os.environ["RANK"]) // tensor_parallel_size
+        platform = importlib.import_module("vllm.platforms").current_platform
+        sleeps = platform.is_sleep_mode_available()
+        if not sleeps:
+            _resident(platform.device_type)
         self.llm = self.vllm.LLM(model=model_path, tensor_parallel_size=tensor_parallel_size, seed=seed,
                                  load_format=load_format, distributed_executor_backend="external_launcher",
-                                 enable_sleep_mode=True, logprobs_mode="processed_logprobs", **engine_kwargs)
-        self.stay_awake = stay_awake
+                                 enable_sleep_mode=sleeps, logprobs_mode="processed_logprobs", **engine_kwargs)
+        self.stay_awake = stay_awake or not sleeps
         self.offload()
 
     def _sleep(self) -> None:
@@ -121,11 +142,14 @@ class VLLMRolloutEngine(ColocatedEngine):
     def load(self, model: torch.nn.Module) -> None:
         if not self.stay_awake:
             self.llm.wake_up(tags=["weights"])
-        for bucket in weight_buckets(model, self.bucket_mb):
-            self.llm.collective_rpc(_load_weights, args=(bucket,))
+        weights = (w for bucket in weight_buckets(model, self.bucket_mb) for w in bucket)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         if not self.stay_awake:
             self.llm.wake_up(tags=["kv_cache"])
-        self.llm.reset_prefix_cache()  # cached prefixes were computed with the previous weights
+        # cached prefixes, processed multimodal inputs and vision features were computed with the previous weights
+        self.llm.reset_prefix_cache()
+        self.llm.reset_mm_cache()
+        self.llm.llm_engine.reset_encoder_cache()
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[list[Completion]]:
         params = self.vllm.SamplingParams(
