@@ -211,3 +211,51 @@ def test_rollout_logprobs_are_the_trainers(setup, model):
     assert metrics["mismatch_training_ppl"] == pytest.approx(metrics["mismatch_rollout_ppl"], rel=1e-2)
     # the same tokens scored at temperature 1 are not what was sampled from
     assert ((batch.rollout_logprobs - _trainer_logprobs(model, batch, 1.0)) * mask).abs().max() > 0.1
+
+
+def _update_step(model, batch) -> None:
+    """One optimizer step of the policy on its own samples (AdamW, lr 1e-2, the sampled tokens' NLL): every weight
+    moves, as after an RL update."""
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    loss = -(token_logprobs(model, batch)[0] * batch.loss_mask).sum() / batch.loss_mask.sum()
+    loss.backward()
+    optimizer.step()
+    model.eval()
+
+
+def _synced_equals_hf(setup, model) -> None:
+    """An update step, then the sync: vLLM's greedy tokens and log-probs are the HF engine's on the updated
+    weights, and its log-probs moved."""
+    _, cfg, processor, rollout = setup
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=8)
+    pad = get_tokenizer(processor).pad_token_id
+    with generate_context(rollout.engine, Train(model)):
+        before = rollout.generate(_samples(), greedy)
+        sampled = collate(rollout.generate(_samples(), SamplingParams(n=2, max_new_tokens=8)), pad)
+    _update_step(model, sampled)
+    with generate_context(rollout.engine, Train(model)):
+        after = rollout.generate(_samples(), greedy)
+    hf = _hf_rollout(model, processor, _samples(), greedy, _banned(rollout))
+    assert _responses(after) == _responses(hf)
+    lp = {name: torch.tensor([x for t in run for x in t.segments[1].logprobs])
+          for name, run in (("before", before), ("after", after), ("hf", hf))}
+    torch.testing.assert_close(lp["after"], lp["hf"], atol=1e-4, rtol=0)
+    assert _responses(after) != _responses(before) or (lp["after"] - lp["before"]).abs().max() > 0.1
+
+
+def test_weight_sync_after_an_update_step(setup, model):
+    """vLLM's CPU backend repacks its linear layers after loading (weights of shape (0,)); the in-place layerwise
+    reload brings the policy's new weights in all the same."""
+    _synced_equals_hf(setup, model)
+
+
+def test_weight_sync_of_a_lora_policy_is_the_merged_model(setup, model):
+    """actor.model.use_peft: the engine gets W + B A scale (the adapters merged; vLLM runs no LoRA) and samples as
+    the HF engine does on the PEFT model."""
+    model = apply_lora(model, load_config(["actor.model.use_peft=true", "actor.model.lora_r=4"]).actor.model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)  # peft starts B at 0: the adapters count from the first sync
+    _synced_equals_hf(setup, model)
