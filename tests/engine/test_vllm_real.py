@@ -56,7 +56,19 @@ def setup(tmp_path_factory):
                        "rollout.vllm.dtype=float32", "data.max_prompt_length=64", "data.max_response_length=16",
                        "rollout.val_override_config={temperature: 0, n: 1}"])
     processor = load_processor(path)
-    return path, cfg, processor, B.build_rollout(cfg, processor, torch.device("cpu"))
+    notes = _Notes()
+    logging.getLogger("rllava.engine.inference.vllm").addHandler(notes)
+    yield path, cfg, processor, B.build_rollout(cfg, processor, torch.device("cpu"))
+    logging.getLogger("rllava.engine.inference.vllm").removeHandler(notes)
+
+
+class _Notes(logging.Handler):
+    """The adapter's log lines over the module (every engine it builds)."""
+
+    lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
 
 
 @pytest.fixture
@@ -108,6 +120,8 @@ def test_a_cpu_engine_stays_resident_and_says_so_once(setup, model):
     current platform", vllm/config/model.py): the engine is built without it and stays awake between rollouts."""
     engine = setup[3].engine
     assert engine.stay_awake and not engine.llm.llm_engine.vllm_config.model_config.enable_sleep_mode
+    assert _Notes.lines[:1] == ["rollout.name=vllm: vLLM has no sleep mode on cpu: its engine stays resident (weights "
+                                "and KV cache kept between rollouts, as with rollout.async_mode)"]
     with generate_context(engine, Train(model)):
         assert len(setup[3].generate(_samples(1), SamplingParams(n=1, max_new_tokens=2))) == 1
 
@@ -259,3 +273,25 @@ def test_weight_sync_of_a_lora_policy_is_the_merged_model(setup, model):
             if "lora_B" in name:
                 p.normal_(0, 0.05)  # peft starts B at 0: the adapters count from the first sync
     _synced_equals_hf(setup, model)
+
+
+def test_a_vllm_teacher_scores_as_the_hf_teacher(setup, model, tmp_path):
+    """algorithm.distill.engine=vllm (on-policy distillation, `prompt_logprobs`): a teacher engine of its own
+    checkpoint (a smaller tiny qwen2, same tokenizer) scores the student's samples as the HF teacher (the frozen
+    model's forward, `Reference`) does, position by position."""
+    path, cfg, processor, rollout = setup
+    teacher = build_tiny("qwen2", str(tmp_path / "teacher"), size="small")
+    batch = collate(rollout.generate(_samples(), SamplingParams(n=2, max_new_tokens=8)),
+                    get_tokenizer(processor).pad_token_id)
+    scores = {}
+    for engine in ("vllm", "hf"):
+        distill_cfg = load_config([f"actor.model.model_path={path}", "rollout.vllm.dtype=float32",
+                                   "data.max_prompt_length=64", "data.max_response_length=16",
+                                   f"algorithm.distill.teacher_path={teacher}", f"algorithm.distill.engine={engine}",
+                                   "algorithm.distill.loss=k1"])
+        distill = B.build_distillation(distill_cfg, processor, model, torch.device("cpu"))
+        scores[engine] = distill.teachers.compute_logprobs(batch)
+    mask = batch.loss_mask.bool()
+    assert sum("no sleep mode" in line for line in _Notes.lines) == 1  # said once, for the first engine
+    assert mask.sum() > 50 and (scores["hf"][mask] < 0).all()
+    torch.testing.assert_close(scores["vllm"], scores["hf"], atol=1e-4, rtol=0)
