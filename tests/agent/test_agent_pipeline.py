@@ -318,7 +318,9 @@ def test_two_agentic_steps_on_a_faked_vllm(tmp_path, tiny_model_dir, counting_di
     from rllava.model.processor import get_tokenizer, load_processor
 
     log = []
-    monkeypatch.setitem(sys.modules, "vllm", fakes.fake_vllm(log))
+    fake = fakes.fake_vllm(log)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", fake.platforms)
     monkeypatch.setitem(T.PARSERS, "tags", lambda text, names: ("zoom", "[0, 0, 40, 40]"))
     out = str(tmp_path / "run")
     rlvr.main(_args(tiny_model_dir, counting_dir, out, distinct_reward, "trainer.max_steps=2", "rollout.name=vllm"))

@@ -187,6 +187,8 @@ fakes._fake_tokens = lambda i, j, eos: (lambda ids, lps, f: ([t + 1000 if t != e
 log = []
 _mod = getattr(fakes, "fake_" + {name!r})(log)
 globals().update({{k: v for k, v in vars(_mod).items() if not k.startswith("__")}})
+if hasattr(_mod, "platforms"):  # vLLM's `vllm.platforms`, as `import` finds it
+    sys.modules[__name__ + ".platforms"] = _mod.platforms
 
 
 def _write():  # per weight load (vLLM: a wake-up of the weights; SGLang: a resume), the sum of what went in

@@ -1,6 +1,7 @@
 """The passes between the reward and the advantage as scorers (issue 47): fixed-seed runs through every built-in
 scorer give the metrics they gave before `learn` became a loop over scorers (tests/train/data/scorers.json, written
-by the code before the change: `python tests/train/test_scorers.py --write DIR`), to 1e-6.
+by the code before the change: `python tests/train/test_scorers.py --write DIR`), to another CPU's rounding
+(tests/train/test_loss_terms.py `same_as_golden`).
 
     critic:   gae with a critic (values, its update), two epochs (old log-probs), a sampled KL in the reward
     full_kl:  the exact KL in the reward (the reference's full_kl) and in the loss, the reference reset every step
