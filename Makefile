@@ -24,7 +24,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 # CPU torch), torchvision kept where tests/engine/torchvision_shim makes it load (the Qwen-VL tests need it). ~4 min
 # to install with pip's cache warm, ~1 min of tests on 2 busy cores; .ci/run runs it after `make test`.
 
-.PHONY: install test test-slow test-floor test-vllm demo proof size clean
+.PHONY: install test test-slow test-floor test-vllm test-vllm-slow demo proof size clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -62,6 +62,10 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q tests/engine/test_vllm*.py
+
+# make test-vllm-slow: two ranks on vLLM (tensor-parallel 1 and 2) and RLLaVA's scripts on vLLM, ~1 min a run
+test-vllm-slow: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -m slow tests/engine/test_vllm*.py
 
 demo: $(STAMP)
 	$(PY) -m rllava.commands.demo --out outputs/demo

@@ -9,6 +9,7 @@ import atexit
 import gc
 import os
 import sys
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,8 @@ _joined = False  # this process joined a process group (init); see `exit_process
 # rollout ranks (the last N), each with RANK / WORLD_SIZE rewritten so every collective, FSDP2's mesh and DCP stay
 # within it; `bridge()` joins all of them for weights and batches
 _split: dict = {}
+# engines holding process groups of their own over this one (vLLM): shut down first by `close`, while they live
+_leave_first = weakref.WeakSet()
 
 
 def world_size() -> int:
@@ -150,10 +153,20 @@ def barrier(group=None) -> None:
         dist.barrier(group=group)
 
 
+def leave_first(engine) -> None:
+    """`engine.shutdown()` runs in `close`, before the group is destroyed (vLLM tears down its own groups, the
+    default one included, and fails on a group already gone: "Invalid process group specified" at exit)."""
+    _leave_first.add(engine)
+
+
 def close() -> None:
     """After the last collective, wait for every rank (none leaves while another sends to it), then leave the group."""
     if dist.is_initialized():
         dist.barrier()
+    for engine in list(_leave_first):
+        engine.shutdown()
+    _leave_first.clear()
+    if dist.is_initialized():
         dist.destroy_process_group()
     if "bridge" in _split:  # trainers and rollout ranks leave together
         _split.pop("bridge").barrier().wait()

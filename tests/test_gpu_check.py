@@ -4,6 +4,7 @@ both train engines, a planned and a measured column per phase, a throughput row 
 import os
 import sys
 
+import pytest
 import torch.distributed as dist
 
 from rllava import distributed as D
@@ -40,6 +41,7 @@ def test_gpu_check_tiny_on_cpu_writes_its_table(tmp_path):
         assert r[2] == "1" and float(r[3]) > 0 and r[6] == "n/a" and float(r[7]) >= 0  # logprob gap logged
 
 
+@pytest.mark.slow
 def test_issue_46_scenarios_run_their_configs_on_tiny_models(tmp_path, monkeypatch):
     """rllava24 (RLLaVA's examples/config.yaml as the file is: the reference's pass is a phase) and research (one
     optimizer step, no KL) plan and train one step each through the same code as on the GPU; research with

@@ -139,6 +139,7 @@ def test_cli_prints_the_table(tiny_model_dir, capsys):
     assert "of 24.00 GiB: fits" in out
 
 
+@pytest.mark.slow
 def test_cli_world_size_plans_fsdp2_on_that_many_ranks(tiny_model_dir, capsys):
     """--world-size 2: each rank holds half of Adam's states (the shards), the table says so."""
     args = [f"config={TINY_CPU}", f"actor.model.model_path={tiny_model_dir}"]
@@ -264,7 +265,7 @@ def test_lora_trains_adapters_only_and_its_reference_is_the_policy_itself(tiny_m
     assert full["update"]["parameters"] < lora["update"]["parameters"] < 1.5 * full["update"]["parameters"]
 
 
-@pytest.mark.parametrize("sp", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sp", [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
 def test_fsdp2_on_two_ranks_plans_as_it_runs(tiny_model_dir, tmp_path, sp):
     """FSDP2 at --world-size 2 (fake process group, FSDPMemTracker) against the same phases run for real on 2
     gloo ranks under torchrun (real shards, real collectives, each rank its half of the batch): within 3 %;
@@ -323,6 +324,7 @@ if __name__ == "__main__":
     _fsdp_worker(*sys.argv[1:])
 
 
+@pytest.mark.slow
 def test_a_kl_adds_the_frozen_reference_to_every_phase_and_a_pass_of_its_own(tiny_model_dir):
     """As rllava.train.builders.build_reference_role: a KL in the loss (non-zero coefficient) or in the reward
     builds a frozen copy of the starting weights; a frozen vision tower plans too (no gradient there)."""

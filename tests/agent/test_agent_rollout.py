@@ -368,6 +368,7 @@ print(json.dumps({"growth_mb": (after - before) / 1024, "episodes": len(trajs),
 '''
 
 
+@pytest.mark.slow
 def test_a_round_of_64_hostile_code_calls_grows_the_trainer_within_its_bound(tiny_model_dir):
     """Issue 45 (done when): a round of 64 hostile code calls (images at max_images x max_pixels, 10 MB of
     output, PID 1's report pipe taken, a non-UTF-8 name, a costly JPEG, fork / memory / file floods), 8 at a

@@ -588,6 +588,7 @@ def _as_user_command(uid: int, command: list[str]) -> list[str] | None:
 
 
 @pytest.mark.skipif(os.environ.get(NONROOT_RUN) is not None, reason="already the unprivileged run")
+@pytest.mark.slow
 def test_the_suite_holds_for_an_unprivileged_user():
     """Cases 8 and 9: as a non-root trainer, the same guarantees come from a user namespace (the call runs as
     65534 inside it; kill(-1) finds no process of the trainer's): this whole file, run as uid 4242."""

@@ -1,9 +1,10 @@
 """The vLLM and SGLang rollout engines' glue, on CPU, without either package.
 
 The fakes implement only the calls rllava makes, with the real signatures: vLLM 0.33 (`vllm.LLM`,
-`LLM.generate(prompts, sampling_params, *, use_tqdm)`, `sleep(level)`, `wake_up(tags)`, `reset_prefix_cache()`,
-`reset_mm_cache()`, `llm_engine.reset_encoder_cache()`, `collective_rpc(method, timeout, args, kwargs)` calling the
-worker's method of that name, `Worker.reload_weights(weights_iterator, weights_path, is_checkpoint_format)`,
+`LLM.generate(prompts, sampling_params, *, use_tqdm)`, `SamplingParams.clone()`, `sleep(level)`, `wake_up(tags)`, `reset_prefix_cache()`,
+`reset_mm_cache()`, `llm_engine.reset_encoder_cache()`, `llm_engine.engine_core.shutdown()`,
+`collective_rpc(method, timeout, args, kwargs)` calling the worker's method of that name,
+`Worker.reload_weights(weights_iterator, weights_path, is_checkpoint_format)`,
 `vllm.platforms.current_platform.is_sleep_mode_available()`; `RequestOutput.outputs` of
 `CompletionOutput(token_ids, logprobs: list[dict[int, Logprob]], finish_reason)`) and SGLang 0.5
 (`sglang.Engine(**server_args)`, `generate(input_ids=, sampling_params=, return_logprob=, image_data=, ...)` ->
@@ -69,18 +70,27 @@ def fake_vllm(log: list, image_pad: int | None = None):
 
     class SamplingParams:
         def __init__(self, **kwargs):
+            self.n = 1  # vLLM's default
             self.__dict__.update(kwargs)
+
+        def clone(self):
+            return SamplingParams(**self.__dict__)
 
     class Worker:  # WorkerWrapperBase forwards attribute access to the GPU worker
         def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
             assert is_checkpoint_format and weights_path is None
             log.append(("reload_weights", [(n, t.clone()) for n, t in weights_iterator]))
 
+    class EngineCore:  # the in-process engine core client (InprocClient)
+        def shutdown(self):
+            log.append(("shutdown",))
+
     class LLM:
         def __init__(self, model, **kwargs):
             log.append(("LLM", model, kwargs))
             self.worker = Worker()
-            self.llm_engine = types.SimpleNamespace(reset_encoder_cache=lambda: log.append(("reset_encoder_cache",)))
+            self.llm_engine = types.SimpleNamespace(reset_encoder_cache=lambda: log.append(("reset_encoder_cache",)),
+                                                    engine_core=EngineCore())
 
         def sleep(self, level=1):
             log.append(("sleep", level))
@@ -100,19 +110,20 @@ def fake_vllm(log: list, image_pad: int | None = None):
         def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
                      tokenization_kwargs=None):
             log.append(("generate", prompts, sampling_params))
-            if getattr(sampling_params, "prompt_logprobs", None) is not None:  # scoring: RequestOutput.prompt_logprobs
+            if not isinstance(sampling_params, list):  # one for every prompt, or one each (vLLM takes both)
+                sampling_params = [sampling_params] * len(prompts)
+            if getattr(sampling_params[0], "prompt_logprobs", None) is not None:  # scoring: RequestOutput.prompt_logprobs
                 outs = []
                 for p in prompts:
                     ids = _expand(p["prompt_token_ids"], image_pad if p.get("multi_modal_data") else None)
                     outs.append(types.SimpleNamespace(prompt_token_ids=ids, prompt_logprobs=[None] + [
                         {t: Logprob(_fake_prompt_logprob(k, t), 1)} for k, t in enumerate(ids) if k > 0]))
                 return outs
-            eos = sampling_params.stop_token_ids[0]
             outs = []
-            for i, _ in enumerate(prompts):
+            for i, params in enumerate(sampling_params):
                 samples = []
-                for j in range(sampling_params.n):
-                    ids, lps, finish = _fake_tokens(i, j, eos)
+                for j in range(params.n):
+                    ids, lps, finish = _fake_tokens(i, j, params.stop_token_ids[0])
                     samples.append(types.SimpleNamespace(token_ids=ids, finish_reason=finish,
                                                          logprobs=[{t: Logprob(lp, 1)} for t, lp in zip(ids, lps)]))
                 outs.append(types.SimpleNamespace(outputs=samples))

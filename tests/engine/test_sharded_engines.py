@@ -35,9 +35,10 @@ def _result(path):
 DEEPSPEED = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                                reason="DeepSpeed not installed (pip install 'rllava[deepspeed]')")
 # fsdp_worker.py's strategies: deepspeed{stage}[-offload] (ZeRO-Offload runs DeepSpeedCPUAdam)
-# deepspeed2's 2-rank run and the ZeRO-Offload resume take the longest (~45 s, ~90 s): make test-slow runs them
+# the DeepSpeed 2-rank runs and the ZeRO-Offload resume take the longest (~45-90 s): make test-slow runs them (the
+# fast suite's 30-minute CI budget); fsdp2's stays fast
 SHARDED = ["fsdp2", pytest.param("deepspeed2", marks=[DEEPSPEED, pytest.mark.slow]),
-           pytest.param("deepspeed3", marks=DEEPSPEED)]
+           pytest.param("deepspeed3", marks=[DEEPSPEED, pytest.mark.slow])]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_two_ranks_match_one_process(tmp_path, tiny_model_dir, single_step, stra
 
 
 @pytest.mark.parametrize("strategy, resumed_on", [
-    ("fsdp2", ["single", "fsdp2"]),
+    pytest.param("fsdp2", ["single", "fsdp2"], marks=pytest.mark.slow),
     pytest.param("deepspeed3-offload", ["single", "deepspeed2"], marks=[DEEPSPEED, pytest.mark.slow]),
     pytest.param("fsdp2", ["deepspeed3"], marks=DEEPSPEED, id="fsdp2-to-deepspeed"),
     pytest.param("accelerate", ["single", "accelerate", "fsdp2"], marks=pytest.mark.slow, id="accelerate")])
@@ -86,7 +87,7 @@ def test_checkpoint_from_two_ranks_resumes_in_one(tmp_path, tiny_model_dir, stra
         assert resumed["loss"] < first["loss"]  # the resumed step starts from the trained weights
 
 
-@pytest.mark.parametrize("strategy", ["fsdp2", pytest.param("deepspeed3", marks=DEEPSPEED)])
+@pytest.mark.parametrize("strategy", ["fsdp2", pytest.param("deepspeed3", marks=[DEEPSPEED, pytest.mark.slow])])
 def test_actor_update_on_two_ranks_matches_one_process(tmp_path, tiny_model_dir, strategy):
     """The Actor role itself on a sharded engine: the training forward through the engine's forward method,
     image rows, dynamic packed micro-batches (equalised in count over ranks) and global loss normalisers."""
@@ -186,16 +187,17 @@ def _rlvr_on_ranks(nproc: int, out, model: str, reward: str, *extra: str) -> sub
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-# the two DeepSpeed pipelines (~18 s each) run in make test-slow: the fast suite's 20-minute budget
+# the two DeepSpeed pipelines and the hybrids' and reset's (~20 s each) run in make test-slow: the fast suite's budget
 @pytest.mark.parametrize("nproc, strategy", [
     (2, ["actor.strategy=fsdp2", "actor.fsdp.use_orig_params=true", "actor.fsdp.offload_params=true"]),  # warnings
     pytest.param(2, ["actor.strategy=fsdp2", "algorithm.ref_reset_freq=1", "actor.ppo_mini_batch_size=4"],
-                 id="fsdp2-ref-reset"),
+                 marks=pytest.mark.slow, id="fsdp2-ref-reset"),
     pytest.param(2, ["actor.strategy=fsdp2", "algorithm.strategy=mix_chord", "data.target_key=solution",
-                     "data.expert_batch_size=2", "algorithm.mu_warmup_steps=0"], id="fsdp2-chord"),
+                     "data.expert_batch_size=2", "algorithm.mu_warmup_steps=0"], marks=pytest.mark.slow,
+                 id="fsdp2-chord"),
     pytest.param(2, ["actor.strategy=fsdp2", "actor.policy_loss.loss_mode=hpt", "algorithm.unify_strategy=switch",
                      "data.target_key=solution", "actor.ppo_micro_batch_size=2", "algorithm.switch_gate=1"],
-                 id="fsdp2-hpt"),
+                 marks=pytest.mark.slow, id="fsdp2-hpt"),
     pytest.param(2, ["actor.strategy=accelerate"], id="accelerate"),  # on CPUs Accelerate's DDP
     pytest.param(2, ["actor.strategy=deepspeed", "actor.deepspeed.zero_stage=3", "actor.deepspeed.torch_dtype=fp32"],
                  marks=[DEEPSPEED, pytest.mark.slow], id="deepspeed"),
@@ -323,6 +325,7 @@ def test_ulysses_pipeline_takes_the_steps_of_sp1(tmp_path, tiny_model_dir, count
             assert abs(a[key] - b[key]) <= 1e-4 * max(1.0, abs(a[key])), (a["step"], key, a[key], b[key])
 
 
+@pytest.mark.slow
 def test_accelerate_matches_fsdp2_and_starts_under_accelerate_launch(tmp_path, tiny_model_dir, counting_dir,
                                                                      distinct_reward):
     """actor.strategy=accelerate (Accelerate's DDP on CPUs) takes the 3 steps FSDP2 takes on the same two ranks

@@ -31,6 +31,7 @@ from rllava.data.protocol import Sample, collate  # noqa: E402
 from rllava.engine.inference.base import SamplingParams, generate_context  # noqa: E402
 from rllava.engine.inference.hf import HFRolloutEngine  # noqa: E402
 from rllava.engine.inference.vllm import _resident  # noqa: E402
+from rllava.errors import ConfigError  # noqa: E402
 from rllava.model.forward import token_logprobs  # noqa: E402
 from rllava.model.loader import load_model  # noqa: E402
 from rllava.model.lora import apply_lora  # noqa: E402
@@ -301,3 +302,17 @@ def test_a_vllm_teacher_scores_as_the_hf_teacher(setup, model, tmp_path):
     assert sum("no sleep mode" in line for line in _Notes.lines) == 1  # said once, for the first engine
     assert mask.sum() > 50 and (scores["hf"][mask] < 0).all()
     torch.testing.assert_close(scores["vllm"], scores["hf"], atol=1e-4, rtol=0)
+
+
+def test_a_context_longer_than_the_model_is_one_config_error(setup):
+    """data.max_prompt_length + max_response_length beyond the model's positions (the tiny model's 4,096; RLLaVA's
+    agent scripts ask 4,104): vLLM's pydantic validation error becomes one line naming the key."""
+    path, _, processor, _ = setup
+    cfg = load_config([f"actor.model.model_path={path}", "rollout.name=vllm", "rollout.vllm.dtype=float32",
+                       "data.max_prompt_length=4096", "data.max_response_length=8"])
+    with pytest.raises(ConfigError) as e:
+        B.build_rollout(cfg, processor, torch.device("cpu"))
+    assert str(e.value) == (f"rollout.vllm.max_model_len=4104 (null: data.max_prompt_length + data.max_response_length)"
+                            f" is too long for {path}: vLLM: User-specified max_model_len (4104) is greater than the "
+                            "derived max_model_len (max_position_embeddings=4096.0 or model_max_length=None in model's "
+                            "config.json)")

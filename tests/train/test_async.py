@@ -130,6 +130,7 @@ def test_val_only_ends(tmp_path, tiny_model_dir, counting_dir):
     assert res.stdout.count("done in") == 1  # both ended (`_run`: torchrun's status 0); rank 0 says it
 
 
+@pytest.mark.slow
 def test_staleness_zero_is_the_synchronous_run(tmp_path, tiny_model_dir, counting_dir):
     """1 trainer + 1 rollout process at max_staleness=0: every metric of the synchronous run, step for step,
     and its final weights bit for bit (the async run logs the staleness and the sampler-trainer mismatch besides)."""
@@ -197,7 +198,7 @@ def _write():  # per weight load (vLLM: a wake-up of the weights; SGLang: a resu
         if event[0] in ("resume_memory_occupation", "wake_up") and event[0:2] != ("wake_up", ["kv_cache"]):
             sums = []
             loads.append(sums)
-        elif event[0] in ("load_weights", "update_weights_from_tensor"):
+        elif event[0] in ("reload_weights", "update_weights_from_tensor"):
             sums += [float(t.double().sum()) for _, t in event[1]]
     with open(os.environ["FAKE_ENGINE_LOG"] + "." + os.environ["LOCAL_RANK"], "w") as f:
         json.dump([sum(s) for s in loads], f)

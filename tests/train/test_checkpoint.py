@@ -211,7 +211,7 @@ def _generates(path):
     return processor
 
 
-@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_hf_export_every_save_and_after_the_fact(tmp_path, tiny_model_dir, counting_dir, distinct_reward, lora):
     """save_contents=[.., hf_model]: each checkpoint holds a save_pretrained copy (LoRA merged, the run's chat
     template included); `python -m rllava.commands.export` rebuilds the same from a checkpoint without one."""
@@ -251,6 +251,7 @@ def _torchrun(nproc, *args):
     return res
 
 
+@pytest.mark.slow
 def test_checkpoint_moves_between_world_sizes(tmp_path, tiny_model_dir, counting_dir, distinct_reward):
     """2 FSDP2 ranks save step 1 -> one process (single-device engine) resumes and saves step 2 -> 2 ranks
     resume and finish step 3; each resume continues the step count, the data order and the weights. The 2-rank
@@ -345,6 +346,7 @@ rlvr.main(sys.argv[1:])
 """
 
 
+@pytest.mark.slow
 def test_sigkill_or_failure_in_a_background_write(tmp_path, tiny_model_dir, counting_dir, distinct_reward, capsys,
                                                   monkeypatch):
     """A SIGKILL while the background thread writes step 2 leaves step 1 whole (step 2 stays a `.tmp`) and the

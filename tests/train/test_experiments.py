@@ -333,6 +333,7 @@ def test_sweep_unregistered_name_on_a_later_point_fails_before_any_run(tmp_path,
 
 # --- sweep: real 2-step runs of a 2 x 2 grid ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sweep_two_by_two_grid_then_relaunch_skips_it(tmp_path, tiny_model_dir, counting_dir, monkeypatch, capsys):
     """The sweep of README.md ("sweep") and docs/experiments.md L6-7, scaled down: grpo/rloo x seeds 1/2 with
     `trainer.experiment_name=estimators`, into outputs/rllava/estimators/<name>/ as the docs say, two at a time

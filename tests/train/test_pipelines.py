@@ -191,6 +191,7 @@ def test_torch_threads_are_the_cores_left_idle(tmp_path, monkeypatch, busy, thre
     assert os.environ.get("OMP_NUM_THREADS") == threads
 
 
+@pytest.mark.slow
 def test_torchrun_single_process(tmp_path, tiny_model_dir, counting_dir):
     out = str(tmp_path / "tr")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "-m", "rllava.train.pipeline.rlvr",

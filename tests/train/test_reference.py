@@ -91,9 +91,9 @@ def _run(out, model, data, reward, *extra, strategy="single"):
 
 
 @pytest.mark.parametrize("strategy", [
-    "single", "fsdp2",
-    pytest.param("deepspeed", marks=pytest.mark.skipif(not __import__("importlib").util.find_spec("deepspeed"),
-                                                       reason="DeepSpeed not installed"))])
+    "single", pytest.param("fsdp2", marks=pytest.mark.slow),
+    pytest.param("deepspeed", marks=[pytest.mark.slow, pytest.mark.skipif(
+        not __import__("importlib").util.find_spec("deepspeed"), reason="DeepSpeed not installed")])])
 def test_reset_on_every_engine(tmp_path, tiny_model_dir, counting_dir, distinct_reward, strategy):
     """ref_reset_freq=2 over 4 steps: step 2 runs against the starting weights (KL > 0: step 1 moved the policy),
     step 3 against the policy of step 2 (KL = 0), step 4 against it still (KL > 0) - on one device, FSDP2 and
@@ -145,7 +145,8 @@ def test_full_kl_gradient_matches_dense_logits_on_a_tiny_model(tiny_model_dir):
         assert all(p.grad is None for p in ref_model.parameters())
 
 
-@pytest.mark.parametrize("extra", [[], ["actor.model.use_peft=true", "actor.model.lora_r=4", "actor.model.lora_alpha=8"]],
+@pytest.mark.parametrize("extra", [[], pytest.param(["actor.model.use_peft=true", "actor.model.lora_r=4",
+                                                      "actor.model.lora_alpha=8"], marks=pytest.mark.slow)],
                          ids=["full-weights", "lora"])
 def test_full_kl_in_the_loss_and_in_the_reward(tmp_path, tiny_model_dir, counting_dir, distinct_reward, extra):
     """actor.kl_loss_type=full and algorithm.kl_penalty=full for 2 steps: both are 0 at step 1 (the reference is

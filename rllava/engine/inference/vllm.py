@@ -124,14 +124,24 @@ class VLLMRolloutEngine(ColocatedEngine):
             seed = shared[0]
         else:
             seed += int(os.environ["RANK"]) // tensor_parallel_size
+        self.seeds = random.Random(seed)  # a tensor-parallel group's request seeds (`_run`): the same on its ranks
         platform = importlib.import_module("vllm.platforms").current_platform
         sleeps = platform.is_sleep_mode_available()
         if not sleeps:
             _resident(platform.device_type)
-        self.llm = self.vllm.LLM(model=model_path, tensor_parallel_size=tensor_parallel_size, seed=seed,
-                                 load_format=load_format, distributed_executor_backend="external_launcher",
-                                 enable_sleep_mode=sleeps, logprobs_mode="processed_logprobs",
-                                 mm_device_do_normalize=False, **engine_kwargs)
+        try:
+            self.llm = self.vllm.LLM(model=model_path, tensor_parallel_size=tensor_parallel_size, seed=seed,
+                                     load_format=load_format, distributed_executor_backend="external_launcher",
+                                     enable_sleep_mode=sleeps, logprobs_mode="processed_logprobs",
+                                     mm_device_do_normalize=False, **engine_kwargs)
+        except ValueError as e:  # vLLM's config validation (pydantic) of a context longer than the model's
+            if "User-specified max_model_len" not in str(e):
+                raise
+            reason = str(e).split("Value error, ")[-1].split(". To allow")[0]
+            raise ConfigError(f"rollout.vllm.max_model_len={engine_kwargs.get('max_model_len')} (null: "
+                              f"data.max_prompt_length + data.max_response_length) is too long for {model_path}: "
+                              f"vLLM: {reason}") from e
+        D.leave_first(self.llm.llm_engine.engine_core)  # its groups go before the run's (rllava.distributed.close)
         self.stay_awake = stay_awake or not sleeps
         self.offload()
 
@@ -169,14 +179,23 @@ class VLLMRolloutEngine(ColocatedEngine):
 
     def _run(self, requests: list[GenerationRequest], params) -> list:
         """`llm.generate` on this rank's requests. The ranks of a tensor-parallel group are one engine: each runs
-        the whole group's requests, in rank order, and keeps the outputs of its own (a teacher's counts may differ)."""
+        the whole group's requests, in rank order, and keeps the outputs of its own (a teacher's counts may differ).
+        Each rank samples every token itself, so they must draw alike: each request gets a seed of its own, the same
+        on every rank of the group (vLLM's `seed + j` for sample j, vllm/v1/engine/parallel_sampling.py). Unseeded,
+        vLLM draws from the process's torch generator, which the trainer's ranks advance differently: the ranks'
+        tokens part, and the layers they share mix the two sequences."""
         parts, start = [requests], 0
         if self.tp_group is not None:  # each rank's requests, in rank order; pixel tensors stay home
             parts = [None] * dist.get_world_size(self.tp_group)
             dist.all_gather_object(parts, [GenerationRequest(r.prompt_ids, {}, r.raw_prompt_ids, r.images, r.videos)
                                            for r in requests], group=self.tp_group)
             start = sum(map(len, parts[:dist.get_rank(self.tp_group)]))
-        outputs = self.llm.generate([_prompt(r) for part in parts for r in part], params, use_tqdm=False)
+        prompts = [_prompt(r) for part in parts for r in part]
+        if self.tp_group is not None:
+            base, params = self.seeds.randrange(2**31), [params.clone() for _ in prompts]
+            for i, p in enumerate(params):
+                p.seed = base + i * p.n
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return outputs[start:start + len(requests)]
 
 
