@@ -192,7 +192,8 @@ class VLLMRolloutEngine(ColocatedEngine):
             start = sum(map(len, parts[:dist.get_rank(self.tp_group)]))
         prompts = [_prompt(r) for part in parts for r in part]
         if self.tp_group is not None:
-            base, params = self.seeds.randrange(2**31), [params.clone() for _ in prompts]
+            base = self.seeds.randrange(2**31)
+            params = [params.clone() for _ in prompts]
             for i, p in enumerate(params):
                 p.seed = base + i * p.n
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
