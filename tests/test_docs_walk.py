@@ -61,6 +61,7 @@ PRESUMED = {
     "README.md": ["outputs/custom/model", "outputs/custom/data", "outputs/rllava/grpo", "outputs/rllava/rloo"],
     "docs/experiments.md": ["outputs/rllava/grpo", "outputs/rllava/rloo"],
     "docs/reward_models.md": ["outputs/custom/model", "outputs/custom/data"],
+    "docs/agents.md": ["outputs/custom/model", "outputs/custom/data"],
 }
 READER = '''\
 import json, os
@@ -132,9 +133,22 @@ def problems(block: Block) -> str | None:
     return f"not bash: {res.stderr.strip()}" if res.returncode else None
 
 
+def indented_commands(doc: str) -> list[int]:
+    """Lines of commands in an indented (unfenced) block: the walk reads fences only, so it would never run them."""
+    found, fenced = [], False
+    for i, line in enumerate(open(os.path.join(REPO, doc)).read().splitlines()):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("    ") and COMMAND.match(line):
+            found.append(i + 1)
+    return found
+
+
 def test_every_doc_block_is_walked_or_marked():
     found = [f"{doc}:{line}: a marker reads '<!-- docs-test: gpu|skip REASON -->', right above a ```bash or "
              f"```python fence" for doc in DOCS for line in parse(doc)[1]]
+    found += [f"{doc}:{line}: a command in an indented block: fence it (```bash)" for doc in DOCS
+              for line in indented_commands(doc)]
     found += [f"{block.name}: {why}" for block in BLOCKS for why in [problems(block)] if why]
     assert not found, "\n".join(found)
     assert len(WALKED) > 20  # the parse finds the docs' blocks
