@@ -35,6 +35,15 @@ def split_spec(spec: str) -> tuple[str, str | None]:
     return os.path.expanduser(path), split
 
 
+def check_local(spec: str, name: str) -> None:
+    """A local-looking `spec` (a data file's suffix, `./` or `/`, or more than `org/name`) that does not exist: one
+    DataError naming it (`name`: `key=spec`). Cheap: a run checks its data paths with it before the model loads."""
+    path, _ = split_spec(spec)
+    looks_local = path.endswith(FILE_TYPES) or path.startswith((".", "/")) or path.count("/") > 1
+    if looks_local and not os.path.exists(path):
+        raise DataError(f"{name}: no such file or directory")  # a hub name is `name` or `org/name`
+
+
 def load_records(spec: str, *, max_samples: int = -1, given=None, key: str | None = None) -> datasets.Dataset:
     """The records named by `spec` (see the module docstring); only the first `max_samples` if >= 0. `given`: records in
     memory instead (`memory_records`; `spec` then only names them). `key`: the config key naming `spec`."""
@@ -54,9 +63,8 @@ def load_records(spec: str, *, max_samples: int = -1, given=None, key: str | Non
             raise DataError(f"{path}: cannot load it as a dataset directory ({_reason(e)}); expected a "
                             "save_to_disk directory or data files such as data/train-00000-of-00001.parquet") from e
         ds = _pick_split(loaded, split, name)
-    elif path.endswith(FILE_TYPES) or path.startswith((".", "/")) or path.count("/") > 1:
-        raise DataError(f"{name}: no such file or directory")  # a hub name is `name` or `org/name`
     else:
+        check_local(spec, name)
         try:
             ds = datasets.load_dataset(path, split=split or "train")
         except Exception as e:  # offline: ConnectionError; unknown name: DatasetNotFoundError; bad split: ValueError

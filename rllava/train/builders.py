@@ -28,6 +28,7 @@ from rllava.config import ConfigError, ModelConfig, PPOConfig
 from rllava.config.schema import agent_on, resolve_strategy, run_dir
 from rllava.data.dataset import PromptDataset
 from rllava.data.protocol import Batch
+from rllava.data.records import check_local
 from rllava.data.sampler import EpochSampler
 from rllava.engine.inference.base import SamplingParams, build_rollout_engine, engine_for
 from rllava.engine.train.base import TrainEngine
@@ -105,6 +106,14 @@ def build_tracker(cfg: PPOConfig, outputs_dir: str) -> Tracker:
 
 def validates(cfg: PPOConfig) -> bool:
     return cfg.trainer.val_freq > 0 or cfg.trainer.val_before_train or cfg.trainer.val_only
+
+
+def check_data_paths(cfg: PPOConfig, given=(None, None)) -> None:
+    """The data files `build_datasets` will read that look local but are missing: one line, before the model loads."""
+    if given[0] is None:
+        check_local(cfg.data.train_files, f"data.train_files={cfg.data.train_files}")
+    if cfg.data.val_files and given[1] is None and validates(cfg):
+        check_local(cfg.data.val_files, f"data.val_files={cfg.data.val_files}")
 
 
 def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None, given=(None, None)):

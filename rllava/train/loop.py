@@ -109,6 +109,9 @@ def build_run(cfg, *, role: str = "rl", given: Given | None = None) -> Run:
     reward = B.build_reward(cfg) if not sft or (cfg.data.val_files and scores) else None
     sampled = reward is not None or (sft and agent_on(cfg))  # the run samples (agents' SFT replays through tools)
     env = B.build_agent_env(cfg) if sampled else None  # the agent's tools, before the model loads
+    if not serving:  # the data paths, the plugins and each registered name the run uses (estimator, losses, ...)
+        B.check_data_paths(cfg, given=(given.train, given.val))
+        B.named_algorithm(cfg, sft=sft)
     device, outputs_dir = B.setup_run(cfg)
     reward = B.add_reward_models(reward, cfg, device) if reward is not None else None
     if given.model is None:

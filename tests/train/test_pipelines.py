@@ -107,20 +107,31 @@ def test_sft_needs_target_key(tmp_path, tiny_model_dir, counting_dir, capsys):
     assert "needs data.target_key" in capsys.readouterr().err
 
 
+def test_cli_errors_are_one_line(tmp_path, tiny_model_dir, counting_dir):
+    """The real command line: exit status 2 and the one line, no traceback (the other errors below in-process, the
+    same `run_cli` without a Python start-up each)."""
+    cmd = [sys.executable, "-m", "rllava.train.pipeline.rlvr",
+           *_args(tiny_model_dir, counting_dir, str(tmp_path), "actor.optim.lrr=1")]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+    assert "unknown config key 'actor.optim.lrr' (on the command line); did you mean 'actor.optim.lr'?" in res.stderr
+
+
 @pytest.mark.parametrize("extra, message", [
-    (["actor.optim.lrr=1"], "unknown config key 'actor.optim.lrr' (on the command line); did you mean 'actor.optim.lr'?"),
     (["rollout.n=many"], "config key 'rollout.n' expects int"),
     (["algorithm.adv_estimator=grop"], "algorithm.adv_estimator='grop' is not registered"),
     (["reward.reward_function=nope.py:f"], "file 'nope.py' does not exist"),
     (["data.train_files=missing.jsonl"], "data.train_files=missing.jsonl: no such file or directory"),
     (["actor.model.model_path=/no/such/model"], "actor.model.model_path='/no/such/model': no such local directory"),
 ])
-def test_cli_errors_are_one_line(tmp_path, tiny_model_dir, counting_dir, extra, message):
-    cmd = [sys.executable, "-m", "rllava.train.pipeline.rlvr", *_args(tiny_model_dir, counting_dir, str(tmp_path), *extra)]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    assert res.returncode == 2, res.stderr[-2000:]
-    assert "Traceback" not in res.stderr
-    assert message in res.stderr
+def test_start_up_errors_are_one_line(tmp_path, tiny_model_dir, counting_dir, capsys, extra, message):
+    with pytest.raises(SystemExit) as e:
+        rlvr.main(_args(tiny_model_dir, counting_dir, str(tmp_path), *extra))
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err[-2000:]
+    assert "Traceback" not in err and message in err
+    assert "Loading weights" not in err  # found before the model loads: a typo costs a second, not the model's load
 
 
 def test_a_run_prints_no_library_noise_and_warnings_in_one_line(tmp_path, tiny_model_dir, counting_dir):
