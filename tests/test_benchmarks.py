@@ -1,6 +1,7 @@
 """benchmarks/: the rllava runs they launch are valid configs, and their reports read the runs right (fast; the
 benchmarks themselves are run by hand, docs/performance.md)."""
 
+import json
 import math
 import os
 import sys
@@ -12,6 +13,7 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 import learning_vs_trl  # noqa: E402
 import memory_plans  # noqa: E402
+import vllm_cpu  # noqa: E402
 import vs_trl  # noqa: E402
 
 
@@ -75,3 +77,23 @@ def test_async_benchmark_phases_and_the_8_gpu_estimate():
     # each phase on twice the workers takes 2/3 of its time: sync_8 = 0.6 + 0.4; async = max(0.9, 0.6 + 0.1)
     assert abs(e["sync_8"] - 1.0) < 1e-12 and e["async_4+4"] == 0.9 and abs(e["gain"] - 1.0 / 0.9) < 1e-12
     assert abs(e["gain_linear"] - 1.5 / 2 / 0.9) < 1e-12
+
+
+def test_vllm_cpu_runs_are_valid_configs_and_the_report_names_the_faster_engine(monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO)
+    for engine in ("hf", "vllm"):
+        cfg = _config(vllm_cpu.pipeline_command(engine, "MODEL", "DATA", "RUN", 4))
+        assert cfg.rollout.name == engine and (cfg.rollout.n, cfg.data.train_batch_size) == (vllm_cpu.K,
+                                                                                             vllm_cpu.PROMPTS)
+    assert cfg.rollout.vllm.dtype == "float32"
+    rows = [{"step": 1, "timing/step": 9.0, "timing/rollout": 8.0}] + \
+        [{"step": s, "timing/step": 2.0, "timing/rollout": 0.5} for s in (2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    steps = {("demo", "hf"): vllm_cpu.step_times(str(tmp_path)), ("demo", "vllm"): {"step_s": 4.0, "rollout_s": 1.0}}
+    assert steps[("demo", "hf")] == {"step_s": 2.0, "rollout_s": 0.5, "steps": 2}  # the first step dropped
+    rollouts = {("demo", "hf"): {"tokens_per_s": 100.0, "mean_length": 32.0},
+                ("demo", "vllm"): {"tokens_per_s": 300.0, "mean_length": 32.0}}
+    text = vllm_cpu.report(rollouts, steps, "1")
+    assert "B = 64 sequences a call: 8 prompts x n = 8" in text
+    assert "| demo | hf | 100 (mean length 32.0) | 2.00 |" in text
+    assert "demo: rollout, vLLM is faster (3.00x); GRPO step, HF is faster (2.00x)" in text
