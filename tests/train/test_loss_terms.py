@@ -46,6 +46,9 @@ def run(name: str, model: str, data: str, out: str, runs: dict = RUNS) -> list[d
 
 
 NOISE_GRAD = 1e-4  # a gradient norm this small (student = teacher, policy = reference) is float rounding
+# a metric this small is the rounding of two equal quantities (the first update's ppo_kl: the old log-probs' pass
+# against the update's, of the same weights; 1.5e-5 on one Intel core, 3.1e-6 on another)
+NOISE_VALUE = 1e-4
 
 
 def same_as_golden(golden: str, name: str, model: str, data: str, out: str, runs: dict = RUNS) -> None:
@@ -61,7 +64,10 @@ def same_as_golden(golden: str, name: str, model: str, data: str, out: str, runs
     assert [sorted(r) for r in got] == [sorted(r) for r in want]
     for g, w in zip(got, want):
         for key in w:
-            assert g[key] == pytest.approx(w[key], rel=1e-5, abs=5e-6), (name, g["step"], key)
+            if isinstance(w[key], float) and 0 < abs(w[key]) < NOISE_VALUE:  # rounding-level: rounding-level here too
+                assert abs(g[key]) < NOISE_VALUE, (name, g["step"], key, g[key])
+            else:
+                assert g[key] == pytest.approx(w[key], rel=1e-5, abs=5e-6), (name, g["step"], key)
         if 0 < w.get("actor/grad_norm", 0) < NOISE_GRAD:
             break
 
