@@ -38,7 +38,11 @@ SHIM = os.path.join(REPO, "tests", "engine", "torchvision_shim")  # see the docs
 
 
 def engine_keys(engine: str) -> list[str]:
-    return ["rollout.name=vllm", "rollout.vllm.dtype=float32"] if engine == "vllm" else ["rollout.name=hf"]
+    """vLLM at float32 (the trainer's dtype); the HF engine's generate takes all PROMPTS prompts at once (B sequences a
+    call, as vLLM's; rollout.micro_batch_size's default, 2 prompts, would split a rollout into 4 calls)."""
+    if engine == "vllm":
+        return ["rollout.name=vllm", "rollout.vllm.dtype=float32"]
+    return ["rollout.name=hf", f"rollout.micro_batch_size={PROMPTS}"]
 
 
 def write_data(data_dir: str, n: int = 256) -> None:

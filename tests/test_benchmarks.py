@@ -86,6 +86,8 @@ def test_vllm_cpu_runs_are_valid_configs_and_the_report_names_the_faster_engine(
         assert cfg.rollout.name == engine and (cfg.rollout.n, cfg.data.train_batch_size) == (vllm_cpu.K,
                                                                                              vllm_cpu.PROMPTS)
     assert cfg.rollout.vllm.dtype == "float32"
+    hf = _config(vllm_cpu.pipeline_command("hf", "MODEL", "DATA", "RUN", 4))
+    assert hf.rollout.micro_batch_size == vllm_cpu.PROMPTS  # HF's generate: all B sequences in one call
     rows = [{"step": 1, "timing/step": 9.0, "timing/rollout": 8.0}] + \
         [{"step": s, "timing/step": 2.0, "timing/rollout": 0.5} for s in (2, 3)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
