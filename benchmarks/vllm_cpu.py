@@ -99,7 +99,8 @@ def rollout_side(engine: str, model_dir: str, data_dir: str, calls: int) -> dict
             out = rollout.generate(samples, sampling)
             seconds += time.perf_counter() - start
             tokens += sum(t.num_response_tokens for t in out)
-    return {"tokens_per_s": tokens / seconds, "sequences": len(out), "mean_length": tokens / (calls * len(out))}
+    return {"tokens_per_s": tokens / seconds, "mean_length": tokens / (calls * len(out)),
+            "threads": torch.get_num_threads()}  # after vLLM's binding: the threads it really ran on
 
 
 # ---- a GRPO run --------------------------------------------------------------------------------------------------
@@ -144,7 +145,8 @@ def report(rollouts: dict, steps: dict, threads: str) -> str:
         s = steps.get((size, engine))
         step = f"{s['step_s']:.2f} | {s['rollout_s']:.2f} ({100 * s['rollout_s'] / s['step_s']:.0f} %)" if s \
             else "- | -"
-        lines.append(f"| {size} | {engine} | {r['tokens_per_s']:.0f} (mean length {r['mean_length']:.1f}) | {step} |")
+        lines.append(f"| {size} | {engine} | {r['tokens_per_s']:.0f} (mean length {r['mean_length']:.1f}, "
+                     f"{r.get('threads', '?')} threads) | {step} |")
     lines.append("")
     for size in dict.fromkeys(size for size, _ in rollouts):
         hf, vllm = rollouts[(size, "hf")]["tokens_per_s"], rollouts[(size, "vllm")]["tokens_per_s"]

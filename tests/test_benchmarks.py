@@ -97,5 +97,5 @@ def test_vllm_cpu_runs_are_valid_configs_and_the_report_names_the_faster_engine(
                 ("demo", "vllm"): {"tokens_per_s": 300.0, "mean_length": 32.0}}
     text = vllm_cpu.report(rollouts, steps, "1")
     assert "B = 64 sequences a call: 8 prompts x n = 8" in text
-    assert "| demo | hf | 100 (mean length 32.0) | 2.00 |" in text
+    assert "| demo | hf | 100 (mean length 32.0, ? threads) | 2.00 |" in text
     assert "demo: rollout, vLLM is faster (3.00x); GRPO step, HF is faster (2.00x)" in text
