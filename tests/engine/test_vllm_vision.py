@@ -13,6 +13,7 @@ that imports: tests/engine/torchvision_shim (what it replaces, and why only mach
 it: its docstring, and docs/engines.md "vLLM on a CPU machine").
 """
 
+import logging
 import os
 import runpy
 
@@ -95,6 +96,8 @@ def test_after_a_vision_tower_update_the_engine_sees_the_new_features(tmp_path, 
     logprobs = {name: torch.tensor([x for t in run for x in t.segments[1].logprobs])
                 for name, run in (("before", before), ("after", after), ("hf", expected))}
     assert [t.segments[1].token_ids for t in after] == [t.segments[1].token_ids for t in expected]
+    logging.getLogger(__name__).warning("%s vision sync: max |vLLM - HF| log-prob %.2e over %d tokens", arch,
+                                        (logprobs["after"] - logprobs["hf"]).abs().max().item(), len(logprobs["hf"]))
     torch.testing.assert_close(logprobs["after"], logprobs["hf"], atol=1e-4, rtol=0)
     # the new tower changed the answer (a stale feature would have left it as it was)
     assert [t.segments[1].token_ids for t in after] != [t.segments[1].token_ids for t in before] or \
