@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
+from rllava.commands import command_parser
 from rllava.config.loader import _flatten
 from rllava.config.schema import DERIVED_KEYS
 from rllava.errors import RllavaError
@@ -269,7 +269,7 @@ def compare(run_dirs: list[str], out_dir: str = "compare", group_by: list[str] |
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.commands.compare", description=__doc__.split("\n\n")[0])
+    parser = command_parser("compare", __doc__)
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
                         help="runs' folders (<outputs_dir>/<project_name>/<experiment_name>)")
     parser.add_argument("--out", default="compare", help="where the PNGs and compare.md go (default ./compare)")

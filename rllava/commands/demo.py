@@ -16,10 +16,10 @@ evaluation of a tiny model jumps by whole count classes, so "after" averages the
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 
+from rllava.commands import command_parser
 from rllava.commands.plot import plot
 from rllava.commands.proof import TASKS, run_task
 
@@ -48,7 +48,7 @@ def report(s: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.commands.demo", description=__doc__.split("\n\n")[0])
+    parser = command_parser("demo", __doc__)
     parser.add_argument("--out", default="outputs/demo")
     parser.add_argument("--sft-steps", type=int, default=50)
     parser.add_argument("--rl-steps", type=int, default=240)

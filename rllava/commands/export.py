@@ -12,7 +12,6 @@ at every checkpoint (CHECKPOINT/actor/huggingface).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -21,6 +20,7 @@ import warnings
 import torch
 from transformers import AutoConfig
 
+from rllava.commands import command_parser
 from rllava.config import load_config
 from rllava.engine.train.checkpoint import load_weights, read_metadata
 from rllava.errors import RllavaError
@@ -54,7 +54,7 @@ def export(checkpoint: str, out: str, merge_lora: bool = True) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.commands.export", description=__doc__.split("\n\n")[0])
+    parser = command_parser("export", __doc__)
     parser.add_argument("checkpoint", help="a global_step_N directory, or a directory of them (newest taken)")
     parser.add_argument("out", help="the save_pretrained directory to write")
     parser.add_argument("--no-merge-lora", action="store_true", help="LoRA: save the base weights, not merged")

@@ -12,7 +12,6 @@ and so are series that stay 0 (a run without a KL term: no KL panel).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -20,6 +19,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from rllava.commands import command_parser
 from rllava.errors import RllavaError
 
 PANELS = {
@@ -178,7 +178,7 @@ def smoothing_arg(text: str) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.commands.plot", description=__doc__.split("\n\n")[0])
+    parser = command_parser("plot", __doc__)
     parser.add_argument("outputs_dir", help="a run's folder, <outputs_dir>/<project_name>/<experiment_name> "
                         "(holding metrics.jsonl)")
     parser.add_argument("--smoothing", "--ema", type=smoothing_arg, default=SMOOTHING,

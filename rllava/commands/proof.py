@@ -24,7 +24,6 @@ darkened image: the table reports how often held-out episodes call it (`coded`) 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -33,6 +32,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from rllava.commands import command_parser
 from rllava.data.synthetic import make_dataset
 from rllava.model.tiny import build_tiny
 from rllava.commands.plot import read_metrics, series
@@ -377,7 +377,7 @@ def results_table(summaries: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.commands.proof", description=__doc__.split("\n\n")[0])
+    parser = command_parser("proof", __doc__)
     parser.add_argument("--out", default="outputs/proof")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--seed", type=int, default=0)

@@ -27,7 +27,6 @@
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import re
@@ -40,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from queue import Queue
 
+from rllava.commands import command_parser
 from rllava.commands.compare import compare, config_changes, flat_config, short_keys
 from rllava.config import config_to_yaml, load_config
 from rllava.errors import RllavaError
@@ -270,7 +270,7 @@ def sweep(args: list[str], out: str | None = None, parallel: bool = False, pipel
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.commands.sweep", description=__doc__.split("\n\n")[0])
+    parser = command_parser("sweep", __doc__)
     parser.add_argument("overrides", nargs="*", metavar="KEY=V1,V2", help="config=FILE, fixed and swept keys")
     parser.add_argument("--out", help="trainer.outputs_dir of every run: the runs go to "
                         "OUT/<project_name>/<experiment_name>/<name>")

@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import ast
 import errno
+import importlib.util
 import json
 import logging
 import os
@@ -77,9 +79,13 @@ def quiet_libraries() -> None:
     warnings.formatwarning = _one_line_warning
 
 
-def command_line(argv: list[str]) -> None:
-    """What `python -m rllava.train.pipeline.<name>` does before its module imports torch (~10 s of CPU): the config's
-    error at once, torch's CPU threads, rllava's logged warnings as `rllava: warning:` lines, from rank 0 only."""
+def command_line(argv: list[str], module: str) -> None:
+    """What `python -m rllava.train.pipeline.<name>` (`module`) does before it imports torch (~10 s of CPU): --help,
+    the config's error at once, torch's CPU threads, rllava's logged warnings as `rllava: warning:` lines, from rank 0
+    only."""
+    if "-h" in argv or "--help" in argv:
+        print(pipeline_help(module))
+        sys.exit(0)
     check_config(argv)
     cpu_threads()
     log = logging.getLogger("rllava")
@@ -89,6 +95,14 @@ def command_line(argv: list[str]) -> None:
         warnings.simplefilter("ignore")
         log.setLevel(logging.ERROR)
         os.environ["TQDM_DISABLE"] = "1"  # and no progress bars (loading weights, ...)
+
+
+def pipeline_help(module: str) -> str:
+    """A pipeline's --help: its module's docstring, read without importing the module (and torch), and its arguments."""
+    with open(importlib.util.find_spec(module).origin) as f:
+        doc = ast.get_docstring(ast.parse(f.read()))
+    return (f"{doc}\n\narguments: config=FILE (a YAML file), then any key as key=value (every key, its default and "
+            "what it does: docs/config.md); an unknown key is an error naming the closest")
 
 
 RANK0_GRACE_S = 10

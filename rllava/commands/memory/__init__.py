@@ -53,10 +53,10 @@ Modules: planner (the phases), fake (the fake mode), torch_private (all torch pr
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 
+from rllava.commands import command_parser
 from rllava.commands.memory import planner
 from rllava.errors import RllavaError
 
@@ -116,7 +116,7 @@ def assumptions(cfg, world: int, device: str = "cuda") -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllava.commands.memory", description=__doc__.split("\n\n")[0])
+    parser = command_parser("memory", __doc__)
     parser.add_argument("overrides", nargs="*", help="config=FILE and key=value overrides, as for training")
     parser.add_argument("--gpu-memory", type=str, default=None, help="the GPU's memory, e.g. 24GiB or 80GB")
     parser.add_argument("--world-size", type=int, default=1, help="GPUs the run shards over (FSDP2), as torchrun's")

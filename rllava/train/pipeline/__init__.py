@@ -5,7 +5,9 @@ chooses torch's threads before the module imports torch and transformers."""
 import sys
 
 # runpy imports the parent packages of `-m <module>` while argv[0] is still "-m"; argv ends with the arguments
-if sys.argv[:1] == ["-m"] and sys.orig_argv[-len(sys.argv)].removeprefix("-m").startswith(__name__ + "."):
-    from rllava.train.cli import command_line
+if sys.argv[:1] == ["-m"]:
+    _module = sys.orig_argv[-len(sys.argv)].removeprefix("-m")
+    if _module.startswith(__name__ + "."):
+        from rllava.train.cli import command_line
 
-    command_line(sys.argv[1:])
+        command_line(sys.argv[1:], _module)
