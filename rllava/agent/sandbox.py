@@ -205,15 +205,19 @@ class _Cgroup:
 
 # The syscall filter. Docker's default seccomp profile (moby/profiles/seccomp/default.json) is the anchor: these are the
 # x86_64 syscalls it refuses to an unprivileged container (and io_uring since Docker 25), plus what rllava refuses
-# beyond it: inotify_init* (instances are a per-user host quota) and SysV shmget / msgget / semget (segments count
-# against no rlimit: a non-root call could hold GBs past its bound). It differs in form: Docker allows a list and
-# refuses the rest, this refuses a list and allows the rest (the interpreter, numpy and PIL need no care then; a syscall
-# new to the kernel is allowed here). clone3 gets ENOSYS, as in Docker (libc falls back to clone).
+# beyond it: kernel objects that no rlimit of the call counts, or that are a quota of the host user or the machine
+# (docs/agents.md, "what the jail bounds"). It differs in form: Docker allows a list and refuses the rest, this
+# refuses a list and allows the rest (the interpreter, numpy and PIL need no care then; a syscall new to the kernel
+# is allowed here). clone3 gets ENOSYS, as in Docker (libc falls back to clone).
 SECCOMP_BOUNDS = (  # the ones the sandbox's documented bounds rest on: the filter is not built without each
     "ptrace", "pidfd_getfd", "process_vm_readv", "process_vm_writev", "kcmp",  # other processes' memory and fds
     "add_key", "keyctl", "request_key",  # keyrings: charged to the host user's key quota
     "inotify_init", "inotify_init1", "fanotify_init",  # per-user host instance limits
-    "shmget", "msgget", "semget",  # SysV IPC
+    "shmget", "msgget", "semget",  # SysV IPC: segments count against no rlimit
+    "memfd_create", "memfd_secret",  # pages no rlimit counts (RLIMIT_AS counts mappings), held by an fd
+    "io_setup",  # Linux AIO: contexts come out of the machine's fs.aio-max-nr (DeepSpeed's NVMe offload uses AIO)
+    "sendmsg", "sendmmsg",  # SCM_RIGHTS: fds in flight are counted per host user, and hold what they refer to
+    "flock",  # a lock on the read-only system's files, which every concurrent call shares: a channel between them
     "io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd", "perf_event_open", "bpf")
 SECCOMP_DENIED = SECCOMP_BOUNDS + (  # and the rest of Docker's (those this kernel's libseccomp does not know: skipped)
     "mount", "umount2", "pivot_root", "unshare", "setns", "open_by_handle_at", "name_to_handle_at", "personality",
@@ -221,15 +225,31 @@ SECCOMP_DENIED = SECCOMP_BOUNDS + (  # and the rest of Docker's (those this kern
     "finit_module", "delete_module", "iopl", "ioperm", "clock_settime", "clock_adjtime", "settimeofday",
     "lookup_dcookie", "sysfs", "uselib", "ustat", "mbind", "set_mempolicy", "get_mempolicy", "move_pages",
     "_sysctl", "vm86", "vm86old", "create_module", "get_kernel_syms", "query_module", "nfsservctl")
-SECCOMP_SETUP = ("mount", "unshare")  # allowed to the zygote alone: it makes each call's namespaces
+SECCOMP_SETUP = ("mount", "unshare", "sendmsg")  # the zygote's alone: it makes each call's namespaces, sends its pidfd
 CLONE_NAMESPACES = (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000, 0x80)  # CLONE_NEW*
+AF_UNIX, F_SETPIPE_SZ = 1, 1031
+# Refused by an argument: (syscall, the argument's index, its mask, the values refused, errno); refused where
+# (argument & mask) == value. An int argument is compared on its low 32 bits: the kernel ignores the rest.
+SECCOMP_ARGUMENTS = (
+    # a socket of any family but AF_UNIX: AF_VSOCK is not network-namespaced (the hypervisor is one connect() away),
+    # AF_NETLINK talks to the kernel, and a TCP socket's buffers count against the machine's tcp_mem
+    ("socket", 0, 0xFFFFFFFF, tuple(f for f in range(64) if f != AF_UNIX), errno.EAFNOSUPPORT),
+    ("socketpair", 0, 0xFFFFFFFF, tuple(f for f in range(64) if f != AF_UNIX), errno.EAFNOSUPPORT),
+    # record locks (F_GETLK, F_SETLK, F_SETLKW, their F_OFD_ forms, F_SETLEASE): flock's channel again
+    ("fcntl", 1, 0xFFFFFFFF, (5, 6, 7, 36, 37, 38, 1024), errno.ENOLCK),
+    # buffers past the defaults, which count against no rlimit: a pipe of 1 MB, a socket's of net.core.wmem_max
+    ("fcntl", 1, 0xFFFFFFFF, (F_SETPIPE_SZ,), errno.EPERM),
+    ("setsockopt", 2, 0xFFFFFFFF, (7, 8, 32, 33), errno.EPERM),  # SOL_SOCKET's SO_SNDBUF, SO_RCVBUF, their FORCE forms
+    # a new user namespace would give back every capability
+    *(("clone", 0, flag, (flag,), errno.EPERM) for flag in CLONE_NAMESPACES))
 
 
 @functools.cache
 def seccomp_program(zygote: bool = False) -> bytes:
-    """The BPF program of every call (SECCOMP_DENIED and clone's namespace flags -> EPERM, clone3 -> ENOSYS, the rest
-    allowed); with `zygote`, the one bwrap loads for the zygote (`--seccomp FD`), which allows what a call's namespaces
-    are made with (unshare, mount). Raises without libseccomp or its Python binding (the jail fails closed)."""
+    """The BPF program of every call (SECCOMP_DENIED -> EPERM, SECCOMP_ARGUMENTS -> their errno, clone3 -> ENOSYS,
+    the rest allowed); with `zygote`, the one bwrap loads for the zygote (`--seccomp FD`), which allows what a call's
+    namespaces are made with (SECCOMP_SETUP). Raises without libseccomp or its Python binding (the jail fails
+    closed)."""
     import pyseccomp
 
     f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
@@ -239,8 +259,9 @@ def seccomp_program(zygote: bool = False) -> bytes:
         except (ValueError, OSError, RuntimeError):
             if name in SECCOMP_BOUNDS:
                 raise
-    for flag in CLONE_NAMESPACES:  # a new user namespace would give back every capability
-        f.add_rule(pyseccomp.ERRNO(errno.EPERM), "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, flag, flag))
+    for name, index, mask, values, code in SECCOMP_ARGUMENTS:
+        for value in values:
+            f.add_rule(pyseccomp.ERRNO(code), name, pyseccomp.Arg(index, pyseccomp.MASKED_EQ, mask, value))
     f.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
@@ -348,8 +369,8 @@ def _find_jail() -> Jail:
         except Exception as e:  # noqa: BLE001 - no libseccomp, no binding, a refused rule: fail closed
             missing.append(f"the syscall filter cannot be built ({type(e).__name__}: {e}): it needs libseccomp "
                            "(Debian/Ubuntu: apt-get install libseccomp2) and pyseccomp (pip install pyseccomp)")
-            weaker.append("no syscall filter: keyrings, inotify, SysV IPC, io_uring, userfaultfd, perf, bpf and "
-                          "new namespaces are reachable")
+            weaker.append("no syscall filter: keyrings, inotify, SysV IPC, memfd, AIO, io_uring, userfaultfd, "
+                          "perf, bpf, vsock, netlink and new namespaces are reachable")
         fds = [_seccomp_fd(zygote or b""), _seccomp_fd(program or b"")]  # both or neither
         try:  # a call's namespaces made in the zygote's jail, as every call makes them
             seccomp = ["--seccomp", str(fds[0])] if program else []
@@ -391,8 +412,9 @@ def _find_jail() -> Jail:
               "files": "read-only system, Python, numpy and PIL; a tmpfs of disk_mb at /work" if argv else
                        "a temporary directory; the whole file system is reachable",
               "user": f"uid {NOBODY} with no capabilities" if argv else f"uid {os.geteuid()} (this user)",
-              "syscalls": "seccomp: keyrings, inotify, SysV IPC, io_uring, userfaultfd, perf, bpf, ptrace, "
-                          "pidfd_getfd, process_vm_* refused (EPERM)" if argv and program else "no filter",
+              "syscalls": "seccomp: keyrings, inotify, SysV IPC, memfd, AIO, io_uring, userfaultfd, perf, bpf, "
+                          "ptrace, pidfd_getfd, process_vm_*, fd passing, file locks, buffer resizing and sockets "
+                          "but AF_UNIX refused" if argv and program else "no filter",
               "totals": totals}
     pylib = ["/pylib"] if argv else sorted({os.path.dirname(d) for d in _module_dirs()})
     return Jail(argv, cgroup, missing, weaker, guards, pylib, *((program, zygote) if argv else (None, None)))
@@ -723,14 +745,23 @@ def _result(seen: dict, hits: dict, limits: Limits, guards: dict) -> Result:
     result.stopped_by = next((label for hit, label in stops if hit), None)
     if result.stopped_by is None and not report:
         why = result.stderr.strip().splitlines()[-1:] or [f"exit status {seen['exit']}"]
-        _warn_once(f"code sandbox: a call ended without its report ({why[0]})")
+        _warn_once(f"code sandbox: a call ended without its report (its stderr: {why[0][:200]!r})")
         result.stopped_by, result.returncode = "sandbox error", result.returncode or 1
     elif result.stopped_by is None and status < 0:
-        result.stopped_by = f"crashed (signal {signal.Signals(-status).name})"
+        result.stopped_by = f"crashed (signal {_signal_name(-status)})"
     notes = list(report.get("notes", [])) if report else []
     if notes:
         result.stderr += ("\n" if result.stderr else "") + "\n".join(notes)
     return result
+
+
+def _signal_name(number: int) -> str:
+    """SIGSEGV, SIGRTMIN+6, or the number: a real-time signal has no `signal.Signals` member."""
+    with suppress(ValueError):
+        return signal.Signals(number).name
+    if signal.SIGRTMIN <= number <= signal.SIGRTMAX:
+        return f"SIGRTMIN+{number - signal.SIGRTMIN}"
+    return str(number)
 
 
 LABELS = {*ERRNO_LIMITS.values(), "memory limit", "process limit", FILES_LIMIT}  # what sandbox_init.limit_of can say
@@ -754,7 +785,7 @@ def _report(data: bytes | bytearray, limits: Limits = Limits()) -> tuple[dict | 
         for name, w, h in sizes:
             images.append(Image.frombytes("RGB", (w, h), body[at:at + 3 * w * h]))  # too short: ValueError
             at += 3 * w * h
-    except (ValueError, KeyError, TypeError, IndexError):
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError):  # RecursionError: a deeply nested line
         return None, []
     return {"status": status, "limit": str(head.get("limit")), "cpu_s": cpu, "notes": notes}, images
 
