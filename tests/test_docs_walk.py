@@ -11,9 +11,9 @@ such a fence, an untagged block holds no command line (tag it), and each block p
 (`make test-slow`, one case per block, named doc:line) runs a page's blocks in order in a folder of the page's
 own (examples/ linked in, outputs/ written there), as a reader walking the page: bash blocks under `bash -e`,
 python blocks as a file (under its own name when its first line is `# NAME.py`, as the page says to save it),
-both with the venv's python (README: `source .venv/bin/activate`). Pipeline and sweep commands run through this
-file's shim (`main`), which adds key=value overrides (in place of the command's own value of that key) so that
-they run here, offline, in seconds:
+both with the venv's python and rllava (README: `source .venv/bin/activate`). Pipeline and sweep commands
+(`python -m ...` or `rllava train|sft|sweep`) run through this file's shim (`main`), which adds key=value overrides
+(in place of the command's own value of that key) so that they run here, offline, in seconds:
 
 - SUBSTITUTE: a hub model or data set, or a reader's own file, wherever the resolved config holds it -> a tiny
   local stand-in; a run so changed also gets TINY (CPU sizes, 2 steps); any other run of more than SHORT steps
@@ -37,12 +37,14 @@ from dataclasses import dataclass
 
 import pytest
 
+from rllava.commands import COMMANDS
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)  # the venv's python and torchrun
 DOCS = ["README.md", *sorted(f"docs/{n}" for n in os.listdir(os.path.join(REPO, "docs")) if n.endswith(".md"))]
 LANGS = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python", "py": "python"}
 MARK = re.compile(r"<!-- docs-test: (gpu|skip) (\S.*?) -->")
-COMMAND = re.compile(r"^\s*(\$ )?(python3?|torchrun|make|bash|pip|accelerate) ", re.MULTILINE)
+COMMAND = re.compile(r"^\s*(\$ )?(python3?|torchrun|rllava|make|bash|pip|accelerate) ", re.MULTILINE)
 SUITE = re.compile(r"\bmake test")  # runs the suite itself: marked, never run
 
 SUBSTITUTE = {  # FX: the fixtures' folder
@@ -76,8 +78,8 @@ model = AutoModelForImageTextToText.from_pretrained(os.path.join(FX, "outputs/cu
 train_records, val_records = _records("train"), _records("val")
 '''
 READS = re.compile(r"\b(model|train_records|val_records)\b")
-SHELL = 'python() { "$DOCS_PY" "$DOCS_SHIM" python "$@"; }; torchrun() { "$DOCS_PY" "$DOCS_SHIM" torchrun "$@"; }\n' \
-        'export -f python torchrun\n'
+SHELL = ''.join(f'{prog}() {{ "$DOCS_PY" "$DOCS_SHIM" {prog} "$@"; }}\n' for prog in ("python", "torchrun", "rllava")) \
+    + 'export -f python torchrun rllava\n'
 
 
 @dataclass
@@ -185,9 +187,13 @@ def main(prog: str, *args: str) -> None:
     """The walk's `python` / `torchrun`: the command with `overrides` appended to a pipeline or a sweep, printed
     first, and its exit status printed when it fails (a failure inside `a && b` does not stop `bash -e`)."""
     args = [a for arg in args for a in PLACEHOLDERS.get(arg, [arg])]
-    module = args[args.index("-m") + 1] if "-m" in args else ""
+    module, start = "", 0  # the module run, and where its arguments start
+    if "-m" in args:
+        module, start = args[args.index("-m") + 1], args.index("-m") + 2
+    elif prog == "rllava" and args[:1] and args[0] in COMMANDS:  # the console script: rllava NAME ...
+        module, start = COMMANDS[args[0]][0], 1
     if module.startswith("rllava.train.pipeline.") or module == "rllava.commands.sweep":
-        extra = overrides(args[args.index("-m") + 2:], os.environ["DOCS_FX"])
+        extra = overrides(args[start:], os.environ["DOCS_FX"])
         keys = {e.split("=", 1)[0] for e in extra}  # in place of the command's own (a sweep refuses a key twice)
         args = [a for a in args if a.split("=", 1)[0] not in keys] + extra
     print(f"docs-walk: + {prog} {shlex.join(args)}", file=sys.stderr, flush=True)
