@@ -98,7 +98,7 @@ def _overrides(raw: DictConfig, source: str) -> dict[str, Any]:
     for key, value in canonical.items():
         tp = LEAVES.get(key)
         none = isinstance(value, str) and value.lower() in ("none", "null") and tp is not None and _is_optional(tp)
-        if source == COMMAND_LINE and value is None and tp is str:
+        if source == COMMAND_LINE and value is None and tp in (str, Any):  # Any: data.val_files
             canonical[key] = ""
         elif none and _strip_optional(tp) is not str:
             canonical[key] = None

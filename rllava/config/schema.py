@@ -33,6 +33,9 @@ HF_DECODE_MODES = ["eager", "static", "compiled"]  # rollout.hf_decode (rllava.e
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KL_TYPES = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]  # full: over the vocabulary (single engine)
 REWARD_TYPES = ["auto", "batch", "sequential"]
+# a named set of data.val_files: its records, and what it reads in place of the data / reward sections' keys
+VAL_SET_KEYS = ["path", "format_prompt", "prompt_key", "answer_key", "image_key", "image_dir", "reward_function",
+                "reward_function_kwargs"]
 REWARD_ENTRY_KEYS = ["function", "weight", "name", "kwargs", "reward_type"]  # an entry of reward.reward_functions
 # ... or a model entry, {type: classifier|judge|embedding, model: DIR, ...}: rllava.reward.models checks its keys
 LR_SCHEDULERS = ["constant", "linear", "cosine", "constant_with_warmup"]  # transformers.get_scheduler names
@@ -101,10 +104,31 @@ def _nonnegative(problems: list[str], key: str, value: Any, meaning: str = "") -
         problems.append(f"{key}={value} must be >= 0" + (f" ({meaning})" if meaning else ""))
 
 
+def _val_set_problems(val_files: Any, sets: Optional[dict[str, dict[str, Any]]], key: str) -> list[str]:
+    """data.val_files: a path, or named sets each with a path, text values and only VAL_SET_KEYS."""
+    if not isinstance(val_files, (str, dict)) or val_files == {}:
+        return [f"{key}={val_files!r}: give a path, or named sets {{name: path, name: {{path: ..., prompt_key: ...}}}}"]
+    p = []
+    for name, entry in (sets or {}).items():
+        if not name or "/" in name:
+            p.append(f"{key}: the set name {name!r} names its metrics (val/<name>/accuracy): use one without '/'")
+        unknown = sorted(set(entry) - set(VAL_SET_KEYS))
+        if unknown:
+            p.append(f"{key}.{name}.{unknown[0]} is not a set key (valid: {', '.join(VAL_SET_KEYS)})")
+        if not entry.get("path") or not isinstance(entry["path"], str):
+            p.append(f"{key}.{name}.path: give the set's records (a file, directory or hub name)")
+        for k in set(entry) & set(VAL_SET_KEYS) - {"path", "reward_function_kwargs"}:
+            if entry[k] is not None and not isinstance(entry[k], str):
+                p.append(f"{key}.{name}.{k}={entry[k]!r} must be a string")
+        if entry.get("reward_function_kwargs") is not None and not entry.get("reward_function"):
+            p.append(f"{key}.{name}.reward_function_kwargs is for the set's own reward_function: set that too")
+    return p
+
+
 @dataclass
 class DataConfig:
     train_files: str = ""  # training records: local .jsonl/.parquet/dir, or HF dataset "name@split"
-    val_files: str = ""  # validation records, same forms; "" = no validation set
+    val_files: Any = ""  # validation records, same forms; "" = no validation set; or named sets {name: path or {path: ..., prompt_key: ...}}, each logged as val/<name>/... (docs/experiments.md)
     train_image_dir: Optional[str] = None  # root for relative image paths in train records
     val_image_dir: Optional[str] = None  # root for relative image paths in val records
     prompt_key: str = "prompt"  # record field holding the question text
@@ -141,8 +165,16 @@ class DataConfig:
         return (self.video_min_pixels if self.video_min_pixels is not None else self.min_pixels,
                 self.video_max_pixels if self.video_max_pixels is not None else self.max_pixels)
 
+    def val_sets(self) -> Optional[dict[str, dict[str, Any]]]:
+        """data.val_files' named form as {name: {path, ...its VAL_SET_KEYS}} (a bare path: {path}); None for the
+        single form, a path (metrics val/...)."""
+        if not isinstance(self.val_files, dict):
+            return None
+        return {str(name): dict(entry) if isinstance(entry, dict) else {"path": entry}
+                for name, entry in self.val_files.items()}
+
     def check(self, prefix: str = "data") -> list[str]:
-        p: list[str] = []
+        p: list[str] = _val_set_problems(self.val_files, self.val_sets(), f"{prefix}.val_files")
         for name, *allowed in (("max_prompt_length",), ("max_response_length",), ("train_batch_size",), ("video_fps",),
                                ("video_max_frames",), ("val_batch_size", -1), ("max_samples", -1), ("min_pixels", None),
                                ("max_pixels", None), ("video_min_pixels", None), ("video_max_pixels", None)):

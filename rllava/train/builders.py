@@ -4,6 +4,7 @@ model, engines, roles, data. None of them holds a loop."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import os
@@ -26,7 +27,7 @@ from rllava.algorithms.ppo import build_algorithm, load_plugins
 from rllava.algorithms.registry import DISTILL_LOSSES, LOSS_TERMS, lookup, register_scorer
 from rllava.config import ConfigError, ModelConfig, PPOConfig
 from rllava.config.schema import agent_on, resolve_strategy, run_dir
-from rllava.data.dataset import PromptDataset
+from rllava.data.dataset import PromptDataset, load_template
 from rllava.data.protocol import Batch
 from rllava.data.records import check_local
 from rllava.data.sampler import EpochSampler
@@ -109,16 +110,24 @@ def validates(cfg: PPOConfig) -> bool:
 
 
 def check_data_paths(cfg: PPOConfig, given=(None, None)) -> None:
-    """The data files `build_datasets` will read that look local but are missing: one line, before the model loads."""
+    """The data files `build_datasets` will read that look local but are missing (and a named validation set's
+    format_prompt): one line, before the model loads."""
     if given[0] is None:
         check_local(cfg.data.train_files, f"data.train_files={cfg.data.train_files}")
-    if cfg.data.val_files and given[1] is None and validates(cfg):
+    if given[1] is not None or not validates(cfg):
+        return
+    sets = cfg.data.val_sets()
+    if sets is None and cfg.data.val_files:
         check_local(cfg.data.val_files, f"data.val_files={cfg.data.val_files}")
+    for name, entry in (sets or {}).items():  # each named set's records, and its own template
+        check_local(entry["path"], f"data.val_files.{name}.path={entry['path']}")
+        load_template(entry.get("format_prompt"), f"data.val_files.{name}.format_prompt")
 
 
 def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None, given=(None, None)):
-    """(train, val or None); val only when the run validates (no network for an unused hub val set). `given`: (train,
-    val) from the Python API, each None (data.*_files), a PromptDataset (as built) or records (checked as a file's)."""
+    """(train, val or None); val only when the run validates (no network for an unused hub val set), a dict
+    {name: PromptDataset} for data.val_files' named sets. `given`: (train, val) from the Python API, each None
+    (data.*_files), a PromptDataset (as built) or records (checked as a file's)."""
     if cfg.data.override_chat_template:
         processor.chat_template = cfg.data.override_chat_template
     limit = cfg.rollout.limit_images  # the reference responses are read from the training records only
@@ -131,9 +140,17 @@ def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None, giv
 
     train = dataset(cfg.data.train_files, given[0], "train_dataloader", cfg.data.train_image_dir, "data.train_files",
                     target_key=target_key)
-    val = None
-    if (cfg.data.val_files or given[1] is not None) and validates(cfg):
-        val = dataset(cfg.data.val_files, given[1], "val_dataloader", cfg.data.val_image_dir, "data.val_files")
+    sets, val = cfg.data.val_sets(), {}
+    if not validates(cfg) or (given[1] is None and not cfg.data.val_files):
+        return train, None
+    if given[1] is not None or sets is None:
+        return train, dataset(cfg.data.val_files, given[1], "val_dataloader", cfg.data.val_image_dir, "data.val_files")
+    for name, entry in sets.items():  # each named set reads its own keys where it gives them
+        own = {k: entry[k] for k in ("format_prompt", "prompt_key", "answer_key", "image_key")
+               if entry.get(k) is not None}
+        val[name] = PromptDataset(entry["path"], dataclasses.replace(cfg.data, **own), processor, limit_images=limit,
+                                  image_dir=entry.get("image_dir") or cfg.data.val_image_dir,
+                                  key=f"data.val_files.{name}.path")
     return train, val
 
 
@@ -159,14 +176,15 @@ def greedy_sampling(cfg: PPOConfig) -> SamplingParams:
     return SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.data.max_response_length)
 
 
-def build_reward(cfg: PPOConfig) -> Scoring:
+def build_reward(cfg: PPOConfig, functions: list[dict] | None = None) -> Scoring:
     """The Reward role: each reward function (reward.reward_function, or each of reward.reward_functions with its
-    weight) a Scoring source, its call form checked at start-up, run under reward.timeout / strict / num_cpus."""
+    weight; or `functions`, as reward.sources() gives them) a Scoring source, its call form checked at start-up, run
+    under reward.timeout / strict / num_cpus."""
     r, ob, rp = cfg.reward, cfg.reward.overlong_buffer, cfg.reward.repetition_penalty
     strict, fallback = r.error_policy()
     sources = []
     try:
-        for s in r.sources():
+        for s in r.sources() if functions is None else functions:
             if "entry" in s:  # a model: loaded by add_reward_models once the device is set up
                 continue
             sources.append((s["name"], float(s["weight"]), RewardFunction(
@@ -176,9 +194,32 @@ def build_reward(cfg: PPOConfig) -> Scoring:
         for _, _, source in sources:  # the workers of the functions built before the one that failed
             source.close()
         raise
-    return Scoring(sources, named=bool(r.reward_functions), strict=strict, fallback_score=fallback,
+    named = bool(r.reward_functions) and functions is None
+    return Scoring(sources, named=named, strict=strict, fallback_score=fallback,
                    overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None,
                    repetition=(rp.ngram_size, rp.penalty_factor) if rp.enable else None)
+
+
+def build_val_rewards(cfg: PPOConfig) -> dict[str, Scoring]:
+    """{name: Scoring} of the named validation sets that give their own reward_function (scored by it alone, its
+    call form read from it, with reward.timeout / strict / num_cpus and the shaping as the run's reward); the other
+    sets are scored by the run's reward."""
+    sets = cfg.data.val_sets() if validates(cfg) else None
+    rewards = {}
+    try:
+        for name, entry in (sets or {}).items():
+            function, key = entry.get("reward_function"), f"data.val_files.{name}"
+            if not function:
+                continue
+            rewards[name] = build_reward(cfg, [{
+                "function": function, "weight": 1.0, "kwargs": dict(entry.get("reward_function_kwargs") or {}),
+                "reward_type": "auto", "name": function.rpartition(":")[2], "key": f"{key}.reward_function",
+                "kwargs_key": f"{key}.reward_function_kwargs"}])
+    except BaseException:
+        for reward in rewards.values():
+            reward.close()
+        raise
+    return rewards
 
 
 def add_reward_models(reward: Scoring, cfg: PPOConfig, device: torch.device) -> Scoring:

@@ -5,7 +5,7 @@ logs of a generation (`generation_row`: a line of samples.jsonl / val_generation
 that accuracy (`reward/accuracy_mean`, `val/accuracy`; a sample without the part, e.g. scored 0 after an error,
 counts 0); one without it, as an accuracy where every score of the batch is 0 or 1 (pass/fail), else as a score
 (`reward/score`, `val/score`): a float reward is not an accuracy. Scores are what the function returned, before
-the overlong penalty and tool rewards the trainer adds to `overall`.
+the overlong penalty and tool rewards the trainer adds to `overall`. data.val_files' named sets: `val/<name>/...`.
 """
 
 from __future__ import annotations
@@ -59,10 +59,25 @@ def generation_row(t: Trajectory, reward: float | None, parts: dict[str, float] 
     return row
 
 
+def at_k(prompts: list[int], values: list[float], k: int) -> dict[str, float]:
+    """Over k samples of each prompt (`prompts`: each sample's prompt, `values`: its headline value):
+    - mean@k: the mean value of a prompt's k samples, averaged over the prompts;
+    - pass@k: the share of prompts with at least one sample fully right (value >= 1). Every prompt has exactly n = k
+      samples, where Chen et al.'s (2021) unbiased estimator 1 - C(n - c, k) / C(n, k) is this plain share;
+    - best@k: the highest value among a prompt's k samples, averaged over the prompts (pass@k for a 0/1 accuracy)."""
+    groups: dict[int, list[float]] = {}
+    for prompt, value in zip(prompts, values):
+        groups.setdefault(prompt, []).append(value)
+    return {f"mean@{k}": float(np.mean([np.mean(g) for g in groups.values()])),
+            f"pass@{k}": float(np.mean([max(g) >= 1.0 for g in groups.values()])),
+            f"best@{k}": float(np.mean([max(g) for g in groups.values()]))}
+
+
 def evaluate(train_engine, rollout: Rollout, reward: Scoring, dataset: PromptDataset, sampling: SamplingParams,
-             batch_size: int, prefix: str = "val") -> tuple[dict[str, float], list[dict]]:
+             batch_size: int, prefix: str = "val", mean_best: bool = False) -> tuple[dict[str, float], list[dict]]:
     """Metrics `{prefix}/reward_mean`, `{prefix}/accuracy` or `{prefix}/score` (`headline`), every part the reward
-    returns, ... over every sample x sampling.n completions; and the generations (`generation_row`)."""
+    returns, ... over every sample x sampling.n completions, pass@n for n > 1 (and mean@n, best@n with `mean_best`:
+    `at_k`); and the generations (`generation_row`)."""
     mine = list(range(D.rank(), len(dataset), D.world_size()))  # under torchrun each rank scores a share
     size = len(mine) if batch_size <= 0 else max(batch_size // D.world_size(), 1)
     details, lengths, generations = [], [], []
@@ -82,26 +97,33 @@ def evaluate(train_engine, rollout: Rollout, reward: Scoring, dataset: PromptDat
     metrics = {f"{prefix}/reward_mean": float(np.mean([d["overall"] for d in details])),
                f"{prefix}/{name}": float(np.mean(values)), f"{prefix}/response_length": float(np.mean(lengths))}
     if sampling.n > 1:  # pass@n: a prompt counts if any of its n samples is fully right (accuracy or score 1)
-        solved = {}
-        for g, v in zip(generations, values):
-            solved[g["index"]] = solved.get(g["index"], False) or v >= 1.0
-        metrics[f"{prefix}/pass@{sampling.n}"] = float(np.mean(list(solved.values())))
+        for key, value in at_k([g["index"] for g in generations], values, sampling.n).items():
+            if mean_best or key.startswith("pass@"):
+                metrics[f"{prefix}/{key}"] = value
     for key in sorted({k for d in details for k in d} - {"overall"}):
         metrics[f"{prefix}/{key}"] = float(np.mean([d.get(key, 0.0) for d in details]))
     return metrics, generations
 
 
-def validate(cfg, train_engine, rollout: Rollout, reward: Scoring, dataset: PromptDataset, step: int,
-             outputs_dir: str) -> dict[str, float]:
+def validate(cfg, train_engine, rollout: Rollout, reward: Scoring, dataset, step: int, outputs_dir: str,
+             rewards: dict[str, Scoring] | None = None) -> dict[str, float]:
     """Held-out metrics at `step`: sampled as `rollout.val_override_config` says (`val/...`), greedy too if
-    `trainer.val_greedy` (`val_greedy/...`); the first val_generations_to_log generations to val_generations.jsonl."""
-    metrics, generations = evaluate(train_engine, rollout, reward, dataset, sampling_params(cfg, validation=True),
-                                    cfg.data.val_batch_size)
-    if cfg.trainer.val_generations_to_log > 0 and D.is_main():
-        with open(os.path.join(outputs_dir, "val_generations.jsonl"), "a") as f:
-            f.writelines(json.dumps({"step": step, **g}, default=str) + "\n"
-                         for g in generations[:cfg.trainer.val_generations_to_log])
-    if cfg.trainer.val_greedy:
-        metrics.update(evaluate(train_engine, rollout, reward, dataset, greedy_sampling(cfg), cfg.data.val_batch_size,
-                                "val_greedy")[0])
+    `trainer.val_greedy` (`val_greedy/...`); the first val_generations_to_log generations to val_generations.jsonl.
+    `dataset`: data.val_files' set, or its named sets {name: PromptDataset}, each logged as `val/<name>/...` (with
+    mean@n and best@n), scored by its own reward in `rewards` where it has one, its generations marked `set`."""
+    metrics = {}
+    for name, data in (dataset.items() if isinstance(dataset, dict) else [(None, dataset)]):
+        where = "" if name is None else f"/{name}"
+        scoring = (rewards or {}).get(name, reward)
+        found, generations = evaluate(train_engine, rollout, scoring, data, sampling_params(cfg, validation=True),
+                                      cfg.data.val_batch_size, f"val{where}", mean_best=name is not None)
+        metrics.update(found)
+        if cfg.trainer.val_generations_to_log > 0 and D.is_main():
+            named = {} if name is None else {"set": name}
+            with open(os.path.join(outputs_dir, "val_generations.jsonl"), "a") as f:
+                f.writelines(json.dumps({"step": step, **named, **g}, default=str) + "\n"
+                             for g in generations[:cfg.trainer.val_generations_to_log])
+        if cfg.trainer.val_greedy:
+            metrics.update(evaluate(train_engine, rollout, scoring, data, greedy_sampling(cfg),
+                                    cfg.data.val_batch_size, f"val_greedy{where}")[0])
     return metrics

@@ -54,7 +54,8 @@ class Run:
     model: torch.nn.Module
     processor: object
     train_set: PromptDataset
-    val_set: PromptDataset | None = None
+    val_set: PromptDataset | dict[str, PromptDataset] | None = None  # a dict: data.val_files' named sets
+    val_rewards: dict[str, Scoring] = field(default_factory=dict)  # the named sets' own reward functions
     sampler: EpochSampler
     steps: int
     actor: Actor | None  # None on an asynchronous run's rollout ranks
@@ -107,6 +108,7 @@ def build_run(cfg, *, role: str = "rl", given: Given | None = None) -> Run:
     # the reward file first: a typo in it fails in a second, not after loading the model
     scores = cfg.reward.reward_function or cfg.reward.reward_functions or cfg.reward.model.model_path
     reward = B.build_reward(cfg) if not sft or (cfg.data.val_files and scores) else None
+    val_rewards = B.build_val_rewards(cfg) if not serving else {}
     sampled = reward is not None or (sft and agent_on(cfg))  # the run samples (agents' SFT replays through tools)
     env = B.build_agent_env(cfg) if sampled else None  # the agent's tools, before the model loads
     if not serving:  # the data paths, the plugins and each registered name the run uses (estimator, losses, ...)
@@ -134,7 +136,8 @@ def build_run(cfg, *, role: str = "rl", given: Given | None = None) -> Run:
     scorers = [] if actor is None or sft else [old_logprobs(actor), *actor.scorers]
     return Run(cfg=cfg, device=device, outputs_dir=outputs_dir, model=model, processor=processor,
                train_set=train_set, val_set=None if serving else val_set, sampler=sampler, steps=steps, actor=actor,
-               rollout=rollout, reward=reward, scorers=scorers, resume_from=resume_from, fresh=fresh)
+               rollout=rollout, reward=reward, scorers=scorers, resume_from=resume_from, fresh=fresh,
+               val_rewards=val_rewards)
 
 
 def sample_rows(batch: Batch, dataset: PromptDataset, k: int) -> list[dict]:
@@ -171,8 +174,9 @@ def train_loop(run: Run, step: StepFn, name: str, draw: Callable[[], list[Sample
     try:
         return _train_loop(run, step, name, draw or run.next_samples)
     finally:
-        if run.reward is not None:
-            run.reward.close()  # the worker processes (reward.num_cpus > 1)
+        for reward in [run.reward, *run.val_rewards.values()]:
+            if reward is not None:
+                reward.close()  # the worker processes (reward.num_cpus > 1)
         if run.tracker is not None:
             run.tracker.close()
         C.wait_for_save()  # actor.checkpoint.async_save: the last checkpoint is whole before the run ends
@@ -190,7 +194,8 @@ def _train_loop(run: Run, step: StepFn, name: str, draw: Callable[[], list[Sampl
 
     def validate(at: int) -> None:
         if run.reward is not None and run.val_set is not None:
-            tracker.log(E.validate(cfg, run.actor.engine, run.rollout, run.reward, run.val_set, at, run.outputs_dir), at)
+            tracker.log(E.validate(cfg, run.actor.engine, run.rollout, run.reward, run.val_set, at, run.outputs_dir,
+                                   run.val_rewards), at)
 
     if (t.val_before_train and not start) or t.val_only:
         validate(start)
