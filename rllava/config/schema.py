@@ -679,9 +679,20 @@ class AgentConfig:  # rllava section: multi-turn agent rollouts (rllava.agent), 
     invalid_call_penalty: float = 0.0  # tool-level reward of a turn whose call fails (verl's zoom: -0.05)
     observation_role: str = "user"  # the chat role observations are shown in (user, or tool where the template has it)
     plugins: list[str] = field(default_factory=list)  # user .py files that @register_tool their own tools
+    program: Optional[str] = None  # an agent written for an OpenAI client, path/agent.py:run (rllava.agent.program)
+    episode_timeout: float = 600.0  # seconds an agent program's episode may run; past it: scored 0, a warning
 
     def check(self, prefix: str) -> list[str]:
         p: list[str] = []
+        _positive(p, f"{prefix}.episode_timeout", self.episode_timeout)
+        if self.program:
+            path, _, name = self.program.rpartition(":")
+            if not path.endswith(".py") or not name:
+                p.append(f"{prefix}.program={self.program!r}: expected path/to/agent.py:function_name")
+            elif not os.path.isfile(os.path.expanduser(path)):
+                p.append(f"{prefix}.program={self.program!r}: file {path!r} does not exist")
+        if self.program and (self.tools or self.plugins):
+            p.append(f"{prefix}.program runs an agent of its own: its tools are its own, unset {prefix}.tools/plugins")
         _choice(p, f"{prefix}.tool_format", self.tool_format, ["tags", "json", "fenced"])
         _positive(p, f"{prefix}.tool_workers", self.tool_workers)
         _positive(p, f"{prefix}.round_image_mb", self.round_image_mb)
@@ -737,6 +748,9 @@ class RolloutConfig:
         _choice(p, f"{prefix}.hf_decode", self.hf_decode, HF_DECODE_MODES)
         _positive(p, f"{prefix}.max_turns", self.max_turns)
         p += self.agent.check(f"{prefix}.agent")
+        if self.agent.program and (self.partial_rollout or self.tool_config_path or self.env_config_path):
+            p.append(f"{prefix}.agent.program runs whole episodes in one step: unset {prefix}.partial_rollout, "
+                     f"tool_config_path and env_config_path")
         _nonnegative(p, f"{prefix}.temperature", self.temperature, "0 = greedy")
         if not 0 < self.top_p <= 1:
             p.append(f"{prefix}.top_p={self.top_p} must be in (0, 1]; 1.0 turns nucleus sampling off")
@@ -1013,7 +1027,8 @@ def rllava_target_dataset(spec: str | None) -> str | None:
 
 def agent_on(c) -> bool:
     """Multi-turn agent rollouts (rllava.agent.rollout.AgentRollout): registered tools, or RLLaVA's tool/env files."""
-    return bool(c.rollout.agent.tools or c.rollout.tool_config_path or c.rollout.env_config_path)
+    return bool(c.rollout.agent.tools or c.rollout.tool_config_path or c.rollout.env_config_path
+                or c.rollout.agent.program)
 
 
 # GiGPO's keys at the values that describe what happens without it (RLLaVA's agent scripts set discount=1.0):
@@ -1024,7 +1039,8 @@ NO_CREDIT = {"rollout.discount": 1.0, "algorithm.step_advantage_w": 0.0, "algori
 AGENT_KEYS = ["rollout.max_turns", "rollout.discount", "algorithm.step_advantage_w",
               "algorithm.gigpo_mean_std_cross_steps", "rollout.agent.tool_kwargs", "rollout.agent.tool_format",
               "rollout.agent.answer_tag", "rollout.agent.invalid_call_penalty", "rollout.agent.observation_role",
-              "rollout.agent.plugins", "rollout.agent.tool_workers", "rollout.agent.round_image_mb"]
+              "rollout.agent.plugins", "rollout.agent.tool_workers", "rollout.agent.round_image_mb",
+              "rollout.agent.episode_timeout"]
 
 def _loss_in(*modes: str) -> Callable[[Any], bool]:
     return lambda c: c.actor.policy_loss.loss_mode in modes

@@ -19,6 +19,7 @@ from rllava import distributed as D
 from rllava.agent import code as _code  # noqa: F401  (registers the code tool)
 from rllava.agent import search as _search  # noqa: F401  (registers the search tool)
 from rllava.agent.classes import ClassEnv, ClassToolsEnv
+from rllava.agent.program import ProgramRollout, ProgramScore
 from rllava.agent.rollout import AgentRollout
 from rllava.agent.tools import ToolEnv, build_tools
 from rllava.algorithms.hybrid import HYBRID_LOSSES
@@ -182,10 +183,10 @@ def build_reward(cfg: PPOConfig, functions: list[dict] | None = None) -> Scoring
     under reward.timeout / strict / num_cpus."""
     r, ob, rp = cfg.reward, cfg.reward.overlong_buffer, cfg.reward.repetition_penalty
     strict, fallback = r.error_policy()
-    sources = []
+    sources, program = [], cfg.rollout.agent.program and functions is None
     try:
         for s in r.sources() if functions is None else functions:
-            if "entry" in s:  # a model: loaded by add_reward_models once the device is set up
+            if "entry" in s or (program and not s.get("function")):  # a model: add_reward_models loads it
                 continue
             sources.append((s["name"], float(s["weight"]), RewardFunction(
                 s["function"], s["reward_type"], s["kwargs"], timeout=r.timeout, strict=strict, fallback_score=fallback,
@@ -195,6 +196,9 @@ def build_reward(cfg: PPOConfig, functions: list[dict] | None = None) -> Scoring
             source.close()
         raise
     named = bool(r.reward_functions) and functions is None
+    if program:  # the program's own rewards; the reward files score the episodes it returned None for
+        inner = Scoring(sources, named=named, strict=strict, fallback_score=fallback)
+        sources, named = [("program", 1.0, ProgramScore(inner if sources else None))], False
     return Scoring(sources, named=named, strict=strict, fallback_score=fallback,
                    overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None,
                    repetition=(rp.ngram_size, rp.penalty_factor) if rp.enable else None)
@@ -242,7 +246,7 @@ def add_reward_models(reward: Scoring, cfg: PPOConfig, device: torch.device) -> 
 def build_agent_env(cfg: PPOConfig):
     """A multi-turn agent's environment (its tools, or RLLaVA's tool / environment classes), or None. Built before
     the model loads: a tool that cannot work here (the code sandbox's jail, a search corpus) fails in a second."""
-    if not agent_on(cfg):
+    if not agent_on(cfg) or cfg.rollout.agent.program:  # a program brings its own tools
         return None
     a = cfg.rollout.agent
     load_plugins(a.plugins, key="rollout.agent.plugins")
@@ -262,10 +266,16 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device, env=None) -> 
             resolve_strategy(cfg.actor.strategy, None, fsdp, device) not in ("fsdp", "fsdp2"):
         log.warning("actor.fsdp.offload_params=true has no effect with rollout.name=%s: that engine samples with "
                     "the training model, whose weights must stay on the device", cfg.rollout.name)
+    a = cfg.rollout.agent  # multi-turn: the same engine, a driver that runs tools (or the user's program)
+    if a.program:  # rllava.agent.program: an agent written for an OpenAI client, the policy as its endpoint
+        return ProgramRollout(engine, processor, a.program, max_turns=cfg.rollout.max_turns,
+                              max_context=cfg.data.max_prompt_length + cfg.data.max_response_length,
+                              episode_timeout=a.episode_timeout, strict=cfg.reward.error_policy()[0],
+                              min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
+                              skip_special_tokens=cfg.reward.skip_special_tokens)
     env = env or build_agent_env(cfg)
     if env is None:
         return Rollout(engine, processor, skip_special_tokens=cfg.reward.skip_special_tokens)
-    a = cfg.rollout.agent  # multi-turn: the same engine, a driver that runs tools between turns
     return AgentRollout(engine, processor, env, max_turns=cfg.rollout.max_turns,
                         max_response_length=cfg.data.max_response_length, observation_role=a.observation_role,
                         min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
