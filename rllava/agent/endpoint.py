@@ -78,6 +78,7 @@ class EpisodeLog:
     turns: list[Turn] = field(default_factory=list)
     done: bool = False
     error: str = ""  # why the episode is scored 0 ("" if it is not)
+    rejected: str = ""  # the last of its requests answered with an error
 
 
 @dataclass
@@ -438,6 +439,7 @@ class PolicyEndpoint:
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request):
+            episode = None
             try:
                 episode = self._episode(request.headers.get("authorization"))
                 try:
@@ -457,6 +459,8 @@ class PolicyEndpoint:
                 episode.turns.append(pending.turn)
                 return response
             except APIError as e:
+                if episode is not None:
+                    episode.rejected = f"{e.status} {e.message}"
                 return error(e)
 
         @app.api_route("/{path:path}", methods=["GET", "POST"])

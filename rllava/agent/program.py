@@ -162,7 +162,8 @@ class ProgramRollout(Rollout):
             result.set_result(None)
             return
         result.set_result(value)
-        self.endpoint.finish(episode, "" if episode.turns else "returned without calling the endpoint")
+        rejected = f" (its requests were refused, the last: {episode.rejected})" if episode.rejected else ""
+        self.endpoint.finish(episode, "" if episode.turns else "returned without calling the endpoint" + rejected)
 
     def _rows(self, group: int, sample: Sample, episode: EpisodeLog, value) -> list[Trajectory]:
         """The episode's rows (`chains`), every one with the episode's texts, calls and what the program returned."""

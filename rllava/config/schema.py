@@ -1387,6 +1387,10 @@ class PPOConfig:
                  if get_key(self, k)]
         if len(given) > 1:
             p.append(f"{given[0]} and {given[1]} both pick the agent's tools: set one")
+        elif self.rollout.agent.program:  # an agent program: its own tools, calls and observations
+            p += self._leave(self._changed([k for k in AGENT_KEYS if k.startswith("rollout.agent.") and
+                                            k != "rollout.agent.episode_timeout"]),
+                             "is read only by rllava's tools, not by rollout.agent.program")
         elif not self.rollout.agent.tools:  # class files: the tools parse their own calls and take their own config
             p += self._leave(self._changed(["rollout.agent.tool_kwargs", "rollout.agent.tool_format"]),
                              f"is read only by registered tools (rollout.agent.tools), not by {given[0]}'s classes")

@@ -187,3 +187,20 @@ def test_strict_makes_a_failing_program_an_error(proc):
             rollout.generate([_sample(3)], SamplingParams(n=1, max_new_tokens=16))
     finally:
         rollout.close()
+
+
+def test_two_grpo_steps_with_the_example_openai_agent(tmp_path, tiny_model_dir, counting_dir, distinct_reward):
+    from rllava.train.pipeline import rlvr
+    from rllava.train.outputs import keys_for
+
+    out = str(tmp_path / "run")
+    rlvr.main(["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={tiny_model_dir}",
+               f"data.train_files={counting_dir}/train.jsonl", f"data.val_files={counting_dir}/val.jsonl",
+               "data.max_samples=16", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=4",
+               "data.max_prompt_length=1024", "data.max_response_length=24", "rollout.max_turns=3", *keys_for(out), "trainer.logger=[jsonl]",
+               f"rollout.agent.program={os.path.dirname(HERE)}/../examples/agents/openai_agent.py:run",
+               f"reward.reward_function={distinct_reward}", "trainer.val_before_train=false", "trainer.val_freq=-1",
+               "trainer.max_steps=2"])
+    rows = [r for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "reward/mean" in r]
+    assert len(rows) == 2 and all(r["agent/program_failures"] == 0.0 for r in rows)
+    assert all(r["agent/turns_mean"] >= 1 for r in rows)
