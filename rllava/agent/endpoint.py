@@ -228,7 +228,7 @@ def _number(body: dict, key: str, low: float, high: float, integer: bool = False
 class PolicyEndpoint:
     """The server (a uvicorn thread) and the batching queue the rollout's thread drains (`pump`)."""
 
-    def __init__(self, processor, *, max_context: int, min_pixels=None, max_pixels=None, window: float = 0.05):
+    def __init__(self, processor, *, max_context: int, min_pixels=None, max_pixels=None, window: float = 0.2):
         self.processor, self.tokenizer = processor, get_tokenizer(processor)
         self.max_context, self.bounds, self.window = max_context, (min_pixels, max_pixels), window
         self.key = secrets.token_urlsafe(24)

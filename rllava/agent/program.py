@@ -105,7 +105,7 @@ class ProgramRollout(Rollout):
 
     def __init__(self, engine, processor, program: str, *, max_turns: int, max_context: int,
                  episode_timeout: float, strict: bool = False, min_pixels=None, max_pixels=None,
-                 skip_special_tokens: bool = True, window: float = 0.05):
+                 skip_special_tokens: bool = True, window: float = 0.2):
         super().__init__(engine, processor, skip_special_tokens=skip_special_tokens)
         self.program = load_reward_function(program, key="rollout.agent.program")
         self.max_turns, self.timeout, self.strict = max_turns, episode_timeout, strict

@@ -179,6 +179,8 @@ def train_loop(run: Run, step: StepFn, name: str, draw: Callable[[], list[Sample
                 reward.close()  # the worker processes (reward.num_cpus > 1)
         if run.tracker is not None:
             run.tracker.close()
+        if hasattr(run.rollout, "close"):  # rollout.agent.program: its endpoint stops with the run
+            run.rollout.close()
         C.wait_for_save()  # actor.checkpoint.async_save: the last checkpoint is whole before the run ends
 
 
