@@ -38,8 +38,9 @@ TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 # Qwen2.5's tool prompt, for chat templates that render no tools themselves (Qwen2-VL's, Qwen2.5-VL's)
 TOOLS_PROMPT = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
                 "with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\nFor each "
-                "function call, return a json object with function name and arguments within <tool_call></tool_call> "
-                "XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>")
+                "function call, return a json object with function name and arguments within "
+                "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": "
+                "<args-json-object>}}\n</tool_call>")
 
 
 class APIError(Exception):

@@ -185,8 +185,8 @@ class ProgramRollout(Rollout):
         if not rows:  # no request: the dataset's prompt and no response
             ids, mm = encode_prompt(self.processor, sample)
             state.images = list(sample.images)
-            return [Trajectory(sample=sample, group_id=group, segments=[Segment(ids, False), Segment([], True, logprobs=[])],
-                               mm_inputs=mm, finish_reason="stop", agent=state,
+            segments = [Segment(ids, False), Segment([], True, logprobs=[])]
+            return [Trajectory(sample=sample, group_id=group, segments=segments, mm_inputs=mm, agent=state,
                                model_image_sizes=model_image_sizes(self.processor, sample, mm))]
         out = []
         for row in rows:

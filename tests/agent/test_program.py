@@ -67,9 +67,26 @@ def _seen(rollout):
     return rollout.program.__globals__["SEEN"]
 
 
-@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
-def test_trained_ids_are_the_sampled_ids_over_image_and_tool_turns(arch, tmp_path, proc):
-    p = proc if arch == "qwen2_vl" else load_processor(build_tiny(arch, str(tmp_path / arch), size="small"))
+# Qwen2.5's way with tools, reduced: the tools in the system turn, calls as <tool_call> JSON, results as user turns
+TOOLS_TEMPLATE = (  # a newline right after a tag as an expression: HF's jinja trims it (trim_blocks)
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>{% for t in tools %}{{ '\n' + t | tojson }}{% endfor %}"
+    "{{ '\n' }}</tools><|im_end|>{{ '\n' }}{% endif %}{% for m in messages %}"
+    "{% if m.role == 'assistant' %}<|im_start|>assistant{% if m.content %}{{ '\n' + m.content }}{% endif %}"
+    "{% for c in m.tool_calls or [] %}{{ '\n<tool_call>\n' }}{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+    "{{ c.function.arguments | tojson }}}{{ '\n</tool_call>' }}{% endfor %}<|im_end|>{{ '\n' }}"
+    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>"
+    "{{ '\n' }}{% else %}<|im_start|>{{ m.role }}{{ '\n' }}{% if m.content is string %}{{ m.content }}{% else %}"
+    "{% for p in m.content %}{% if p.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>{{ '\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant{{ '\n' }}{% endif %}")
+
+
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2_vl+tools_template"])
+def test_trained_ids_are_the_sampled_ids_over_image_and_tool_turns(arch, tmp_path, tiny_model_dir):
+    name = arch.split("+")[0]
+    p = load_processor(tiny_model_dir if name == "qwen2_vl" else build_tiny(name, str(tmp_path / name), size="small"))
+    if arch.endswith("+tools_template"):  # the template renders tools and calls itself
+        p.chat_template = TOOLS_TEMPLATE
     rollout, engine = _rollout(p, "tools", ["I zoom.\n" + CALL, CALL, "<answer>2</answer>"])
     try:
         rows = rollout.generate([_sample(0), _sample(1)], SamplingParams(n=2, max_new_tokens=200))
@@ -88,6 +105,21 @@ def test_trained_ids_are_the_sampled_ids_over_image_and_tool_turns(arch, tmp_pat
     r = _seen(rollout)[-1]
     assert r.choices[0].message.content == "<answer>2</answer>" and r.choices[0].finish_reason == "stop"
 
+
+
+def test_a_history_rendered_otherwise_starts_a_new_row(tiny_model_dir):
+    """A template that writes the calls' arguments otherwise than the model did (indented JSON): each later prompt
+    does not extend the sampled ids, so each turn is a row of its own, its ids still the sampled ones."""
+    p = load_processor(tiny_model_dir)
+    p.chat_template = TOOLS_TEMPLATE.replace("arguments | tojson", "arguments | tojson(indent=1)")
+    rollout, engine = _rollout(p, "tools", ["I zoom.\n" + CALL, CALL, "<answer>2</answer>"])
+    try:
+        rows = rollout.generate([_sample(0)], SamplingParams(n=1, max_new_tokens=200))
+    finally:
+        rollout.close()
+    assert len(rows) == 3 and {t.group_id for t in rows} == {0}
+    assert [[s.token_ids for s in t.segments if s.trained] for t in rows] == [[ids] for ids in engine.sampled]
+    assert rows[0].agent.memory["program"]["retokenized"] == 2 and rows[0].response == rows[2].response
 
 def test_the_openai_client_parses_tool_calls_logprobs_and_n(proc):
     rollout, engine = _rollout(proc, "many", ["I zoom.\n" + CALL])
@@ -197,7 +229,8 @@ def test_two_grpo_steps_with_the_example_openai_agent(tmp_path, tiny_model_dir, 
     rlvr.main(["config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={tiny_model_dir}",
                f"data.train_files={counting_dir}/train.jsonl", f"data.val_files={counting_dir}/val.jsonl",
                "data.max_samples=16", "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=4",
-               "data.max_prompt_length=1024", "data.max_response_length=24", "rollout.max_turns=3", *keys_for(out), "trainer.logger=[jsonl]",
+               "data.max_prompt_length=1024", "data.max_response_length=24", "rollout.max_turns=3", *keys_for(out),
+               "trainer.logger=[jsonl]",
                f"rollout.agent.program={os.path.dirname(HERE)}/../examples/agents/openai_agent.py:run",
                f"reward.reward_function={distinct_reward}", "trainer.val_before_train=false", "trainer.val_freq=-1",
                "trainer.max_steps=2"])
