@@ -39,7 +39,7 @@ from rllava.model import ulysses
 from rllava.model.loader import build_policy, load_frozen, load_model, make_trainable, resolve_dtype
 from rllava.model.value import ValueModel
 from rllava.model.processor import get_tokenizer, load_processor
-from rllava.reward.function import RewardFunction
+from rllava.reward.function import RewardFunction, load_reward_function
 from rllava.reward.models import build_model_reward, model_sources
 from rllava.reward.scoring import Scoring
 from rllava.roles.actor import Actor, Distillation, ExpertLoss, MicroBatching
@@ -246,7 +246,10 @@ def add_reward_models(reward: Scoring, cfg: PPOConfig, device: torch.device) -> 
 def build_agent_env(cfg: PPOConfig):
     """A multi-turn agent's environment (its tools, or RLLaVA's tool / environment classes), or None. Built before
     the model loads: a tool that cannot work here (the code sandbox's jail, a search corpus) fails in a second."""
-    if not agent_on(cfg) or cfg.rollout.agent.program:  # a program brings its own tools
+    if cfg.rollout.agent.program:  # a program brings its own tools; a wrong function name fails before the model loads
+        load_reward_function(cfg.rollout.agent.program, key="rollout.agent.program")
+        return None
+    if not agent_on(cfg):
         return None
     a = cfg.rollout.agent
     load_plugins(a.plugins, key="rollout.agent.plugins")

@@ -237,3 +237,17 @@ def test_two_grpo_steps_with_the_example_openai_agent(tmp_path, tiny_model_dir, 
     rows = [r for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "reward/mean" in r]
     assert len(rows) == 2 and all(r["agent/program_failures"] == 0.0 for r in rows)
     assert all(r["agent/turns_mean"] >= 1 for r in rows)
+
+
+def test_a_program_that_is_not_there_is_a_start_up_error(tmp_path):
+    from rllava.config import ConfigError, load_config
+    from rllava.train import builders as B
+
+    base = ["config=examples/tasks/counting/tiny_cpu.yaml"]
+    with pytest.raises(ConfigError, match="rollout.agent.program='nope.py:run': file 'nope.py' does not exist"):
+        load_config(base + ["rollout.agent.program=nope.py:run"])
+    with pytest.raises(ConfigError, match="rollout.agent.tool_format=json is read only by rllava.s tools"):
+        load_config(base + [f"rollout.agent.program={PROGRAMS}:tools", "rollout.agent.tool_format=json"])
+    cfg = load_config(base + [f"rollout.agent.program={PROGRAMS}:missing"])
+    with pytest.raises(Exception, match=r"rollout.agent.program=.*has no function 'missing' \(callables there: .*tools"):
+        B.build_agent_env(cfg)
