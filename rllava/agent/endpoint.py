@@ -239,6 +239,8 @@ class PolicyEndpoint:
         self.queue: list[Pending] = []
         self.cond = threading.Condition()
         self.open = False  # a rollout is running
+        self.sampling = SamplingParams()  # the rollout's sampling (the driver sets it for each rollout)
+        self.first_wait = 0.0  # when the oldest queued request arrived
         self.generate_calls = 0  # batched engine calls so far, and the requests they carried
         self.batched_requests = 0
         self._start()
@@ -470,6 +472,3 @@ class PolicyEndpoint:
                                   code="unknown_url"))
 
         return app
-
-    sampling = SamplingParams()  # the rollout's sampling (set by the driver for each rollout)
-    first_wait = 0.0
