@@ -502,14 +502,20 @@ def _host_pid(pidfd: int) -> int:
         return int(next(line for line in f if line.startswith("Pid:")).split()[1])
 
 
+# Output read in batches: after BATCH_AFTER select rounds of a call, a round that moved under BATCH_BYTES is followed
+# by BATCH_S of sleep (the pipes hold what comes meanwhile), so a drip of 1-byte writes wakes the trainer at most
+# 1 / BATCH_S times a second, and an honest call (a few rounds) or a full pipe is never made to wait.
+BATCH_AFTER, BATCH_BYTES, BATCH_S = 16, 1 << 14, 0.005
+
+
 def _finish(started: _Started, request: bytes, limits: Limits) -> dict:
-    """Write the request, read stdout / stderr / the report (keeping what the limits allow) until every pipe is
-    closed, the wall clock is past, or the output is over `file_mb`; return when every process of the call is gone."""
-    seen = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray(), "output": 0, "timed_out": False,
-            "over": False}
-    deadline, pipes = time.monotonic() + limits.wall_s, started.pipes
-    keep = {"stdout": 4 * limits.output_chars + 4, "stderr": 4 * limits.output_chars + 4,
-            "result": (1 << 16) + limits.max_images * 3 * limits.max_pixels}
+    """Write the request, read stdout / stderr (keeping what the limits allow) and the report (into `_Report`, as it
+    comes) until every pipe is closed, the wall clock is past, or the output is over `file_mb`, in batches (BATCH_S);
+    return when every process of the call is gone."""
+    seen = {"stdout": bytearray(), "stderr": bytearray(), "result": _Report(limits), "output": 0,
+            "timed_out": False, "over": False}
+    deadline, pipes, keep = time.monotonic() + limits.wall_s, started.pipes, 4 * limits.output_chars + 4
+    rounds, moved = 0, 0  # select rounds so far, bytes moved in the last
     todo = memoryview(request if started.first is not None else b"")
     try:
         with selectors.DefaultSelector() as sel:
@@ -521,24 +527,30 @@ def _finish(started: _Started, request: bytes, limits: Limits) -> dict:
                 if left <= 0:
                     seen["timed_out"] = True
                     return seen
+                if rounds > BATCH_AFTER and moved < BATCH_BYTES:  # a drip: let the pipes fill (a writer may block)
+                    time.sleep(min(BATCH_S, left))
+                rounds, moved = rounds + 1, 0
                 for key, _ in sel.select(left):
                     if key.data == "stdin":
                         try:
-                            todo = todo[os.write(key.fd, todo):]
+                            written = os.write(key.fd, todo)
                         except BlockingIOError:
                             continue
                         except BrokenPipeError:  # the first process is gone: nothing more to send
-                            todo = todo[:0]
+                            written = len(todo)
+                        todo, moved = todo[written:], moved + written
                         if not todo:
                             sel.unregister(key.fd)
                             os.close(pipes.pop("stdin"))
                         continue
                     chunk = os.read(key.fd, 1 << 16)
+                    moved += len(chunk)
                     if not chunk:
                         sel.unregister(key.fd)
-                        continue
-                    seen[key.data] += chunk[:max(0, keep[key.data] - len(seen[key.data]))]
-                    if key.data != "result":
+                    elif key.data == "result":
+                        seen["result"].feed(chunk)
+                    else:
+                        seen[key.data] += chunk[:max(0, keep - len(seen[key.data]))]
                         seen["output"] += len(chunk)
                         if seen["output"] > limits.file_mb << 20:
                             seen["over"] = True
@@ -555,7 +567,7 @@ def _end(started: _Started, seen: dict | None = None) -> None:
     if started.weak and seen is not None:
         # without a jail: the snippet's process group as the first process reported it (one that left it escapes)
         try:
-            pid = json.loads(bytes(seen["result"][:64]).split(b"\n", 1)[0]).get("pgid")  # {"pgid": N}: short
+            pid = json.loads(bytes(seen["result"].raw[:64]).split(b"\n", 1)[0]).get("pgid")  # {"pgid": N}: short
         except (ValueError, AttributeError):
             pid = None
         if isinstance(pid, int) and pid > 1:  # kill(0), kill(-1): this process's group, all it may signal
@@ -767,27 +779,88 @@ def _signal_name(number: int) -> str:
 LABELS = {*ERRNO_LIMITS.values(), "memory limit", "process limit", FILES_LIMIT}  # what sandbox_init.limit_of can say
 
 
-def _report(data: bytes | bytearray, limits: Limits = Limits()) -> tuple[dict | None, list]:
-    """The first process's report ({"status", "limit", "cpu_s", "images", "notes"}) and the images (RGB, their
-    pixels as it sent them: no decoder runs on them); (None, []) when there is none or it does not parse (the call
-    was killed). A report line longer than its `max_images` names and 8 notes take (2 KB each as JSON) is not
-    parsed: a forged one could be GBs as objects; nor one with an image over `max_pixels`."""
-    start = data.find(b"\n") + 1  # after the {"pgid"} line
-    end = data.find(b"\n", start, start + 2048 * (8 + limits.max_images))
-    try:
-        head = json.loads(data[start:end]) if start and end > 0 else None
-        status, cpu = int(head["status"]), float(head["cpu_s"])
-        sizes = [(str(name), int(w), int(h)) for name, w, h in head["images"][:limits.max_images]]
-        notes = [str(n)[:200] for n in head["notes"][:8]]
-        if not all(0 < w and 0 < h and w * h <= limits.max_pixels for _, w, h in sizes):
-            raise ValueError("an image over max_pixels")
-        images, at, body = [], end + 1, memoryview(data)
-        for name, w, h in sizes:
-            images.append(Image.frombytes("RGB", (w, h), body[at:at + 3 * w * h]))  # too short: ValueError
-            at += 3 * w * h
-    except (ValueError, KeyError, TypeError, IndexError, RecursionError):  # RecursionError: a deeply nested line
-        return None, []
-    return {"status": status, "limit": str(head.get("limit")), "cpu_s": cpu, "notes": notes}, images
+def _report(data: _Report | bytes, limits: Limits = Limits()) -> tuple[dict | None, list]:
+    """The first process's report ({"status", "limit", "cpu_s", "notes"}) and its images, from the stream `_finish`
+    fed (or from its bytes, fed a pipe's 64 KB at a time); (None, []) when there is none or it does not parse (the
+    call was killed)."""
+    if isinstance(data, (bytes, bytearray)):
+        stream, view = _Report(limits), memoryview(data)
+        for at in range(0, len(view), 1 << 16):
+            stream.feed(view[at:at + (1 << 16)])
+        data = stream
+    return data.done()
+
+
+class _Report:
+    """The first process's report, parsed as it arrives: a {"pgid"} line, a head line ({"status", "limit", "cpu_s",
+    "images": [[name, width, height], ...], "notes"}), then each image's RGB bytes, pasted into its PIL image a chunk
+    at a time (no decoder runs on them; PIL holds RGB in 4 bytes a pixel), so the trainer never holds the raw
+    pixels: at most the images (`max_images` x 4 x `max_pixels` bytes) and a chunk. Untrusted bytes: the {"pgid"}
+    line is read within 64 bytes and the head within 2 KB per image name and note (`max_images` + 8), else neither
+    is parsed (a forged line of millions of notes could be GBs as objects); nor an image over `max_pixels`, nor a
+    report shorter than its images; bytes past them are ignored."""
+
+    def __init__(self, limits: Limits):
+        self.limits, self.raw, self.head, self.broken = limits, bytearray(), None, False  # raw: the lines so far
+        self.sizes, self.images, self.filled, self.pending = [], [], 0, b""  # pending: < 3 bytes, a pixel's start
+
+    def feed(self, chunk: bytes) -> None:
+        """The next bytes of the report's pipe."""
+        if self.head is None and not self.broken:
+            self.raw += chunk
+            first = self.raw.find(b"\n", 0, 64) + 1
+            cap = first + 2048 * (8 + self.limits.max_images) if first else 64
+            end = self.raw.find(b"\n", first, cap) if first else -1
+            if end < 0:
+                self.broken = len(self.raw) >= cap
+                return
+            self.head, chunk = self._head(self.raw[first:end]), bytes(self.raw[end + 1:])
+            self.raw, self.broken = self.raw[:first], self.head is None  # the {"pgid"} line stays, for `_end`
+        if not self.broken:
+            self._paste(chunk)
+
+    def _head(self, line: bytearray) -> dict | None:
+        try:
+            head = json.loads(line)
+            status, cpu, limit = int(head["status"]), float(head["cpu_s"]), str(head.get("limit"))
+            sizes = [(int(w), int(h)) for name, w, h in head["images"][:self.limits.max_images]]
+            notes = [str(n)[:200] for n in head["notes"][:8]]
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError):  # RecursionError: a nested line
+            return None
+        if not all(0 < w and 0 < h and w * h <= self.limits.max_pixels for w, h in sizes):
+            return None  # an image over max_pixels
+        self.sizes = sizes
+        return {"status": status, "limit": limit, "cpu_s": cpu, "notes": notes}
+
+    def _paste(self, chunk: bytes) -> None:
+        """Paste whole pixels of `chunk` into the images, each made as its first bytes arrive."""
+        data, at = self.pending + chunk, 0
+        while len(data) - at >= 3 and not self._complete():
+            if not self.images or self.filled == self.images[-1].width * self.images[-1].height:
+                self.images.append(Image.new("RGB", self.sizes[len(self.images)], None))  # None: not filled
+                self.filled = 0
+            im = self.images[-1]
+            x, y, w, h = _piece(self.filled, min((len(data) - at) // 3, im.width * im.height - self.filled), im.width)
+            im.paste(Image.frombytes("RGB", (w, h), data[at:at + 3 * w * h]), (x, y))
+            self.filled, at = self.filled + w * h, at + 3 * w * h
+        self.pending = b"" if self._complete() else data[at:]  # past the last image: ignored
+
+    def _complete(self) -> bool:
+        last = self.images[-1] if self.images else None
+        return self.head is not None and len(self.images) == len(self.sizes) and \
+            (last is None or self.filled == last.width * last.height)
+
+    def done(self) -> tuple[dict | None, list]:
+        return (self.head, self.images) if self._complete() else (None, [])
+
+
+def _piece(filled: int, n: int, width: int) -> tuple[int, int, int, int]:
+    """(x, y, w, h) of the next `n` pixels of an image `width` wide whose first `filled` are pasted: the rest of a
+    row, whole rows, or the start of a row (one paste each)."""
+    x, y = filled % width, filled // width
+    if x or n < width:
+        return x, y, min(n, width - x), 1
+    return 0, y, width, n // width
 
 
 def _text(data: bytearray, limits: Limits) -> str:

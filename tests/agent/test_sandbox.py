@@ -11,6 +11,7 @@ import contextlib
 import errno
 import glob
 import io
+import json
 import os
 import shlex
 import shutil
@@ -24,6 +25,7 @@ import time
 import tracemalloc
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 from PIL import Image
@@ -417,6 +419,79 @@ def test_8_pid_1_is_out_of_the_snippets_reach_and_its_report_is_read_bounded():
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 1 << 20, peak
+
+
+DRIP = """import os
+for _ in range(7):
+    if os.fork() == 0:
+        break
+while True:
+    os.write(1, b"x")
+"""
+
+
+def test_17_a_drip_of_output_costs_the_trainer_little_cpu():
+    """Issue 58.6: 8 processes writing 1 byte at a time woke the trainer's select loop on every write: 2.6 s of its
+    thread's CPU in a 3 s call (5.4 s in 10 s in the issue). Output is read in batches (`sandbox.BATCH_S`): 0.06 s."""
+    cpu = time.thread_time()
+    result = run_code(DRIP, [], replace(FAST, wall_s=3.0))
+    cpu = time.thread_time() - cpu
+    assert result.stdout.startswith("x") and not result.ok, result.text()
+    assert cpu < 0.3, cpu
+
+
+def test_18_the_report_is_parsed_as_it_arrives_and_read_bounded():
+    """Issue 58.8: the parent held the whole report (`max_images` x 3 x `max_pixels` bytes) and then copied it into
+    the images. It pastes each chunk into its image as it arrives (`sandbox._Report`): in any chunking the images
+    are the pixels sent; a short report, or one with an image over `max_pixels`, is none; bytes past the images are
+    ignored."""
+    images = [Image.effect_noise((37, 5), 60).convert("RGB"),
+              Image.linear_gradient("L").resize((3, 200)).convert("RGB")]
+    head = {"status": 0, "limit": "", "cpu_s": 0.1, "images": [["a.png", 37, 5], ["b.png", 3, 200]], "notes": ["n"]}
+    data = b'{"pgid": 2}\n' + json.dumps(head).encode() + b"\n" + b"".join(im.tobytes() for im in images)
+    for size in (1, 7, 1000, 1 << 16):
+        stream = sandbox._Report(Limits())
+        for at in range(0, len(data) + 5, size):
+            stream.feed((data + b"extra")[at:at + size])
+        report, got = stream.done()
+        assert report == {"status": 0, "limit": "", "cpu_s": 0.1, "notes": ["n"]}, size
+        assert [im.tobytes() for im in got] == [im.tobytes() for im in images], size
+    assert sandbox._report(data[:-1]) == (None, [])
+    assert sandbox._report(data.replace(b'"b.png", 3, 200', b'"b.png", 4097, 4096')) == (None, [])
+
+
+BIG_IMAGES = """import hashlib, json, resource, sys
+sys.path.insert(0, REPO)
+from PIL import Image
+from rllava.agent.sandbox import Limits, run_code
+limits = Limits(wall_s=60.0, cpu_s=30)
+run_code("print(1)", [], limits)  # warm-up: the jail, the zygote
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+result = run_code(SNIPPET, [], limits)
+grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+want = hashlib.sha1(Image.linear_gradient("L").resize((4096, 4096)).convert("RGB").tobytes()).hexdigest()
+print(json.dumps({"grown_mb": grown, "text": result.text()[-300:],
+                  "same": [hashlib.sha1(im.tobytes()).hexdigest() == want for im in result.images]}))
+"""
+LARGE = """import sys
+from PIL import Image
+for i in range(4):
+    Image.linear_gradient("L").resize((4096, 4096)).convert("RGB").save(f"i{i}.png")
+sys.stdout.write("x" * 10000000)
+"""
+
+
+def test_19_images_at_the_limits_cost_the_trainer_the_images_alone():
+    """Issue 58.8: 4 images of 4096 x 4096 and 10 MB of output grew the trainer's peak RSS 448 MB against the 384
+    MB docs/agents.md stated: the report's bytes (192 MB, grown by realloc) and the images made from them. Now
+    the images alone (`max_images` x 4 x `max_pixels`: 256 MB) + 24 MB of the interpreter's buffers (docs/agents.md,
+    "The trainer's side of a round"); 256 MB measured. In a process of its own (ru_maxrss is a lifetime peak)."""
+    script = f"REPO = {REPO!r}\nSNIPPET = {LARGE!r}\n" + BIG_IMAGES
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["same"] == [True] * 4, got
+    assert got["grown_mb"] <= 4 * 4 * 4096 * 4096 / 2 ** 20 + 24, got
 
 
 SYSCALLS = """import ctypes, os
