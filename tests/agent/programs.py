@@ -66,3 +66,13 @@ async def wrong_model(client, sample):
     except openai.NotFoundError:
         pass
     return 1.0
+
+
+def recorded(client: openai.OpenAI, sample):
+    """One request; appends a line "RANK port index" to $RLLAVA_TEST_LOG/episodes (the 2-rank test)."""
+    import os
+
+    client.chat.completions.create(model="policy", max_tokens=8, messages=[{"role": "user", "content": sample.prompt}])
+    with open(os.path.join(os.environ["RLLAVA_TEST_LOG"], "episodes"), "a") as f:
+        f.write(f"{os.environ.get('RANK', '0')} {client.base_url.port} {sample.index}\n")
+    return float(sample.index % 2)
