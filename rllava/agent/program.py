@@ -212,23 +212,24 @@ def program_info(t: Trajectory) -> dict:
 
 class ProgramScore:
     """The reward source of a run with rollout.agent.program: each episode's returned reward (its metrics as
-    details), 0 for a failed episode, and `inner` (the reward files' Scoring) for episodes that returned None."""
+    details), 0 for a failed episode, and `inner` (the Scoring of the reward files and reward models) for episodes
+    that returned None."""
 
     def __init__(self, inner):
         self.inner, self.last_error = inner, None
 
     @property
     def errors(self) -> int:
-        return self.inner.errors if self.inner is not None else 0
+        return self.inner.errors
 
     def score(self, trajectories: list[Trajectory], train: bool = False):
         scores, details = torch.zeros(len(trajectories)), [{} for _ in trajectories]
         rest = [i for i, t in enumerate(trajectories) if program_info(t)["reward"] is None
                 and not program_info(t)["error"]]
-        if rest and self.inner is None:
+        if rest and not self.inner.sources:
             raise RewardError(f"rollout.agent.program returned None for the episode of "
-                              f"{trajectories[rest[0]].sample.where} and no reward.reward_function scores it: "
-                              "return the reward, or set reward.reward_function")
+                              f"{trajectories[rest[0]].sample.where} and no reward.reward_function or reward model "
+                              "scores it: return the reward, or set reward.reward_function")
         if rest:
             inner, parts = self.inner.score([trajectories[i] for i in rest], train)
             for i, s, d in zip(rest, inner.tolist(), parts):
@@ -242,5 +243,4 @@ class ProgramScore:
         return scores, details
 
     def close(self) -> None:
-        if self.inner is not None:
-            self.inner.close()
+        self.inner.close()

@@ -198,7 +198,7 @@ def build_reward(cfg: PPOConfig, functions: list[dict] | None = None) -> Scoring
     named = bool(r.reward_functions) and functions is None
     if program:  # the program's own rewards; the reward files score the episodes it returned None for
         inner = Scoring(sources, named=named, strict=strict, fallback_score=fallback)
-        sources, named = [("program", 1.0, ProgramScore(inner if sources else None))], False
+        sources, named = [("program", 1.0, ProgramScore(inner))], False
     return Scoring(sources, named=named, strict=strict, fallback_score=fallback,
                    overlong=(cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None,
                    repetition=(rp.ngram_size, rp.penalty_factor) if rp.enable else None)
@@ -228,18 +228,20 @@ def build_val_rewards(cfg: PPOConfig) -> dict[str, Scoring]:
 
 def add_reward_models(reward: Scoring, cfg: PPOConfig, device: torch.device) -> Scoring:
     """The model sources (rllava.reward.models): reward.reward_functions' model entries, then reward.model.model_path
-    (weight reward.model_weight). With several sources or a reward model, each logs under its name."""
+    (weight reward.model_weight). With several sources or a reward model, each logs under its name. With
+    rollout.agent.program they join the reward files in scoring the episodes the program returned None for."""
     entries = [s for s in cfg.reward.sources() if "entry" in s]
+    target = reward.sources[0][2].inner if cfg.rollout.agent.program else reward  # the program's ProgramScore
     try:  # loading them leaves the RNG as it was: a run draws the same LoRA init and samples with or without them
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             for s in entries:
                 model = build_model_reward(s["entry"], cfg, device, s["key"])
-                reward.sources.append((s["name"], float(s["weight"]), model))
-            reward.sources += model_sources(cfg, device)
+                target.sources.append((s["name"], float(s["weight"]), model))
+            target.sources += model_sources(cfg, device)
     except BaseException:
         reward.close()
         raise
-    reward.named = reward.named or len(reward.sources) > 1 or bool(cfg.reward.model.model_path)
+    target.named = target.named or len(target.sources) > 1 or bool(cfg.reward.model.model_path)
     return reward
 
 

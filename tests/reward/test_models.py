@@ -363,3 +363,28 @@ def test_model_entries_in_the_weighted_list(tmp_path, rm_dir):
     bad = load_config(["reward.reward_functions=[{type: embedding, weight: 0.5, template: x.jinja}]"])
     with pytest.raises(RewardError, match=r"reward.reward_functions\[0\].template is not read by embedding rewards"):
         add_reward_models(build_reward(bad), bad, CPU)
+
+
+def test_a_reward_model_scores_what_an_agent_program_returned_none_for(rm_dir, tmp_path):
+    """rollout.agent.program + reward.model.model_path: the episodes the program returned None for are scored by the
+    reward model, those it scored keep the program's reward (before: the model added to every episode, and a program
+    returning None with no reward file was an error although the model could score it)."""
+    from rllava.agent.tools import AgentState
+    from rllava.train import builders as B
+
+    program = tmp_path / "agent.py"
+    program.write_text("def run(client, sample):\n    return None\n")
+    cfg = load_config(["reward.reward_function=null", f"rollout.agent.program={program}:run",
+                       f"reward.model.model_path={rm_dir}", f"reward.model.tokenizer_path={rm_dir}"])
+    reward = B.add_reward_models(B.build_reward(cfg), cfg, CPU)
+    [(_, _, rm)] = model_sources(cfg, CPU)
+    trajectories = [_traj("<answer>3</answer>", index=0), _traj("<answer>4</answer>", index=1)]
+    for t, returned in zip(trajectories, [None, 0.25]):
+        t.agent = AgentState(t.sample)
+        t.agent.memory["program"] = {"reward": returned, "error": None, "metrics": {}}
+    try:
+        scores, _ = reward.score(trajectories)
+    finally:
+        reward.close()
+    alone, _ = rm.score(trajectories[:1])
+    assert scores.tolist() == pytest.approx([alone.item(), 0.25], abs=1e-5)
