@@ -107,6 +107,19 @@ def test_sft_needs_target_key(tmp_path, tiny_model_dir, counting_dir, capsys):
     assert "needs data.target_key" in capsys.readouterr().err
 
 
+def test_sft_with_an_agent_program_is_a_start_up_error(tmp_path, tiny_model_dir, counting_dir, capsys):
+    """A program's tools are its own: SFT cannot replay the expert's turns through them (before: an AttributeError
+    at the first step, after the model loaded)."""
+    program = tmp_path / "agent.py"
+    program.write_text("def run(client, sample):\n    return 1.0\n")
+    with pytest.raises(SystemExit) as e:
+        sft.main(_args(tiny_model_dir, counting_dir, str(tmp_path / "x"), "data.target_key=answer",
+                       f"rollout.agent.program={program}:run"))
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("rllava: error: rollout.agent.program: "
+                                                                        "multi-turn SFT replays")
+
+
 def test_cli_errors_are_one_line(tmp_path, tiny_model_dir, counting_dir):
     """The real command line: exit status 2 and the one line, no traceback (the other errors below in-process, the
     same `run_cli` without a Python start-up each)."""

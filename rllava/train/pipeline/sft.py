@@ -35,6 +35,10 @@ def train(cfg) -> str:
     if cfg.trainer.async_training:
         raise ConfigError("trainer.async_training=true overlaps rollout and training, and SFT has no rollout: set "
                           "trainer.async_training=false")
+    if cfg.rollout.agent.program:
+        raise ConfigError("rollout.agent.program: multi-turn SFT replays the expert's turns through rllava's own "
+                          "tools (rollout.agent.tools), and a program's tools are its own: warm up with single-turn "
+                          "SFT (unset rollout.agent.program) and run the program in RL")
     if not cfg.data.target_key:
         raise ConfigError("the SFT pipeline needs data.target_key: the record field holding the reference response")
     run = build_run(cfg, role="sft")
