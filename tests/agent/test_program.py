@@ -121,6 +121,21 @@ def test_a_history_rendered_otherwise_starts_a_new_row(tiny_model_dir):
     assert [[s.token_ids for s in t.segments if s.trained] for t in rows] == [[ids] for ids in engine.sampled]
     assert rows[0].agent.memory["program"]["retokenized"] == 2 and rows[0].response == rows[2].response
 
+
+def test_a_template_that_drops_earlier_thinking_starts_a_row_where_it_did(tiny_model_dir):
+    """Qwen3's way: earlier turns' <think> blocks are not rendered again. The turn after the one that thought does
+    not extend its sampled ids (a new row); the turn after that extends it (the same row): 2 rows, 1 retokenized."""
+    p = load_processor(tiny_model_dir)
+    p.chat_template = TOOLS_TEMPLATE.replace("{{ '\n' + m.content }}", "{{ '\n' + m.content.split('</think>')[-1] }}")
+    assert p.chat_template != TOOLS_TEMPLATE
+    rollout, engine = _rollout(p, "tools", ["<think>where?</think>I zoom.\n" + CALL, CALL, "<answer>2</answer>"])
+    try:
+        rows = rollout.generate([_sample(0)], SamplingParams(n=1, max_new_tokens=200))
+    finally:
+        rollout.close()
+    assert [[s.token_ids for s in t.segments if s.trained] for t in rows] == [engine.sampled[:1], engine.sampled[1:]]
+    assert rows[0].agent.memory["program"]["retokenized"] == 1
+
 def test_the_openai_client_parses_tool_calls_logprobs_and_n(proc):
     rollout, engine = _rollout(proc, "many", ["I zoom.\n" + CALL])
     try:
