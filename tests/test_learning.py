@@ -2,7 +2,8 @@
 
 From one SFT-warmed tiny Qwen2-VL (the demo's recipe, built once per session), each algorithm runs a short
 GRPO-style RL run on the synthetic counting task; held-out accuracy sampled at the rollout temperature must
-rise by a margin that one evaluation's noise (~2-3 points on 400 samples) cannot produce alone.
+rise by a margin that one evaluation's noise (~2-3 points on 400 samples) cannot produce alone. The difficulty
+curriculum (data.sampler=difficulty_pools) is checked against GRPO's epoch sampler on a skewed mix of prompts.
 """
 
 import json
@@ -87,3 +88,63 @@ def test_ppo_with_gae_critic_learns(warm, tmp_path):
     start, end = _lift(warm, tmp_path, "algorithm.adv_estimator=gae", f"critic.model.model_path={warm[0]}",
                        "critic.optim.lr=1e-3", "trainer.critic_warmup=5", "critic.ppo_micro_batch_size=64")
     assert end >= start + MARGIN
+
+
+SKEWED_REWARD = """import importlib.util
+spec = importlib.util.spec_from_file_location("counting", {path!r})
+counting = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(counting)
+
+
+def compute_score(response, ground_truth):
+    if ground_truth in ("always", "never"):  # solved by every response / by none
+        value = float(ground_truth == "always")
+        return {{"overall": value, "format": value, "accuracy": value}}
+    return counting.score_one(response, ground_truth)
+"""
+
+
+def _skewed_task(warm, root):
+    """192 training prompts of the counting set: 64 that every response solves ("always"), 64 that none can
+    ("never") and 64 learnable ones; the held-out set is the counting one."""
+    _, data = warm
+    with open(data["train"]) as f:
+        rows = [json.loads(line) for line, _ in zip(f, range(192))]
+    for i, row in enumerate(rows):
+        row["answer"] = ("always", "never", row["answer"])[i % 3]
+    os.makedirs(root, exist_ok=True)
+    train = os.path.join(root, "train.jsonl")
+    with open(train, "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    os.symlink(os.path.join(os.path.dirname(data["train"]), "images"), os.path.join(root, "images"))
+    reward = os.path.join(root, "skewed.py")
+    with open(reward, "w") as f:
+        f.write(SKEWED_REWARD.format(path=os.path.join(REPO, "examples", "reward_function", "counting.py")))
+    return train, f"{reward}:compute_score"
+
+
+@pytest.mark.slow
+def test_difficulty_curriculum_wastes_fewer_groups(warm, tmp_path):
+    """On a skewed mix (a third always solved, a third never, a third learnable), data.sampler=difficulty_pools at
+    its defaults draws fewer groups without signal than GRPO's epoch sampler (measured 0.642 of a batch's groups
+    against 0.760; asked: 0.08 fewer) and holds at least its held-out accuracy at the same 60 steps and seed
+    (0.330 against 0.328; asked: within 0.02, under one evaluation's noise of ~0.023) (docs/proof.md, "A difficulty
+    curriculum")."""
+    model, data = warm
+    train, reward = _skewed_task(warm, str(tmp_path / "skewed"))
+    results = {}
+    for sampler in ("epoch", "difficulty_pools"):
+        out = rlvr.train(load_config([
+            "config=examples/tasks/counting/tiny_cpu.yaml", f"actor.model.model_path={model}",
+            f"data.train_files={train}", f"data.val_files={data['val']}", f"reward.reward_function={reward}",
+            f"trainer.max_steps={STEPS}", f"trainer.val_freq={STEPS}", "trainer.val_greedy=false",
+            f"data.sampler={sampler}", *keys_for(str(tmp_path / sampler)), "trainer.logger=[jsonl]"]))
+        rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+        vals = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
+        waste = [r["batch/groups_without_signal"] for r in rows if "batch/groups_without_signal" in r]
+        results[sampler] = (sum(waste) / len(waste), vals[0], vals[-1])
+        print(f"data.sampler={sampler}: groups without signal {results[sampler][0]:.3f}, held-out accuracy "
+              f"{vals[0]:.3f} -> {vals[-1]:.3f}")
+    (grpo_waste, _, grpo_end), (pools_waste, _, pools_end) = results["epoch"], results["difficulty_pools"]
+    assert pools_waste < grpo_waste - 0.08
+    assert pools_end >= grpo_end - 0.02

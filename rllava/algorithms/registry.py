@@ -17,6 +17,7 @@ ALGORITHMS: dict[str, type] = {}  # whole algorithms: PPO subclasses, selected b
 DISTILL_LOSSES: dict[str, Callable] = {}  # on-policy distillation's per-token terms (algorithm.distill.loss)
 LOSS_TERMS: dict[str, Callable] = {}  # further terms of the update's loss (actor.loss_terms)
 SCORERS: dict[str, Callable] = {}  # passes that fill a batch field before the advantage (rllava.train.scorers)
+SAMPLERS: dict[str, type] = {}  # prompt samplers, selected by data.sampler (rllava.algorithms.curriculum)
 
 
 def _register(table: dict, kind: str, name: str, reads: tuple[str, ...] | None = None):
@@ -61,6 +62,13 @@ def register_scorer(name: str):
     """Register `fn(cfg, parts: rllava.train.scorers.Parts) -> Scorer | None` as `name`: at start-up each builder,
     in registration order (built-ins first), returns the pass it adds to this run, or None."""
     return _register(SCORERS, "scorer", name)
+
+
+def register_sampler(name: str):
+    """Register a prompt sampler class as `name` (`data.sampler=name`): `cls(n, batch_size, *, shuffle, seed,
+    **data.sampler_kwargs)` with `next_batch()`, `len()`, `state_dict()` / `load_state_dict()` and, to learn from
+    the rewards, `observe([(prompt index, its group's headline values)])` and `metrics()`."""
+    return _register(SAMPLERS, "sampler", name)
 
 
 def register_ppo(name: str):

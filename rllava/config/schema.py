@@ -147,6 +147,8 @@ class DataConfig:
     override_chat_template: Optional[str] = None  # chat template string replacing the tokenizer's
     shuffle: bool = True  # reshuffle training records every epoch
     seed: int = 1  # data-order RNG seed
+    sampler: str = "epoch"  # rllava: the prompt sampler (rllava.algorithms.curriculum): epoch (a fresh shuffle per epoch) or difficulty_pools (a curriculum on running pass rates, docs/experiments.md), or one a plugin registers
+    sampler_kwargs: Optional[dict[str, Any]] = None  # rllava: its keys; difficulty_pools: easy_weight (0.2), medium_weight (1.0), hard_weight (0.2): a pool's prompts' relative draw rate; hard_max (0.25), medium_max (0.75): the pools' pass-rate bounds; ema (0.5); set_aside_after (2) groups without signal in a row, for readmit_after (20) batches
     min_pixels: Optional[int] = 3136  # images are resized to at least this many pixels
     max_pixels: Optional[int] = 4194304  # images are resized to at most this many pixels
     num_workers: int = 0  # rllava default 0 (RLLaVA: 8 DataLoader workers): batches are encoded in the training process; > 0 warns

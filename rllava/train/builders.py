@@ -22,6 +22,7 @@ from rllava.agent.classes import ClassEnv, ClassToolsEnv
 from rllava.agent.program import ProgramRollout, ProgramScore
 from rllava.agent.rollout import AgentRollout
 from rllava.agent.tools import ToolEnv, build_tools
+from rllava.algorithms.curriculum import sampler_class
 from rllava.algorithms.hybrid import HYBRID_LOSSES
 from rllava.algorithms.kl import KLController
 from rllava.algorithms.ppo import build_algorithm, load_plugins
@@ -378,13 +379,14 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
 
 def named_algorithm(cfg: PPOConfig, *, sft: bool = False) -> tuple:
     """(the algorithm, actor.loss_terms as {name: (fn, coef)}) the config names. algorithm.plugins are imported
-    first, so their registrations count (estimators, losses, loss terms, scorers); then each registered name the
-    run uses is looked up: the estimator and the policy loss (`build_algorithm`) and, in RL, the loss terms and
-    algorithm.distill.loss (with a teacher). A name not registered is one line naming its key, the registered
-    names and the closest. No model is needed: build_run checks a run's names with it before the model loads,
-    build_actor builds the run's algorithm with it, and rllava.commands.sweep checks every point with it before the
-    first run."""
+    first, so their registrations count (estimators, losses, loss terms, scorers, samplers); then each registered
+    name the run uses is looked up: data.sampler, the estimator and the policy loss (`build_algorithm`) and, in RL,
+    the loss terms and algorithm.distill.loss (with a teacher). A name not registered is one line naming its key,
+    the registered names and the closest. No model is needed: build_run checks a run's names with it before the
+    model loads, build_actor builds the run's algorithm with it, and rllava.commands.sweep checks every point with
+    it before the first run."""
     load_plugins(cfg.algorithm.plugins)
+    sampler_class(cfg, sft=sft)  # data.sampler and its keys
     algorithm = build_algorithm(cfg.algorithm, cfg.actor, loss_mode="sft" if sft else None,
                                 discount=cfg.rollout.discount)
     if sft:

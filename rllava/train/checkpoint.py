@@ -7,12 +7,13 @@
             critic/                the same for the critic, when there is one
             ref/                   the reference's weights, when algorithm.ref_reset_freq moves them
             rng/rank_R.pt          rank R's python / numpy / torch (/ cuda) RNG states
-            trainer_state.json     step, sampler (epoch, position), world size, KL controller, what was saved
+            trainer_state.json     step, sampler (data.sampler and its state), world size, KL controller, what was saved
             config.yaml            the run's resolved config (`python -m rllava.commands.export` reads it)
         latest_checkpointed_iteration.txt   the newest step (verl's tracker file)
 
-- Exact: the sampler's position (epoch e shuffled with data.seed + e), optimizer, LR schedule, KL coefficient and
-  every RNG state come back: N steps, stop, resume, M steps gives bitwise the weights of N + M steps straight.
+- Exact: the sampler's state (the epoch sampler's position, epoch e shuffled with data.seed + e; a curriculum's pass
+  rates), optimizer, LR schedule, KL coefficient and every RNG state come back: N steps, stop, resume, M steps
+  gives bitwise the weights of N + M steps straight. A resume under another data.sampler is one line.
 - Crash-safe: written under `global_step_N.tmp` (every rank) and renamed by rank 0 when whole, so `global_step_N`
   is always complete; `resume=auto` takes the highest N. The next save deletes leftovers.
 - Asynchronous (actor.checkpoint.async_save): the engines' state is staged to host memory, then written, renamed
@@ -170,8 +171,8 @@ def save_checkpoint(run, step: int) -> str:
                    weights=weights is not None, merge_lora=cfg.trainer.hf_merge_lora,
                    pixels=(cfg.data.min_pixels, cfg.data.max_pixels))
         write_text_atomic(os.path.join(tmp, "config.yaml"), config_to_yaml(cfg, ran=True))
-        state = {"global_step": step, "sampler": run.sampler.state_dict(), "world_size": D.world_size(),
-                 "contents": contents, "engines": sorted(engines),
+        state = {"global_step": step, "sampler": run.sampler.state_dict(), "sampler_name": cfg.data.sampler,
+                 "world_size": D.world_size(), "contents": contents, "engines": sorted(engines),
                  "stateful": {k: v.state_dict() for k, v in states.items()}}
         write_text_atomic(os.path.join(tmp, STATE_FILE), json.dumps(state, indent=1))
     del weights
@@ -239,6 +240,11 @@ def prune(root: str, limit: int) -> None:
 def load_checkpoint(run, path: str) -> int:
     """Restore `run` from the checkpoint at `path` as actor.checkpoint.load_contents says; returns its step."""
     state, wanted = read_state(path), list(run.cfg.actor.checkpoint.load_contents)
+    saved = state.get("sampler_name", "epoch")  # checkpoints from before data.sampler: the epoch sampler's
+    if saved != run.cfg.data.sampler:
+        raise RllavaError(f"{path}: saved by a run with data.sampler={saved}, this run has data.sampler="
+                          f"{run.cfg.data.sampler}; resume with data.sampler={saved} (a sampler's state does not "
+                          "carry over to another), or start a fresh run")
     engines, states = run.held()
     for name, engine in engines.items():
         if name not in state["engines"]:

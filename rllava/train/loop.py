@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from rllava import distributed as D
+from rllava.algorithms.curriculum import build_sampler
 from rllava.algorithms.hybrid import HYBRID_LOSSES
 from rllava.config.schema import agent_on
 from rllava.data.dataset import PromptDataset
@@ -56,7 +57,7 @@ class Run:
     train_set: PromptDataset
     val_set: PromptDataset | dict[str, PromptDataset] | None = None  # a dict: data.val_files' named sets
     val_rewards: dict[str, Scoring] = field(default_factory=dict)  # the named sets' own reward functions
-    sampler: EpochSampler
+    sampler: EpochSampler  # or another data.sampler (rllava.algorithms.curriculum)
     steps: int
     actor: Actor | None  # None on an asynchronous run's rollout ranks
     rollout: Rollout | None  # None only for SFT without a reward to validate with
@@ -123,7 +124,7 @@ def build_run(cfg, *, role: str = "rl", given: Given | None = None) -> Run:
     expert = sft or cfg.actor.policy_loss.loss_mode in HYBRID_LOSSES  # SFT and hybrids read the expert response
     train_set, val_set = B.build_datasets(cfg, processor, target_key=cfg.data.target_key if expert else None,
                                           given=(given.train, given.val))
-    sampler = EpochSampler(len(train_set), cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
+    sampler = build_sampler(cfg, len(train_set), sft=sft)  # data.sampler (rllava.algorithms.curriculum)
     steps = B.total_steps(cfg, sampler)
     engine = None if serving else B.build_engine(cfg, model, device, steps, sft=sft)  # before a rollout engine
     if sft and val_set is None and reward is not None:  # nothing to validate on

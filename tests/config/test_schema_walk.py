@@ -48,6 +48,8 @@ COVERED = {
     "trainer.overwrite": "tests/train/test_runtime.py::test_outputs_dir_belongs_to_one_run",
     "data.train_files": "tests/data/test_records.py::test_empty_after_max_samples_and_empty_spec",
     "data.val_files": "tests/train/test_video_pipeline.py::test_rlvr_two_steps_on_videos",
+    "data.sampler": "tests/train/test_pipelines.py::test_difficulty_pools_observe_each_training_group_once_and_no_validation_one",
+    "data.sampler_kwargs": "tests/train/test_checkpoint.py::test_difficulty_pools_resume_bitwise_and_another_sampler_is_one_line",
     "data.train_image_dir": ("tests/config/test_key_wiring.py::test_data_field_keys_and_image_dirs_reach_the_dataset", "data.train_image_dir"),
     "data.val_image_dir": "tests/config/test_key_wiring.py::test_data_field_keys_and_image_dirs_reach_the_dataset",
     "data.prompt_key": ("tests/data/test_dataset.py::test_bad_records_name_the_record", "prompt_key"),

@@ -126,6 +126,42 @@ def test_resume_between_reference_resets_is_exact(tmp_path, tiny_model_dir, coun
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_difficulty_pools_resume_bitwise_and_another_sampler_is_one_line(tmp_path, tiny_model_dir, counting_dir,
+                                                                        monkeypatch, straight_and_resumed, capsys):
+    """data.sampler=difficulty_pools, stopped after step 3 of 6 and resumed: the same batches (its pass rates,
+    streaks, set-aside schedule and draw count come back from trainer_state.json), the same sampler state at the end,
+    bitwise the same weights. Resuming its checkpoint under data.sampler=epoch is one line naming both."""
+    from rllava.algorithms.curriculum import DifficultyPools
+
+    drawn = []
+    next_batch = DifficultyPools.next_batch
+    monkeypatch.setattr(DifficultyPools, "next_batch", lambda self: drawn.append(next_batch(self)) or drawn[-1])
+    reward = tmp_path / "parity.py"  # right or wrong by the response's length: rates between 0 and 1
+    reward.write_text("def compute_score(response, ground_truth):\n"
+                      "    return {'overall': float(len(response) % 2), 'accuracy': float(len(response) % 2)}\n")
+    args = _args(tiny_model_dir, counting_dir, str(tmp_path / "unused"), f"{reward}:compute_score",  # (outputs:
+                 "trainer.max_steps=6", "trainer.save_freq=3", "data.max_samples=8",  # the fixture's keys win)
+                 "data.sampler=difficulty_pools", "data.sampler_kwargs={set_aside_after: 1, readmit_after: 2}")
+    straight, stopped = straight_and_resumed(3, args)
+    assert len(drawn) == 6 + 3 + 3 and drawn[6:] == drawn[:6]
+    state = [C.read_state(os.path.join(out, "checkpoints", "global_step_6")) for out in (straight, stopped)]
+    assert state[0]["sampler"] == state[1]["sampler"] and state[0]["sampler_name"] == "difficulty_pools"
+    assert state[0]["sampler"]["draws"] == 6 and any(state[0]["sampler"]["aside_until"])  # it did set prompts aside
+    a, b = _weights(os.path.join(straight, "final")), _weights(os.path.join(stopped, "final"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    ckpt = os.path.join(stopped, "checkpoints", "global_step_3")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        rlvr.main([*_args(tiny_model_dir, counting_dir, str(tmp_path / "switched"), f"{reward}:compute_score",
+                          "trainer.max_steps=6", "data.max_samples=8"), f"trainer.resume={ckpt}"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "rllava: error" in line and "saved by a run with data.sampler="
+            "difficulty_pools, this run has data.sampler=epoch; resume with data.sampler=difficulty_pools" in line], err
+    assert "Traceback" not in err
+
+
 KILLER = """
 import os, signal, sys
 from rllava.train import checkpoint as C

@@ -256,6 +256,34 @@ def test_rlvr_step_with_algorithm_options(tmp_path, tiny_model_dir, counting_dir
     assert all(v == v for v in row.values()), row  # no NaN
 
 
+def test_difficulty_pools_observe_each_training_group_once_and_no_validation_one(tmp_path, tiny_model_dir,
+                                                                                 counting_dir, monkeypatch):
+    """data.sampler=difficulty_pools beside DAPO's filtering: DAPO's extra rounds draw from the sampler, and every
+    group scored in a round reaches `observe` once, as the train-set positions of the prompts drawn; validation
+    (before training and at step 2) feeds it nothing; the pools' sizes are logged per step."""
+    from rllava.algorithms.curriculum import DifficultyPools
+
+    drawn, observed = [], []
+    next_batch, observe = DifficultyPools.next_batch, DifficultyPools.observe
+    monkeypatch.setattr(DifficultyPools, "next_batch", lambda self: drawn.append(next_batch(self)) or drawn[-1])
+    monkeypatch.setattr(DifficultyPools, "observe", lambda self, groups: observed.append(groups) or observe(
+        self, groups))
+    reward = tmp_path / "parity.py"  # right or wrong by the response's length: groups with and without signal
+    reward.write_text("def compute_score(response, ground_truth):\n"
+                      "    return {'overall': float(len(response) % 2), 'accuracy': float(len(response) % 2)}\n")
+    out = str(tmp_path / "run")
+    rlvr.main(_args(tiny_model_dir, counting_dir, out, f"reward.reward_function={reward}:compute_score",
+                    "data.sampler=difficulty_pools", "algorithm.online_filtering=true", "algorithm.filter_low=0.6",
+                    "trainer.max_try_make_batch=3", "trainer.val_before_train=true", "data.max_samples=12"))
+    steps = [r for r in _metrics(out) if "reward/mean" in r]
+    assert sum(r["batch/sampling_rounds"] for r in steps) == len(drawn) == len(observed) > 2  # extra rounds ran
+    assert sum(r["batch/groups_sampled"] for r in steps) == sum(map(len, observed))
+    for batch, groups in zip(drawn, observed):
+        assert [i for i, _ in groups] == batch and all(len(values) == 4 for _, values in groups)
+    assert steps[-1]["sampler/unseen"] == 12 - len({i for b in drawn for i in b})
+    assert sum(steps[-1][f"sampler/{k}"] for k in ("easy", "medium", "hard", "set_aside")) == 12
+
+
 def test_register_ppo_class_plugin(tmp_path, tiny_model_dir, counting_dir):
     """The seed README's plugin form: a PPO subclass registered by name, loaded from the user's own file."""
     plugin = tmp_path / "my_algo.py"

@@ -72,6 +72,15 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     return {**metrics, **agent_metrics(trajs)}
 
 
+def group_outcomes(trajectories: list[Trajectory], details: list[dict], positions: dict[int, int]) -> list:
+    """Per group: (its prompt's index in the train set, its responses' headline values), what a curriculum observes."""
+    _, values = headline(details)
+    groups = {}
+    for t, v in zip(trajectories, values):
+        groups.setdefault(t.group_id, (positions[t.sample.index], []))[1].append(v)
+    return list(groups.values())
+
+
 def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine,
                  version: Callable[[int], int] = lambda step: step - 1) -> Callable[[list[Sample], Timer], Rollouts]:
     """Stages 1-2 as a function of the prompts, here (`train`) or on an async run's rollout rank (`async_rl.serve`):
@@ -79,6 +88,7 @@ def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine,
     cfg, rollout, reward, a = run.cfg, run.rollout, run.reward, run.cfg.algorithm
     sampling, greedy = B.sampling_params(cfg), B.greedy_sampling(cfg)
     tagged = cfg.trainer.async_training or cfg.rollout.partial_rollout  # tokens carry the version that wrote them
+    positions = {row: j for j, row in enumerate(run.train_set.indices)}  # a record's index in the train set
     if cfg.rollout.partial_rollout:  # paused responses go on next step; checkpointed with the run
         run.partial = PartialRollouts(rollout, run.train_set, cfg.rollout.partial_rollout_tokens or max(
             1, cfg.data.max_response_length // 4), sampling.max_new_tokens, cfg.trainer.max_staleness)
@@ -96,7 +106,10 @@ def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine,
                 if tagged:
                     tag_versions(trajectories, version(run.step))
         with timer("reward"):
-            return trajectories, *reward.score(trajectories, train=True)  # 2. reward
+            scores, details = reward.score(trajectories, train=True)  # 2. reward
+        if params is sampling and hasattr(run.sampler, "observe"):  # a curriculum learns every group's pass rate
+            run.sampler.observe(D.gather(group_outcomes(trajectories, details, positions)))
+        return trajectories, scores, details
 
     def produce(samples: list[Sample], timer: Timer) -> Rollouts:
         """Stages 1-2, with what hangs on them: DAPO's filtering, a hybrid's demonstrations, ReMax's baseline."""
@@ -116,6 +129,8 @@ def make_produce(run: Run, hybrid, needs_baseline: bool, train_engine,
             prompts = {t.group_id: t.sample for t in trajectories}
             _, baseline, _ = rollout_and_score([prompts[g] for g in range(len(prompts))], timer, greedy)
             baseline = baseline[[t.group_id for t in trajectories]]
+        if hasattr(run.sampler, "metrics"):  # data.sampler=difficulty_pools: its pools' sizes
+            metrics.update(run.sampler.metrics())
         if run.partial is not None:  # groups over trainer.max_staleness this step (PartialRollouts)
             metrics["async/dropped_stale"], run.partial.dropped = float(run.partial.dropped), 0
         return Rollouts(trajectories=trajectories, scores=scores, details=details, dropped=dropped,
