@@ -935,7 +935,7 @@ class TrainerConfig:
     max_steps: Optional[int] = None  # training steps; overrides total_epochs (aliases: total_steps, ...)
     project_name: str = "rllava"  # logger project name
     experiment_name: str = "agent"  # logger run name
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console|jsonl|tensorboard|wandb|mlflow|swanlab|trackio (the last three: extras of those names, docs/experiments.md "Trackers"); rllava default (RLLaVA: console, tensorboard) needs no extra package
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console|jsonl|tensorboard|wandb|mlflow|swanlab|trackio (the last three: extras of their names, local / offline by default; docs/experiments.md, "Trackers"); rllava default (RLLaVA: console, tensorboard) needs no extra package
     nnodes: int = 1  # not read: the launcher sets the processes (torchrun --nnodes); a change warns
     n_gpus_per_node: int = 8  # not read: the launcher sets the processes (torchrun --nproc_per_node); a change warns
     accelerate_config: Optional[str] = None  # rllava, actor.strategy=accelerate: an `accelerate config` file read here (accelerate launch --config_file F sets it for you)

@@ -33,8 +33,9 @@ from rllava.errors import RllavaError
 HUB_FILES = ("mlflow.db", "mlartifacts", "swanlog", "trackers.json")
 
 
-def require(loggers: list[str]):
-    """Each named outside tracker's package, imported: {name: module}. Not installed: a one-line error naming the extra."""
+def require(loggers: list[str]) -> dict:
+    """Each named outside tracker's package, imported: {name: module}. One not installed: a one-line error naming
+    its extra."""
     modules = {}
     for name in loggers:
         if name not in BACKENDS:
