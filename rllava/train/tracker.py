@@ -93,16 +93,14 @@ class Tracker:
         """One json line per generation in outputs_dir/samples.jsonl (a ground truth that is not JSON: its str)."""
         if not self.enabled:
             return
-        with open(os.path.join(self.outputs_dir, "samples.jsonl"), "a") as f:
-            f.writelines(json.dumps({"step": step, **r}, default=str) + "\n" for r in rows)
+        self._append("samples.jsonl", rows, step)
 
     def log_generations(self, rows: list[dict], step: int) -> None:
         """Validation generations: lines of outputs_dir/val_generations.jsonl, and a table where the tracker has one
         (wandb: a Table at `val/generations`; tracker_hub's)."""
         if not self.enabled or not rows:
             return
-        with open(os.path.join(self.outputs_dir, "val_generations.jsonl"), "a") as f:
-            f.writelines(json.dumps({"step": step, **r}, default=str) + "\n" for r in rows)
+        self._append("val_generations.jsonl", rows, step)
         if self.wandb is not None:
             import wandb
 
@@ -110,6 +108,10 @@ class Tracker:
             self.wandb.log({"val/generations": wandb.Table(columns=columns, data=cells)}, step=step)
         for hub in self.hubs:
             hub.table(rows, step)
+
+    def _append(self, name: str, rows: list[dict], step: int) -> None:
+        with open(os.path.join(self.outputs_dir, name), "a") as f:
+            f.writelines(json.dumps({"step": step, **r}, default=str) + "\n" for r in rows)
 
     def close(self) -> None:
         if not self.enabled:
