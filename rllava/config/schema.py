@@ -937,7 +937,7 @@ class TrainerConfig:
     max_steps: Optional[int] = None  # training steps; overrides total_epochs (aliases: total_steps, ...)
     project_name: str = "rllava"  # logger project name
     experiment_name: str = "agent"  # logger run name
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console|jsonl|tensorboard|wandb; rllava default (RLLaVA: console, tensorboard) needs no extra package
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console|jsonl|tensorboard|wandb|mlflow|swanlab|trackio (the last three: extras of their names, local / offline by default; docs/experiments.md, "Trackers"); rllava default (RLLaVA: console, tensorboard) needs no extra package
     nnodes: int = 1  # not read: the launcher sets the processes (torchrun --nnodes); a change warns
     n_gpus_per_node: int = 8  # not read: the launcher sets the processes (torchrun --nproc_per_node); a change warns
     accelerate_config: Optional[str] = None  # rllava, actor.strategy=accelerate: an `accelerate config` file read here (accelerate launch --config_file F sets it for you)
@@ -975,7 +975,8 @@ class TrainerConfig:
             if not name or os.path.isabs(name) or ".." in name.split("/") or name in (".", "./"):
                 p.append(f"{prefix}.{key}={name!r} names the run's folder under trainer.outputs_dir: give a "
                          "relative name without '..'")
-        _choice(p, f"{prefix}.logger", self.logger, ["console", "jsonl", "tensorboard", "wandb"], each=True)
+        _choice(p, f"{prefix}.logger", self.logger,
+                ["console", "jsonl", "tensorboard", "wandb", "mlflow", "swanlab", "trackio"], each=True)
         if len(set(self.logger)) != len(self.logger):
             p.append(f"{prefix}.logger={self.logger} lists a logger twice")
         _choice(p, f"{prefix}.device", self.device, ["auto", "cpu", "cuda"], hint=f"for a GPU set {prefix}.device=cuda")

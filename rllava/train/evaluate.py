@@ -10,7 +10,6 @@ the overlong penalty and tool rewards the trainer adds to `overall`. data.val_fi
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -105,10 +104,11 @@ def evaluate(train_engine, rollout: Rollout, reward: Scoring, dataset: PromptDat
     return metrics, generations
 
 
-def validate(cfg, train_engine, rollout: Rollout, reward: Scoring, dataset, step: int, outputs_dir: str,
+def validate(cfg, train_engine, rollout: Rollout, reward: Scoring, dataset, step: int, tracker,
              rewards: dict[str, Scoring] | None = None) -> dict[str, float]:
     """Held-out metrics at `step`: sampled as `rollout.val_override_config` says (`val/...`), greedy too if
-    `trainer.val_greedy` (`val_greedy/...`); the first val_generations_to_log generations to val_generations.jsonl.
+    `trainer.val_greedy` (`val_greedy/...`); the first val_generations_to_log generations to `tracker.log_generations`
+    (val_generations.jsonl, the trackers' tables).
     `dataset`: data.val_files' set, or its named sets {name: PromptDataset}, each logged as `val/<name>/...` (with
     mean@n and best@n), scored by its own reward in `rewards` where it has one, its generations marked `set`."""
     metrics = {}
@@ -118,11 +118,9 @@ def validate(cfg, train_engine, rollout: Rollout, reward: Scoring, dataset, step
         found, generations = evaluate(train_engine, rollout, scoring, data, sampling_params(cfg, validation=True),
                                       cfg.data.val_batch_size, f"val{where}", mean_best=name is not None)
         metrics.update(found)
-        if cfg.trainer.val_generations_to_log > 0 and D.is_main():
+        if cfg.trainer.val_generations_to_log > 0:
             named = {} if name is None else {"set": name}
-            with open(os.path.join(outputs_dir, "val_generations.jsonl"), "a") as f:
-                f.writelines(json.dumps({"step": step, **named, **g}, default=str) + "\n"
-                             for g in generations[:cfg.trainer.val_generations_to_log])
+            tracker.log_generations([{**named, **g} for g in generations[:cfg.trainer.val_generations_to_log]], step)
         if cfg.trainer.val_greedy:
             metrics.update(evaluate(train_engine, rollout, scoring, data, greedy_sampling(cfg),
                                     cfg.data.val_batch_size, f"val_greedy{where}")[0])

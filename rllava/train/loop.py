@@ -39,6 +39,7 @@ from rllava.train import builders as B
 from rllava.train import checkpoint as C
 from rllava.train import evaluate as E
 from rllava.train import outputs as O
+from rllava.train import tracker_hub
 from rllava.train.scorers import old_logprobs
 from rllava.train.tracker import Timer, Tracker
 
@@ -115,6 +116,8 @@ def build_run(cfg, *, role: str = "rl", given: Given | None = None) -> Run:
     if not serving:  # the data paths, the plugins and each registered name the run uses (estimator, losses, ...)
         B.check_data_paths(cfg, given=(given.train, given.val))
         B.named_algorithm(cfg, sft=sft)
+        if D.is_main():  # trainer.logger's outside trackers are installed (rank 0 logs)
+            tracker_hub.require(cfg.trainer.logger)
     device, outputs_dir = B.setup_run(cfg)
     reward = B.add_reward_models(reward, cfg, device) if reward is not None else None
     if given.model is None:
@@ -197,7 +200,7 @@ def _train_loop(run: Run, step: StepFn, name: str, draw: Callable[[], list[Sampl
 
     def validate(at: int) -> None:
         if run.reward is not None and run.val_set is not None:
-            tracker.log(E.validate(cfg, run.actor.engine, run.rollout, run.reward, run.val_set, at, run.outputs_dir,
+            tracker.log(E.validate(cfg, run.actor.engine, run.rollout, run.reward, run.val_set, at, tracker,
                                    run.val_rewards), at)
 
     if (t.val_before_train and not start) or t.val_only:

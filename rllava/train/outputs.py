@@ -1,8 +1,9 @@
 """A run's folder belongs to one run.
 
 A run writes its folder, <trainer.outputs_dir>/<project_name>/<experiment_name> as in RLLaVA (config.yaml,
-metrics.jsonl, samples.jsonl, val_generations.jsonl, tensorboard/, wandb/, final/) and its checkpoint root
-(`trainer.save_checkpoint_path`, default <that folder>/checkpoints). A new run whose folder holds a run's outputs
+metrics.jsonl, samples.jsonl, val_generations.jsonl, tensorboard/, wandb/, the outside trackers' files, final/) and
+its checkpoint root (`trainer.save_checkpoint_path`, default <that folder>/checkpoints). A new run whose folder
+holds a run's outputs
 
 - continues that run: it resumes from a checkpoint (`trainer.resume=auto` finds them) and names the same model,
   data, reward and algorithm (`IDENTITY` below; other keys, e.g. max_steps, may change), or
@@ -32,9 +33,10 @@ from rllava.config import config_to_yaml
 from rllava.errors import RllavaError, RunFinished
 from rllava.train import checkpoint as C
 from rllava.train.tracker import STEP_FILES
+from rllava.train.tracker_hub import HUB_FILES
 from rllava.utils.fs import write_text_atomic
 
-RUN_FILES = ("config.yaml", *STEP_FILES, "final", "tensorboard", "wandb")
+RUN_FILES = ("config.yaml", *STEP_FILES, "final", "tensorboard", "wandb", *HUB_FILES)
 # What makes two configs the same run: resuming across a change of any of these would mix two runs' work.
 IDENTITY = ("actor.model.model_path", "data.train_files", "data.prompt_key", "data.answer_key", "data.image_key",
             "data.seed", "data.train_batch_size", "rollout.n", "reward.reward_function", "reward.reward_functions",

@@ -1,5 +1,6 @@
-"""Metric sinks selected by `trainer.logger`: console, jsonl (`outputs_dir/metrics.jsonl`), tensorboard, wandb;
-plus `outputs_dir/samples.jsonl`, a few training generations every trainer.samples_freq steps.
+"""Metric sinks selected by `trainer.logger`: console, jsonl (`outputs_dir/metrics.jsonl`), tensorboard, wandb, and
+the outside trackers of rllava.train.tracker_hub (mlflow, swanlab, trackio); plus `outputs_dir/samples.jsonl`, a few
+training generations every trainer.samples_freq steps, and `outputs_dir/val_generations.jsonl`, validation's.
 
 Each metrics.jsonl row also carries `time/elapsed_s`: wall-clock seconds since the tracker started (model loaded,
 checkpoint restored), summed over resumes from the value logged at the checkpoint's step, so steps redone after a
@@ -13,6 +14,7 @@ import time
 import warnings
 from contextlib import contextmanager
 
+from rllava.train import tracker_hub
 from rllava.utils.fs import write_text_atomic
 
 # What the console line shows, in order, when present (everything goes to the other sinks), then the timings.
@@ -29,6 +31,7 @@ class Tracker:
     def __init__(self, loggers: list[str] | None, outputs_dir: str, project: str, experiment: str, config: dict):
         self.enabled, self.outputs_dir = loggers is not None, outputs_dir
         self.jsonl = self.tb = self.wandb = None
+        self.hubs = []  # tracker_hub's backends
         self.started, self.elapsed_before = time.monotonic(), 0.0  # time/elapsed_s = elapsed_before + since started
         self.console = self.enabled and "console" in loggers
         if not self.enabled:
@@ -38,6 +41,7 @@ class Tracker:
         self.jsonl = open(os.path.join(outputs_dir, "metrics.jsonl"), "a")
         self.tb = self._tensorboard() if "tensorboard" in loggers else None
         self.wandb = start_wandb(project, experiment, config, outputs_dir) if "wandb" in loggers else None
+        self.hubs = tracker_hub.start(loggers, project, experiment, config, outputs_dir)
 
     def _tensorboard(self, purge_step: int | None = None):
         from torch.utils.tensorboard import SummaryWriter
@@ -46,7 +50,8 @@ class Tracker:
                              purge_step=purge_step)
 
     def rewind(self, step: int) -> None:
-        """Resumed from `step`'s checkpoint: drop what was logged after it (tensorboard: purge_step), each step once."""
+        """Resumed from `step`'s checkpoint: drop what was logged after it (tensorboard: purge_step; the outside
+        trackers: a new run, metrics.jsonl's rows up to `step` logged again), each step once."""
         if not self.enabled:
             return
         self.jsonl.close()
@@ -62,6 +67,7 @@ class Tracker:
         if self.tb is not None:
             self.tb.close()
             self.tb = self._tensorboard(purge_step=step + 1)
+        tracker_hub.replay(self.hubs, self.outputs_dir)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if not self.enabled:
@@ -75,6 +81,8 @@ class Tracker:
             self.tb.flush()
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
+        for hub in self.hubs:
+            hub.log(metrics, step)
         if self.console:
             shown = " ".join(f"{k}={metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics)
             stages = " ".join(f"{k[7:]}={v:.2f}s" for k, v in metrics.items()
@@ -85,7 +93,24 @@ class Tracker:
         """One json line per generation in outputs_dir/samples.jsonl (a ground truth that is not JSON: its str)."""
         if not self.enabled:
             return
-        with open(os.path.join(self.outputs_dir, "samples.jsonl"), "a") as f:
+        self._append("samples.jsonl", rows, step)
+
+    def log_generations(self, rows: list[dict], step: int) -> None:
+        """Validation generations: lines of outputs_dir/val_generations.jsonl, and a table where the tracker has one
+        (wandb: a Table at `val/generations`; tracker_hub's)."""
+        if not self.enabled or not rows:
+            return
+        self._append("val_generations.jsonl", rows, step)
+        if self.wandb is not None:
+            import wandb
+
+            columns, cells = tracker_hub.table_columns(rows, step)
+            self.wandb.log({"val/generations": wandb.Table(columns=columns, data=cells)}, step=step)
+        for hub in self.hubs:
+            hub.table(rows, step)
+
+    def _append(self, name: str, rows: list[dict], step: int) -> None:
+        with open(os.path.join(self.outputs_dir, name), "a") as f:
             f.writelines(json.dumps({"step": step, **r}, default=str) + "\n" for r in rows)
 
     def close(self) -> None:
@@ -96,6 +121,8 @@ class Tracker:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+        for hub in self.hubs:
+            hub.close()
 
 
 def start_wandb(project: str, experiment: str, config: dict, outputs_dir: str):

@@ -584,8 +584,9 @@ def test_fsdp_keys_warn_under_single_strategy():
     (["algorithm.kl_penalty=low-var-kl"], "algorithm.kl_penalty=low-var-kl is not one of: kl, k1, abs, mse, k2, "
                                           "low_var_kl, k3, full; did you mean algorithm.kl_penalty=low_var_kl?"),
     (["actor.kl_loss_type=k4"], "actor.kl_loss_type=k4 is not one of: kl, k1, abs, mse, k2, low_var_kl, k3, full"),
-    (["trainer.logger=[console,mlflow]"],
-     "trainer.logger contains mlflow, which is not one of: console, jsonl, tensorboard, wandb"),
+    (["trainer.logger=[console,clearml]"],
+     "trainer.logger contains clearml, which is not one of: console, jsonl, tensorboard, wandb, mlflow, swanlab, "
+     "trackio"),
     (["actor.checkpoint.save_contents=[model,optimiser]"],
      "actor.checkpoint.save_contents contains optimiser, which is not one of: model, optimizer, extra, hf_model; "
      "did you mean optimizer?"),

@@ -1,5 +1,5 @@
 """What a researcher watches: tensorboard events, the console line with its timing breakdown, sample generations,
-wandb (offline, or skipped with a warning), PNG curves, and logs that stay one row per step across a resume."""
+wandb (offline, its validation-generations table, or skipped with a warning), PNG curves, and logs that stay one row per step across a resume."""
 
 import json
 import os
@@ -129,12 +129,17 @@ def test_wandb_offline_without_a_key_and_skipped_when_missing(tmp_path, monkeypa
     monkeypatch.delenv("WANDB_MODE", raising=False)
     calls = []
     run = types.SimpleNamespace(log=lambda m, step: calls.append(("log", step, m)), finish=lambda: calls.append("finish"))
-    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: calls.append(kw) or run))
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: calls.append(kw) or run,
+                                                                    Table=lambda **kw: ("Table", kw)))
     tracker = Tracker(["wandb"], str(tmp_path / "a"), "proj", "exp", {"lr": 1})
     tracker.log({"reward/mean": 0.5}, 1)
+    tracker.log_generations([{"response": "r", "reward_parts": {"short": 1.0}}, {"response": "s"}], 1)
     tracker.close()
     assert calls[0]["mode"] == "offline" and calls[0]["project"] == "proj" and calls[0]["config"] == {"lr": 1}
-    assert calls[1:] == [("log", 1, {"reward/mean": 0.5}), "finish"]
+    # validation generations: a wandb Table (a field that is not a string or number as its JSON text)
+    table = ("Table", {"columns": ["step", "response", "reward_parts"],
+                       "data": [[1, "r", '{"short": 1.0}'], [1, "s", None]]})
+    assert calls[1:] == [("log", 1, {"reward/mean": 0.5}), ("log", 1, {"val/generations": table}), "finish"]
 
     monkeypatch.setenv("WANDB_API_KEY", "k")
     Tracker(["wandb"], str(tmp_path / "b"), "proj", "exp", {})
