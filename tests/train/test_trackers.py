@@ -3,13 +3,10 @@ store: a 3-step tiny run that stops after step 3 is logged but before its checkp
 holds every step's metrics exactly once, equal to metrics.jsonl's, and validation's generations in its table; a
 tracker that is not installed stops the run before the model loads with one line naming the extra.
 
-The packages are optional extras outside `.[test]` (swanlab pins protobuf<7, trackio pillow<13; installing the three
-takes ~2.5 min): the read-back tests skip when one is missing, mlflow's and swanlab's are slow. To run them all:
-pip install -e ".[test,mlflow,swanlab,trackio]" in a venv of their own, then
-pytest -m "slow or not slow" tests/train/test_trackers.py."""
+The packages are optional extras, in `.[test]` too: a missing one fails here, it is not skipped. mlflow's and
+swanlab's cases are slow (`make test-slow`)."""
 
 import glob
-import importlib.util
 import json
 import os
 import sqlite3
@@ -123,16 +120,13 @@ def _check(name: str, out: str) -> tuple[int, int, int]:
     return len(steps), len(history), len(rows)
 
 
-def _installed(name: str, slow: bool):
-    """`name`'s test case: skipped (before the fixtures build) without the extra; slow (> 20 s on 2 busy cores)."""
-    marks = [pytest.mark.skipif(importlib.util.find_spec(name) is None,
-                                reason=f'the {name} extra is not installed (pip install -e ".[{name}]")')]
-    return pytest.param(name, marks=marks + [pytest.mark.slow] * slow)
+def _case(name: str, slow: bool):
+    """`name`'s test case, marked slow where it takes > 20 s on 2 busy cores."""
+    return pytest.param(name, marks=[pytest.mark.slow] * slow)
 
 
 # mlflow ~30 s (its sqlite store's tables are made at the first run: ~12 s), swanlab ~25 s, trackio ~17 s
-@pytest.mark.parametrize("name", [_installed("mlflow", True), _installed("swanlab", True),
-                                  _installed("trackio", False)])
+@pytest.mark.parametrize("name", [_case("mlflow", True), _case("swanlab", True), _case("trackio", False)])
 def test_tracker_holds_each_step_once_across_a_resume(name, tmp_path, tiny_model_dir, counting_dir, distinct_reward,
                                                       monkeypatch, capsys):
     monkeypatch.setenv("HOME", str(tmp_path))  # no saved login: offline
