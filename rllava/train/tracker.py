@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import warnings
 from contextlib import contextmanager
 
 from rllava.train import tracker_hub
@@ -127,13 +126,9 @@ class Tracker:
 
 def start_wandb(project: str, experiment: str, config: dict, outputs_dir: str):
     """A wandb run, offline (files under outputs_dir/wandb, `wandb sync` later) unless an API key is set or
-    WANDB_MODE says otherwise; None, with a warning, when wandb is not installed."""
-    try:
-        import wandb
-    except ImportError:
-        warnings.warn("trainer.logger includes wandb but wandb is not installed (pip install wandb): skipping it",
-                      stacklevel=3)
-        return None
+    WANDB_MODE says otherwise; not installed: the run stopped before its model loaded (tracker_hub.require)."""
+    import wandb
+
     netrc = os.path.expanduser("~/.netrc")
     logged_in = os.environ.get("WANDB_API_KEY") or (os.path.isfile(netrc) and "api.wandb.ai" in open(netrc).read())
     mode = os.environ.get("WANDB_MODE") or ("online" if logged_in else "offline")

@@ -34,19 +34,22 @@ HUB_FILES = ("mlflow.db", "mlartifacts", "swanlog", "trackers.json")
 
 
 def require(loggers: list[str]) -> dict:
-    """Each named outside tracker's package, imported: {name: module}. One not installed: a one-line error naming
-    its extra."""
+    """Each named outside tracker's package, imported: {name: module} (this module's backends; wandb is checked
+    too, rllava.train.tracker starts it). One not installed: a one-line error naming what to install."""
     modules = {}
     for name in loggers:
-        if name not in BACKENDS:
+        if name not in BACKENDS and name != "wandb":
             continue
         if name == "mlflow":
             os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         try:
-            modules[name] = importlib.import_module(name)
+            module = importlib.import_module(name)
         except ImportError as e:
-            raise RllavaError(f'trainer.logger includes {name}, which is not installed: pip install "rllava[{name}]" '
+            package = "wandb" if name == "wandb" else f'"rllava[{name}]"'
+            raise RllavaError(f"trainer.logger includes {name}, which is not installed: pip install {package} "
                               f"({e})") from e
+        if name in BACKENDS:
+            modules[name] = module
     return modules
 
 

@@ -160,8 +160,9 @@ def test_tracker_holds_each_step_once_across_a_resume(name, tmp_path, tiny_model
     print(f"{name}: {resumed[0]} steps, {resumed[1]} metrics, {resumed[2]} table rows", file=sys.__stdout__)
 
 
-@pytest.mark.parametrize("name", ["mlflow", "swanlab", "trackio"])
-def test_a_tracker_not_installed_stops_before_the_model_loads(name, tmp_path, tiny_model_dir, counting_dir,
+@pytest.mark.parametrize("name, package", [("mlflow", '"rllava[mlflow]"'), ("swanlab", '"rllava[swanlab]"'),
+                                           ("trackio", '"rllava[trackio]"'), ("wandb", "wandb")])
+def test_a_tracker_not_installed_stops_before_the_model_loads(package, name, tmp_path, tiny_model_dir, counting_dir,
                                                               distinct_reward, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     monkeypatch.setitem(sys.modules, name, None)  # not installed: its import fails
@@ -172,4 +173,4 @@ def test_a_tracker_not_installed_stops_before_the_model_loads(name, tmp_path, ti
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1
     assert err.startswith(f'rllava: error: trainer.logger includes {name}, which is not installed: '
-                          f'pip install "rllava[{name}]"')
+                          f'pip install {package}')
