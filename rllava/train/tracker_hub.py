@@ -56,7 +56,7 @@ def require(loggers: list[str]) -> dict:
 def start(loggers: list[str], project: str, experiment: str, config: dict, outputs_dir: str) -> list:
     """A new run on each named outside tracker (in `loggers`' order)."""
     return [BACKENDS[name](module, project, experiment, config, outputs_dir)
-            for name, module in require(loggers).items()]
+            for name, module in require([n for n in loggers if n in BACKENDS]).items()]
 
 
 def replay(backends: list, outputs_dir: str) -> None:
