@@ -127,7 +127,7 @@ def _val_set_problems(val_files: Any, sets: Optional[dict[str, dict[str, Any]]],
 
 @dataclass
 class DataConfig:
-    train_files: str = ""  # training records: local .jsonl/.parquet/dir, or HF dataset "name@split"
+    train_files: str = ""  # training records: local .jsonl/.parquet/dir, HF dataset "name@split", or reasoning_gym:<task>?size=N&seed=S (docs/data.md)
     val_files: Any = ""  # validation records, same forms; "" = no validation set; or named sets {name: path or {path: ..., prompt_key: ...}}, each logged as val/<name>/... (docs/experiments.md)
     train_image_dir: Optional[str] = None  # root for relative image paths in train records
     val_image_dir: Optional[str] = None  # root for relative image paths in val records

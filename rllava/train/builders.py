@@ -30,6 +30,7 @@ from rllava.config import ConfigError, ModelConfig, PPOConfig
 from rllava.config.schema import agent_on, resolve_strategy, run_dir
 from rllava.data.dataset import PromptDataset, load_template
 from rllava.data.protocol import Batch
+from rllava.data.reasoning_gym import is_reasoning_gym, task_dataset
 from rllava.data.records import check_local
 from rllava.data.sampler import EpochSampler
 from rllava.engine.inference.base import SamplingParams, build_rollout_engine, engine_for
@@ -40,6 +41,7 @@ from rllava.model.loader import build_policy, load_frozen, load_model, make_trai
 from rllava.model.value import ValueModel
 from rllava.model.processor import get_tokenizer, load_processor
 from rllava.reward.function import RewardFunction, load_reward_function
+from rllava.reward.reasoning_gym import ReasoningGymScore, uses_reasoning_gym
 from rllava.reward.models import build_model_reward, model_sources
 from rllava.reward.scoring import Scoring
 from rllava.roles.actor import Actor, Distillation, ExpertLoss, MicroBatching
@@ -114,15 +116,23 @@ def check_data_paths(cfg: PPOConfig, given=(None, None)) -> None:
     """The data files `build_datasets` will read that look local but are missing (and a named validation set's
     format_prompt): one line, before the model loads."""
     if given[0] is None:
-        check_local(cfg.data.train_files, f"data.train_files={cfg.data.train_files}")
+        check_source(cfg.data.train_files, "data.train_files")
     if given[1] is not None or not validates(cfg):
         return
     sets = cfg.data.val_sets()
     if sets is None and cfg.data.val_files:
-        check_local(cfg.data.val_files, f"data.val_files={cfg.data.val_files}")
+        check_source(cfg.data.val_files, "data.val_files")
     for name, entry in (sets or {}).items():  # each named set's records, and its own template
-        check_local(entry["path"], f"data.val_files.{name}.path={entry['path']}")
+        check_source(entry["path"], f"data.val_files.{name}.path")
         load_template(entry.get("format_prompt"), f"data.val_files.{name}.format_prompt")
+
+
+def check_source(spec: str, key: str) -> None:
+    """A reasoning_gym: spec names a task and parameters it takes; a local-looking path exists."""
+    if is_reasoning_gym(spec):
+        task_dataset(spec, key)
+    else:
+        check_local(spec, f"{key}={spec}")
 
 
 def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None, given=(None, None)):
@@ -186,6 +196,9 @@ def build_reward(cfg: PPOConfig, functions: list[dict] | None = None) -> Scoring
     sources, program = [], cfg.rollout.agent.program and functions is None
     try:
         for s in r.sources() if functions is None else functions:
+            if "entry" not in s and not s.get("function") and uses_reasoning_gym(cfg.data):  # the tasks' own scorers
+                sources.append(("reasoning_gym", 1.0, ReasoningGymScore(strict, fallback)))
+                continue
             if "entry" in s or (program and not s.get("function")):  # a model: add_reward_models loads it
                 continue
             sources.append((s["name"], float(s["weight"]), RewardFunction(
