@@ -10,7 +10,8 @@ import pytest
 from rllava.data.protocol import Sample, Trajectory
 from rllava.data.records import DataError
 
-reasoning_gym = pytest.importorskip("reasoning_gym", reason="the reasoning-gym extra: pip install 'rllava[reasoning-gym]'")
+reasoning_gym = pytest.importorskip("reasoning_gym",
+                                    reason="the reasoning-gym extra: pip install 'rllava[reasoning-gym]'")
 
 from rllava.data.reasoning_gym import reasoning_gym_records, task_dataset  # noqa: E402
 from rllava.reward.reasoning_gym import ReasoningGymScore  # noqa: E402
@@ -88,6 +89,20 @@ def test_a_bad_spec_fails_before_the_model_loads():
                        "data.train_files=reasoning_gym:chain_sumx?seed=1"])
     with pytest.raises(DataError, match="data.train_files=reasoning_gym:chain_sumx.*the closest: 'chain_sum'"):
         B.check_data_paths(cfg)
+
+
+def test_the_tasks_scorer_scores_what_an_agent_program_leaves_to_the_reward():
+    from rllava.agent.program import ProgramScore
+    from rllava.config import load_config
+    from rllava.train import builders as B
+
+    cfg = load_config(["config=examples/tasks/counting/tiny_cpu.yaml", "reward.reward_function=null",
+                       "data.train_files=reasoning_gym:chain_sum?seed=1",
+                       "rollout.agent.program=tests/agent/programs.py:many"])
+    reward = B.build_reward(cfg)
+    ((_, _, source),) = reward.sources
+    assert isinstance(source, ProgramScore) and [n for n, _, _ in source.inner.sources] == ["reasoning_gym"]
+    reward.close()
 
 
 def test_two_grpo_steps_on_a_task_scored_by_its_own_scorer(tmp_path, tiny_model_dir, monkeypatch):
