@@ -82,8 +82,7 @@ def environment_records(env, split: str, prompt_key: str, answer_key: str) -> li
     """The env's `dataset` ("train") or `eval_dataset` ("eval") as records: the last user message's text (what
     logs and the no-request fallback show; the env renders its own prompt), the answer, and `verifiers_row`
     ([split, index]) naming the row the episode runs. None: the env has no such dataset."""
-    dataset = env.get_dataset() if split == "train" and env.dataset is not None else \
-        env.get_eval_dataset() if split == "eval" and env.eval_dataset is not None else None
+    dataset = env.build_dataset() if split == "train" else env.build_eval_dataset()  # built from a source if lazy
     if dataset is None:
         return None
     records = []
@@ -105,7 +104,7 @@ def environment_program(env):
     def row(sample) -> dict:
         split, index = sample.extra["verifiers_row"]
         if split not in datasets:
-            datasets[split] = env.get_dataset() if split == "train" else env.get_eval_dataset()
+            datasets[split] = env.build_dataset() if split == "train" else env.build_eval_dataset()
         return dict(datasets[split][index])
 
     async def run(client, sample):

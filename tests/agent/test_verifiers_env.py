@@ -120,6 +120,18 @@ def test_a_bad_environment_is_one_line_naming_the_key(spec, kwargs, message):
     assert "\n" not in str(e.value)
 
 
+def test_a_run_that_validates_needs_the_envs_eval_dataset():
+    from rllava.train import builders as B
+
+    cfg = load_config(BASE + [f"rollout.agent.environment=verifiers:{ENVS}:load_tool_environment"])
+    with pytest.raises(ConfigError, match="the environment has no eval_dataset to validate on: give it one, or set"):
+        B.environment_datasets(cfg)
+    cfg = load_config(BASE + [f"rollout.agent.environment=verifiers:{ENVS}:load_tool_environment",
+                              "trainer.val_freq=-1", "trainer.val_before_train=false"])
+    train, val = B.environment_datasets(cfg)
+    assert len(train) == 4 and val is None and train[3]["verifiers_row"] == ["train", 3]
+
+
 def test_a_missing_package_names_the_extra(monkeypatch):
     from rllava.agent import verifiers_env
 
