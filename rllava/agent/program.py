@@ -101,13 +101,14 @@ def program_value(value, where: str) -> tuple[float | None, dict, str]:
 
 class ProgramRollout(Rollout):
     """rollout.agent.program: K runs of the user's program per prompt against the endpoint, rows assembled from
-    the tokens the endpoint recorded (`chains`)."""
+    the tokens the endpoint recorded (`chains`). `program`: its spec, or the function (rllava.agent.verifiers_env)."""
 
-    def __init__(self, engine, processor, program: str, *, max_turns: int, max_context: int,
+    def __init__(self, engine, processor, program, *, max_turns: int, max_context: int,
                  episode_timeout: float, strict: bool = False, min_pixels=None, max_pixels=None,
-                 skip_special_tokens: bool = True, window: float = 0.2):
+                 skip_special_tokens: bool = True, window: float = 0.2, key: str = "rollout.agent.program"):
         super().__init__(engine, processor, skip_special_tokens=skip_special_tokens)
-        self.program = load_reward_function(program, key="rollout.agent.program")
+        self.key = key  # the config key errors name
+        self.program = program if callable(program) else load_reward_function(program, key="rollout.agent.program")
         self.max_turns, self.timeout, self.strict = max_turns, episode_timeout, strict
         self.endpoint = PolicyEndpoint(processor, max_context=max_context, min_pixels=min_pixels,
                                        max_pixels=max_pixels, window=window)
@@ -170,7 +171,7 @@ class ProgramRollout(Rollout):
         reward, metrics, error = program_value(value, sample.where)
         error = episode.error or error
         if error:
-            message = f"rollout.agent.program: the episode of {sample.where} {error}"
+            message = f"{self.key}: the episode of {sample.where} {error}"
             if self.strict:
                 raise RllavaError(message + " (reward.strict=true; false scores such an episode 0)")
             log.warning("%s: scored 0", message)

@@ -127,7 +127,7 @@ def _val_set_problems(val_files: Any, sets: Optional[dict[str, dict[str, Any]]],
 
 @dataclass
 class DataConfig:
-    train_files: str = ""  # training records: local .jsonl/.parquet/dir, or HF dataset "name@split"
+    train_files: str = ""  # training records: local .jsonl/.parquet/dir, HF dataset "name@split", or reasoning_gym:<task>?size=N&seed=S (docs/data.md)
     val_files: Any = ""  # validation records, same forms; "" = no validation set; or named sets {name: path or {path: ..., prompt_key: ...}}, each logged as val/<name>/... (docs/experiments.md)
     train_image_dir: Optional[str] = None  # root for relative image paths in train records
     val_image_dir: Optional[str] = None  # root for relative image paths in val records
@@ -683,6 +683,8 @@ class AgentConfig:  # rllava section: multi-turn agent rollouts (rllava.agent), 
     plugins: list[str] = field(default_factory=list)  # user .py files that @register_tool their own tools
     program: Optional[str] = None  # an agent written for an OpenAI client, path/agent.py:run (rllava.agent.program)
     episode_timeout: float = 600.0  # seconds an agent program's episode may run; past it: scored 0, a warning
+    environment: Optional[str] = None  # a verifiers Environment as the agent: verifiers:<module or env.py>[:function] (rllava.agent.verifiers_env)
+    environment_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of rollout.agent.environment's load function
 
     def check(self, prefix: str) -> list[str]:
         p: list[str] = []
@@ -693,8 +695,15 @@ class AgentConfig:  # rllava section: multi-turn agent rollouts (rllava.agent), 
                 p.append(f"{prefix}.program={self.program!r}: expected path/to/agent.py:function_name")
             elif not os.path.isfile(os.path.expanduser(path)):
                 p.append(f"{prefix}.program={self.program!r}: file {path!r} does not exist")
-        if self.program and (self.tools or self.plugins):
-            p.append(f"{prefix}.program runs an agent of its own: its tools are its own, unset {prefix}.tools/plugins")
+        if self.program and self.environment:
+            p.append(f"{prefix}.program and {prefix}.environment both give the agent: set one")
+        if self.environment and not self.environment.startswith("verifiers:"):
+            p.append(f"{prefix}.environment={self.environment!r}: expected verifiers:<module or path/env.py>[:function]")
+        if self.environment_kwargs and not self.environment:
+            p.append(f"{prefix}.environment_kwargs is for {prefix}.environment: set that too")
+        own = "program" if self.program else "environment" if self.environment else None
+        if own and (self.tools or self.plugins):
+            p.append(f"{prefix}.{own} runs an agent of its own: its tools are its own, unset {prefix}.tools/plugins")
         _choice(p, f"{prefix}.tool_format", self.tool_format, ["tags", "json", "fenced"])
         _positive(p, f"{prefix}.tool_workers", self.tool_workers)
         _positive(p, f"{prefix}.round_image_mb", self.round_image_mb)
@@ -750,8 +759,9 @@ class RolloutConfig:
         _choice(p, f"{prefix}.hf_decode", self.hf_decode, HF_DECODE_MODES)
         _positive(p, f"{prefix}.max_turns", self.max_turns)
         p += self.agent.check(f"{prefix}.agent")
-        if self.agent.program and (self.partial_rollout or self.tool_config_path or self.env_config_path):
-            p.append(f"{prefix}.agent.program runs whole episodes in one step: unset {prefix}.partial_rollout, "
+        own = "program" if self.agent.program else "environment" if self.agent.environment else None
+        if own and (self.partial_rollout or self.tool_config_path or self.env_config_path):
+            p.append(f"{prefix}.agent.{own} runs whole episodes in one step: unset {prefix}.partial_rollout, "
                      f"tool_config_path and env_config_path")
         _nonnegative(p, f"{prefix}.temperature", self.temperature, "0 = greedy")
         if not 0 < self.top_p <= 1:
@@ -1031,7 +1041,7 @@ def rllava_target_dataset(spec: str | None) -> str | None:
 def agent_on(c) -> bool:
     """Multi-turn agent rollouts (rllava.agent.rollout.AgentRollout): registered tools, or RLLaVA's tool/env files."""
     return bool(c.rollout.agent.tools or c.rollout.tool_config_path or c.rollout.env_config_path
-                or c.rollout.agent.program)
+                or c.rollout.agent.program or c.rollout.agent.environment)
 
 
 # GiGPO's keys at the values that describe what happens without it (RLLaVA's agent scripts set discount=1.0):
@@ -1390,10 +1400,14 @@ class PPOConfig:
                  if get_key(self, k)]
         if len(given) > 1:
             p.append(f"{given[0]} and {given[1]} both pick the agent's tools: set one")
-        elif self.rollout.agent.program:  # an agent program: its own tools, calls and observations
+        elif self.rollout.agent.program or self.rollout.agent.environment:  # its own tools, calls and observations
+            own = "program" if self.rollout.agent.program else "environment"
             p += self._leave(self._changed([k for k in AGENT_KEYS if k.startswith("rollout.agent.") and
                                             k != "rollout.agent.episode_timeout"]),
-                             "is read only by rllava's tools, not by rollout.agent.program")
+                             f"is read only by rllava's tools, not by rollout.agent.{own}")
+            if self.rollout.agent.environment and (self.data.train_files or self.data.val_files):
+                p.append("rollout.agent.environment brings its records (its dataset, and eval_dataset for "
+                         "validation): unset data.train_files and data.val_files")
         elif not self.rollout.agent.tools:  # class files: the tools parse their own calls and take their own config
             p += self._leave(self._changed(["rollout.agent.tool_kwargs", "rollout.agent.tool_format"]),
                              f"is read only by registered tools (rollout.agent.tools), not by {given[0]}'s classes")

@@ -21,6 +21,7 @@ import jinja2
 
 from rllava.data.images import load_image, normalize_image_list, resize_to_pixel_bounds, stored_size
 from rllava.data.protocol import Sample
+from rllava.data.reasoning_gym import is_reasoning_gym, reasoning_gym_records
 from rllava.data.records import DataError, base_dir, check_keys, check_values, load_records
 from rllava.config.schema import RLLAVA_AGENT_DATASET, rllava_dataset
 from rllava.data.video import VideoSpec, load_video
@@ -138,6 +139,8 @@ class PromptDataset:
     def __init__(self, spec: str, data_cfg, processor, *, image_dir: str | None = None,
                  target_key: str | None = None, limit_images: int = 0, records=None, key: str | None = None):
         self.spec, self.cfg, self.processor, self.target_key = spec, data_cfg, processor, target_key
+        if records is None and is_reasoning_gym(spec):  # procedural tasks, generated here (rllava.data.reasoning_gym)
+            records = reasoning_gym_records(spec, data_cfg.prompt_key, data_cfg.answer_key, key or "data")
         self.records = load_records(spec, max_samples=data_cfg.max_samples, given=records, key=key)
         self.final_answers = rllava_dataset(data_cfg.dataset_class) == RLLAVA_AGENT_DATASET
         if self.final_answers:

@@ -20,6 +20,7 @@ from rllava.agent import code as _code  # noqa: F401  (registers the code tool)
 from rllava.agent import search as _search  # noqa: F401  (registers the search tool)
 from rllava.agent.classes import ClassEnv, ClassToolsEnv
 from rllava.agent.program import ProgramRollout, ProgramScore
+from rllava.agent.verifiers_env import environment_program, environment_records, load_verifiers_env
 from rllava.agent.rollout import AgentRollout
 from rllava.agent.tools import ToolEnv, build_tools
 from rllava.algorithms.curriculum import sampler_class
@@ -31,6 +32,7 @@ from rllava.config import ConfigError, ModelConfig, PPOConfig
 from rllava.config.schema import agent_on, resolve_strategy, run_dir
 from rllava.data.dataset import PromptDataset, load_template
 from rllava.data.protocol import Batch
+from rllava.data.reasoning_gym import is_reasoning_gym, task_dataset
 from rllava.data.records import check_local
 from rllava.data.sampler import EpochSampler
 from rllava.engine.inference.base import SamplingParams, build_rollout_engine, engine_for
@@ -41,6 +43,7 @@ from rllava.model.loader import build_policy, load_frozen, load_model, make_trai
 from rllava.model.value import ValueModel
 from rllava.model.processor import get_tokenizer, load_processor
 from rllava.reward.function import RewardFunction, load_reward_function
+from rllava.reward.reasoning_gym import ReasoningGymScore, uses_reasoning_gym
 from rllava.reward.models import build_model_reward, model_sources
 from rllava.reward.scoring import Scoring
 from rllava.roles.actor import Actor, Distillation, ExpertLoss, MicroBatching
@@ -115,15 +118,23 @@ def check_data_paths(cfg: PPOConfig, given=(None, None)) -> None:
     """The data files `build_datasets` will read that look local but are missing (and a named validation set's
     format_prompt): one line, before the model loads."""
     if given[0] is None:
-        check_local(cfg.data.train_files, f"data.train_files={cfg.data.train_files}")
+        check_source(cfg.data.train_files, "data.train_files")
     if given[1] is not None or not validates(cfg):
         return
     sets = cfg.data.val_sets()
     if sets is None and cfg.data.val_files:
-        check_local(cfg.data.val_files, f"data.val_files={cfg.data.val_files}")
+        check_source(cfg.data.val_files, "data.val_files")
     for name, entry in (sets or {}).items():  # each named set's records, and its own template
-        check_local(entry["path"], f"data.val_files.{name}.path={entry['path']}")
+        check_source(entry["path"], f"data.val_files.{name}.path")
         load_template(entry.get("format_prompt"), f"data.val_files.{name}.format_prompt")
+
+
+def check_source(spec: str, key: str) -> None:
+    """A reasoning_gym: spec names a task and parameters it takes; a local-looking path exists."""
+    if is_reasoning_gym(spec):
+        task_dataset(spec, key)
+    else:
+        check_local(spec, f"{key}={spec}")
 
 
 def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None, given=(None, None)):
@@ -132,6 +143,8 @@ def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None, giv
     (data.*_files), a PromptDataset (as built) or records (checked as a file's)."""
     if cfg.data.override_chat_template:
         processor.chat_template = cfg.data.override_chat_template
+    if cfg.rollout.agent.environment:  # a verifiers env's dataset / eval_dataset (rllava.agent.verifiers_env)
+        given = environment_datasets(cfg)
     limit = cfg.rollout.limit_images  # the reference responses are read from the training records only
 
     def dataset(files, records, name, image_dir, key, **kw):
@@ -153,6 +166,19 @@ def build_datasets(cfg: PPOConfig, processor, target_key: str | None = None, giv
         val[name] = PromptDataset(entry["path"], dataclasses.replace(cfg.data, **own), processor, limit_images=limit,
                                   image_dir=entry.get("image_dir") or cfg.data.val_image_dir,
                                   key=f"data.val_files.{name}.path")
+    return train, val
+
+
+def environment_datasets(cfg: PPOConfig) -> tuple[list[dict], list[dict] | None]:
+    """rollout.agent.environment's records: its dataset (an error without one), its eval_dataset (or None)."""
+    spec, d = cfg.rollout.agent.environment, cfg.data
+    env = load_verifiers_env(spec, cfg.rollout.agent.environment_kwargs)
+    train, val = (environment_records(env, split, d.prompt_key, d.answer_key) for split in ("train", "eval"))
+    if train is None:
+        raise ConfigError(f"rollout.agent.environment={spec}: the environment has no dataset to train on")
+    if val is None and validates(cfg):
+        raise ConfigError(f"rollout.agent.environment={spec}: the environment has no eval_dataset to validate on: "
+                          "give it one, or set trainer.val_freq=-1 and trainer.val_before_train=false")
     return train, val
 
 
@@ -184,9 +210,12 @@ def build_reward(cfg: PPOConfig, functions: list[dict] | None = None) -> Scoring
     under reward.timeout / strict / num_cpus."""
     r, ob, rp = cfg.reward, cfg.reward.overlong_buffer, cfg.reward.repetition_penalty
     strict, fallback = r.error_policy()
-    sources, program = [], cfg.rollout.agent.program and functions is None
+    sources, program = [], (cfg.rollout.agent.program or cfg.rollout.agent.environment) and functions is None
     try:
         for s in r.sources() if functions is None else functions:
+            if "entry" not in s and not s.get("function") and uses_reasoning_gym(cfg.data):  # the tasks' own scorers
+                sources.append(("reasoning_gym", 1.0, ReasoningGymScore(strict, fallback)))
+                continue
             if "entry" in s or (program and not s.get("function")):  # a model: add_reward_models loads it
                 continue
             sources.append((s["name"], float(s["weight"]), RewardFunction(
@@ -252,6 +281,9 @@ def build_agent_env(cfg: PPOConfig):
     if cfg.rollout.agent.program:  # a program brings its own tools; a wrong function name fails before the model loads
         load_reward_function(cfg.rollout.agent.program, key="rollout.agent.program")
         return None
+    if cfg.rollout.agent.environment:  # a verifiers env: loaded (once) before the model, its records and rollouts
+        load_verifiers_env(cfg.rollout.agent.environment, cfg.rollout.agent.environment_kwargs)
+        return None
     if not agent_on(cfg):
         return None
     a = cfg.rollout.agent
@@ -273,12 +305,16 @@ def build_rollout(cfg: PPOConfig, processor, device: torch.device, env=None) -> 
         log.warning("actor.fsdp.offload_params=true has no effect with rollout.name=%s: that engine samples with "
                     "the training model, whose weights must stay on the device", cfg.rollout.name)
     a = cfg.rollout.agent  # multi-turn: the same engine, a driver that runs tools (or the user's program)
-    if a.program:  # rllava.agent.program: an agent written for an OpenAI client, the policy as its endpoint
-        return ProgramRollout(engine, processor, a.program, max_turns=cfg.rollout.max_turns,
+    if a.program or a.environment:  # an agent written for an OpenAI client (or a verifiers env run as one)
+        program, key = a.program, "rollout.agent.program"
+        if a.environment:
+            program = environment_program(load_verifiers_env(a.environment, a.environment_kwargs))
+            key = "rollout.agent.environment"
+        return ProgramRollout(engine, processor, program, max_turns=cfg.rollout.max_turns,
                               max_context=cfg.data.max_prompt_length + cfg.data.max_response_length,
                               episode_timeout=a.episode_timeout, strict=cfg.reward.error_policy()[0],
                               min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
-                              skip_special_tokens=cfg.reward.skip_special_tokens)
+                              skip_special_tokens=cfg.reward.skip_special_tokens, key=key)
     env = env or build_agent_env(cfg)
     if env is None:
         return Rollout(engine, processor, skip_special_tokens=cfg.reward.skip_special_tokens)

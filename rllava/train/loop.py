@@ -108,7 +108,8 @@ def build_run(cfg, *, role: str = "rl", given: Given | None = None) -> Run:
     fresh = O.check_outputs(cfg, outputs_dir, resume_from) and not serving  # another run's outputs there: one line
     resume_from = None if serving else resume_from  # a rollout rank reads its own (async_rl.serve)
     # the reward file first: a typo in it fails in a second, not after loading the model
-    scores = cfg.reward.reward_function or cfg.reward.reward_functions or cfg.reward.model.model_path
+    scores = (cfg.reward.reward_function or cfg.reward.reward_functions or cfg.reward.model.model_path
+              or B.uses_reasoning_gym(cfg.data))
     reward = B.build_reward(cfg) if not sft or (cfg.data.val_files and scores) else None
     val_rewards = B.build_val_rewards(cfg) if not serving else {}
     sampled = reward is not None or (sft and agent_on(cfg))  # the run samples (agents' SFT replays through tools)
