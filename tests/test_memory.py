@@ -1,4 +1,5 @@
-"""rllava.commands.memory: the planner's per-phase peaks against the real step's, the CLI, and a seed model by name."""
+"""rllava.train.memory (its CLI: rllava.commands.memory): the planner's per-phase peaks against the real step's, the
+CLI, and a seed model by name."""
 
 import json
 import os
@@ -9,8 +10,8 @@ import pytest
 import torch
 
 from rllava.commands import memory
-from rllava.commands.memory import planner
-from rllava.commands.memory.fake import fake_mode
+from rllava.train.memory import planner
+from rllava.train.memory.fake import fake_mode
 from rllava.config import load_config
 from rllava.model import ulysses
 from rllava.errors import RllavaError

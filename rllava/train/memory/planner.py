@@ -1,4 +1,4 @@
-"""One configured step's device memory, phase by phase (see rllava.commands.memory), its batching and reference as
+"""One configured step's device memory, phase by phase (see rllava.train.memory), its batching and reference as
 the trainer's builders decide them, and the single changes that lower its peak, each planned again."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rllava.commands.memory.fake import fake_mode, on_real_values, real_values
-from rllava.commands.memory.torch_private import (device_peak, fake_constants, fake_process_group, fsdp_groups,
+from rllava.train.memory.fake import fake_mode, on_real_values, real_values
+from rllava.train.memory.torch_private import (device_peak, fake_constants, fake_process_group, fsdp_groups,
                                                   gathered, real_tensors, scale_)
 from rllava.errors import RllavaError
 from rllava.model import ulysses
