@@ -17,7 +17,7 @@ import types
 import typing
 import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from rllava.errors import ConfigError
 
@@ -501,14 +501,20 @@ class CheckpointConfig:
         return p
 
 
+# The actor's micro-batch sizes that take `auto` (rllava.train.memory.auto; where nothing can be planned, no GPU and
+# no trainer.memory_budget_gb, each takes its schema default): the sequence counts, then dynamic batching's budgets.
+AUTO_SIZES = ("ppo_micro_batch_size", "log_prob_micro_batch_size", "ppo_max_token_len_per_gpu",
+              "log_prob_max_token_len_per_gpu")
+
+
 @dataclass
 class ActorConfig:
     strategy: str = "auto"  # auto (RLLaVA: fsdp2): fsdp2 under torchrun or with fsdp CPU offload on a GPU, else single | single | fsdp2 | deepspeed | accelerate (HF Accelerate: trainer.accelerate_config, docs/engines.md); fsdp2 (or deepspeed) on one plain `python -m` process runs as a world of one (docs/engines.md)
     ppo_mini_batch_size: int = 256  # prompts per optimizer step (x rollout.n responses)
-    ppo_micro_batch_size: int = 4  # sequences per forward/backward (gradient accumulation unit)
-    log_prob_micro_batch_size: int = 16  # sequences per forward when computing old log-probs
-    ppo_max_token_len_per_gpu: int = 16384  # verl: tokens per forward/backward when model.dynamic_batching (instead of ppo_micro_batch_size): a micro-batch's tokens are rows x its longest row, or with model.padding_free the sum of its rows' lengths; a row over the budget runs alone
-    log_prob_max_token_len_per_gpu: int = 32768  # verl: tokens per old-log-prob forward when model.dynamic_batching (instead of log_prob_micro_batch_size); it can take more: the no-grad pass keeps no activations for a backward
+    ppo_micro_batch_size: Union[int, str] = 4  # sequences per forward/backward (gradient accumulation unit); rllava: auto = the largest the memory planner fits in the device (trainer.memory_budget_gb), said in one line before the first step (docs/performance.md; no GPU and no budget: 4)
+    log_prob_micro_batch_size: Union[int, str] = 16  # sequences per forward when computing old log-probs; rllava: auto = the largest the planner fits (as ppo_micro_batch_size; no GPU and no budget: 16)
+    ppo_max_token_len_per_gpu: Union[int, str] = 16384  # verl: tokens per forward/backward when model.dynamic_batching (instead of ppo_micro_batch_size): a micro-batch's tokens are rows x its longest row, or with model.padding_free the sum of its rows' lengths; a row over the budget runs alone; rllava: auto = as many full-length rows as the planner fits (no GPU and no budget: 16384)
+    log_prob_max_token_len_per_gpu: Union[int, str] = 32768  # verl: tokens per old-log-prob forward when model.dynamic_batching (instead of log_prob_micro_batch_size); it can take more: the no-grad pass keeps no activations for a backward; rllava: auto as ppo_max_token_len_per_gpu (no GPU and no budget: 32768)
     logprob_chunk_size: int = 512  # rllava: trained tokens per LM-head chunk; 0 or -1 = all at once (full logits). Only one chunk's [tokens x vocab] logits is alive at a time (1024 x 152k vocab: 0.6 GB in fp32): with grad each chunk is recomputed in the backward (activation checkpointing of the LM head, log-softmax, entropy)
     max_grad_norm: float = 1.0  # clip the gradient norm to this
     skip_grad_norm: float = 80.0  # skip the optimizer step when the pre-clip grad norm exceeds this
@@ -558,9 +564,12 @@ class ActorConfig:
     def check(self, prefix: str = "actor") -> list[str]:
         p: list[str] = []
         _choice(p, f"{prefix}.strategy", self.strategy, ACTOR_STRATEGIES)
-        for name in ("ppo_mini_batch_size", "ppo_micro_batch_size", "log_prob_micro_batch_size", "ppo_epochs",
-                     "max_grad_norm", "ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
+        for name in ("ppo_mini_batch_size", "ppo_epochs", "max_grad_norm"):
             _positive(p, f"{prefix}.{name}", getattr(self, name))
+        for name in AUTO_SIZES:
+            value = getattr(self, name)
+            if isinstance(value, str) and value != "auto" or not isinstance(value, str) and not value > 0:
+                p.append(f"{prefix}.{name}={_show(value)} must be > 0 or auto (sized by the memory planner)")
         _positive(p, f"{prefix}.logprob_chunk_size", self.logprob_chunk_size, 0, -1)
         for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
             _nonnegative(p, f"{prefix}.{name}", getattr(self, name))
@@ -963,11 +972,13 @@ class TrainerConfig:
     seed: int = 1  # rllava: model-init and sampling RNG seed
     val_greedy: bool = False  # rllava: also validate greedily, logged under val_greedy/
     device: str = "auto"  # rllava: auto | cpu | cuda (auto = cuda when available)
+    memory_budget_gb: Optional[float] = None  # rllava: GiB of device memory that the auto micro-batches (actor.ppo_micro_batch_size=auto, ...) are sized for, less a 10 % margin; None = the device's (its per-process memory fraction applied; no GPU: each auto takes its default); a run's config.yaml holds the sizes chosen instead
 
     def check(self, prefix: str = "trainer") -> list[str]:
         p: list[str] = []
         _positive(p, f"{prefix}.total_epochs", self.total_epochs)
         _positive(p, f"{prefix}.max_steps", self.max_steps, None)
+        _positive(p, f"{prefix}.memory_budget_gb", self.memory_budget_gb, None)
         for key in ("project_name", "experiment_name"):  # folders of the outputs: <outputs_dir>/<project>/<exp>
             name = str(getattr(self, key))
             if not name or os.path.isabs(name) or ".." in name.split("/") or name in (".", "./"):
@@ -1193,6 +1204,10 @@ class PPOConfig:
             p.append("actor.policy_loss.loss_mode=decoupled_ppo already weights each token by pi_old / pi_rollout: "
                      "leave algorithm.rollout_is=none and actor.tis_imp_ratio_cap=-1 (algorithm.rollout_rs composes)")
         accelerate = "accelerate" in {self.actor.strategy, self.critic and self.critic.strategy}
+        if self.trainer.memory_budget_gb is not None and "auto" not in [getattr(self.actor, k) for k in AUTO_SIZES]:
+            p.append(f"trainer.memory_budget_gb={self.trainer.memory_budget_gb} sizes the auto micro-batches: set "
+                     "actor.ppo_micro_batch_size=auto (or log_prob_micro_batch_size, or the *_max_token_len_per_gpu "
+                     "budgets), or drop the key")
         if self.trainer.accelerate_config and not accelerate:
             p.append("trainer.accelerate_config is read by actor.strategy=accelerate only: set it, or drop the key")
         if p:

@@ -114,6 +114,10 @@ def build_run(cfg, *, role: str = "rl", given: Given | None = None) -> Run:
     if not serving:  # the data paths, the plugins and each registered name the run uses (estimator, losses, ...)
         B.check_data_paths(cfg, given=(given.train, given.val))
         B.named_algorithm(cfg, sft=sft)
+    if not serving:  # actor.*=auto: planned before the process group and the model
+        from rllava.train.memory.auto import size_run
+
+        size_run(cfg)
     device, outputs_dir = B.setup_run(cfg)
     reward = B.add_reward_models(reward, cfg, device) if reward is not None else None
     if given.model is None:

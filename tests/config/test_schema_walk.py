@@ -45,6 +45,7 @@ COVERED = {
     "reward.strict": "tests/reward/test_scoring.py::test_timeout_names_the_function_and_the_sample",
     "reward.fallback_score": "tests/train/test_pipelines.py::test_weighted_rewards_log_each_source_and_survive_a_nan",
     "reward.reward_functions": "tests/train/test_pipelines.py::test_weighted_rewards_log_each_source_and_survive_a_nan",
+    "trainer.memory_budget_gb": "tests/test_memory_auto.py::test_a_run_sizes_auto_before_its_first_step_and_says_so",
     "trainer.overwrite": "tests/train/test_runtime.py::test_outputs_dir_belongs_to_one_run",
     "data.train_files": "tests/data/test_records.py::test_empty_after_max_samples_and_empty_spec",
     "data.val_files": "tests/train/test_video_pipeline.py::test_rlvr_two_steps_on_videos",

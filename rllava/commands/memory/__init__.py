@@ -11,10 +11,10 @@ import re
 import sys
 
 from rllava.commands import command_parser
-from rllava.train.memory import planner
+from rllava.train.memory import auto, planner
+from rllava.train.memory.planner import GiB, show
 from rllava.errors import RllavaError
 
-GiB = 1024 ** 3
 
 
 def parse_size(text: str) -> int:
@@ -23,10 +23,6 @@ def parse_size(text: str) -> int:
     if not match:
         raise RllavaError(f"--gpu-memory={text!r}: expected a size such as 24GiB or 80GB")
     return int(float(match.group(1)) * 1024 ** "_KMGT".index(match.group(2).upper() or "_"))
-
-
-def show(n: int) -> str:
-    return f"{n / GiB:.2f} GiB" if n >= GiB / 10 else f"{n / 2 ** 20:.1f} MiB"
 
 
 def table(rows: list[dict], gpu_bytes: int | None) -> str:
@@ -82,6 +78,10 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_config(args.overrides)
         if args.world_size < 1:
             raise RllavaError(f"--world-size={args.world_size} must be at least 1")
+        budget = gpu if cfg.trainer.memory_budget_gb is None else int(cfg.trainer.memory_budget_gb * GiB)
+        sized = auto.resolve(cfg, budget, world=args.world_size)  # actor.*=auto, as a run sizes them
+        for line in sized:
+            print(line)
         for what in planner.unplanned(cfg):
             print(f"note: {what}")
         rows = planner.plan(cfg, gpu, world=args.world_size)
@@ -89,7 +89,9 @@ def main(argv: list[str] | None = None) -> None:
         print(table(rows, gpu))
         if gpu and max(r["peak"] for r in rows) > gpu:
             print("changes, each planned again:")
-            for change, peak in planner.suggest(args.overrides, gpu, world=args.world_size):
+            given = [o for o in args.overrides if not o.startswith("trainer.memory_budget_gb=")] + [
+                line.split(" (")[0].replace("=auto -> ", "=") for line in sized]  # the sizes chosen
+            for change, peak in planner.suggest(given, gpu, world=args.world_size):
                 print(f"  {change}: step peak {show(peak)} ({'fits' if peak <= gpu else 'does NOT fit'})")
     except RllavaError as e:
         print(f"rllava: error: {e}", file=sys.stderr)
