@@ -339,10 +339,16 @@ def config_keys(model_path: str, root: str, engine: str, device: str, tiny: bool
 
 
 def planned_peaks(cfg, scenario: str, device: str) -> dict:
-    """rllava.train.memory's plan of `cfg`, phase -> peak bytes (the scenario's card cap as the GPU's size)."""
+    """rllava.train.memory's plan of `cfg`, phase -> peak bytes (the scenario's card cap as the GPU's size); its
+    `auto` sizes first, as the run resolves them for that cap (rllava.train.memory.auto)."""
+    import copy
+
+    from rllava.train.memory import auto
     from rllava.train.memory.planner import plan
 
-    cap = SCENARIOS[scenario][3]
+    cap, cfg = SCENARIOS[scenario][3], copy.deepcopy(cfg)
+    auto.resolve(cfg, cap and cap * GiB, device)
+    cfg.trainer.memory_budget_gb = None
     return {row["phase"]: row["peak"] for row in plan(cfg, gpu_bytes=cap and cap * GiB, device=device)}
 
 

@@ -26,7 +26,7 @@ def test_largest_fitting_is_the_boundary_of_any_growing_peak(top):
             want = max([r for r in range(1, top + 1) if peak_of(r) <= limit], default=1)
             got, peaks = auto.largest_fitting(peak_of, limit, top)
             assert got == want, (top, limit)
-            assert all(peaks[r] == peak_of(r) for r in peaks) and len(peaks) <= 2 + 2 * top.bit_length()
+            assert all(peaks[r] == peak_of(r) for r in peaks) and len(peaks) <= 3 + 2 * top.bit_length()
 
 
 @pytest.mark.parametrize("key, extra, phase", [
@@ -97,3 +97,29 @@ def test_a_run_sizes_auto_before_its_first_step_and_says_so(tmp_path, tiny_model
     written = load_config([f"config={out}/config.yaml"])
     assert written.actor.ppo_micro_batch_size == chosen
     assert [json.loads(line)["step"] for line in open(os.path.join(out, "metrics.jsonl"))] == [1]
+
+
+def test_prefetch_and_kept_units_reach_the_fsdp2_engines(tiny_model_dir, monkeypatch):
+    """actor.fsdp.forward_prefetch / keep_gathered_units (and critic.fsdp's) reach FSDP2Engine (which shards with
+    them: tests/engine/test_sharded_engines.py::test_offload_with_prefetch_and_kept_units_matches_one_process);
+    critic.fsdp.keep_gathered_units=auto is refused (the planner sizes the actor's)."""
+    import torch
+
+    from rllava.algorithms.ppo import build_algorithm
+    from rllava.engine.train.fsdp2 import FSDP2Engine
+    from rllava.model.loader import build_policy
+    from rllava.train import builders as B
+
+    monkeypatch.setattr(FSDP2Engine, "prepare", lambda self, model, *_: setattr(self, "model", model) or model)
+    cfg = _cfg(tiny_model_dir, "actor.strategy=fsdp2", "actor.fsdp.forward_prefetch=true",
+               "actor.fsdp.keep_gathered_units=3", "algorithm.adv_estimator=gae", "critic.strategy=fsdp2",
+               "critic.fsdp.forward_prefetch=true", "critic.fsdp.keep_gathered_units=2")
+    model, _ = build_policy(cfg.actor.model, torch.device("cpu"))
+    engine = B.build_engine(cfg, model, torch.device("cpu"), 2)
+    assert engine.forward_prefetch and engine.keep_gathered_units == 3
+    critic = B.build_critic(cfg, torch.device("cpu"), 2, build_algorithm(cfg.algorithm, cfg.actor))
+    assert critic.engine.forward_prefetch and critic.engine.keep_gathered_units == 2
+    with pytest.raises(Exception, match="critic.fsdp.keep_gathered_units=auto: the memory planner sizes the actor"):
+        _cfg(tiny_model_dir, "algorithm.adv_estimator=gae", "critic.fsdp.keep_gathered_units=auto")
+    with pytest.raises(Exception, match="actor.fsdp.keep_gathered_units=-1 must be >= 0 or auto"):
+        _cfg(tiny_model_dir, "actor.fsdp.keep_gathered_units=-1")

@@ -431,7 +431,8 @@ class FSDPConfig:  # used when actor.strategy is fsdp/fsdp2; the three offload s
     offload_params: bool = False  # FSDP2: CPUOffloadPolicy (RLLaVA's); else params+grads on CPU while vLLM/SGLang run
     offload_optimizer: bool = False  # optimizer state on CPU outside the update stage (any engine)
     reshard_after_forward: bool = True  # free gathered params after forward
-    forward_prefetch: bool = False  # prefetch next all-gather during forward
+    forward_prefetch: bool = False  # FSDP2: each unit (decoder layer, vision block) starts the next one's all-gather, with CPU offload its host-to-device copy, as it starts its own forward (FSDP2 prefetches one unit in backward by itself); + one unit's gathered weights
+    keep_gathered_units: Union[int, str] = 0  # rllava, FSDP2: the last N units (forward order) keep their gathered weights from forward to backward in the update (one all-gather / host-to-device copy per micro-batch, not two; + N units' weights); auto (actor only) = as many as the memory planner fits beside the micro-batches (rllava.train.memory.auto; no GPU and no budget: 0)
     fsdp_size: int = -1  # shard group size; -1 = world size
     ulysses_size: int = 1  # RLLaVA keeps this twin of model.ulysses_size, which is the one read
     mixed_precision: Optional[dict[str, Any]] = None  # param/reduce/buffer dtypes
@@ -449,6 +450,11 @@ class FSDPConfig:  # used when actor.strategy is fsdp/fsdp2; the three offload s
         if self.ulysses_size != 1:
             p.append(f"{prefix}.ulysses_size={self.ulysses_size} is not read in rllava; set {model}.ulysses_size "
                      "instead")
+        keep = self.keep_gathered_units
+        if keep == "auto" and not prefix.startswith("actor."):
+            p.append(f"{prefix}.keep_gathered_units=auto: the memory planner sizes the actor's only; give a number")
+        elif keep != "auto" and (isinstance(keep, str) or keep < 0):
+            p.append(f"{prefix}.keep_gathered_units={_show(keep)} must be >= 0 or auto (sized by the memory planner)")
         if self.fsdp_size not in (-1, int(os.environ.get("WORLD_SIZE", "1"))):
             p.append(f"{prefix}.fsdp_size={self.fsdp_size} is not available yet in rllava (HSDP shard groups); "
                      f"set {prefix}.fsdp_size=-1 (shard over every process)")
@@ -1118,9 +1124,8 @@ REDIRECTED_KEYS = {
 # Tuning keys with nothing to tune in rllava: accepted; a change warns, saying why. (key, is_changed, why)
 NO_EFFECT_KEYS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("actor.use_torch_compile", lambda v: v, "rllava runs eager PyTorch (no torch.compile)"),
-    *[(f"{role}.fsdp.{key}", lambda v: v, why) for role in ("actor", "critic") for key, why in (
-        ("forward_prefetch", "rllava's FSDP2 engine keeps FSDP2's own prefetching"),
-        ("use_orig_params", "an FSDP1 switch: FSDP2 always trains the original parameters"))],
+    *[(f"{role}.fsdp.use_orig_params", lambda v: v, "an FSDP1 switch: FSDP2 always trains the original parameters")
+      for role in ("actor", "critic")],
     ("actor.model.tie_word_embeddings", lambda v: v,
      "the checkpoint's config decides tying (RLLaVA read it only to pick meta-device init)"),
     ("data.num_workers", lambda v: v > 0, "batches are encoded in the training process"),
@@ -1204,10 +1209,11 @@ class PPOConfig:
             p.append("actor.policy_loss.loss_mode=decoupled_ppo already weights each token by pi_old / pi_rollout: "
                      "leave algorithm.rollout_is=none and actor.tis_imp_ratio_cap=-1 (algorithm.rollout_rs composes)")
         accelerate = "accelerate" in {self.actor.strategy, self.critic and self.critic.strategy}
-        if self.trainer.memory_budget_gb is not None and "auto" not in [getattr(self.actor, k) for k in AUTO_SIZES]:
+        autos = [getattr(self.actor, k) for k in AUTO_SIZES] + [self.actor.fsdp.keep_gathered_units]
+        if self.trainer.memory_budget_gb is not None and "auto" not in autos:
             p.append(f"trainer.memory_budget_gb={self.trainer.memory_budget_gb} sizes the auto micro-batches: set "
-                     "actor.ppo_micro_batch_size=auto (or log_prob_micro_batch_size, or the *_max_token_len_per_gpu "
-                     "budgets), or drop the key")
+                     "actor.ppo_micro_batch_size=auto (or log_prob_micro_batch_size, the *_max_token_len_per_gpu "
+                     "budgets, actor.fsdp.keep_gathered_units), or drop the key")
         if self.trainer.accelerate_config and not accelerate:
             p.append("trainer.accelerate_config is read by actor.strategy=accelerate only: set it, or drop the key")
         if p:

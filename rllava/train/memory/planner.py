@@ -11,6 +11,7 @@ import types
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from rllava.train.memory.fake import fake_mode, on_real_values, real_values
 from rllava.train.memory.torch_private import (device_peak, fake_constants, fake_process_group, fsdp_groups,
@@ -179,6 +180,7 @@ class Step:
     engine_awake: bool = False  # rollout.async_mode: vLLM / SGLang keep that reservation in every phase
     params_off_in_rollout: bool = False  # offload_params: the trainer's weights on the host while vLLM/SGLang sample
     sync_bucket: int = 0  # vLLM / SGLang: bytes of one weight-sync bucket (rollout.bucket_size MB, whole tensors)
+    keep_gathered: int = 0  # FSDP2: the last units gathered from forward to backward (actor.fsdp.keep_gathered_units)
 
 
 def _rows(batching, length: int, rows: int) -> int:
@@ -226,7 +228,8 @@ def step_of(cfg, config, world: int = 1, device: str = "cuda") -> Step:
                 engine_fraction={"vllm": r.vllm.gpu_memory_utilization,
                                  "sglang": r.sglang.mem_fraction_static or 0.0}.get(r.name, 0.0),
                 engine_awake=r.async_mode and r.name != "hf",
-                params_off_in_rollout=fsdp.offload_params, sync_bucket=r.bucket_size * 2 ** 20)
+                params_off_in_rollout=fsdp.offload_params, sync_bucket=r.bucket_size * 2 ** 20,
+                keep_gathered=fsdp.keep_gathered_units if sharded else 0)
 
 
 def kv_cache_bytes(config, step: Step, dtype: torch.dtype) -> int:
@@ -264,10 +267,14 @@ def ref_pass(ref, step: Step) -> None:
 
 
 def update_pass(model, step: Step) -> None:
-    """(c) the update: one micro-batch forward (with the entropy, as the actor's loss) and backward."""
+    """(c) the update: one micro-batch forward (with the entropy, as the actor's loss) and backward; under FSDP2
+    the last step.keep_gathered units gathered from forward to backward, as the engine's update_phase keeps them."""
+    from rllava.engine.train.fsdp2 import gathered_to_backward
+
     model.train()
-    logprobs, _ = model(plan_batch(model, step, step.update_rows), with_entropy=True, **step.forward)
-    (-logprobs.sum()).backward()
+    with gathered_to_backward(model, step.keep_gathered):
+        logprobs, _ = model(plan_batch(model, step, step.update_rows), with_entropy=True, **step.forward)
+        (-logprobs.sum()).backward()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -482,7 +489,7 @@ def _frozen(cfg, config, policy, shard):
 def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1) -> list[dict]:
     """The phase rows of one step of `cfg` on one of `world` ranks (see the module docstring), each with `fits`
     (None: no GPU size)."""
-    with planned(cfg, gpu_bytes, device, world) as (run, _):
+    with planned(cfg, gpu_bytes, device, world) as (run, _, _):
         rows = run()
     for row in rows:
         row["fits"] = None if gpu_bytes is None else row["peak"] <= gpu_bytes
@@ -492,8 +499,8 @@ def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1
 @contextlib.contextmanager
 def planned(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1):
     """`cfg`'s policy (fake weights), optimizer, reference and teachers built once, as `plan` plans them; yields
-    (run, step): run(step=step, only=None) -> `run_phases`' rows of that Step (another micro-batch: see
-    rllava.train.memory.auto), of the phases in `only` (None: all)."""
+    (run, step, units): run(step=step, only=None) -> `run_phases`' rows of that Step (another micro-batch: see
+    rllava.train.memory.auto), of the phases in `only` (None: all); units: the policy's FSDP2 units (0: unsharded)."""
     from rllava.config.schema import resolve_strategy
     from rllava.engine.train.fsdp2 import mixed_precision_policy, shard_model
 
@@ -516,7 +523,8 @@ def planned(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int 
         step = step_of(cfg, config, world, device)
         mp = mixed_precision_policy(cfg.actor.fsdp.mixed_precision)
         shard = None if mesh is None else functools.partial(
-            shard_model, device=torch.device("cpu"), mp=mp, cpu_offload=step.host_shards, mesh=mesh)
+            shard_model, device=torch.device("cpu"), mp=mp, cpu_offload=step.host_shards, mesh=mesh,
+            forward_prefetch=cfg.actor.fsdp.forward_prefetch)
         kv = kv_cache_bytes(config, step, model.dtype)
         head = model.get_output_embeddings()
         tied = head is not None and head.weight is model.get_input_embeddings().weight and head.weight.requires_grad
@@ -528,7 +536,7 @@ def planned(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int 
 
         def run(step: Step = step, only: tuple[str, ...] | None = None) -> list[dict]:
             return run_phases(model, optimizer, step, kv, ref, gpu_bytes, frozen, teacher_pass, echo, only)
-        yield run, step
+        yield run, step, sum(isinstance(m, FSDPModule) for m in model.modules() if m is not model)
 
 
 def fixes(cfg, world: int = 1, device: str = "cuda") -> list[tuple[str, list[str], int]]:
