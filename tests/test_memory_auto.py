@@ -67,6 +67,8 @@ def test_without_gpu_or_budget_auto_is_the_default_and_a_budget_needs_an_auto(ti
         "actor.ppo_micro_batch_size=auto -> 4 (no GPU and no trainer.memory_budget_gb: the default)",
         "actor.log_prob_micro_batch_size=auto -> 16 (no GPU and no trainer.memory_budget_gb: the default)",
         "actor.ppo_max_token_len_per_gpu=auto -> 16384 (no GPU and no trainer.memory_budget_gb: the default)"]
+    with pytest.raises(Exception, match="an actor size set to auto: size it first"):
+        planner.plan(_cfg(tiny_model_dir, "actor.fsdp.keep_gathered_units=auto"), device="cpu")
     with pytest.raises(Exception, match="trainer.memory_budget_gb=8.0 sizes the auto micro-batches"):
         _cfg(tiny_model_dir, "trainer.memory_budget_gb=8")
     with pytest.raises(Exception, match="actor.ppo_micro_batch_size=big must be > 0 or auto"):

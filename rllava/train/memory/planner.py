@@ -501,7 +501,7 @@ def planned(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int 
     """`cfg`'s policy (fake weights), optimizer, reference and teachers built once, as `plan` plans them; yields
     (run, step, units): run(step=step, only=None) -> `run_phases`' rows of that Step (another micro-batch: see
     rllava.train.memory.auto), of the phases in `only` (None: all); units: the policy's FSDP2 units (0: unsharded)."""
-    from rllava.config.schema import resolve_strategy
+    from rllava.config.schema import AUTO_SIZES, resolve_strategy
     from rllava.engine.train.fsdp2 import mixed_precision_policy, shard_model
 
     strategy = resolve_strategy(cfg.actor.strategy, world, cfg.actor.fsdp, device)
@@ -517,6 +517,8 @@ def planned(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int 
     if cfg.rollout.name != "hf" and gpu_bytes is None:
         raise RllavaError(f"rollout.name={cfg.rollout.name} reserves a fraction of the GPU while it samples: give "
                           "--gpu-memory")
+    if "auto" in [getattr(cfg.actor, k) for k in AUTO_SIZES] + [cfg.actor.fsdp.keep_gathered_units]:
+        raise RllavaError("the plan of an actor size set to auto: size it first (rllava.train.memory.auto.resolve)")
     with (fake_process_group(world) if strategy != "single" else contextlib.nullcontext()) as mesh, fake_mode(), \
             ulysses.groups(sp):  # Ulysses: the training passes' decoders on 1/sp of each sequence, as they run
         model, config = policy_from_config(cfg, device)
