@@ -1,4 +1,4 @@
-"""The one-shot GPU check (issue 34): measured device memory per phase beside rllava.commands.memory's plan, on real sizes.
+"""The one-shot GPU check (issue 34): measured device memory per phase beside rllava.train.memory's plan, on real sizes.
 
     python benchmarks/gpu_check.py [--out gpu_check.md] [--models qwen2.5-vl-3b qwen3-vl-4b] [--engines single fsdp2]
     python benchmarks/gpu_check.py --tiny --device cpu --out /tmp/gpu_check.md     # the same code, in the fast suite
@@ -7,7 +7,7 @@ For each model x train engine, 3 GRPO steps through rllava's normal path (`rlvr.
 counting task's config `examples/tasks/counting/tiny_cpu.yaml` with the sizes below), each run in its own process
 on a GPU (a clean allocator, and an OOM in one run leaves the others' rows; on CPU all in this process).
 Models: random-init Qwen2.5-VL-3B and Qwen3-VL-4B built from their published config
-(`rllava.commands.memory.planner.SEED_MODELS`) with the tiny models' offline tokenizer and processor
+(`rllava.train.memory.planner.SEED_MODELS`) with the tiny models' offline tokenizer and processor
 (`rllava.model.tiny`; the special-token ids are the tokenizer's, the vocabulary stays the real one), saved with
 `save_pretrained` (under --root, reused by the second engine and by a rerun) and loaded by the run; bf16, sdpa,
 gradient checkpointing, HF rollout.
@@ -29,7 +29,7 @@ Measured, per run:
                    logprobs (old log-prob), Actor.update less its optimizer steps (update) and the train engine's
                    optimizer_step (optimizer); the peak stats are reset as each phase starts (a nested phase: the
                    outer one's peak so far is kept, and reset again after it); the max over the 3 steps. CPU: n/a.
-  planned          rllava.commands.memory.planner.plan(cfg) for the same config, the same phase names (fsdp2: one
+  planned          rllava.train.memory.planner.plan(cfg) for the same config, the same phase names (fsdp2: one
                    rank, planned through FSDP2 itself; made before the run's own process group exists).
   tokens/s         rllava's `perf/tokens_per_s` (prompt + response tokens of a step / step seconds), mean of steps
                    after the first (the first compiles kernels), from the run's metrics.jsonl.
@@ -139,7 +139,7 @@ def build_model(name: str, out_dir: str, device: str) -> str:
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from rllava.commands.memory.planner import model_config
+    from rllava.train.memory.planner import model_config
     from rllava.model.tiny import SIZES, _model_and_processor, build_tokenizer
     from rllava.utils.fs import atomic_directory
 
@@ -339,10 +339,16 @@ def config_keys(model_path: str, root: str, engine: str, device: str, tiny: bool
 
 
 def planned_peaks(cfg, scenario: str, device: str) -> dict:
-    """rllava.commands.memory's plan of `cfg`, phase -> peak bytes (the scenario's card cap as the GPU's size)."""
-    from rllava.commands.memory.planner import plan
+    """rllava.train.memory's plan of `cfg`, phase -> peak bytes (the scenario's card cap as the GPU's size); its
+    `auto` sizes first, as the run resolves them for that cap (rllava.train.memory.auto)."""
+    import copy
 
-    cap = SCENARIOS[scenario][3]
+    from rllava.train.memory import auto
+    from rllava.train.memory.planner import plan
+
+    cap, cfg = SCENARIOS[scenario][3], copy.deepcopy(cfg)
+    auto.resolve(cfg, cap and cap * GiB, device)
+    cfg.trainer.memory_budget_gb = None
     return {row["phase"]: row["peak"] for row in plan(cfg, gpu_bytes=cap and cap * GiB, device=device)}
 
 

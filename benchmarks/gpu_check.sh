@@ -49,7 +49,7 @@ OUT=${OUT:-.}
 
 check='import transformers, sys
 assert int(transformers.__version__.split(".")[0]) >= 5, f"transformers {transformers.__version__} < 5"
-import rllava.train.pipeline.rlvr, rllava.commands.memory'
+import rllava.train.pipeline.rlvr, rllava.train.memory.planner'
 if ! (cd /tmp && $PY -c "import rllava" 2>/dev/null); then  # not installed (gpu_check.py would manage without)
     $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . \
         || echo "note: pip install -e . failed; gpu_check.py puts the repo on sys.path itself"

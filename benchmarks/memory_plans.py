@@ -4,11 +4,11 @@
 
 Each `examples/tasks/*/*.sh` (the tiny CPU ones aside) is run by bash with `python` and `torchrun` replaced by
 functions that print their arguments, so what is planned is the command line the script would launch, variables
-expanded and nothing executed; its keys go through `load_config` and `rllava.commands.memory.planner.plan` on one
-of torchrun's --nproc_per_node ranks (see rllava.commands.memory's docstring), timed on this machine. A table row
+expanded and nothing executed; its keys go through `load_config` and `rllava.train.memory.planner.plan` on one
+of torchrun's --nproc_per_node ranks (see rllava.train.memory's docstring), timed on this machine. A table row
 per script: model, GPUs, the phase at the peak, the step's peak and whether it fits `--gpu-memory`, the seconds the
 plan took (issue 34: each under a minute on this 2-core CPU) and what the plan counts another way
-(`rllava.commands.memory.planner.unplanned`).
+(`rllava.train.memory.planner.unplanned`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     sys.path.insert(0, REPO)
     from rllava.commands import memory
-    from rllava.commands.memory import planner
+    from rllava.train.memory import planner
     from rllava.config import load_config
 
     gpu = memory.parse_size(args.gpu_memory)

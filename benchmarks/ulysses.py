@@ -7,7 +7,7 @@ training forward (`token_logprobs`, with the entropy) and backward on a random-i
 (`rllava.model.tiny`, --size), float32, sdpa, gradient checkpointing; sp=1 in one process, sp=2 on two gloo
 processes (`torchrun`), each process one thread (OMP_NUM_THREADS=1: per-rank time against one rank's).
   s / step      median wall seconds of forward + backward over --reps (after one warm-up), the slowest rank's
-  peak MiB      torch's MemTracker peak (the planner's, rllava.commands.memory) of activations + temporaries over one forward + backward, per rank
+  peak MiB      torch's MemTracker peak (the planner's, rllava.train.memory) of activations + temporaries over one forward + backward, per rank
                 (the weights and gradients, the same for both, left out)
 Prints the table (markdown)."""
 
@@ -28,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def worker(model_dir: str, lengths: list[int], reps: int, out: str) -> None:
     import torch
 
-    from rllava.commands.memory.torch_private import device_peak
+    from rllava.train.memory.torch_private import device_peak
     from rllava import distributed as D
     from rllava.config.schema import ModelConfig
     from rllava.data.protocol import Sample, Segment, Trajectory, collate

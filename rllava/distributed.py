@@ -62,16 +62,20 @@ def bridge():
     return _split["bridge"], _split["rank"], _split["trainers"]
 
 
+def pick_device(device: str = "auto") -> torch.device:
+    """This rank's device (trainer.device): auto and cuda take LOCAL_RANK's GPU, if there is one."""
+    if device not in ("auto", "cuda"):
+        return torch.device(device)
+    if torch.cuda.is_available():  # rollout ranks beyond the GPUs there are (a 1-GPU async test run) share them
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
 def init(device: str = "auto") -> torch.device:
     """Join the process group when launched with several processes; return this rank's device."""
-    if device not in ("auto", "cuda"):
-        chosen = torch.device(device)
-    elif torch.cuda.is_available():
-        # rollout ranks beyond the GPUs there are (a 1-GPU async test run) share them
-        chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    chosen = pick_device(device)
+    if device in ("auto", "cuda") and chosen.type == "cuda":
         torch.cuda.set_device(chosen)
-    else:
-        chosen = torch.device("cpu")
     backend = "nccl" if chosen.type == "cuda" else "gloo"
     global _joined
     if _split and not dist.is_initialized():  # this role's own world, on the launch's store

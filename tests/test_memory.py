@@ -1,4 +1,5 @@
-"""rllava.commands.memory: the planner's per-phase peaks against the real step's, the CLI, and a seed model by name."""
+"""rllava.train.memory (its CLI: rllava.commands.memory): the planner's per-phase peaks against the real step's, the
+CLI, and a seed model by name."""
 
 import json
 import os
@@ -9,8 +10,8 @@ import pytest
 import torch
 
 from rllava.commands import memory
-from rllava.commands.memory import planner
-from rllava.commands.memory.fake import fake_mode
+from rllava.train.memory import planner
+from rllava.train.memory.fake import fake_mode
 from rllava.config import load_config
 from rllava.model import ulysses
 from rllava.errors import RllavaError
@@ -265,14 +266,20 @@ def test_lora_trains_adapters_only_and_its_reference_is_the_policy_itself(tiny_m
     assert full["update"]["parameters"] < lora["update"]["parameters"] < 1.5 * full["update"]["parameters"]
 
 
-@pytest.mark.parametrize("sp", [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
-def test_fsdp2_on_two_ranks_plans_as_it_runs(tiny_model_dir, tmp_path, sp):
+PREFETCH = ("actor.fsdp.forward_prefetch=true", "actor.fsdp.keep_gathered_units=3")
+
+
+@pytest.mark.parametrize("sp, extra", [pytest.param(1, (), marks=pytest.mark.slow),
+                                       pytest.param(2, (), marks=pytest.mark.slow),
+                                       pytest.param(1, PREFETCH, marks=pytest.mark.slow, id="prefetch")])
+def test_fsdp2_on_two_ranks_plans_as_it_runs(tiny_model_dir, tmp_path, sp, extra):
     """FSDP2 at --world-size 2 (fake process group, FSDPMemTracker) against the same phases run for real on 2
     gloo ranks under torchrun (real shards, real collectives, each rank its half of the batch): within 3 %;
     and each rank holds half the shards of one rank's (plus what is gathered). Ulysses (sp=2): the training
-    passes' decoders on half of each sequence, as planned, below sp=1's plan."""
+    passes' decoders on half of each sequence, as planned, below sp=1's plan. With forward prefetch and the last
+    3 units kept gathered to the backward (issue 61): planned as it runs too, the update above the plain plan's."""
     args = ("actor.model.enable_gradient_checkpointing=true", "actor.ppo_micro_batch_size=16",
-            "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1",
+            "algorithm.use_kl_loss=true", "actor.kl_loss_coef=0.1", *extra,
             *([f"actor.model.ulysses_size={sp}", "data.max_response_length=256"] if sp > 1 else []))
     out = tmp_path / "rows.json"
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -291,6 +298,9 @@ def test_fsdp2_on_two_ranks_plans_as_it_runs(tiny_model_dir, tmp_path, sp):
         return
     one = planner.plan(_cfg(tiny_model_dir, "actor.strategy=fsdp2", *args), device="cpu", world=1)
     assert planned[-1]["optimizer"] == pytest.approx(one[-1]["optimizer"] / 2, rel=0.01)
+    if extra:
+        plain = {r["phase"]: r["peak"] for r in planner.plan(_cfg(tiny_model_dir, *args[:4]), device="cpu", world=2)}
+        assert {r["phase"]: r["peak"] for r in planned}["update"] > plain["update"]
 
 
 def _fsdp_worker(model_dir: str, out: str, *overrides: str) -> None:
@@ -306,13 +316,14 @@ def _fsdp_worker(model_dir: str, out: str, *overrides: str) -> None:
     model, _ = _real_policy(model_dir, cfg)
     step = planner.step_of(cfg, model.config, dist.get_world_size())
     kv = planner.kv_cache_bytes(model.config, step, model.dtype)
-    model = planner.plannable(shard_model(model, torch.device("cpu")))
+    prefetch = cfg.actor.fsdp.forward_prefetch
+    model = planner.plannable(shard_model(model, torch.device("cpu"), forward_prefetch=prefetch))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
     from rllava.model.loader import load_model
 
     ref = load_model(model_dir, dtype=torch.float32).requires_grad_(False).eval()
     ulysses.enable(ref)
-    ref = planner.plannable(shard_model(ref, torch.device("cpu")))
+    ref = planner.plannable(shard_model(ref, torch.device("cpu"), forward_prefetch=prefetch))
     rows = planner.run_phases(model, optimizer, step, kv, ref)
     if dist.get_rank() == 0:
         with open(out, "w") as f:

@@ -1,4 +1,4 @@
-"""rllava.commands.memory.torch_private, the planner's only door to torch's private APIs: each function called
+"""rllava.train.memory.torch_private, the planner's only door to torch's private APIs: each function called
 directly on tiny tensors, so that a torch upgrade that changes one of those APIs fails here, naming it."""
 
 import contextlib
@@ -6,8 +6,8 @@ import contextlib
 import pytest
 import torch
 
-from rllava.commands.memory import torch_private as shim
-from rllava.commands.memory.planner import COLUMNS
+from rllava.train.memory import torch_private as shim
+from rllava.train.memory.planner import COLUMNS
 
 
 @contextlib.contextmanager
@@ -17,7 +17,7 @@ def api(name: str):
         yield
     except Exception as e:  # noqa: BLE001 - reported, with its type, as the API that broke
         pytest.fail(f"torch {torch.__version__}: {name} changed ({type(e).__name__}: {e}); "
-                    "update rllava/commands/memory/torch_private.py", pytrace=False)
+                    "update rllava/train/memory/torch_private.py", pytrace=False)
 
 
 def test_fake_tensors_constants_and_real_values():

@@ -39,6 +39,8 @@ OTHER_NAMES = {"learning_rate": "actor.optim.lr", "num_generations": "rollout.n"
 def _type_name(tp: Any) -> str:
     base = _strip_optional(tp)
     origin = typing.get_origin(base)
+    if origin is typing.Union:  # actor.ppo_micro_batch_size: int or str (auto)
+        return " or ".join(_type_name(a) for a in typing.get_args(base))
     name = ("a mapping" if origin is dict or base is dict else f"list[{_type_name(typing.get_args(base)[0])}]"
             if origin is list else getattr(base, "__name__", str(base)))
     return f"{name} or null" if _is_optional(tp) else name

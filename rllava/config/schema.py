@@ -17,7 +17,7 @@ import types
 import typing
 import warnings
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from rllava.errors import ConfigError
 
@@ -433,7 +433,8 @@ class FSDPConfig:  # used when actor.strategy is fsdp/fsdp2; the three offload s
     offload_params: bool = False  # FSDP2: CPUOffloadPolicy (RLLaVA's); else params+grads on CPU while vLLM/SGLang run
     offload_optimizer: bool = False  # optimizer state on CPU outside the update stage (any engine)
     reshard_after_forward: bool = True  # free gathered params after forward
-    forward_prefetch: bool = False  # prefetch next all-gather during forward
+    forward_prefetch: bool = False  # FSDP2: each unit (decoder layer, vision block) starts the next one's all-gather, with CPU offload its host-to-device copy, as it starts its own forward (FSDP2 prefetches one unit in backward by itself); + one unit's gathered weights
+    keep_gathered_units: Union[int, str] = 0  # rllava, FSDP2: the last N units (forward order) keep their gathered weights from forward to backward in the update (one all-gather / host-to-device copy per micro-batch, not two; + N units' weights); auto (actor only) = as many as the memory planner fits beside the micro-batches (rllava.train.memory.auto; no GPU and no budget: 0)
     fsdp_size: int = -1  # shard group size; -1 = world size
     ulysses_size: int = 1  # RLLaVA keeps this twin of model.ulysses_size, which is the one read
     mixed_precision: Optional[dict[str, Any]] = None  # param/reduce/buffer dtypes
@@ -451,6 +452,11 @@ class FSDPConfig:  # used when actor.strategy is fsdp/fsdp2; the three offload s
         if self.ulysses_size != 1:
             p.append(f"{prefix}.ulysses_size={self.ulysses_size} is not read in rllava; set {model}.ulysses_size "
                      "instead")
+        keep = self.keep_gathered_units
+        if keep == "auto" and not prefix.startswith("actor."):
+            p.append(f"{prefix}.keep_gathered_units=auto: the memory planner sizes the actor's only; give a number")
+        elif keep != "auto" and (isinstance(keep, str) or keep < 0):
+            p.append(f"{prefix}.keep_gathered_units={_show(keep)} must be >= 0 or auto (sized by the memory planner)")
         if self.fsdp_size not in (-1, int(os.environ.get("WORLD_SIZE", "1"))):
             p.append(f"{prefix}.fsdp_size={self.fsdp_size} is not available yet in rllava (HSDP shard groups); "
                      f"set {prefix}.fsdp_size=-1 (shard over every process)")
@@ -503,14 +509,20 @@ class CheckpointConfig:
         return p
 
 
+# The actor's micro-batch sizes that take `auto` (rllava.train.memory.auto; where nothing can be planned, no GPU and
+# no trainer.memory_budget_gb, each takes its schema default): the sequence counts, then dynamic batching's budgets.
+AUTO_SIZES = ("ppo_micro_batch_size", "log_prob_micro_batch_size", "ppo_max_token_len_per_gpu",
+              "log_prob_max_token_len_per_gpu")
+
+
 @dataclass
 class ActorConfig:
     strategy: str = "auto"  # auto (RLLaVA: fsdp2): fsdp2 under torchrun or with fsdp CPU offload on a GPU, else single | single | fsdp2 | deepspeed | accelerate (HF Accelerate: trainer.accelerate_config, docs/engines.md); fsdp2 (or deepspeed) on one plain `python -m` process runs as a world of one (docs/engines.md)
     ppo_mini_batch_size: int = 256  # prompts per optimizer step (x rollout.n responses)
-    ppo_micro_batch_size: int = 4  # sequences per forward/backward (gradient accumulation unit)
-    log_prob_micro_batch_size: int = 16  # sequences per forward when computing old log-probs
-    ppo_max_token_len_per_gpu: int = 16384  # verl: tokens per forward/backward when model.dynamic_batching (instead of ppo_micro_batch_size): a micro-batch's tokens are rows x its longest row, or with model.padding_free the sum of its rows' lengths; a row over the budget runs alone
-    log_prob_max_token_len_per_gpu: int = 32768  # verl: tokens per old-log-prob forward when model.dynamic_batching (instead of log_prob_micro_batch_size); it can take more: the no-grad pass keeps no activations for a backward
+    ppo_micro_batch_size: Union[int, str] = 4  # sequences per forward/backward (gradient accumulation unit); rllava: auto = the largest the memory planner fits in the device (trainer.memory_budget_gb), said in one line before the first step (docs/performance.md; no GPU and no budget: 4)
+    log_prob_micro_batch_size: Union[int, str] = 16  # sequences per forward when computing old log-probs; rllava: auto = the largest the planner fits (as ppo_micro_batch_size; no GPU and no budget: 16)
+    ppo_max_token_len_per_gpu: Union[int, str] = 16384  # verl: tokens per forward/backward when model.dynamic_batching (instead of ppo_micro_batch_size): a micro-batch's tokens are rows x its longest row, or with model.padding_free the sum of its rows' lengths; a row over the budget runs alone; rllava: auto = as many full-length rows as the planner fits (no GPU and no budget: 16384)
+    log_prob_max_token_len_per_gpu: Union[int, str] = 32768  # verl: tokens per old-log-prob forward when model.dynamic_batching (instead of log_prob_micro_batch_size); it can take more: the no-grad pass keeps no activations for a backward; rllava: auto as ppo_max_token_len_per_gpu (no GPU and no budget: 32768)
     logprob_chunk_size: int = 512  # rllava: trained tokens per LM-head chunk; 0 or -1 = all at once (full logits). Only one chunk's [tokens x vocab] logits is alive at a time (1024 x 152k vocab: 0.6 GB in fp32): with grad each chunk is recomputed in the backward (activation checkpointing of the LM head, log-softmax, entropy)
     max_grad_norm: float = 1.0  # clip the gradient norm to this
     skip_grad_norm: float = 80.0  # skip the optimizer step when the pre-clip grad norm exceeds this
@@ -560,9 +572,12 @@ class ActorConfig:
     def check(self, prefix: str = "actor") -> list[str]:
         p: list[str] = []
         _choice(p, f"{prefix}.strategy", self.strategy, ACTOR_STRATEGIES)
-        for name in ("ppo_mini_batch_size", "ppo_micro_batch_size", "log_prob_micro_batch_size", "ppo_epochs",
-                     "max_grad_norm", "ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
+        for name in ("ppo_mini_batch_size", "ppo_epochs", "max_grad_norm"):
             _positive(p, f"{prefix}.{name}", getattr(self, name))
+        for name in AUTO_SIZES:
+            value = getattr(self, name)
+            if isinstance(value, str) and value != "auto" or not isinstance(value, str) and not value > 0:
+                p.append(f"{prefix}.{name}={_show(value)} must be > 0 or auto (sized by the memory planner)")
         _positive(p, f"{prefix}.logprob_chunk_size", self.logprob_chunk_size, 0, -1)
         for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
             _nonnegative(p, f"{prefix}.{name}", getattr(self, name))
@@ -975,11 +990,13 @@ class TrainerConfig:
     seed: int = 1  # rllava: model-init and sampling RNG seed
     val_greedy: bool = False  # rllava: also validate greedily, logged under val_greedy/
     device: str = "auto"  # rllava: auto | cpu | cuda (auto = cuda when available)
+    memory_budget_gb: Optional[float] = None  # rllava: GiB of device memory that the auto micro-batches (actor.ppo_micro_batch_size=auto, ...) are sized for, less a 10 % margin; None = the device's (its per-process memory fraction applied; no GPU: each auto takes its default); a run's config.yaml holds the sizes chosen instead
 
     def check(self, prefix: str = "trainer") -> list[str]:
         p: list[str] = []
         _positive(p, f"{prefix}.total_epochs", self.total_epochs)
         _positive(p, f"{prefix}.max_steps", self.max_steps, None)
+        _positive(p, f"{prefix}.memory_budget_gb", self.memory_budget_gb, None)
         for key in ("project_name", "experiment_name"):  # folders of the outputs: <outputs_dir>/<project>/<exp>
             name = str(getattr(self, key))
             if not name or os.path.isabs(name) or ".." in name.split("/") or name in (".", "./"):
@@ -1120,9 +1137,8 @@ REDIRECTED_KEYS = {
 # Tuning keys with nothing to tune in rllava: accepted; a change warns, saying why. (key, is_changed, why)
 NO_EFFECT_KEYS: list[tuple[str, Callable[[Any], bool], str]] = [
     ("actor.use_torch_compile", lambda v: v, "rllava runs eager PyTorch (no torch.compile)"),
-    *[(f"{role}.fsdp.{key}", lambda v: v, why) for role in ("actor", "critic") for key, why in (
-        ("forward_prefetch", "rllava's FSDP2 engine keeps FSDP2's own prefetching"),
-        ("use_orig_params", "an FSDP1 switch: FSDP2 always trains the original parameters"))],
+    *[(f"{role}.fsdp.use_orig_params", lambda v: v, "an FSDP1 switch: FSDP2 always trains the original parameters")
+      for role in ("actor", "critic")],
     ("actor.model.tie_word_embeddings", lambda v: v,
      "the checkpoint's config decides tying (RLLaVA read it only to pick meta-device init)"),
     ("data.num_workers", lambda v: v > 0, "batches are encoded in the training process"),
@@ -1206,6 +1222,11 @@ class PPOConfig:
             p.append("actor.policy_loss.loss_mode=decoupled_ppo already weights each token by pi_old / pi_rollout: "
                      "leave algorithm.rollout_is=none and actor.tis_imp_ratio_cap=-1 (algorithm.rollout_rs composes)")
         accelerate = "accelerate" in {self.actor.strategy, self.critic and self.critic.strategy}
+        autos = [getattr(self.actor, k) for k in AUTO_SIZES] + [self.actor.fsdp.keep_gathered_units]
+        if self.trainer.memory_budget_gb is not None and "auto" not in autos:
+            p.append(f"trainer.memory_budget_gb={self.trainer.memory_budget_gb} sizes the auto micro-batches: set "
+                     "actor.ppo_micro_batch_size=auto (or log_prob_micro_batch_size, the *_max_token_len_per_gpu "
+                     "budgets, actor.fsdp.keep_gathered_units), or drop the key")
         if self.trainer.accelerate_config and not accelerate:
             p.append("trainer.accelerate_config is read by actor.strategy=accelerate only: set it, or drop the key")
         if p:

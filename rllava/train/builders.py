@@ -347,7 +347,8 @@ def _engine(model, o, device: torch.device, max_grad_norm: float, skip_grad_norm
         from rllava.engine.train.fsdp2 import FSDP2Engine
 
         engine = FSDP2Engine(device, max_grad_norm, skip_grad_norm, mixed_precision=fsdp.mixed_precision,
-                             reshard_after_forward=fsdp.reshard_after_forward, **offload)
+                             reshard_after_forward=fsdp.reshard_after_forward, forward_prefetch=fsdp.forward_prefetch,
+                             keep_gathered_units=fsdp.keep_gathered_units, **offload)
     elif strategy == "accelerate":
         from rllava.engine.train.accelerate import AccelerateEngine
 

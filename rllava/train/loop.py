@@ -40,6 +40,7 @@ from rllava.train import checkpoint as C
 from rllava.train import evaluate as E
 from rllava.train import outputs as O
 from rllava.train import tracker_hub
+from rllava.train.memory.auto import size_run
 from rllava.train.scorers import old_logprobs
 from rllava.train.tracker import Timer, Tracker
 
@@ -119,6 +120,7 @@ def build_run(cfg, *, role: str = "rl", given: Given | None = None) -> Run:
         B.named_algorithm(cfg, sft=sft)
         if D.is_main():  # trainer.logger's outside trackers are installed (rank 0 logs)
             tracker_hub.require(cfg.trainer.logger)
+        size_run(cfg)  # actor.*=auto: planned before the process group and the model
     device, outputs_dir = B.setup_run(cfg)
     reward = B.add_reward_models(reward, cfg, device) if reward is not None else None
     if given.model is None:

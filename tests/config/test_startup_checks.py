@@ -63,7 +63,6 @@ def test_keys_without_a_feature_are_one_line_errors(arg, message):
 
 @pytest.mark.parametrize("arg, message", [
     ("actor.use_torch_compile=true", "actor.use_torch_compile=true has no effect: rllava runs eager PyTorch"),
-    ("actor.fsdp.forward_prefetch=true", "actor.fsdp.forward_prefetch=true has no effect"),
     ("actor.fsdp.use_orig_params=true", "actor.fsdp.use_orig_params=true has no effect: an FSDP1 switch"),
     ("actor.model.tie_word_embeddings=true", "actor.model.tie_word_embeddings=true has no effect"),
     ("data.num_workers=8", "data.num_workers=8 has no effect: batches are encoded in the training process"),

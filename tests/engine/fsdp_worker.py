@@ -4,7 +4,8 @@ share of the rows, the loss through the training forward (`token_logprobs`).
 
     python fsdp_worker.py MODEL_DIR OUT_DIR STRATEGY [save_dcp|load_dcp DCP_DIR]
 
-STRATEGY: single | fsdp2 | deepspeed{1,2,3} (fp32) | deepspeed{2,3}-offload (ZeRO-Offload, DeepSpeedCPUAdam).
+STRATEGY: single | fsdp2 | fsdp2-offload-prefetch (CPU offload, forward prefetch, 2 units kept gathered to the
+backward, gradient checkpointing) | deepspeed{1,2,3} (fp32) | deepspeed{2,3}-offload (ZeRO-Offload, DeepSpeedCPUAdam).
 Writes OUT_DIR/result.pt (rank 0): the global loss and the full weights after the step.
 """
 
@@ -37,6 +38,9 @@ def global_batch():
 def make_engine(strategy: str, device: torch.device):
     if strategy == "fsdp2":
         return FSDP2Engine(device, max_grad_norm=1.0)
+    if strategy == "fsdp2-offload-prefetch":  # CPU offload, forward prefetch, the last 2 units kept to backward
+        return FSDP2Engine(device, max_grad_norm=1.0, offload_params=True, forward_prefetch=True,
+                           keep_gathered_units=2)
     if strategy == "accelerate":  # Accelerate's DDP on CPUs (FSDP2's state-dict code)
         from rllava.engine.train.accelerate import AccelerateEngine
 
@@ -59,10 +63,28 @@ def moments(engine) -> float:
     return total / D.world_size() if ddp else total  # Accelerate's DDP (CPUs): every rank holds the whole state
 
 
+def units_gathered(engine) -> list[bool]:
+    """FSDP2: whether each unit (not the root) holds its gathered weights now; prefetching: each unit's targets."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in engine.model.modules() if isinstance(m, FSDPModule) and m is not engine.model]
+    return [m._get_fsdp_state()._fsdp_param_group.is_unsharded for m in units]
+
+
+def forward_prefetch(engine) -> list[int]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [len(m._get_fsdp_state()._states_to_forward_prefetch) for m in engine.model.modules()
+            if isinstance(m, FSDPModule) and m is not engine.model]
+
+
 def main(model_dir, out_dir, strategy, mode=None, dcp_dir=None):
     device = D.init("cpu")
     torch.manual_seed(0)
     model = load_model(model_dir, dtype=torch.float32)
+    if strategy == "fsdp2-offload-prefetch":  # each unit's checkpointed recompute runs on the gathered weights
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable({"use_reentrant": False})
     engine = make_engine(strategy, device)
     engine.prepare(model, lambda p: torch.optim.AdamW(p, lr=1e-2), lambda o: None)
     if mode == "load_dcp":
@@ -73,6 +95,7 @@ def main(model_dir, out_dir, strategy, mode=None, dcp_dir=None):
     batch = batch.select(D.shard(list(range(ROWS)), "rows"))
     with engine.update_phase():
         logp, _ = token_logprobs(engine.model, batch)
+        gathered = units_gathered(engine)  # after the forward: the units that will not be gathered again
         # gradients are averaged over ranks: scale this rank's sum to its share of the global mean
         loss = -(logp * batch.loss_mask).sum() / num_tokens * D.world_size()
         engine.backward(loss)
@@ -85,7 +108,9 @@ def main(model_dir, out_dir, strategy, mode=None, dcp_dir=None):
     if D.is_main():
         os.makedirs(out_dir, exist_ok=True)
         torch.save({"loss": total, "grad_norm": grad_norm, "weights": weights,
-                    "loaded_moments": loaded_moments, "saved_moments": saved_moments}, os.path.join(out_dir, "result.pt"))
+                    "loaded_moments": loaded_moments, "saved_moments": saved_moments,
+                    **({"gathered": gathered, "prefetch": forward_prefetch(engine),
+                        "after": units_gathered(engine)} if strategy.startswith("fsdp2") else {})}, os.path.join(out_dir, "result.pt"))
     D.close()
 
 

@@ -141,10 +141,10 @@ def test_the_key_reaches_the_engine_and_compiled_needs_cuda():
 
 
 def test_the_published_qwen_vl_configs_are_served():
-    """Every seed model's published config (rllava.commands.memory, offline) has only full-attention layers: the static
+    """Every seed model's published config (rllava.train.memory, offline) has only full-attention layers: the static
     path serves the real Qwen2-VL, Qwen2.5-VL and Qwen3-VL checkpoints, not only the tiny ones."""
     from types import SimpleNamespace
 
-    from rllava.commands.memory.planner import SEED_MODELS, model_config
+    from rllava.train.memory.planner import SEED_MODELS, model_config
 
     assert all(static_cache_ok(SimpleNamespace(config=model_config(name))) for name in SEED_MODELS)

@@ -61,6 +61,24 @@ def test_two_ranks_match_one_process(tmp_path, tiny_model_dir, single_step, stra
         torch.testing.assert_close(fsdp["weights"][k], v, rtol=1e-4, atol=1e-4, msg=k)
 
 
+@pytest.mark.slow  # ~25 s: two torchrun ranks
+def test_offload_with_prefetch_and_kept_units_matches_one_process(tmp_path, tiny_model_dir, single_step):
+    """FSDP2 with CPU offload (RLLaVA's offload_params), actor.fsdp.forward_prefetch and keep_gathered_units=2, under
+    gradient checkpointing, on 2 gloo ranks: the step of one process; each unit but the last prefetches the next;
+    after the forward the last 2 units (and those alone) are still gathered, so the backward and its recompute do
+    not gather them again; after the update every unit is sharded."""
+    _run(2, tiny_model_dir, tmp_path / "fsdp", "fsdp2-offload-prefetch")
+    single, fsdp = single_step, _result(tmp_path / "fsdp")
+    assert abs(single["loss"] - fsdp["loss"]) < 1e-5
+    assert abs(single["grad_norm"] - fsdp["grad_norm"]) < 1e-4
+    for k, v in single["weights"].items():
+        torch.testing.assert_close(fsdp["weights"][k], v, rtol=1e-4, atol=2e-4, msg=k)
+    units = len(fsdp["gathered"])
+    assert units >= 4 and fsdp["prefetch"] == [1] * (units - 1) + [0]
+    assert fsdp["gathered"] == [False] * (units - 2) + [True, True]
+    assert not any(fsdp["after"])
+
+
 @pytest.mark.parametrize("strategy, resumed_on", [
     pytest.param("fsdp2", ["single", "fsdp2"], marks=pytest.mark.slow),
     pytest.param("deepspeed3-offload", ["single", "deepspeed2"], marks=[DEEPSPEED, pytest.mark.slow]),

@@ -8,12 +8,17 @@ CPUs), one rank per device.
     actor.fsdp.enable_cpu_offload=true                     (shards on the CPU, optimizer steps there)
     actor.fsdp.offload_params=true                         (the same: RLLaVA's FSDP2 reads this key for it)
     actor.fsdp.offload_optimizer=true                      (Adam's state on the CPU outside the update)
+    actor.fsdp.forward_prefetch=true                       (each unit starts the next one's all-gather)
+    actor.fsdp.keep_gathered_units=N | auto                (the last N units gathered from forward to backward)
 
 With either CPU offload switch, `actor.strategy=auto` runs this engine on one GPU too (a process group of one):
 the parameters wait on the host and only the layer running is gathered on the device, as in RLLaVA.
 
 Each decoder layer / vision block (the classes HF lists in `_no_split_modules`) is one FSDP unit, the root
-module another. Gradients are averaged over ranks by the reduce-scatter, so a rank's loss must be scaled to
+module another. With CPU offload each all-gather starts with the shard's host-to-device copy: forward_prefetch
+overlaps the next unit's with this one's compute (FSDP2 prefetches one unit ahead in backward by itself), and
+keep_gathered_units spares the last units their second copy, for the backward (and its checkpointed recompute),
+at the memory of their gathered weights (docs/performance.md). Gradients are averaged over ranks by the reduce-scatter, so a rank's loss must be scaled to
 its share of the global batch (the Actor's normalisers do that: see `rllava.roles.batching.mini_batches`).
 """
 
@@ -56,17 +61,23 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard_model(model: torch.nn.Module, device: torch.device, *, mp: MixedPrecisionPolicy | None = None,
-                cpu_offload: bool = False, reshard_after_forward: bool = True, mesh=None) -> torch.nn.Module:
+                cpu_offload: bool = False, reshard_after_forward: bool = True, forward_prefetch: bool = False,
+                mesh=None) -> torch.nn.Module:
     """fully_shard each unit, then the root (whose parameters are whatever no unit took: embeddings, head).
-    `mesh`: the ranks' device mesh (None: all ranks of the default process group)."""
+    `forward_prefetch`: each unit's pre-forward also starts the next unit's all-gather
+    (FSDPModule.set_modules_to_forward_prefetch). `mesh`: the ranks' device mesh (None: all ranks of the default
+    process group)."""
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
     kwargs = dict(mp_policy=mp or MixedPrecisionPolicy(), offload_policy=offload,
                   reshard_after_forward=reshard_after_forward, mesh=mesh)
     if not cpu_offload:
         model.to(device)
-    for unit in shard_units(model):
+    units = shard_units(model)
+    for unit in units:
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
+    for unit, following in zip(units, units[1:]) if forward_prefetch else ():  # registration order: forward's
+        unit.set_modules_to_forward_prefetch([following])
     # FSDP2 picks its root lazily, as the first module to run forward; HF generate may call a submodule (e.g.
     # the vision tower) before the root's forward, so make the root the root now (torch has no public call).
     model._get_fsdp_state()._lazy_init()
@@ -76,21 +87,40 @@ def shard_model(model: torch.nn.Module, device: torch.device, *, mp: MixedPrecis
     return model
 
 
+@contextmanager
+def gathered_to_backward(root: torch.nn.Module, n: int, reshard_after_forward: bool = True):
+    """The last `n` units (forward order) keep their gathered weights from their forward to their backward
+    (set_reshard_after_forward(False); the backward reshards them): one all-gather, with CPU offload one
+    host-to-device copy, per unit and micro-batch instead of two. Back to `reshard_after_forward` after."""
+    units = [m for m in root.modules() if isinstance(m, FSDPModule) and m is not root][-n:] if n > 0 else []
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.set_reshard_after_forward(reshard_after_forward, recurse=False)
+            unit.reshard()
+
+
 class FSDP2Engine:
     def __init__(self, device: torch.device, max_grad_norm: float, skip_grad_norm: float | None = None, *,
                  mixed_precision: dict | None = None, reshard_after_forward: bool = True,
+                 forward_prefetch: bool = False, keep_gathered_units: int = 0,
                  offload_params: bool = False, offload_optimizer: bool = False, cpu_optimizer: bool = False):
         self.device = device
         self.max_grad_norm, self.skip_grad_norm = max_grad_norm, skip_grad_norm
         self.mp = mixed_precision_policy(mixed_precision)
         self.reshard_after_forward = reshard_after_forward
+        self.forward_prefetch, self.keep_gathered_units = forward_prefetch, keep_gathered_units
         # offload_params is RLLaVA's FSDP2 switch for CPUOffloadPolicy (its enable_cpu_offload is FSDP1's): the same
         self.offload_optimizer, self.cpu_optimizer = offload_optimizer, cpu_optimizer or offload_params
         self.model = self.optimizer = self.scheduler = self.root = None  # root: the module FSDP2 sharded last
 
     def prepare(self, model, make_optimizer, make_scheduler):
         self.model = self.root = shard_model(model, self.device, mp=self.mp, cpu_offload=self.cpu_optimizer,
-                                             reshard_after_forward=self.reshard_after_forward)
+                                             reshard_after_forward=self.reshard_after_forward,
+                                             forward_prefetch=self.forward_prefetch)
         self.optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad])
         self.scheduler = make_scheduler(self.optimizer)
         return self.model
@@ -99,11 +129,19 @@ class FSDP2Engine:
         """A model that only runs forward (the reference, a teacher) sharded the same way; `cpu_offload`: its
         shards wait in host memory between forwards (FSDP2's CPU offload), as the policy's do with its own."""
         return shard_model(model.requires_grad_(False), self.device, mp=self.mp,
-                           cpu_offload=self.cpu_optimizer or cpu_offload, reshard_after_forward=True)
+                           cpu_offload=self.cpu_optimizer or cpu_offload, reshard_after_forward=True,
+                           forward_prefetch=self.forward_prefetch)
 
     masters: dict = {}  # no CPU fp32 masters (FSDP2's CPU offload steps on the shards): a plain optimizer step
     backward, optimizer_step = SingleDeviceEngine.backward, SingleDeviceEngine.optimizer_step
-    update_phase = SingleDeviceEngine.update_phase
+
+    @contextmanager
+    def update_phase(self):
+        """The single engine's (Adam's state on the device inside, with offload_optimizer), the last
+        keep_gathered_units units gathered from each forward to its backward."""
+        with SingleDeviceEngine.update_phase(self), gathered_to_backward(self.root, self.keep_gathered_units,
+                                                                         self.reshard_after_forward):
+            yield
 
     @contextmanager
     def rollout_phase(self, shares_model: bool):

@@ -1,4 +1,4 @@
-"""One configured step's device memory, phase by phase (see rllava.commands.memory), its batching and reference as
+"""One configured step's device memory, phase by phase (see rllava.train.memory), its batching and reference as
 the trainer's builders decide them, and the single changes that lower its peak, each planned again."""
 
 from __future__ import annotations
@@ -11,12 +11,20 @@ import types
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
-from rllava.commands.memory.fake import fake_mode, on_real_values, real_values
-from rllava.commands.memory.torch_private import (device_peak, fake_constants, fake_process_group, fsdp_groups,
+from rllava.train.memory.fake import fake_mode, on_real_values, real_values
+from rllava.train.memory.torch_private import (device_peak, fake_constants, fake_process_group, fsdp_groups,
                                                   gathered, real_tensors, scale_)
 from rllava.errors import RllavaError
 from rllava.model import ulysses
+
+GiB = 1024 ** 3
+
+
+def show(n: int) -> str:
+    """Bytes as GiB (or MiB below a tenth of one)."""
+    return f"{n / GiB:.2f} GiB" if n >= GiB / 10 else f"{n / 2 ** 20:.1f} MiB"
 
 
 def _seed(model_type: str, tie: bool, text: tuple, vision: dict) -> dict:
@@ -172,6 +180,7 @@ class Step:
     engine_awake: bool = False  # rollout.async_mode: vLLM / SGLang keep that reservation in every phase
     params_off_in_rollout: bool = False  # offload_params: the trainer's weights on the host while vLLM/SGLang sample
     sync_bucket: int = 0  # vLLM / SGLang: bytes of one weight-sync bucket (rollout.bucket_size MB, whole tensors)
+    keep_gathered: int = 0  # FSDP2: the last units gathered from forward to backward (actor.fsdp.keep_gathered_units)
 
 
 def _rows(batching, length: int, rows: int) -> int:
@@ -183,18 +192,25 @@ def _rows(batching, length: int, rows: int) -> int:
                token_budget_groups([length] * rows, batching.max_tokens, packed=batching.padding_free)[0])
 
 
+def rank_rows(cfg, world: int = 1) -> tuple[int, int]:
+    """(sequences of one step, sequences of its first mini-batch) on one of `world` ranks, as build_actor splits."""
+    from rllava.roles.batching import chunks
+
+    rows = max(1, cfg.data.train_batch_size * cfg.rollout.n // world)
+    return rows, len(chunks(rows, max(1, cfg.actor.ppo_mini_batch_size * cfg.rollout.n // world))[0])
+
+
 def step_of(cfg, config, world: int = 1, device: str = "cuda") -> Step:
     """`Step` of one rank from rllava's config `cfg`, the model's transformers `config`, the number of ranks and
     the run's device (which engine `actor.strategy=auto` picks). The micro-batches are the trainer's: the Actor's
     MicroBatching of build_actor's keywords (builders._actor_batching), the reference's of builders._ref_batching."""
     from rllava.config.schema import resolve_strategy
-    from rllava.roles.batching import MicroBatching, chunks
+    from rllava.roles.batching import MicroBatching
     from rllava.train.builders import _actor_batching, _ref_batching
 
     a, d, fsdp, r, b = cfg.actor, cfg.data, cfg.actor.fsdp, cfg.rollout, _actor_batching(cfg)
     layout = (b["padding_free"], b["shared_prefix"])
-    rows = max(1, d.train_batch_size * r.n // world)
-    mini = len(chunks(rows, max(1, a.ppo_mini_batch_size * r.n // world))[0])  # build_actor's, per rank
+    rows, mini = rank_rows(cfg, world)
     length = d.max_prompt_length + d.max_response_length
     update = _rows(MicroBatching(a.ppo_micro_batch_size, b["max_token_len"], *layout), length, mini)
     sharded = resolve_strategy(a.strategy, world, fsdp, device) != "single"
@@ -212,7 +228,8 @@ def step_of(cfg, config, world: int = 1, device: str = "cuda") -> Step:
                 engine_fraction={"vllm": r.vllm.gpu_memory_utilization,
                                  "sglang": r.sglang.mem_fraction_static or 0.0}.get(r.name, 0.0),
                 engine_awake=r.async_mode and r.name != "hf",
-                params_off_in_rollout=fsdp.offload_params, sync_bucket=r.bucket_size * 2 ** 20)
+                params_off_in_rollout=fsdp.offload_params, sync_bucket=r.bucket_size * 2 ** 20,
+                keep_gathered=fsdp.keep_gathered_units if sharded else 0)
 
 
 def kv_cache_bytes(config, step: Step, dtype: torch.dtype) -> int:
@@ -250,10 +267,14 @@ def ref_pass(ref, step: Step) -> None:
 
 
 def update_pass(model, step: Step) -> None:
-    """(c) the update: one micro-batch forward (with the entropy, as the actor's loss) and backward."""
+    """(c) the update: one micro-batch forward (with the entropy, as the actor's loss) and backward; under FSDP2
+    the last step.keep_gathered units gathered from forward to backward, as the engine's update_phase keeps them."""
+    from rllava.engine.train.fsdp2 import gathered_to_backward
+
     model.train()
-    logprobs, _ = model(plan_batch(model, step, step.update_rows), with_entropy=True, **step.forward)
-    (-logprobs.sum()).backward()
+    with gathered_to_backward(model, step.keep_gathered):
+        logprobs, _ = model(plan_batch(model, step, step.update_rows), with_entropy=True, **step.forward)
+        (-logprobs.sum()).backward()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -311,15 +332,16 @@ def tracked(run, model, optimizer, *external, host: tuple[str, ...] = (), echo: 
 
 
 def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None, gpu_bytes: int | None = None,
-               teachers=(), teacher_pass: bool = False, echo: int = 0) -> list[dict]:
+               teachers=(), teacher_pass: bool = False, echo: int = 0, only: tuple[str, ...] | None = None) -> list[dict]:
     """One row per phase of the step: its peak bytes by kind on one device. Runs on a real or a fake model alike
     (whose `forward` is rllava's `_token_logprobs`: see `plannable`). The optimizer state exists from the start
     (a step after the first); the frozen reference `ref`, if any, is resident in every phase and has a log-prob
     pass of its own (`ref` is `model` itself for LoRA's adapter-free base); so are the distillation `teachers`,
     whose pass (`teacher_pass`: a sampled-token loss) runs each on the reference's micro-batch. `kv_bytes`: the
     HF engine's KV cache, added to the rollout; vLLM / SGLang reserve step.engine_fraction of `gpu_bytes` instead.
-    `echo`: a tied weight's gradient bytes (tracked's)."""
+    `echo`: a tied weight's gradient bytes (tracked's). `only`: the phases to run (None: all)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
+    model.zero_grad(set_to_none=True)  # a step starts without gradients
     adam_states(optimizer)  # as a previous step left them
     frozen = ([ref] if ref is not None and ref is not model else []) + list(teachers)
     shards = ("Sharded Param", "Sharded Grad", "OptState") if step.host_shards else ()
@@ -328,39 +350,45 @@ def run_phases(model, optimizer, step: Step, kv_bytes: int = 0, ref=None, gpu_by
     def phase(name, run, *host):
         return dict(phase=name, **tracked(run, model, optimizer, *frozen, host=tuple(set(shards + host)), echo=echo))
 
-    between = () if step.optimizer_on_device[0] else opt_off
-    if step.engine == "hf":
+    def wanted(name: str) -> bool:
+        return only is None or name in only
+
+    between, rows = (() if step.optimizer_on_device[0] else opt_off), []
+    if wanted("rollout") and step.engine == "hf":
         gathered = []
-        rows = [phase("rollout", lambda: gathered.append(prefill_pass(model, step)), *between)]
+        rows.append(phase("rollout", lambda: gathered.append(prefill_pass(model, step)), *between))
         moved = min(gathered[0], rows[0]["activations"])  # FSDP2's gathered weights are parameters
         rows[0].update(kv_cache=kv_bytes, parameters=rows[0]["parameters"] + moved,
                        activations=rows[0]["activations"] - moved)
-    else:  # the engine samples on its own copy; the trainer's weights stay unless offload_params moves them
-        weights = (("Parameter", "Buffer", "Gradient", "Sharded Param", "Sharded Grad")
+    elif wanted("rollout"):  # the engine samples on its own copy; the trainer's weights stay unless offload_params
+        weights = (("Parameter", "Buffer", "Gradient", "Sharded Param", "Sharded Grad")  # moves them
                    if step.params_off_in_rollout else ())
-        rows = [phase("rollout", lambda: None, *between, *weights)]
+        rows.append(phase("rollout", lambda: None, *between, *weights))
         rows[0]["kv_cache"] = int(step.engine_fraction * gpu_bytes)
         rows[0]["temporaries"] += step.sync_bucket  # the weight sync's gathered bucket, beside the woken engine
         rows[0]["peak"] += step.sync_bucket
-    rows.append(phase("old log-prob", lambda: logprob_pass(model, step), *between))
-    if ref is not None:
+    if wanted("old log-prob"):
+        rows.append(phase("old log-prob", lambda: logprob_pass(model, step), *between))
+    if ref is not None and wanted("ref log-prob"):
         rows.append(phase("ref log-prob", lambda: ref_pass(ref, step), *between))
-    if teachers and teacher_pass:
+    if teachers and teacher_pass and wanted("teacher log-prob"):
         rows.append(phase("teacher log-prob", lambda: [logprob_pass(t, step, step.ref_rows) for t in teachers],
                           *between))
     during = () if step.optimizer_on_device[1] else opt_off
     for p in trainable if step.accumulates else []:  # a later micro-batch: the earlier ones' gradients are held
         p.grad = torch.zeros_like(p)
-    rows.append(phase("update", lambda: update_pass(model, step), *during))
-    rows.append(phase("optimizer", lambda: optimizer_pass(model, optimizer, step), *during))
+    if wanted("update"):
+        rows.append(phase("update", lambda: update_pass(model, step), *during))
+    if wanted("optimizer"):
+        rows.append(phase("optimizer", lambda: optimizer_pass(model, optimizer, step), *during))
+        opt = rows[-1]  # no activation lives in the optimizer phase: what the trackers file so is the step's scratch
+        opt["activations"], opt["temporaries"] = 0, opt["temporaries"] + opt["activations"]
     if step.host_shards:  # CPUOffloadPolicy: each shard is copied to the device as its all-gather's input, and the
         copy = max((_local(f.sharded_param).nbytes for g in fsdp_groups(model) for f in g.fsdp_params), default=0)
         for row in (r for r in rows if r["phase"] in ("old log-prob", "update")):  # largest copy meets the unit's
             held = row["parameters"] + row["gradients"] + row["optimizer"]  # gathered weights (no copy on the
             if held + copy > row["peak"]:  # planner's CPU mesh; H200, Qwen3-VL-4B: the embedding's 0.72 GiB copy
                 row.update(activations=0, temporaries=copy, peak=held + copy)  # made the old log-prob's peak)
-    opt = rows[-1]  # no activation lives in the optimizer phase: what the trackers file so is the step's scratch
-    opt["activations"], opt["temporaries"] = 0, opt["temporaries"] + opt["activations"]
     for row in rows:
         row.setdefault("kv_cache", int(step.engine_fraction * gpu_bytes) if step.engine_awake else 0)
         row["peak"] += row["kv_cache"]
@@ -461,7 +489,19 @@ def _frozen(cfg, config, policy, shard):
 def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1) -> list[dict]:
     """The phase rows of one step of `cfg` on one of `world` ranks (see the module docstring), each with `fits`
     (None: no GPU size)."""
-    from rllava.config.schema import resolve_strategy
+    with planned(cfg, gpu_bytes, device, world) as (run, _, _):
+        rows = run()
+    for row in rows:
+        row["fits"] = None if gpu_bytes is None else row["peak"] <= gpu_bytes
+    return rows
+
+
+@contextlib.contextmanager
+def planned(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1):
+    """`cfg`'s policy (fake weights), optimizer, reference and teachers built once, as `plan` plans them; yields
+    (run, step, units): run(step=step, only=None) -> `run_phases`' rows of that Step (another micro-batch: see
+    rllava.train.memory.auto), of the phases in `only` (None: all); units: the policy's FSDP2 units (0: unsharded)."""
+    from rllava.config.schema import AUTO_SIZES, resolve_strategy
     from rllava.engine.train.fsdp2 import mixed_precision_policy, shard_model
 
     strategy = resolve_strategy(cfg.actor.strategy, world, cfg.actor.fsdp, device)
@@ -477,24 +517,28 @@ def plan(cfg, gpu_bytes: int | None = None, device: str = "cuda", world: int = 1
     if cfg.rollout.name != "hf" and gpu_bytes is None:
         raise RllavaError(f"rollout.name={cfg.rollout.name} reserves a fraction of the GPU while it samples: give "
                           "--gpu-memory")
+    if "auto" in [getattr(cfg.actor, k) for k in AUTO_SIZES] + [cfg.actor.fsdp.keep_gathered_units]:
+        raise RllavaError("the plan of an actor size set to auto: size it first (rllava.train.memory.auto.resolve)")
     with (fake_process_group(world) if strategy != "single" else contextlib.nullcontext()) as mesh, fake_mode(), \
             ulysses.groups(sp):  # Ulysses: the training passes' decoders on 1/sp of each sequence, as they run
         model, config = policy_from_config(cfg, device)
         step = step_of(cfg, config, world, device)
         mp = mixed_precision_policy(cfg.actor.fsdp.mixed_precision)
         shard = None if mesh is None else functools.partial(
-            shard_model, device=torch.device("cpu"), mp=mp, cpu_offload=step.host_shards, mesh=mesh)
+            shard_model, device=torch.device("cpu"), mp=mp, cpu_offload=step.host_shards, mesh=mesh,
+            forward_prefetch=cfg.actor.fsdp.forward_prefetch)
         kv = kv_cache_bytes(config, step, model.dtype)
         head = model.get_output_embeddings()
         tied = head is not None and head.weight is model.get_input_embeddings().weight and head.weight.requires_grad
         echo = head.weight.numel() * ((shard and mp.param_dtype) or head.weight.dtype).itemsize if tied else 0
         model = plannable(shard(model, reshard_after_forward=cfg.actor.fsdp.reshard_after_forward) if shard else model)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
-        rows = run_phases(model, optimizer, step, kv, reference(cfg, model, shard), gpu_bytes,
-                          teachers(cfg, model, shard), _distill_needs(cfg, "teacher_logprobs"), echo)
-    for row in rows:
-        row["fits"] = None if gpu_bytes is None else row["peak"] <= gpu_bytes
-    return rows
+        ref, frozen = reference(cfg, model, shard), teachers(cfg, model, shard)
+        teacher_pass = _distill_needs(cfg, "teacher_logprobs")
+
+        def run(step: Step = step, only: tuple[str, ...] | None = None) -> list[dict]:
+            return run_phases(model, optimizer, step, kv, ref, gpu_bytes, frozen, teacher_pass, echo, only)
+        yield run, step, sum(isinstance(m, FSDPModule) for m in model.modules() if m is not model)
 
 
 def fixes(cfg, world: int = 1, device: str = "cuda") -> list[tuple[str, list[str], int]]:

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from rllava.commands.memory.torch_private import fake_constants, fake_tensors, module_to, real_tensors, real_value
+from rllava.train.memory.torch_private import fake_constants, fake_tensors, module_to, real_tensors, real_value
 
 
 def real_values(x):
