@@ -238,3 +238,59 @@ def test_a_modes_flag_without_its_mode_is_refused_in_one_line(tmp_path, capsys, 
         main(["--out", str(tmp_path / "out"), "--tasks", "counting", *flags])
     assert e.value.code == 2 and capsys.readouterr().err == f"proof: {flags[0]} applies to {mode} runs only\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_reasoning_gym_row_warms_up_on_the_answers_and_trains_on_the_specs(tmp_path):
+    from rllava.commands.proof import RG_TASK, _sft_keys, reasoning_gym_data
+
+    keys = reasoning_gym_data(str(tmp_path / "data"), seed=3, n_train=5, n_val=2)
+    assert keys == [f"data.train_files=reasoning_gym:{RG_TASK}&size=5&seed=3",
+                    f"data.val_files=reasoning_gym:{RG_TASK}&size=2&seed=1000003", "trainer.seed=3"]
+    records = [json.loads(line) for line in open(tmp_path / "data" / "sft.jsonl")]
+    assert len(records) == 5 and all(r["solution"] == f"<answer>{r['answer']}</answer>" for r in records)
+    assert records[0]["problem"].startswith("Calculate ") and " + " in records[0]["problem"]
+    assert _sft_keys(str(tmp_path), keys) == ["trainer.seed=3", f"data.train_files={tmp_path}/data/sft.jsonl",
+                                              "data.val_files=null"]
+
+
+def test_verifiers_row_warms_up_on_the_turns_its_env_episodes_show(tmp_path, tiny_model_dir):
+    """The env's episode with the expert's turns scores 1, and each prompt the engine receives is the SFT prompt
+    of that turn as the SFT template renders it, but for the SFT template's own system message and user header."""
+    from rllava.agent.program import ProgramRollout, ProgramScore
+    from rllava.agent.verifiers_env import environment_program, environment_records, load_verifiers_env
+    from rllava.commands.proof import VF_ENV, verifiers_data
+    from rllava.data.protocol import Sample
+    from rllava.engine.inference.base import SamplingParams
+    from rllava.model.processor import get_tokenizer, load_processor
+    from tests.agent.test_program import ScriptedEngine
+
+    keys = verifiers_data(tiny_model_dir, str(tmp_path), seed=0, n_train=4, n_val=2)
+    assert keys == ["rollout.agent.environment_kwargs.num_train=4", "rollout.agent.environment_kwargs.num_eval=2",
+                    "rollout.agent.environment_kwargs.seed=0", "trainer.seed=0"]
+    sft = [json.loads(line) for line in open(tmp_path / "sft.jsonl")]
+    assert len(sft) == 8 and sft[0]["solution"].startswith("<tool_call>") and sft[1]["solution"].startswith("<answer>")
+
+    class Recording(ScriptedEngine):
+        def generate(self, requests, sampling):
+            self.prompts = getattr(self, "prompts", []) + [self.tok.decode(r.prompt_ids) for r in requests]
+            return super().generate(requests, sampling)
+
+    proc = load_processor(tiny_model_dir)
+    env = load_verifiers_env(VF_ENV, {"num_train": 4, "num_eval": 2, "seed": 0})
+    record = environment_records(env, "train", "prompt", "answer")[0]
+    sample = Sample(0, [{"role": "user", "content": record["prompt"]}], [], ground_truth=record["answer"],
+                    source="env", extra={"verifiers_row": record["verifiers_row"]})
+    engine = Recording(get_tokenizer(proc), [sft[0]["solution"], sft[1]["solution"]])
+    rollout = ProgramRollout(engine, proc, environment_program(env), max_turns=2, max_context=4096,
+                             episode_timeout=60, window=60.0, key="rollout.agent.environment")
+    try:
+        out = rollout.generate([sample], SamplingParams(n=1, max_new_tokens=64))
+    finally:
+        rollout.close()
+    assert ProgramScore(None).score(out)[0].tolist() == [1.0]
+    head = "<|im_start|>system\nYou are a helpful assistant."
+    for prompt, record in zip(engine.prompts, sft[:2]):
+        rendered = proc.apply_chat_template([{"role": "user", "content": record["problem"]}], tokenize=False,
+                                            add_generation_prompt=True)
+        assert prompt.startswith(head) and rendered.startswith(head + "<|im_end|>\n<|im_start|>user\n")
+        assert prompt[len(head):] == rendered[len(head + "<|im_end|>\n<|im_start|>user\n"):]

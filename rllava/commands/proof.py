@@ -20,6 +20,11 @@ warmed up on expert trajectories with the tool's outputs replayed: besides its F
 held-out episodes search (`searched`), retrieve the document with the answer (`found`) and answer right from it
 (`used`). `agent_code` runs Python in the sandbox (`rllava.agent.code`) to restore a turned, flipped or
 darkened image: the table reports how often held-out episodes call it (`coded`) and how much of it ran (`ran`).
+Two rows run through the policy's endpoint (`rllava.agent.program`): `reasoning_gym` is a reasoning-gym task
+(`RG_TASK`) as data, each episode `examples/agents/reasoning_gym_agent.py` (one request), scored by the task's own
+`score_answer`, warmed up on its answers; `verifiers_tool` is a two-turn verifiers ToolEnv
+(`examples/tasks/verifiers_tool/lookup_env.py`: call `lookup`, answer the code it returns), scored by its rubric
+on its `eval_dataset`, warmed up on its expert turns as the endpoint renders them (`verifiers_data`).
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ class Task:
     arch: str = "qwen2_vl"  # rllava.model.tiny arch; localising tasks need Qwen3-VL's absolute position embeddings
     # held-out rates reported beside the metric, before and after (agents: how often they search and use it)
     rates: tuple[str, ...] = ()
+    data: str = "synthetic"  # rllava.data.synthetic records, or "reasoning_gym" (RG_TASK), "verifiers" (its env)
+    sizes: tuple[int, int] = (4000, 200)  # train / held-out records
 
 
 TASKS = {t.name: t for t in [
@@ -62,7 +69,16 @@ TASKS = {t.name: t for t in [
     Task("ovd", "OVD", "reward_mean", 1.0, 0.10, arch="qwen3_vl"),
     Task("agent_search", "agent_search", "f1", 1.0, 0.10, rates=("searched", "found", "used")),
     Task("agent_code", "agent_code", "accuracy", 100.0, 10.0, rates=("coded", "ran")),
+    Task("reasoning_gym", "reasoning_gym", "score", 100.0, 10.0, data="reasoning_gym"),
+    Task("verifiers_tool", "verifiers_tool", "correct", 100.0, 10.0, data="verifiers", rates=("total_tool_calls",),
+         sizes=(2000, 32)),  # its prompts are ~500 tokens (the tool prompt): 32 held-out keys keep it minutes
 ]}
+
+# the reasoning_gym row's task: sums of two numbers of one digit ("Calculate 4 + 1."; parse_qsl reads a "+" as a
+# space, hence %2B); a small question space, so held-out records ask questions train ones ask too. With "-" too,
+# 200 SFT steps left the tiny model at 11 % and 60 GRPO steps did not lift it (docs/proof.md)
+RG_TASK = ("basic_arithmetic?min_terms=2&max_terms=2&min_digits=1&max_digits=1&operators=[\"%2B\"]"
+           "&allow_parentheses=false&allow_negation=false")
 
 
 def _run(module: str, args: list[str], processes: int = 1) -> float:
@@ -81,6 +97,10 @@ def prepare(task: Task, out: str, *, seed: int = 0, n_train: int = 4000, n_val: 
     start = time.time()
     model_dir, data_dir = os.path.join(out, "model"), os.path.join(out, "data")
     build_tiny(task.arch, model_dir, size="demo", seed=seed)
+    if task.data == "reasoning_gym":
+        return reasoning_gym_data(data_dir, seed, n_train, n_val)
+    if task.data == "verifiers":
+        return verifiers_data(model_dir, data_dir, seed, n_train, n_val)
     data = make_dataset(task.name, data_dir, n_train=n_train, n_val=n_val, seed=seed)
     print(f"built a tiny {task.arch} in {model_dir} and {n_train}/{n_val} {task.name} records in {data_dir} "
           f"({time.time() - start:.0f}s)", flush=True)
@@ -89,12 +109,69 @@ def prepare(task: Task, out: str, *, seed: int = 0, n_train: int = 4000, n_val: 
             *([f"rollout.agent.tool_kwargs.search.corpus={corpus}"] if os.path.exists(corpus) else [])]
 
 
+def reasoning_gym_data(data_dir: str, seed: int, n_train: int, n_val: int) -> list[str]:
+    """The reasoning_gym row's specs (train: seed, held out: seed + 10^6: reasoning-gym draws entry i from seed + i) and its SFT records at data_dir/sft.jsonl:
+    the train records with `solution` = `<answer>{answer}</answer>` (what the scorer reads)."""
+    from rllava.data.reasoning_gym import reasoning_gym_records
+
+    train = f"reasoning_gym:{RG_TASK}&size={n_train}&seed={seed}"
+    os.makedirs(data_dir, exist_ok=True)
+    with open(os.path.join(data_dir, "sft.jsonl"), "w") as f:
+        for r in reasoning_gym_records(train, "problem", "answer", "proof"):
+            f.write(json.dumps({**r, "solution": f"<answer>{r['answer']}</answer>"}) + "\n")
+    return [f"data.train_files={train}", f"data.val_files=reasoning_gym:{RG_TASK}&size={n_val}&seed={seed + 10**6}",
+            f"trainer.seed={seed}"]
+
+
+VF_ENV = "verifiers:examples/tasks/verifiers_tool/lookup_env.py:load_environment"
+
+
+def verifiers_data(model_dir: str, data_dir: str, seed: int, n_train: int, n_val: int) -> list[str]:
+    """The verifiers_tool row's env keys and its SFT records at data_dir/sft.jsonl: each expert turn of each train
+    row (`expert` of the env's file) after the conversation before it, rendered as the endpoint renders it
+    (`chat_messages`: the tool prompt in the system message, the call as <tool_call> text, the result as a
+    <tool_response> user turn) and given as one user message. The SFT template writes its own system message
+    ("You are a helpful assistant.") and user header first, so each prompt differs from the episode's by that
+    header alone: rllava's SFT replays multi-turn experts through rllava's tools only, not through an env."""
+    from rllava.agent.endpoint import chat_messages
+    from rllava.agent.verifiers_env import _load_module
+    from rllava.model.processor import load_processor
+
+    module = _load_module(VF_ENV.split(":")[1])
+    kwargs = {"num_train": n_train, "num_eval": n_val, "seed": seed}
+    env = module.load_environment(**kwargs)
+    processor = load_processor(model_dir)
+    tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                               "parameters": t.parameters, "strict": t.strict}}
+             for t in env.tool_defs]  # what verifiers' OpenAI client sends (to_native_tool)
+
+    def endpoint(messages, tools=None) -> list[dict]:
+        return chat_messages(messages, tools, processor.chat_template or "", (None, None))[0]
+
+    def render(messages, tools=None) -> str:
+        return processor.apply_chat_template(endpoint(messages, tools), add_generation_prompt=True, tokenize=False)
+
+    head, tail = render([{"role": "user", "content": "\0"}]).split("\0")  # the SFT template around a prompt
+    os.makedirs(data_dir, exist_ok=True)
+    with open(os.path.join(data_dir, "sft.jsonl"), "w") as f:
+        for row in env.build_dataset():
+            history = list(row["prompt"])
+            for message in module.expert(row):
+                if message["role"] == "assistant":
+                    text = render(history, tools)
+                    shared = os.path.commonprefix([head, text])
+                    f.write(json.dumps({"problem": text[len(shared):-len(tail)],
+                                        "solution": endpoint([message])[0]["content"]}) + "\n")
+                history.append(message)
+    return [*(f"rollout.agent.environment_kwargs.{k}={v}" for k, v in kwargs.items()), f"trainer.seed={seed}"]
+
+
 def warm_up(task: Task, out: str, common: list[str], sft_steps: int | None = None, name: str = "sft") -> float:
     """SFT of out/model on the records' `solution` targets into out/<name> (out/sft: the RL runs' start); returns
     seconds taken."""
     return _run("rllava.train.pipeline.sft", [
         f"config={_configs(task)}/tiny_cpu_sft.yaml", f"actor.model.model_path={os.path.join(out, 'model')}",
-        *common, *([f"trainer.max_steps={sft_steps}"] if sft_steps else []), "trainer.val_freq=0",
+        *_sft_keys(out, common), *([f"trainer.max_steps={sft_steps}"] if sft_steps else []), "trainer.val_freq=0",
         *keys_for(os.path.join(out, name)), "trainer.overwrite=true"])  # fresh model and data
 
 
@@ -110,17 +187,27 @@ def train_rl(task: Task, out: str, common: list[str], name: str = "grpo", keys: 
         *keys_for(os.path.join(out, name)), "trainer.overwrite=true"], processes)
 
 
+def _sft_keys(out: str, common: list[str]) -> list[str]:
+    """The warm-up's data keys: rows whose RL records are not files (reasoning-gym specs, a verifiers env) warm up
+    on out/data/sft.jsonl, without the env."""
+    path = os.path.join(out, "data", "sft.jsonl")
+    if not os.path.exists(path):
+        return common
+    kept = [k for k in common if not k.startswith(("data.", "rollout.agent.environment"))]
+    return [*kept, f"data.train_files={path}", "data.val_files=null"]
+
+
 def _configs(task: Task) -> str:
     return os.path.join("examples", "tasks", task.folder)
 
 
 def run_task(task: Task, out: str, *, sft_steps: int | None = None, rl_steps: int | None = None,
-             val_freq: int | None = None, average: int = 3, seed: int = 0, n_train: int = 4000,
-             n_val: int = 200) -> dict:
+             val_freq: int | None = None, average: int = 3, seed: int = 0, n_train: int | None = None,
+             n_val: int | None = None) -> dict:
     """Build, warm up, train one task under `out`; returns its summary (also written to `out/summary.json`)."""
     start = time.time()
     out = os.path.abspath(out)
-    common = prepare(task, out, seed=seed, n_train=n_train, n_val=n_val)
+    common = prepare(task, out, seed=seed, n_train=n_train or task.sizes[0], n_val=n_val or task.sizes[1])
     sft_time = warm_up(task, out, common, sft_steps)
     rl_time = train_rl(task, out, common, rl_steps=rl_steps, val_freq=val_freq)
     summary = summarize(task, read_metrics(os.path.join(out, "grpo")), average)
