@@ -70,7 +70,7 @@ TASKS = {t.name: t for t in [
     Task("agent_search", "agent_search", "f1", 1.0, 0.10, rates=("searched", "found", "used")),
     Task("agent_code", "agent_code", "accuracy", 100.0, 10.0, rates=("coded", "ran")),
     Task("reasoning_gym", "reasoning_gym", "reward_mean", 1.0, 0.10, data="reasoning_gym"),  # score_answer: 0-1
-    Task("verifiers_tool", "verifiers_tool", "correct", 100.0, 10.0, data="verifiers", rates=("total_tool_calls",),
+    Task("verifiers_tool", "verifiers_tool", "correct", 1.0, 0.10, data="verifiers", rates=("total_tool_calls",),
          sizes=(2000, 32)),  # its prompts are ~500 tokens (the tool prompt): 32 held-out keys keep it minutes
 ]}
 
