@@ -12,8 +12,9 @@ and actor.fsdp.keep_gathered_units) becomes the largest whose planned peak fits 
 
 The planner builds the policy once on fake tensors (no weights, nothing on the device) and plans only that phase
 for each r tried: the largest r first (it often fits: one plan), else a line through r = 1 and 2 guesses the
-boundary, its neighbour and a bisection confirm it (peaks grow with r), so the choice is the largest r that the planner says fits and r + 1 does not. The margin
-covers what the planner does not count (the CUDA context, the allocator's cache: ~1-2 GiB, docs/performance.md).
+boundary, its neighbour and a bisection confirm it (peaks grow with r), so the choice is the largest r that the
+planner says fits and r + 1 does not. The margin covers what the planner does not count (the CUDA context, the
+allocator's cache: ~1-2 GiB, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def device_budget(device) -> int | None:
 
 def largest_fitting(peak_of, limit: int, top: int) -> tuple[int, dict[int, int]]:
     """The largest r in 1..top with peak_of(r) <= limit, peak_of growing with r (1 when none fits): top if it fits,
-    else a line through r = 1 and 2 guesses it, then the guess's neighbour is tried (the line is close), then the middle of what is
-    left. Returns (r, {r: peak} of every r planned)."""
+    else a line through r = 1 and 2 guesses it, then the guess's neighbour is tried (the line is close), then the
+    middle of what is left. Returns (r, {r: peak} of every r planned)."""
     peaks: dict[int, int] = {}
 
     def fits(r: int) -> bool:
@@ -104,12 +105,16 @@ def resolve(cfg, budget: int | None, device: str = "cuda", world: int = 1) -> li
     a, default = cfg.actor, ActorConfig()
     keys = [k for k in KEYS if get_key(a, k) == "auto"]
     sharded = resolve_strategy(a.strategy, world, a.fsdp, device) != "single"
-    read = [k for k in keys if (k == KEEP and sharded) or k != KEEP and (
-        k.endswith("_max_token_len_per_gpu") == a.model.dynamic_batching)]
+    read = [k for k in keys if (k == KEEP and sharded) or (k != KEEP and (
+        k.endswith("_max_token_len_per_gpu") == a.model.dynamic_batching))]
     lines = []
     for key in [k for k in keys if budget is None or k not in read]:
-        why = ("no GPU and no trainer.memory_budget_gb" if budget is None else "not read: one device, unsharded"
-               if key == KEEP else f"not read with actor.model.dynamic_batching={str(a.model.dynamic_batching).lower()}")
+        if budget is None:
+            why = "no GPU and no trainer.memory_budget_gb"
+        elif key == KEEP:
+            why = "not read: one device, unsharded"
+        else:
+            why = f"not read with actor.model.dynamic_batching={str(a.model.dynamic_batching).lower()}"
         _set(a, key, get_key(default, key))
         lines.append(f"actor.{key}=auto -> {get_key(a, key)} ({why}: the default)")
     if budget is None or not read:
@@ -126,13 +131,21 @@ def resolve(cfg, budget: int | None, device: str = "cuda", world: int = 1) -> li
             top = units if key == KEEP else mini if phase == "update" else rows
 
             def peak_of(r: int) -> int:
-                sized = (dataclasses.replace(step, keep_gathered=r) if key == KEEP else
-                         dataclasses.replace(step, update_rows=r, accumulates=r < mini) if phase == "update"
-                         else dataclasses.replace(step, logprob_rows=r))
+                if key == KEEP:
+                    sized = dataclasses.replace(step, keep_gathered=r)
+                elif phase == "update":
+                    sized = dataclasses.replace(step, update_rows=r, accumulates=r < mini)
+                else:
+                    sized = dataclasses.replace(step, logprob_rows=r)
                 return run(sized, only=(phase,))[0]["peak"]
 
             r, peaks = largest_fitting(peak_of, limit, top)
-            value = (0 if peaks[r] > limit else r) if key == KEEP else _sized(key, r, length)
+            if key != KEEP:
+                value = _sized(key, r, length)
+            elif peaks[r] > limit:  # not even one unit fits beside the update's micro-batch: keep none
+                value = 0
+            else:
+                value = r
             _set(a, key, value)
             lines.append(_line(key, value, r, top, peaks, limit, budget))
             if phase == "update" and key != KEEP:
