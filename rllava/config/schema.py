@@ -701,6 +701,14 @@ class AgentConfig:  # rllava section: multi-turn agent rollouts (rllava.agent), 
     environment: Optional[str] = None  # a verifiers Environment as the agent: verifiers:<module or env.py>[:function] (rllava.agent.verifiers_env)
     environment_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of rollout.agent.environment's load function
 
+    def own(self) -> str | None:
+        """The key of an agent that brings its own tools and episodes ("program" or "environment"), else None."""
+        if self.program:
+            return "program"
+        if self.environment:
+            return "environment"
+        return None
+
     def check(self, prefix: str) -> list[str]:
         p: list[str] = []
         _positive(p, f"{prefix}.episode_timeout", self.episode_timeout)
@@ -716,7 +724,7 @@ class AgentConfig:  # rllava section: multi-turn agent rollouts (rllava.agent), 
             p.append(f"{prefix}.environment={self.environment!r}: expected verifiers:<module or path/env.py>[:function]")
         if self.environment_kwargs and not self.environment:
             p.append(f"{prefix}.environment_kwargs is for {prefix}.environment: set that too")
-        own = "program" if self.program else "environment" if self.environment else None
+        own = self.own()
         if own and (self.tools or self.plugins):
             p.append(f"{prefix}.{own} runs an agent of its own: its tools are its own, unset {prefix}.tools/plugins")
         _choice(p, f"{prefix}.tool_format", self.tool_format, ["tags", "json", "fenced"])
@@ -774,7 +782,7 @@ class RolloutConfig:
         _choice(p, f"{prefix}.hf_decode", self.hf_decode, HF_DECODE_MODES)
         _positive(p, f"{prefix}.max_turns", self.max_turns)
         p += self.agent.check(f"{prefix}.agent")
-        own = "program" if self.agent.program else "environment" if self.agent.environment else None
+        own = self.agent.own()
         if own and (self.partial_rollout or self.tool_config_path or self.env_config_path):
             p.append(f"{prefix}.agent.{own} runs whole episodes in one step: unset {prefix}.partial_rollout, "
                      f"tool_config_path and env_config_path")
@@ -1422,7 +1430,7 @@ class PPOConfig:
         if len(given) > 1:
             p.append(f"{given[0]} and {given[1]} both pick the agent's tools: set one")
         elif self.rollout.agent.program or self.rollout.agent.environment:  # its own tools, calls and observations
-            own = "program" if self.rollout.agent.program else "environment"
+            own = self.rollout.agent.own()
             p += self._leave(self._changed([k for k in AGENT_KEYS if k.startswith("rollout.agent.") and
                                             k != "rollout.agent.episode_timeout"]),
                              f"is read only by rllava's tools, not by rollout.agent.{own}")
