@@ -47,7 +47,7 @@ CALIBRATED = {  # what each calibration case changes (on top of the tiny countin
 }
 
 
-SLOW_CASES = ("checkpointing", "accumulating", "no shared prefix")  # `make test-slow` (the fast suite's time)
+SLOW_CASES = ("checkpointing", "accumulating", "no shared prefix", "padding-free")  # `make test-slow` (the fast suite's time)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c

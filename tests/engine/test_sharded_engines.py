@@ -36,8 +36,11 @@ DEEPSPEED = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                                reason="DeepSpeed not installed (pip install 'rllava[deepspeed]')")
 # fsdp_worker.py's strategies: deepspeed{stage}[-offload] (ZeRO-Offload runs DeepSpeedCPUAdam)
 # the DeepSpeed 2-rank runs and the ZeRO-Offload resume take the longest (~45-90 s): make test-slow runs them (the
-# fast suite's 30-minute CI budget); fsdp2's stays fast
-SHARDED = ["fsdp2", pytest.param("deepspeed2", marks=[DEEPSPEED, pytest.mark.slow]),
+# fast suite's 30-minute CI budget).
+# fsdp2's 2-rank step against one process is also the fast test_actor_update_on_two_ranks_matches_one_process (the
+# Actor role, image rows, packed micro-batches): this lighter engine-level twin is slow too (~30 s with its fixture)
+SHARDED = [pytest.param("fsdp2", marks=pytest.mark.slow),
+           pytest.param("deepspeed2", marks=[DEEPSPEED, pytest.mark.slow]),
            pytest.param("deepspeed3", marks=[DEEPSPEED, pytest.mark.slow])]
 
 
