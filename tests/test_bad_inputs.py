@@ -228,6 +228,7 @@ def test_runtime_a_reward_past_float32_names_the_file_and_the_value(run, tmp_pat
                               "(reward.strict=false)"), warned
 
 
+@pytest.mark.slow  # ~10 s; fast: test_runtime's exit codes (an interrupt mid-step exits 130, the same line)
 def test_runtime_sigint_mid_step_exits_130(tmp_path, tiny_model_dir, counting_dir):
     """Ctrl-C during a step (here: the reward interrupts its own process): exit 130, one line, no final/."""
     import signal

@@ -176,6 +176,7 @@ rlvr.main(sys.argv[1:])
 """
 
 
+@pytest.mark.slow  # ~11 s; fast: test_bad_inputs' test_runtime_a_kill_mid_save_then_the_same_command
 def test_sigkill_mid_save_keeps_the_previous_checkpoint(tmp_path, tiny_model_dir, counting_dir, distinct_reward,
                                                        capsys):
     out = str(tmp_path / "run")

@@ -91,7 +91,8 @@ def _run(out, model, data, reward, *extra, strategy="single"):
 
 
 @pytest.mark.parametrize("strategy", [
-    "single", pytest.param("fsdp2", marks=pytest.mark.slow),
+    # all slow (single ~20 s): the fast suite resets the reference in test_resume_between_reference_resets_is_exact
+    pytest.param("single", marks=pytest.mark.slow), pytest.param("fsdp2", marks=pytest.mark.slow),
     pytest.param("deepspeed", marks=[pytest.mark.slow, pytest.mark.skipif(
         not __import__("importlib").util.find_spec("deepspeed"), reason="DeepSpeed not installed")])])
 def test_reset_on_every_engine(tmp_path, tiny_model_dir, counting_dir, distinct_reward, strategy):

@@ -219,7 +219,10 @@ def compute_score(response, ground_truth):
 """
 
 
-@pytest.mark.parametrize("save_freq", [pytest.param(-1, marks=pytest.mark.slow), 1])
+# both slow (~18 s each): the fast suite's resume is test_stop_and_resume_equals_straight_run_bitwise and
+# test_bad_inputs' kill mid-save, then the same command
+@pytest.mark.slow
+@pytest.mark.parametrize("save_freq", [-1, 1])
 def test_the_same_command_finishes_an_interrupted_run(tmp_path, tiny_model_dir, counting_dir, save_freq):
     """Ctrl-C at step 2 says truly what the same command does next; the same command then finishes the run:
     it resumes from the checkpoint, or, with none saved, starts the run again (one line says so). A run
