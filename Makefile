@@ -24,7 +24,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 # the search tool of RLLaVA's agent script); the torchvision / torchaudio / torchcodec it pulls are removed when
 # they do not load (PyPI's CUDA builds, against the CPU torch), torchvision kept where tests/engine/torchvision_shim
 # makes it load (the Qwen-VL tests need it). ~4 min to install with pip's cache warm, ~1 min of tests on 2 busy
-# cores; .ci/run runs it after `make test`.
+# cores; .ci/run installs it beside `make test` and runs it after.
 
 .PHONY: install test test-slow test-floor test-vllm test-vllm-slow demo proof size clean
 
