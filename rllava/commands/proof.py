@@ -113,8 +113,9 @@ def prepare(task: Task, out: str, *, seed: int = 0, n_train: int = 4000, n_val: 
 
 
 def reasoning_gym_data(data_dir: str, seed: int, n_train: int, n_val: int) -> list[str]:
-    """The reasoning_gym row's specs (train: seed, held out: seed + 10^6: reasoning-gym draws entry i from seed + i) and its SFT records at data_dir/sft.jsonl:
-    the train records with `solution` = `<answer>{answer}</answer>` (what the scorer reads)."""
+    """The reasoning_gym row's specs (train: seed, held out: seed + 10^6: reasoning-gym draws entry i from seed + i)
+    and its SFT records at data_dir/sft.jsonl: the train records with `solution` = `<answer>{answer}</answer>` (what
+    the scorer reads)."""
     from rllava.data.reasoning_gym import reasoning_gym_records
 
     train = f"reasoning_gym:{RG_TASK}&size={n_train}&seed={seed}"

@@ -1429,7 +1429,7 @@ class PPOConfig:
                  if get_key(self, k)]
         if len(given) > 1:
             p.append(f"{given[0]} and {given[1]} both pick the agent's tools: set one")
-        elif self.rollout.agent.program or self.rollout.agent.environment:  # its own tools, calls and observations
+        elif self.rollout.agent.own():  # its own tools, calls and observations
             own = self.rollout.agent.own()
             p += self._leave(self._changed([k for k in AGENT_KEYS if k.startswith("rollout.agent.") and
                                             k != "rollout.agent.episode_timeout"]),

@@ -128,7 +128,12 @@ def resolve(cfg, budget: int | None, device: str = "cuda", world: int = 1) -> li
     with planner.planned(trial, budget, device, world) as (run, step, units):
         for key in read:  # KEEP last: beside the update's micro-batch as chosen
             phase = PHASES[key]
-            top = units if key == KEEP else mini if phase == "update" else rows
+            if key == KEEP:
+                top = units
+            elif phase == "update":
+                top = mini
+            else:
+                top = rows
 
             def peak_of(r: int) -> int:
                 if key == KEEP:
