@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from rllava.commands.proof import (HYBRID_METHODS, LIFTING, TASKS, hybrids_table, plot_task, results_table, run_hybrids,
+from rllava.commands.proof import (HYBRID_METHODS, TASKS, hybrids_table, plot_task, results_table, run_hybrids,
                           run_task, summarize, write_results)
 
 
@@ -60,7 +60,7 @@ def test_results_gather_every_task_run_into_the_folder(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(LIFTING))  # verifiers_tool does not lift yet (proof.LIFTING, docs/proof.md)
+@pytest.mark.parametrize("name", sorted(TASKS))
 def test_grpo_lifts_each_task(tmp_path, name):
     """`make proof`, one task at a time (each <= 20 minutes on 2 CPU cores, agent_code about an hour: a jail per
     code call; agent_search prints how often it searches and uses the result, before and after)."""
@@ -253,6 +253,31 @@ def test_reasoning_gym_row_warms_up_on_the_answers_and_trains_on_the_specs(tmp_p
                                               "data.val_files=null"]
 
 
+def test_a_short_warm_up_stage_comes_first_and_the_warm_up_starts_from_it(tmp_path, monkeypatch):
+    """verifiers_tool's warm-up: `short_sft_steps` on data/sft_short.jsonl from the random model, then the
+    warm-up's steps on data/sft.jsonl from that stage's final weights; seconds add up. The runs are faked."""
+    import rllava.commands.proof as P
+
+    runs = []
+    monkeypatch.setattr(P, "_run", lambda module, args, processes=1: runs.append(args) or 2.0)
+    (tmp_path / "data").mkdir()
+    for name in ("sft.jsonl", "sft_short.jsonl"):
+        (tmp_path / "data" / name).write_text("{}\n")
+    common = ["rollout.agent.environment_kwargs.seed=0", "trainer.seed=0"]
+    assert P.warm_up(P.TASKS["verifiers_tool"], str(tmp_path), common, 7) == 4.0
+
+    def picked(args, *prefixes):
+        return [a for a in args if a.startswith(prefixes)]
+
+    keys = ("actor.model.model_path=", "data.train_files=", "trainer.max_steps=", "trainer.experiment_name=")
+    assert [picked(args, *keys) for args in runs] == [
+        [f"actor.model.model_path={tmp_path}/model", f"data.train_files={tmp_path}/data/sft_short.jsonl",
+         f"trainer.max_steps={P.TASKS['verifiers_tool'].short_sft_steps}", "trainer.experiment_name=sft_short"],
+        [f"actor.model.model_path={tmp_path}/sft_short/final", f"data.train_files={tmp_path}/data/sft.jsonl",
+         "trainer.max_steps=7", "trainer.experiment_name=sft"]]
+    assert not any(picked(args, "rollout.agent.environment") for args in runs)  # warm-ups run without the env
+
+
 def test_verifiers_row_warms_up_on_the_turns_its_env_episodes_show(tmp_path, tiny_model_dir):
     """The env's episode with the expert's turns scores 1, and each prompt the engine receives is the SFT prompt
     of that turn as the SFT template renders it, but for the SFT template's own system message and user header."""
@@ -269,6 +294,9 @@ def test_verifiers_row_warms_up_on_the_turns_its_env_episodes_show(tmp_path, tin
                     "rollout.agent.environment_kwargs.seed=0", "trainer.seed=0"]
     sft = [json.loads(line) for line in open(tmp_path / "sft.jsonl")]
     assert len(sft) == 8 and sft[0]["solution"].startswith("<tool_call>") and sft[1]["solution"].startswith("<answer>")
+    short = [json.loads(line) for line in open(tmp_path / "sft_short.jsonl")]  # the same turns, no tool prompt
+    assert [r["solution"] for r in short] == [r["solution"] for r in sft]
+    assert all(r["problem"] == s["problem"][s["problem"].index("What is the code"):] for r, s in zip(short, sft))
 
     class Recording(ScriptedEngine):
         def generate(self, requests, sampling):

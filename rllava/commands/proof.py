@@ -24,7 +24,8 @@ Two rows run through the policy's endpoint (`rllava.agent.program`): `reasoning_
 (`RG_TASK`) as data, each episode `examples/agents/reasoning_gym_agent.py` (one request), scored by the task's own
 `score_answer`, warmed up on its answers; `verifiers_tool` is a two-turn verifiers ToolEnv
 (`examples/tasks/verifiers_tool/lookup_env.py`: call `lookup`, answer the code it returns), scored by its rubric
-on its `eval_dataset`, warmed up on its expert turns as the endpoint renders them (`verifiers_data`).
+on its `eval_dataset`, warmed up on its expert turns without the tool prompt, then as the endpoint renders them
+(`verifiers_data`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class Task:
     rates: tuple[str, ...] = ()
     data: str = "synthetic"  # rllava.data.synthetic records, or "reasoning_gym" (RG_TASK), "verifiers" (its env)
     sizes: tuple[int, int] = (4000, 200)  # train / held-out records
+    # SFT steps on data/sft_short.jsonl before the warm-up (verifiers_tool: its turns without the tool prompt)
+    short_sft_steps: int = 0
 
 
 TASKS = {t.name: t for t in [
@@ -71,11 +74,8 @@ TASKS = {t.name: t for t in [
     Task("agent_code", "agent_code", "accuracy", 100.0, 10.0, rates=("coded", "ran")),
     Task("reasoning_gym", "reasoning_gym", "reward_mean", 1.0, 0.10, data="reasoning_gym"),  # score_answer: 0-1
     Task("verifiers_tool", "verifiers_tool", "correct", 1.0, 0.10, data="verifiers", rates=("total_tool_calls",),
-         sizes=(2000, 32)),  # its prompts are ~500 tokens (the tool prompt): 32 held-out keys keep it minutes
+         sizes=(2000, 32), short_sft_steps=300),  # ~500-token prompts (the tool prompt): 32 held out keep it minutes
 ]}
-# `make proof`'s rows: all but verifiers_tool, which does not lift yet (its 50 SFT steps, what 2 cores allow with
-# ~500-token prompts, leave malformed calls and reward 0: docs/proof.md); `--tasks verifiers_tool` runs it
-LIFTING = [name for name in TASKS if name != "verifiers_tool"]
 
 # the reasoning_gym row's task: sums of two numbers of one digit ("Calculate 4 + 1."; parse_qsl reads a "+" as a
 # space, hence %2B); a small question space, so held-out records ask questions train ones ask too. With "-" too,
@@ -136,7 +136,9 @@ def verifiers_data(model_dir: str, data_dir: str, seed: int, n_train: int, n_val
     (`chat_messages`: the tool prompt in the system message, the call as <tool_call> text, the result as a
     <tool_response> user turn) and given as one user message. The SFT template writes its own system message
     ("You are a helpful assistant.") and user header first, so each prompt differs from the episode's by that
-    header alone: rllava's SFT replays multi-turn experts through rllava's tools only, not through an env."""
+    header alone: rllava's SFT replays multi-turn experts through rllava's tools only, not through an env.
+    data_dir/sft_short.jsonl holds the same turns rendered without the tool list (no tool prompt: ~60 tokens
+    instead of ~500), the warm-up's first stage (`Task.short_sft_steps`)."""
     from rllava.agent.endpoint import chat_messages
     from rllava.agent.verifiers_env import _load_module
     from rllava.model.processor import load_processor
@@ -157,25 +159,36 @@ def verifiers_data(model_dir: str, data_dir: str, seed: int, n_train: int, n_val
 
     head, tail = render([{"role": "user", "content": "\0"}]).split("\0")  # the SFT template around a prompt
     os.makedirs(data_dir, exist_ok=True)
-    with open(os.path.join(data_dir, "sft.jsonl"), "w") as f:
-        for row in env.build_dataset():
-            history = list(row["prompt"])
-            for message in module.expert(row):
-                if message["role"] == "assistant":
-                    text = render(history, tools)
-                    shared = os.path.commonprefix([head, text])
-                    f.write(json.dumps({"problem": text[len(shared):-len(tail)],
-                                        "solution": endpoint([message])[0]["content"]}) + "\n")
-                history.append(message)
+    for name, listed in (("sft.jsonl", tools), ("sft_short.jsonl", None)):  # the episode's prompts; no tool prompt
+        with open(os.path.join(data_dir, name), "w") as f:
+            for row in env.build_dataset():
+                history = list(row["prompt"])
+                for message in module.expert(row):
+                    if message["role"] == "assistant":
+                        text = render(history, listed)
+                        shared = os.path.commonprefix([head, text])
+                        f.write(json.dumps({"problem": text[len(shared):-len(tail)],
+                                            "solution": endpoint([message])[0]["content"]}) + "\n")
+                    history.append(message)
     return [*(f"rollout.agent.environment_kwargs.{k}={v}" for k, v in kwargs.items()), f"trainer.seed={seed}"]
 
 
 def warm_up(task: Task, out: str, common: list[str], sft_steps: int | None = None, name: str = "sft") -> float:
-    """SFT of out/model on the records' `solution` targets into out/<name> (out/sft: the RL runs' start); returns
+    """SFT of out/model on the records' `solution` targets into out/<name> (out/sft: the RL runs' start), after
+    `task.short_sft_steps` on out/data/sft_short.jsonl into out/<name>_short where the task has them; returns
     seconds taken."""
+    start, seconds = os.path.join(out, "model"), 0.0
+    if task.short_sft_steps:
+        seconds = _sft(task, out, start, _sft_keys(out, common, "sft_short.jsonl"), task.short_sft_steps,
+                       f"{name}_short")
+        start = os.path.join(out, f"{name}_short", "final")
+    return seconds + _sft(task, out, start, _sft_keys(out, common), sft_steps, name)
+
+
+def _sft(task: Task, out: str, start: str, data_keys: list[str], steps: int | None, name: str) -> float:
     return _run("rllava.train.pipeline.sft", [
-        f"config={_configs(task)}/tiny_cpu_sft.yaml", f"actor.model.model_path={os.path.join(out, 'model')}",
-        *_sft_keys(out, common), *([f"trainer.max_steps={sft_steps}"] if sft_steps else []), "trainer.val_freq=0",
+        f"config={_configs(task)}/tiny_cpu_sft.yaml", f"actor.model.model_path={start}", *data_keys,
+        *([f"trainer.max_steps={steps}"] if steps else []), "trainer.val_freq=0",
         *keys_for(os.path.join(out, name)), "trainer.overwrite=true"])  # fresh model and data
 
 
@@ -191,10 +204,10 @@ def train_rl(task: Task, out: str, common: list[str], name: str = "grpo", keys: 
         *keys_for(os.path.join(out, name)), "trainer.overwrite=true"], processes)
 
 
-def _sft_keys(out: str, common: list[str]) -> list[str]:
+def _sft_keys(out: str, common: list[str], records: str = "sft.jsonl") -> list[str]:
     """The warm-up's data keys: rows whose RL records are not files (reasoning-gym specs, a verifiers env) warm up
-    on out/data/sft.jsonl, without the env."""
-    path = os.path.join(out, "data", "sft.jsonl")
+    on out/data/<records>, without the env."""
+    path = os.path.join(out, "data", records)
     if not os.path.exists(path):
         return common
     kept = [k for k in common if not k.startswith(("data.", "rollout.agent.environment"))]
@@ -470,7 +483,7 @@ def results_table(summaries: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = command_parser("proof", __doc__)
     parser.add_argument("--out", default="outputs/proof")
-    parser.add_argument("--tasks", nargs="+", default=LIFTING, choices=list(TASKS))
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hybrids", action="store_true", help="GRPO and each SFT+RL hybrid from one warm-up "
                         "(--sft-steps, --rl-steps) on the first of --tasks; writes OUT/hybrids.md")
