@@ -241,7 +241,7 @@ class PolicyEndpoint:
         self.open = False  # a rollout is running
         self.sampling = SamplingParams()  # the rollout's sampling (the driver sets it for each rollout)
         self.first_wait = 0.0  # when the oldest queued request arrived
-        self.generate_calls = 0  # batched engine calls so far, and the requests they carried
+        self.generate_calls = 0  # the rollout's batched engine calls, and the requests they carried
         self.batched_requests = 0
         self._start()
 
@@ -264,6 +264,7 @@ class PolicyEndpoint:
     def begin(self, episodes: list[EpisodeLog]) -> None:
         with self.cond:
             self.episodes, self.open = {e.id: e for e in episodes}, True
+            self.generate_calls, self.batched_requests = 0, 0
 
     def end(self) -> None:
         with self.cond:

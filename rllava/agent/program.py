@@ -136,10 +136,11 @@ class ProgramRollout(Rollout):
                 self.endpoint.finish(e, f"ran past rollout.agent.episode_timeout={self.timeout:g}s")
         finally:
             self.endpoint.end()
+        batching = self.endpoint.batched_requests / max(self.endpoint.generate_calls, 1)  # requests per engine call
         out = []
         for i, sample, episode, result in episodes:
             value = result.result() if result.done() else None
-            out += self._rows(i, sample, episode, value)
+            out += self._rows(i, sample, episode, value, batching)
         return out
 
     def _run(self, episode: EpisodeLog, sample: Sample, result: Future) -> None:
@@ -166,8 +167,9 @@ class ProgramRollout(Rollout):
         rejected = f" (its requests were refused, the last: {episode.rejected})" if episode.rejected else ""
         self.endpoint.finish(episode, "" if episode.turns else "returned without calling the endpoint" + rejected)
 
-    def _rows(self, group: int, sample: Sample, episode: EpisodeLog, value) -> list[Trajectory]:
-        """The episode's rows (`chains`), every one with the episode's texts, calls and what the program returned."""
+    def _rows(self, group: int, sample: Sample, episode: EpisodeLog, value, batching: float) -> list[Trajectory]:
+        """The episode's rows (`chains`), every one with the episode's texts, calls and what the program returned;
+        `batching`: the rollout's requests per batched engine call (`agent/requests_per_generate`)."""
         reward, metrics, error = program_value(value, sample.where)
         error = episode.error or error
         if error:
@@ -182,7 +184,7 @@ class ProgramRollout(Rollout):
                                           for t, k in turns for c in t.calls[k]],
                            log=[{"turn": text, "call": None} for text in texts],
                            memory={"program": {"reward": reward, "metrics": metrics, "error": error,
-                                               "retokenized": retokenized}})
+                                               "retokenized": retokenized, "batching": batching}})
         if not rows:  # no request: the dataset's prompt and no response
             ids, mm = encode_prompt(self.processor, sample)
             state.images = list(sample.images)

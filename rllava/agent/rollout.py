@@ -80,7 +80,8 @@ def agent_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     calls = sum(len(t.agent.calls) for t in eps)
     programs = [t.agent.memory["program"] for t in eps if "program" in t.agent.memory]  # rllava.agent.program
     own = {"agent/retokenized_turns": sum(p["retokenized"] for p in programs) / len(programs),
-           "agent/program_failures": sum(bool(p["error"]) for p in programs) / len(programs)} if programs else {}
+           "agent/program_failures": sum(bool(p["error"]) for p in programs) / len(programs),
+           "agent/requests_per_generate": sum(p["batching"] for p in programs) / len(programs)} if programs else {}
     return {**own, "agent/turns_mean": sum(len(t.turn_rewards) for t in eps) / len(eps),
             "agent/tool_calls_mean": calls / len(eps),
             "agent/episodes_with_calls": sum(bool(t.agent.calls) for t in eps) / len(eps),

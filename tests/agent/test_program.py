@@ -12,6 +12,7 @@ from PIL import Image
 
 from rllava.agent.endpoint import EpisodeLog, parse_reply
 from rllava.agent.program import ProgramRollout, ProgramScore
+from rllava.agent.rollout import agent_metrics
 from rllava.data.protocol import Sample
 from rllava.engine.inference.base import Completion, SamplingParams
 from rllava.model.processor import get_tokenizer, load_processor
@@ -99,9 +100,11 @@ def test_trained_ids_are_the_sampled_ids_over_image_and_tool_turns(arch, tmp_pat
         assert [s.trained for s in t.segments] == [False, True] * 3
         assert [s.token_ids for s in trained] == engine.sampled[::4]  # every episode's turn k is the same
         assert [s.logprobs for s in trained] == [[-0.1 * (i + 1) for i in range(len(s.token_ids))] for s in trained]
-        assert t.agent.memory["program"] == {"reward": 1.0, "metrics": {"turns": 8.0}, "error": "", "retokenized": 0}
+        assert t.agent.memory["program"] == {"reward": 1.0, "metrics": {"turns": 8.0}, "error": "", "retokenized": 0,
+                                             "batching": 4.0}  # 12 requests in 3 engine calls
         assert t.mm_inputs["image_grid_thw"].shape[0] == 3  # the sample's image and two crops
         assert t.agent.calls == [("zoom", '{"bbox": [0, 0, 28, 28]}')] * 2
+    assert agent_metrics(rows)["agent/requests_per_generate"] == 4.0
     r = _seen(rollout)[-1]
     assert r.choices[0].message.content == "<answer>2</answer>" and r.choices[0].finish_reason == "stop"
 
