@@ -163,17 +163,18 @@ def verifiers_data(model_dir: str, data_dir: str, seed: int, n_train: int, n_val
 
     head, tail = render([{"role": "user", "content": "\0"}]).split("\0")  # the SFT template around a prompt
     os.makedirs(data_dir, exist_ok=True)
-    for name, listed in (("sft.jsonl", tools), ("sft_short.jsonl", None)):  # the episode's prompts; no tool prompt
-        with open(os.path.join(data_dir, name), "w") as f:
-            for row in env.build_dataset():
-                history = list(row["prompt"])
-                for message in module.expert(row):
-                    if message["role"] == "assistant":
+    with open(os.path.join(data_dir, "sft.jsonl"), "w") as episode, \
+            open(os.path.join(data_dir, "sft_short.jsonl"), "w") as short:
+        for row in env.build_dataset():
+            history = list(row["prompt"])
+            for message in module.expert(row):
+                if message["role"] == "assistant":
+                    solution = endpoint([message])[0]["content"]
+                    for f, listed in ((episode, tools), (short, None)):  # the episode's prompt; no tool prompt
                         text = render(history, listed)
                         shared = os.path.commonprefix([head, text])
-                        f.write(json.dumps({"problem": text[len(shared):-len(tail)],
-                                            "solution": endpoint([message])[0]["content"]}) + "\n")
-                    history.append(message)
+                        f.write(json.dumps({"problem": text[len(shared):-len(tail)], "solution": solution}) + "\n")
+                history.append(message)
     return [*(f"rollout.agent.environment_kwargs.{k}={v}" for k, v in kwargs.items()), f"trainer.seed={seed}"]
 
 

@@ -1427,10 +1427,10 @@ class PPOConfig:
         p = self._leave(credit, "is read only by GiGPO's per-turn credit (algorithm.adv_estimator=gigpo)")
         given = [k for k in ("rollout.agent.tools", "rollout.tool_config_path", "rollout.env_config_path")
                  if get_key(self, k)]
+        own = self.rollout.agent.own()  # a program or an environment: its own tools, calls and observations
         if len(given) > 1:
             p.append(f"{given[0]} and {given[1]} both pick the agent's tools: set one")
-        elif self.rollout.agent.own():  # its own tools, calls and observations
-            own = self.rollout.agent.own()
+        elif own:
             p += self._leave(self._changed([k for k in AGENT_KEYS if k.startswith("rollout.agent.") and
                                             k != "rollout.agent.episode_timeout"]),
                              f"is read only by rllava's tools, not by rollout.agent.{own}")
