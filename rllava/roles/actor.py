@@ -19,7 +19,8 @@ from rllava.algorithms.losses import LossInputs, aggregate, kl_penalty, masked_m
 from rllava.data.protocol import Batch
 from rllava.model import ulysses
 from rllava.model.forward import LOGPROB_CHUNK, token_logprobs
-from rllava.roles.batching import MeanMetrics, MicroBatching, compute_logprobs, logged_scale, mini_batches
+from rllava.roles.batching import (MeanMetrics, MicroBatching, compute_logprobs, logged_scale, mini_batch_count,
+                                   mini_batches)
 from rllava.roles.teacher import Teachers
 
 
@@ -73,6 +74,7 @@ class Term:
 
 class Actor:
     def __init__(self, model, engine, algorithm, *, ppo_epochs: int, mini_batch_size: int, micro_batch_size: int,
+                 group_size: int = 1,
                  log_prob_micro_batch_size: int, loss_agg_mode: str, max_response_length: int,
                  temperature: float, use_kl_loss: bool, kl_loss_coef: float, kl_loss_type: str,
                  entropy_coeff: float, rollout_is: str = "none", rollout_is_cap: float = 2.0,
@@ -82,9 +84,11 @@ class Actor:
                  expert: ExpertLoss | None = None, loss_terms: dict[str, tuple[Callable, float]] | None = None,
                  scorers: list | None = None):
         """`max_token_len` / `log_prob_max_token_len`: the update's / the no-grad pass's micro-batches by that token
-        budget, not rows. `scorers`: the run's passes before the update (rllava.train.scorers); the Actor reads two."""
+        budget, not rows. `scorers`: the run's passes before the update (rllava.train.scorers); the Actor reads two.
+        `mini_batch_size` rows of `group_size` rows per prompt (rollout.n): each mini-batch holds that many prompts'
+        whole groups (`rllava.roles.batching.group_minis`)."""
         self.model, self.engine, self.algorithm = model, engine, algorithm
-        self.ppo_epochs, self.mini_batch_size = ppo_epochs, mini_batch_size
+        self.ppo_epochs, self.mini_batch_size, self.group_size = ppo_epochs, mini_batch_size, group_size
         self.micro_batching = MicroBatching(micro_batch_size, max_token_len, padding_free, shared_prefix)
         self.log_prob_batching = MicroBatching(log_prob_micro_batch_size, log_prob_max_token_len, padding_free,
                                                shared_prefix)
@@ -128,8 +132,7 @@ class Actor:
     def needs_old_logprobs(self, batch: Batch) -> bool:
         """With one epoch over one mini-batch, the policy that sampled is the one being updated, so pi_old is
         the current forward's detached log-probs and the separate old-log-prob pass can be skipped."""
-        rows = len(batch) - (int(batch.sft_only.sum()) if batch.sft_only is not None else 0)  # demonstrations:
-        return self.ppo_epochs > 1 or rows > self.mini_batch_size  # spread over the mini-batches, not one more
+        return self.ppo_epochs > 1 or mini_batch_count(batch, self.mini_batch_size, self.group_size) > 1
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         return compute_logprobs(self.model, batch, self.log_prob_batching, self.temperature,
@@ -143,7 +146,8 @@ class Actor:
         metrics, masks = MeanMetrics(), self._masks(batch)
         full = self.distill is not None and self.distill.full  # the teachers run inside the update
         with self.engine.update_phase(), self.distill.teachers.resident() if full else nullcontext():
-            for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, *masks, parts=shares):
+            for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, *masks, parts=shares,
+                                           group_size=self.group_size):
                 micros, split = self._micro_batches(batch, mini), partial(self._micro_batches, batch)
                 norm = {**norm, "logged": logged_scale(len(micros), split, mini, range(len(batch))[own])}
                 for rows in micros:

@@ -99,9 +99,29 @@ def compute_logprobs(model, batch: Batch, batching: MicroBatching, temperature: 
         model, micro, temperature=temperature, chunk_size=chunk_size, **batching.layout)[0])
 
 
+def group_minis(batch: Batch, rows: list[int], groups: int) -> list[list[int]]:
+    """`rows` as mini-batches of `groups` whole groups each, in the order of their first rows. A group is one
+    prompt's rows (`batch.group_ids`): its K responses, and any row an agent's episode adds (a turn the endpoint
+    retokenized starts a row of its own, `rllava.agent.program.chains`), so such a row joins its group's optimizer
+    step instead of making one more (34 rows in mini-batches of 32 made a second step of 2 rows)."""
+    by_group: dict[int, list[int]] = {}
+    for i in rows:
+        by_group.setdefault(int(batch.group_ids[i]), []).append(i)
+    members = list(by_group.values())
+    return [sorted(itertools.chain.from_iterable(members[s:s + groups])) for s in range(0, len(members), groups)]
+
+
+def mini_batch_count(batch: Batch, size: int, group_size: int) -> int:
+    """How many mini-batches `mini_batches` makes of `batch` (the most over ranks: each is a collective step)."""
+    rows = [i for i in range(len(batch)) if batch.sft_only is None or not batch.sft_only[i]]
+    return D.all_max(len(group_minis(batch, rows, max(1, size // group_size))))
+
+
 def mini_batches(batch: Batch, epochs: int, size: int, rl_mask: torch.Tensor | None = None,
-                 sft_mask: torch.Tensor | None = None, parts: list[slice] = (slice(None),)):
-    """(row indices, aggregation normalisers) of each mini-batch of each epoch: one optimizer step each. The
+                 sft_mask: torch.Tensor | None = None, parts: list[slice] = (slice(None),), group_size: int = 1):
+    """(row indices, aggregation normalisers) of each mini-batch of each epoch: one optimizer step each. A
+    mini-batch holds `size` // `group_size` whole groups (`group_minis`; `size` rows when each group has its
+    `group_size` rows), and every rank takes as many steps as the rank with the most (`equal_count`). The
     normalisers are the mini-batch's token / sequence counts, so its micro-batches sum to the unsplit loss. With N
     ranks (`size` and `batch` are then this rank's share; gradients are averaged over ranks) each divides by 1/N
     of the *global* counts: the ranks' mean loss is the global mini-batch's, however its tokens are spread.
@@ -117,11 +137,12 @@ def mini_batches(batch: Batch, epochs: int, size: int, rl_mask: torch.Tensor | N
         rows = list(range(len(batch)))[part]
         extra = [] if batch.sft_only is None else [i for i in rows if batch.sft_only[i]]
         rows = [i for i in rows if i not in set(extra)]
-        minis = [[rows[j] for j in idx] for idx in chunks(len(rows), size)] or [[]]
+        minis = group_minis(batch, rows, max(1, size // group_size)) or [[]]
         for k, share in enumerate(chunks(len(extra), -(-len(extra) // len(minis))) if extra else []):
             minis[k] = sorted(minis[k] + [extra[j] for j in share])
         each.append(minis)
     minis = [sum(ms, []) for ms in itertools.zip_longest(*each, fillvalue=[])]
+    minis = equal_count(minis, D.all_max(len(minis)))
     for _ in range(epochs):
         for mini in minis:
             masks = [rl_mask[mini]] + ([] if sft_mask is None else [sft_mask[mini]])

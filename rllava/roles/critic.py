@@ -17,12 +17,12 @@ from rllava.roles.batching import MeanMetrics, MicroBatching, forward_in_chunks,
 
 class Critic:
     def __init__(self, model, engine, *, ppo_epochs: int, mini_batch_size: int, micro_batch_size: int,
-                 values_micro_batch_size: int, cliprange_value: float, loss_avg_mode: str, gamma: float, lam: float,
+                 values_micro_batch_size: int, group_size: int = 1, cliprange_value: float, loss_avg_mode: str, gamma: float, lam: float,
                  padding_free: bool = False, shared_prefix: bool = False, max_token_len: int | None = None,
                  values_max_token_len: int | None = None):
-        """Micro-batching as the Actor's: a token budget set means dynamic batching by it."""
+        """Mini- and micro-batching as the Actor's: a token budget set means dynamic batching by it."""
         self.model, self.engine = model, engine
-        self.ppo_epochs, self.mini_batch_size = ppo_epochs, mini_batch_size
+        self.ppo_epochs, self.mini_batch_size, self.group_size = ppo_epochs, mini_batch_size, group_size
         self.micro_batching = MicroBatching(micro_batch_size, max_token_len, padding_free, shared_prefix)
         self.values_batching = MicroBatching(values_micro_batch_size, values_max_token_len, padding_free, shared_prefix)
         self.cliprange_value, self.gamma, self.lam = cliprange_value, gamma, lam
@@ -41,7 +41,8 @@ class Critic:
         self.model.train()
         metrics = MeanMetrics()
         with self.engine.update_phase():  # Adam's state on the device only in here (offload_optimizer)
-            for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, parts=parts):
+            for mini, norm in mini_batches(batch, self.ppo_epochs, self.mini_batch_size, parts=parts,
+                                           group_size=self.group_size):
                 micros = self.micro_batching.split(batch, mini)
                 scale = logged_scale(len(micros), lambda rows: self.micro_batching.split(batch, rows), mini,
                                      range(len(batch))[own])

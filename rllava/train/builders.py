@@ -404,7 +404,8 @@ def build_actor(cfg: PPOConfig, model, device: torch.device, num_steps: int, *, 
     scorers = [] if sft else build_scorers(cfg, Parts(cfg=cfg, policy=model, engine=engine, processor=processor,
                                                       device=device, steps=num_steps, algorithm=algorithm))
     return Actor(model, engine, algorithm, ppo_epochs=a.ppo_epochs, scorers=scorers, mini_batch_size=mini,
-                 micro_batch_size=a.ppo_micro_batch_size, log_prob_micro_batch_size=a.log_prob_micro_batch_size,
+                 group_size=1 if sft else cfg.rollout.n, micro_batch_size=a.ppo_micro_batch_size,
+                 log_prob_micro_batch_size=a.log_prob_micro_batch_size,
                  loss_agg_mode=a.loss_agg_mode, max_response_length=cfg.data.max_response_length,
                  temperature=1.0 if sft else cfg.rollout.temperature, kl_loss_coef=a.kl_loss_coef,
                  use_kl_loss=not sft and cfg.algorithm.use_kl_loss and a.kl_loss_coef > 0, kl_loss_type=a.kl_loss_type,
@@ -551,7 +552,7 @@ def build_critic(cfg: PPOConfig, device: torch.device, num_steps: int, algorithm
     engine = _engine(ValueModel(lm), c.optim, device, c.max_grad_norm, None, updates=updates, key="critic.optim",
                      strategy=c.strategy, fsdp=c.fsdp, deepspeed=c.deepspeed,
                      accelerate_config=cfg.trainer.accelerate_config)
-    return Critic(engine.model, engine, ppo_epochs=c.ppo_epochs, mini_batch_size=mini,
+    return Critic(engine.model, engine, ppo_epochs=c.ppo_epochs, mini_batch_size=mini, group_size=cfg.rollout.n,
                   micro_batch_size=c.ppo_micro_batch_size, values_micro_batch_size=c.log_prob_micro_batch_size,
                   cliprange_value=c.cliprange_value, loss_avg_mode=c.loss_avg_mode, gamma=cfg.algorithm.gamma,
                   lam=cfg.algorithm.lam, padding_free=c.model.padding_free, shared_prefix=c.model.use_shared_prefix,

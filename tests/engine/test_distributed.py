@@ -1,9 +1,15 @@
-"""Rank bookkeeping that needs no process group: prompt shards and equal micro-batch counts over ranks."""
+"""Rank bookkeeping that needs no process group: prompt shards, mini-batches of whole groups and equal micro- /
+mini-batch counts over ranks."""
+
+import types
 
 import pytest
+import torch
 
 from rllava import distributed as D
-from rllava.roles.batching import equal_count
+from rllava.data.protocol import Batch
+from rllava.roles.actor import Actor
+from rllava.roles.batching import equal_count, mini_batches
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
@@ -98,3 +104,45 @@ def test_the_command_line_closes_the_group_then_exits_through_exit_process(monke
     monkeypatch.setattr(D, "exit_process", lambda code: calls.append(("exit", code)))
     cli.run_cli(train)
     assert calls == ([("exit", 2)] if fails else ["close", ("exit", 0)])  # a failed rank does not wait for others
+
+
+def _rows(groups: list[int]) -> Batch:
+    """A batch whose row i belongs to group groups[i], one trained token each."""
+    B = len(groups)
+    ones = torch.ones(B, 2, dtype=torch.long)
+    return Batch(trajectories=[None] * B, input_ids=ones, attention_mask=ones, loss_mask=ones,
+                 group_ids=torch.tensor(groups))
+
+
+# 4 prompts x 8 responses, and two rows an agent's episodes in group 1 added (each a turn the endpoint retokenized)
+AGENT_ROWS = [g for g in range(4) for _ in range(8)]
+AGENT_ROWS[16:16] = [1, 1]
+
+
+def test_a_mini_batch_takes_whole_groups_with_the_rows_an_agent_added():
+    batch = _rows(AGENT_ROWS)
+    # 4 prompts per step, 4 per mini-batch: one optimizer step of all 34 rows (by row count: 32, then one of 2)
+    assert [len(m) for m, _ in mini_batches(batch, 1, 32, group_size=8)] == [34]
+    # 2 prompts per mini-batch: groups 0-1 (18 rows) then 2-3 (16), each normalised over its own tokens
+    minis = list(mini_batches(batch, 1, 16, group_size=8))
+    assert [m for m, _ in minis] == [list(range(18)), list(range(18, 34))]
+    assert [float(n["num_seqs"]) for _, n in minis] == [18.0, 16.0]
+    # without agents' rows, whole groups are the row-count split
+    assert [m for m, _ in mini_batches(_rows([g for g in range(4) for _ in range(8)]), 2, 16, group_size=8)] == \
+        [list(range(16)), list(range(16, 32))] * 2
+
+
+def test_every_rank_takes_as_many_mini_batches_as_the_rank_with_the_most(monkeypatch):
+    monkeypatch.setattr(D, "all_max", lambda value: 3)  # another rank's share makes 3 mini-batches
+    minis = [m for m, _ in mini_batches(_rows([g for g in range(4) for _ in range(2)]), 1, 4, group_size=2)]
+    assert minis == [[0, 1], [2, 3], [4, 5, 6, 7]]  # (its own 2, the first halved)
+
+
+def test_old_log_probs_are_skipped_when_the_added_rows_stay_in_one_mini_batch(monkeypatch):
+    actor = Actor(None, None, types.SimpleNamespace(loss_name="vanilla"), ppo_epochs=1, mini_batch_size=32,
+                  group_size=8, micro_batch_size=8, log_prob_micro_batch_size=8, loss_agg_mode="token-mean",
+                  max_response_length=2, temperature=1.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="kl",
+                  entropy_coeff=0.0)
+    assert not actor.needs_old_logprobs(_rows(AGENT_ROWS))  # 34 rows, one mini-batch: pi_old is the update's own
+    monkeypatch.setattr(D, "all_max", lambda value: 2)  # another rank steps twice: every rank needs pi_old
+    assert actor.needs_old_logprobs(_rows(AGENT_ROWS))
