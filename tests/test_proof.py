@@ -22,7 +22,9 @@ def test_summarize_averages_the_last_evaluations():
     s = summarize(TASKS["counting"], _rows(), average=2)
     assert s["sampled_before"] == pytest.approx(40.0) and s["sampled_after"] == pytest.approx(65.0)  # (60 + 70) / 2
     assert s["greedy_lift"] == pytest.approx(62.5 - 50.0) and s["after_steps"] == [20, 30]
-    assert s["train_reward_first"] == pytest.approx(0.2 + 0.4 * 10.5 / 30)  # steps 1-20
+    # 30 steps: the first 15 and the last 15 (windows of 20 would share steps 11-20)
+    assert s["train_reward_first"] == pytest.approx(0.2 + 0.4 * 8 / 30) and s["train_reward_window"] == 15
+    assert s["train_reward_last"] == pytest.approx(0.2 + 0.4 * 23 / 30)
     g = summarize(TASKS["grounding"], _rows(), average=3)  # IoU: unscaled, greedy not logged -> nan
     assert g["sampled_lift"] == pytest.approx((0.25 + 0.30 + 0.35) / 3 - 0.20) and math.isnan(g["greedy_before"])
 

@@ -41,7 +41,8 @@ def report(s: dict) -> str:
         f"  {'SFT warm-up (before RL)':<46}{s['sampled_before']:>8.1f}%{s['greedy_before']:>8.1f}%",
         f"  {'after GRPO (mean of steps ' + steps + ')':<46}{s['sampled_after']:>8.1f}%{s['greedy_after']:>8.1f}%",
         f"  {'lift (points)':<46}{s['sampled_lift']:>+9.1f}{s['greedy_lift']:>+9.1f}",
-        f"training reward (mean of 20 steps): first {s['train_reward_first']:.3f} -> last {s['train_reward_last']:.3f}",
+        f"training reward (mean of {s['train_reward_window']} steps): first {s['train_reward_first']:.3f} -> "
+        f"last {s['train_reward_last']:.3f}",
         f"wall time: SFT {s['sft_seconds']:.0f}s, GRPO {s['rl_seconds']:.0f}s, total {s['total_seconds']:.0f}s; "
         f"runs, metrics.jsonl and models in {s['outputs']}",
     ])
