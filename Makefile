@@ -1,6 +1,6 @@
 # rllava: `make test` (fast suite), `make test-slow` (learning checks), `make demo` (SFT -> GRPO on CPU),
-# `make proof` (GRPO lifts each of the seven example tasks on CPU, reasoning-gym's among them;
-# outputs/proof/results.md + curves).
+# `make proof` (GRPO lifts each of the eight example tasks on CPU, reasoning-gym's and a verifiers env's among
+# them; outputs/proof/results.md + curves).
 # Each target creates .venv and installs on first use. torch is pinned to 2.13.0: the CPU wheel on these
 # machines (any other pin pulls GBs of CUDA). GPU machines install the extras they need instead.
 VENV ?= .venv

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from rllava.commands.proof import (HYBRID_METHODS, LIFTING, TASKS, hybrids_table, plot_task, results_table, run_hybrids,
-                          run_task, summarize, write_results)
+from rllava.commands.proof import (HYBRID_METHODS, TASKS, hybrids_table, plot_task, results_table, run_hybrids,
+                                   run_task, summarize, write_results)
 
 
 def _rows():
@@ -62,7 +62,7 @@ def test_results_gather_every_task_run_into_the_folder(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(LIFTING))  # verifiers_tool: not reliably yet (proof.LIFTING)
+@pytest.mark.parametrize("name", sorted(TASKS))
 def test_grpo_lifts_each_task(tmp_path, name):
     """`make proof`, one task at a time (each <= 20 minutes on 2 CPU cores, agent_code about an hour: a jail per
     code call; agent_search prints how often it searches and uses the result, before and after)."""

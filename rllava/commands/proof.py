@@ -76,10 +76,6 @@ TASKS = {t.name: t for t in [
     Task("verifiers_tool", "verifiers_tool", "correct", 1.0, 0.10, data="verifiers", rates=("total_tool_calls",),
          sizes=(2000, 64), short_sft_steps=400),  # ~500-token prompts (the tool prompt): 64 held out keep it minutes
 ]}
-# `make proof`'s rows: all but verifiers_tool, whose lift is not yet reliable (two runs of one seed: +0.475 and
-# +0.094 against +0.10; its sampling through the endpoint varies run to run: docs/proof.md); `--tasks
-# verifiers_tool` runs it
-LIFTING = [name for name in TASKS if name != "verifiers_tool"]
 
 # the reasoning_gym row's task: sums of two numbers of one digit ("Calculate 4 + 1."; parse_qsl reads a "+" as a
 # space, hence %2B); a small question space, so held-out records ask questions train ones ask too. With "-" too,
@@ -491,7 +487,7 @@ def results_table(summaries: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = command_parser("proof", __doc__)
     parser.add_argument("--out", default="outputs/proof")
-    parser.add_argument("--tasks", nargs="+", default=LIFTING, choices=list(TASKS))
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hybrids", action="store_true", help="GRPO and each SFT+RL hybrid from one warm-up "
                         "(--sft-steps, --rl-steps) on the first of --tasks; writes OUT/hybrids.md")
