@@ -74,8 +74,7 @@ class Term:
 
 class Actor:
     def __init__(self, model, engine, algorithm, *, ppo_epochs: int, mini_batch_size: int, micro_batch_size: int,
-                 group_size: int = 1,
-                 log_prob_micro_batch_size: int, loss_agg_mode: str, max_response_length: int,
+                 log_prob_micro_batch_size: int, loss_agg_mode: str, max_response_length: int, group_size: int = 1,
                  temperature: float, use_kl_loss: bool, kl_loss_coef: float, kl_loss_type: str,
                  entropy_coeff: float, rollout_is: str = "none", rollout_is_cap: float = 2.0,
                  rollout_rs: str | None = None, rollout_rs_threshold: str | None = None, off_policy: bool = False,

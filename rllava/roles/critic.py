@@ -17,7 +17,8 @@ from rllava.roles.batching import MeanMetrics, MicroBatching, forward_in_chunks,
 
 class Critic:
     def __init__(self, model, engine, *, ppo_epochs: int, mini_batch_size: int, micro_batch_size: int,
-                 values_micro_batch_size: int, group_size: int = 1, cliprange_value: float, loss_avg_mode: str, gamma: float, lam: float,
+                 values_micro_batch_size: int, group_size: int = 1, cliprange_value: float, loss_avg_mode: str,
+                 gamma: float, lam: float,
                  padding_free: bool = False, shared_prefix: bool = False, max_token_len: int | None = None,
                  values_max_token_len: int | None = None):
         """Mini- and micro-batching as the Actor's: a token budget set means dynamic batching by it."""
