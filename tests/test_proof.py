@@ -278,6 +278,11 @@ def test_a_short_warm_up_stage_comes_first_and_the_warm_up_starts_from_it(tmp_pa
         [f"actor.model.model_path={tmp_path}/sft_short/final", f"data.train_files={tmp_path}/data/sft.jsonl",
          "trainer.max_steps=7", "trainer.experiment_name=sft"]]
     assert not any(picked(args, "rollout.agent.environment") for args in runs)  # warm-ups run without the env
+    (tmp_path / "data" / "sft_short.jsonl").unlink()  # the short stage's records missing: an error, no run
+    steps = P.TASKS["verifiers_tool"].short_sft_steps
+    with pytest.raises(FileNotFoundError, match=f"short_sft_steps={steps} warms up on .*sft_short.jsonl"):
+        P.warm_up(P.TASKS["verifiers_tool"], str(tmp_path), common, 7)
+    assert len(runs) == 2
 
 
 def test_verifiers_row_warms_up_on_the_turns_its_env_episodes_show(tmp_path, tiny_model_dir):

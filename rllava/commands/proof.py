@@ -180,6 +180,10 @@ def warm_up(task: Task, out: str, common: list[str], sft_steps: int | None = Non
     seconds taken."""
     start, seconds = os.path.join(out, "model"), 0.0
     if task.short_sft_steps:
+        records = os.path.join(out, "data", "sft_short.jsonl")
+        if not os.path.exists(records):  # else the stage would fall back to the RL records' keys
+            raise FileNotFoundError(f"{task.name}: short_sft_steps={task.short_sft_steps} warms up on {records}, "
+                                    f"which its data step ({task.data}) did not write")
         seconds = _sft(task, out, start, _sft_keys(out, common, "sft_short.jsonl"), task.short_sft_steps,
                        f"{name}_short")
         start = os.path.join(out, f"{name}_short", "final")
