@@ -104,17 +104,24 @@ def group_minis(batch: Batch, rows: list[int], groups: int) -> list[list[int]]:
     prompt's rows (`batch.group_ids`): its K responses, and any row an agent's episode adds (a turn the endpoint
     retokenized starts a row of its own, `rllava.agent.program.chains`), so such a row joins its group's optimizer
     step instead of making one more (34 rows in mini-batches of 32 made a second step of 2 rows)."""
-    by_group: dict[int, list[int]] = {}
+    ids, by_group = batch.group_ids.tolist(), {}
     for i in rows:
-        by_group.setdefault(int(batch.group_ids[i]), []).append(i)
+        by_group.setdefault(ids[i], []).append(i)
     members = list(by_group.values())
     return [sorted(itertools.chain.from_iterable(members[s:s + groups])) for s in range(0, len(members), groups)]
 
 
+def _split_groups(batch: Batch, rows: list[int], size: int, group_size: int) -> tuple[list[list[int]], list[int]]:
+    """(`rows`' groups as mini-batches of `size` // `group_size` groups, the demonstration rows among `rows`:
+    `batch.sft_only`, in no group), both in row order."""
+    demos = [] if batch.sft_only is None else [i for i in rows if batch.sft_only[i]]
+    skip = set(demos)
+    return group_minis(batch, [i for i in rows if i not in skip], max(1, size // group_size)), demos
+
+
 def mini_batch_count(batch: Batch, size: int, group_size: int) -> int:
     """How many mini-batches `mini_batches` makes of `batch` (the most over ranks: each is a collective step)."""
-    rows = [i for i in range(len(batch)) if batch.sft_only is None or not batch.sft_only[i]]
-    return D.all_max(len(group_minis(batch, rows, max(1, size // group_size))))
+    return D.all_max(len(_split_groups(batch, list(range(len(batch))), size, group_size)[0]))
 
 
 def mini_batches(batch: Batch, epochs: int, size: int, rl_mask: torch.Tensor | None = None,
@@ -134,10 +141,8 @@ def mini_batches(batch: Batch, epochs: int, size: int, rl_mask: torch.Tensor | N
     rl_mask = batch.loss_mask if rl_mask is None else rl_mask
     each = []
     for part in parts:
-        rows = list(range(len(batch)))[part]
-        extra = [] if batch.sft_only is None else [i for i in rows if batch.sft_only[i]]
-        rows = [i for i in rows if i not in set(extra)]
-        minis = group_minis(batch, rows, max(1, size // group_size)) or [[]]
+        minis, extra = _split_groups(batch, list(range(len(batch)))[part], size, group_size)
+        minis = minis or [[]]
         for k, share in enumerate(chunks(len(extra), -(-len(extra) // len(minis))) if extra else []):
             minis[k] = sorted(minis[k] + [extra[j] for j in share])
         each.append(minis)
