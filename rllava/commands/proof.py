@@ -180,12 +180,9 @@ def warm_up(task: Task, out: str, common: list[str], sft_steps: int | None = Non
     seconds taken."""
     start, seconds = os.path.join(out, "model"), 0.0
     if task.short_sft_steps:
-        records = os.path.join(out, "data", "sft_short.jsonl")
-        if not os.path.exists(records):  # else the stage would fall back to the RL records' keys
-            raise FileNotFoundError(f"{task.name}: short_sft_steps={task.short_sft_steps} warms up on {records}, "
-                                    f"which its data step ({task.data}) did not write")
-        seconds = _sft(task, out, start, _sft_keys(out, common, "sft_short.jsonl"), task.short_sft_steps,
-                       f"{name}_short")
+        keys = _sft_keys(out, common, "sft_short.jsonl",
+                         needed_by=f"{task.name} ({task.data} data): short_sft_steps={task.short_sft_steps}")
+        seconds = _sft(task, out, start, keys, task.short_sft_steps, f"{name}_short")
         start = os.path.join(out, f"{name}_short", "final")
     return seconds + _sft(task, out, start, _sft_keys(out, common), sft_steps, name)
 
@@ -209,11 +206,14 @@ def train_rl(task: Task, out: str, common: list[str], name: str = "grpo", keys: 
         *keys_for(os.path.join(out, name)), "trainer.overwrite=true"], processes)
 
 
-def _sft_keys(out: str, common: list[str], records: str = "sft.jsonl") -> list[str]:
+def _sft_keys(out: str, common: list[str], records: str = "sft.jsonl", needed_by: str = "") -> list[str]:
     """The warm-up's data keys: rows whose RL records are not files (reasoning-gym specs, a verifiers env) warm up
-    on out/data/<records>, without the env."""
+    on out/data/<records>, without the env. Without that file, the RL records' keys, unless a stage `needed_by`
+    it: then an error naming the file."""
     path = os.path.join(out, "data", records)
     if not os.path.exists(path):
+        if needed_by:
+            raise FileNotFoundError(f"{needed_by} warms up on {path}, which its data step did not write")
         return common
     kept = [k for k in common if not k.startswith(("data.", "rollout.agent.environment"))]
     return [*kept, f"data.train_files={path}", "data.val_files=null"]
